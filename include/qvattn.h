@@ -1,0 +1,264 @@
+/*
+ * qvattn — 8-bit, sparse and mixed-precision attention for video diffusion
+ * transformers.  The one public header.
+ *
+ * Conventions
+ *  - Every function that can fail returns a qva_status; qva_status_string()
+ *    names it and qva_last_error() gives the message of the last failure on
+ *    the calling thread.  The library never exits or aborts on user input.
+ *  - Tensors are rank-4 [B, H, N, D] descriptors with element strides, so
+ *    [B,H,N,D] ("HND") and [B,N,H,D] ("NHD") memory both work without copies.
+ *  - Attention is non-causal softmax(Q K^T * sm_scale) V.
+ */
+#ifndef QVATTN_H
+#define QVATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QVA_VERSION_MAJOR 0
+#define QVA_VERSION_MINOR 1
+#define QVA_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+typedef enum qva_status {
+    QVA_OK = 0,
+    QVA_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad enum, bad config value */
+    QVA_ERR_SHAPE = 2,            /* shapes or strides inconsistent           */
+    QVA_ERR_DTYPE = 3,            /* dtype not supported here                 */
+    QVA_ERR_UNSUPPORTED = 4,      /* valid request this backend cannot run    */
+    QVA_ERR_OUT_OF_MEMORY = 5,
+    QVA_ERR_NONFINITE = 6,        /* NaN or Inf found in an input             */
+    QVA_ERR_DEVICE = 7,           /* CUDA runtime error                       */
+    QVA_ERR_PARSE = 8,            /* a method string or file could not parse  */
+    QVA_ERR_IO = 9
+} qva_status;
+
+const char *qva_status_string(qva_status s);
+/* Message of the last error raised on this thread ("" if none). */
+const char *qva_last_error(void);
+
+/* ------------------------------------------------------------------ tensors */
+typedef enum qva_dtype { QVA_F32 = 0, QVA_BF16 = 1, QVA_F16 = 2 } qva_dtype;
+typedef enum qva_device { QVA_DEVICE_CPU = 0, QVA_DEVICE_CUDA = 1 } qva_device;
+
+/* shape = {B, H, N, D}; stride[i] is the element step along shape[i]. */
+typedef struct qva_tensor {
+    void *data;
+    qva_dtype dtype;
+    qva_device device;
+    int64_t shape[4];
+    int64_t stride[4];
+} qva_tensor;
+
+/* A contiguous descriptor for memory laid out [B,H,N,D] (layout "HND"). */
+qva_tensor qva_tensor_hnd(void *data, qva_dtype dt, qva_device dev,
+                          int64_t B, int64_t H, int64_t N, int64_t D);
+/* A contiguous descriptor for memory laid out [B,N,H,D] (layout "NHD"). */
+qva_tensor qva_tensor_nhd(void *data, qva_dtype dt, qva_device dev,
+                          int64_t B, int64_t H, int64_t N, int64_t D);
+size_t qva_dtype_size(qva_dtype dt);
+
+/* ------------------------------------------------------------------ methods */
+typedef enum qva_method {
+    QVA_METHOD_EXACT = 0, /* FP64 softmax attention: the ground truth          */
+    QVA_METHOD_BF16,      /* BF16 operands, FP32 online softmax (FA-class)     */
+    QVA_METHOD_FP8,       /* E4M3 QK and PV, per-block scales, no smoothing    */
+    QVA_METHOD_SAGE8,     /* INT8 QK (K smoothed) + E4M3 PV (SageAttention2)   */
+    QVA_METHOD_VC8,       /* SAGE8 + V-Smooth (VC-Attention §3.2)              */
+    QVA_METHOD_SAGE4,     /* NVFP4 QK and PV, K smoothed (SageAttention3-class)*/
+    QVA_METHOD_VC4,       /* SAGE4 + V-Smooth                                  */
+    QVA_METHOD_DRAFT,     /* DraftAttention2 sparse mixed precision            */
+    QVA_METHOD_COUNT_
+} qva_method;
+
+/* V-Smooth schedule (VC §3.4, Appendix A). */
+typedef enum qva_schedule {
+    QVA_SCHEDULE_PAPER = 0, /* group on steps < ceil(n/4), refresh every 4 */
+    QVA_SCHEDULE_ALWAYS = 1 /* recompute the permutation on every call     */
+} qva_schedule;
+
+typedef struct qva_vsmooth_params {
+    int clusters;      /* k of the k-means over value tokens              */
+    int iters;         /* Lloyd iterations per grouping                   */
+    int warm_start;    /* start from the layer's stored centroids         */
+    int block;         /* B_v; must be 128                                */
+    qva_schedule schedule;
+    int refresh_every; /* steps between permutation refreshes (paper: 4)  */
+} qva_vsmooth_params;
+
+typedef struct qva_draft_params {
+    float lambda;          /* max-pool weight of Eq. 2 (paper: 0.2)           */
+    float frac_skip;       /* fractions of video-region pairs; sum to 1      */
+    float frac4, frac8, frac16;
+    int grid_t, grid_h, grid_w; /* latent video grid; T*H*W video tokens     */
+    int prefix_tokens;     /* text/prefix tokens outside the grid            */
+    int prefix_at_end;     /* 0: prefix first in the sequence; 1: last       */
+    int capacity;          /* region capacity C == attention block (128)     */
+    int dense_warmup_steps;/* steps < this run dense 16-bit attention        */
+} qva_draft_params;
+
+typedef struct qva_config {
+    qva_method method;
+    float sm_scale;        /* 0 selects 1/sqrt(D)                           */
+    int hadamard;          /* rotate Q and K by a Hadamard matrix first     */
+    int hadamard_signs;    /* ... with seeded random signs (randomized)     */
+    uint64_t hadamard_seed;
+    int expcast;           /* ExpCast-FP8 probabilities (8-bit methods)     */
+    qva_vsmooth_params vsmooth;
+    qva_draft_params draft;
+    int layer;             /* layer id: keys the per-layer state            */
+    int step;              /* denoising step index, 0-based                 */
+    int num_steps;         /* steps in the schedule; <= 0: unknown          */
+    int check_finite;      /* scan inputs for NaN/Inf (CPU inputs)          */
+} qva_config;
+
+/* Fills the paper defaults (method = VC8 with ExpCast, lambda 0.2, C 128...) */
+void qva_config_default(qva_config *cfg);
+/*
+ * Parses a method name into cfg (other fields untouched):
+ *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
+ * optionally followed by "+expcast" and/or "+hadamard" (8-bit methods).
+ */
+qva_status qva_config_set_method(qva_config *cfg, const char *name);
+/* Writes the canonical method name of cfg into buf. */
+qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len);
+
+/* ------------------------------------------------------------------ context */
+typedef struct qva_context qva_context_t;
+
+qva_status qva_context_create(qva_context_t **ctx, qva_device device);
+void qva_context_free(qva_context_t *ctx);
+/* Sets the CUDA stream (cudaStream_t) launches go to; NULL = default. */
+qva_status qva_context_set_stream(qva_context_t *ctx, void *cuda_stream);
+/* Drops all per-layer state (permutations, centroids, partitions). */
+qva_status qva_context_reset(qva_context_t *ctx);
+
+/* Capability query: can `device` run this config at this shape/dtype? */
+int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
+                 int64_t head_dim, char *why, size_t why_len);
+/* 1 if the library was built with CUDA and a device is present. */
+int qva_cuda_available(void);
+/* Device memory helpers, so C callers need no CUDA headers.  Without CUDA
+ * they return QVA_ERR_UNSUPPORTED. */
+qva_status qva_device_malloc(void **ptr, size_t bytes);
+qva_status qva_device_free(void *ptr);
+qva_status qva_memcpy_to_device(void *dst, const void *src, size_t bytes);
+qva_status qva_memcpy_to_host(void *dst, const void *src, size_t bytes);
+qva_status qva_device_synchronize(void);
+
+/*
+ * The attention call.  q,k,v,out: [B,H,N,D] descriptors on the context's
+ * device; out may have its own dtype and strides.  lse (may be NULL): f32
+ * [B,H,N,1]-shaped descriptor receiving the natural-log sum-exp of the
+ * scaled scores over the keys the method retained.
+ */
+qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
+                         const qva_tensor *q, const qva_tensor *k,
+                         const qva_tensor *v, const qva_tensor *out,
+                         const qva_tensor *lse);
+
+/* What the schedule does at (step, num_steps) for a V-Smooth method. */
+typedef enum qva_step_action {
+    QVA_STEP_GROUP = 0,   /* recompute the permutation (k-means), demean  */
+    QVA_STEP_REUSE = 1,   /* reuse the stored permutation, demean         */
+    QVA_STEP_PLAIN = 2    /* stored permutation, no demeaning             */
+} qva_step_action;
+qva_step_action qva_schedule_action(const qva_vsmooth_params *p, int step,
+                                    int num_steps);
+
+/* ------------------------------------------------------------------ codecs */
+/* E4M3 (OCP FP8, bias 7, max 448, no Inf): round to nearest even,
+ * saturating to +-448; NaN encodes to 0x7F. */
+uint8_t qva_e4m3_encode(float x);
+float qva_e4m3_decode(uint8_t code);
+/* ExpCast-FP8, VC Eq. 7: c(u) = clip_[0,120](RNE(8(u+8) + 56 + beta)),
+ * beta = -0.35, u = (s - m) log2(e) <= 0.  NaN gives 0. */
+uint8_t qva_expcast_e4m3(float u);
+#define QVA_EXPCAST_BETA (-0.35f)
+/* E2M1 (FP4): values {0,.5,1,1.5,2,3,4,6} with sign; RNE, saturating. */
+uint8_t qva_e2m1_encode(float x);
+float qva_e2m1_decode(uint8_t code);
+/* BF16 / FP16 round to nearest even (returned as float). */
+float qva_round_bf16(float x);
+float qva_round_f16(float x);
+
+/* NVFP4 (DA2 Eq. 23): per-tensor scale g > 0; for each group of 16, an E4M3
+ * local scale sigma = e4m3(amax/(6 g)) and E2M1 codes of x/(g sigma).  n must
+ * be a multiple of 16.  scale_codes has n/16 entries, codes n entries (one
+ * code per byte). */
+float qva_nvfp4_tensor_scale(float amax);
+void qva_nvfp4_quantize(const float *x, size_t n, float g, uint8_t *codes,
+                        uint8_t *scale_codes);
+void qva_nvfp4_dequantize(const uint8_t *codes, const uint8_t *scale_codes,
+                          size_t n, float g, float *out);
+/* DA2 Eq. 24: online NVFP4 of 16 probabilities in [0,1] (in place). */
+void qva_nvfp4_quantize_probs16(float *p16);
+
+/* INT8 (DA2 C.3): delta = amax/127 + 1e-7, code = round(x/delta) with ties
+ * away from zero, clamped to [-127,127].  Returns delta. */
+float qva_int8_quantize(const float *x, size_t n, int8_t *codes);
+int8_t qva_int8_round(float x_over_delta);
+
+/* In-place orthonormal Hadamard transform of length n (power of 2); signs
+ * (NULL or n entries of +-1) are applied first. */
+qva_status qva_hadamard(float *x, int n, const float *signs);
+
+/* ------------------------------------------------------------ workloads */
+typedef struct qva_synthetic_spec {
+    char name[32];
+    int B, H, D;
+    int grid_t, grid_h, grid_w;
+    int prefix_tokens;
+    uint64_t seed;
+} qva_synthetic_spec;
+
+/* Looks up a named preset (see docs/SYNTHETIC.md); NULL name lists them. */
+qva_status qva_synthetic_preset(const char *name, qva_synthetic_spec *spec);
+int qva_synthetic_preset_count(void);
+const char *qva_synthetic_preset_name(int i);
+/* Fills f32 HND buffers q,k,v of B*H*N*D each, N = prefix + T*H*W. */
+qva_status qva_synthetic_generate(const qva_synthetic_spec *spec, float *q,
+                                  float *k, float *v);
+
+/* ------------------------------------------------------------ metrics */
+typedef struct qva_error_metrics {
+    double rel_l2, cos_sim, max_abs, psnr_db;
+} qva_error_metrics;
+/* Compares out to ref (n floats). PSNR uses peak = max(ref) - min(ref). */
+void qva_compare(const float *out, const float *ref, size_t n,
+                 qva_error_metrics *m);
+
+/* Value-quantization statistics of one head V [n, d] (f32, row-major) under
+ * a token order: relative MSE of per-channel E4M3 quantization after block
+ * demeaning, and the mean share of block energy removed by the means (VC
+ * Eq. 5). perm may be NULL (sequence order). */
+typedef struct qva_vquant_stats {
+    double rel_mse;       /* ||Vhat - V||^2 / ||V||^2 with demeaning    */
+    double rel_mse_plain; /* the same without demeaning                  */
+    double energy_share;  /* mean over blocks of B||mu||^2 / ||V_j||^2   */
+} qva_vquant_stats;
+qva_status qva_vquant_stats_compute(const float *v, int n, int d,
+                                    const int32_t *perm, int block,
+                                    qva_vquant_stats *st);
+/* k-means order of one head (what vc8 computes); perm receives n entries. */
+qva_status qva_vsmooth_permutation(const float *v, int n, int d, int clusters,
+                                   int iters, int32_t *perm);
+
+/* Mean total variation between ExpCast rows and exact softmax rows of one
+ * head, over rows [0, rows). Also returns the max TV found. */
+qva_status qva_expcast_tv(const float *q, const float *k, int n, int d,
+                          float sm_scale, int rows, double *mean_tv,
+                          double *max_tv);
+
+/* ------------------------------------------------------------ build info */
+const char *qva_build_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QVATTN_H */

@@ -1,0 +1,635 @@
+/*
+ * CPU reference of the dense methods: exact, bf16, fp8, sage8, vc8, sage4,
+ * vc4 (each optionally +expcast / +hadamard), and the per-row online-softmax
+ * engine that the draft kernel shares.  docs/NUMERICS.md states every
+ * rounding and its paper equation; the GPU is checked against this file.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ================================================================ engine */
+
+/* E4M3 decode table: the hot loops decode every P and V code. */
+static float e4m3_table[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_table_init(void) {
+    for (int i = 0; i < 256; ++i) e4m3_table[i] = qva_e4m3_decode((uint8_t)i);
+}
+static const float *e4m3_lut(void) {
+    pthread_once(&e4m3_once, e4m3_table_init);
+    return e4m3_table;
+}
+
+void qvi_row_init(qvi_row *r, float *acc, int d) {
+    r->m = -INFINITY;
+    r->l = 0.0f;
+    r->acc = acc;
+    r->d = d;
+    memset(acc, 0, (size_t)d * sizeof *acc);
+}
+
+void qvi_row_raise_max(qvi_row *r, const float *s, int nk) {
+    float mx = r->m;
+    for (int j = 0; j < nk; ++j)
+        if (s[j] > mx) mx = s[j];
+    if (!(mx > r->m)) return; /* unchanged (or still no key) */
+    if (r->m != -INFINITY) {
+        float alpha = exp2f(r->m - mx); /* VC Eq. 1 */
+        r->l *= alpha;
+        for (int c = 0; c < r->d; ++c) r->acc[c] *= alpha;
+    }
+    r->m = mx;
+}
+
+void qvi_scores_f32(const float *q, const float *K, int nk, int d,
+                    float scale_log2, float *s) {
+    for (int j = 0; j < nk; ++j) {
+        const float *kj = K + (size_t)j * d;
+        float acc = 0.0f;
+        for (int c = 0; c < d; ++c) acc += q[c] * kj[c];
+        s[j] = acc * scale_log2;
+    }
+}
+
+void qvi_scores_i8(const int8_t *q, float dq, const int8_t *K, float dk,
+                   int nk, int d, float scale_log2, float *s) {
+    const float f = (dq * dk) * scale_log2;
+    for (int j = 0; j < nk; ++j) {
+        const int8_t *kj = K + (size_t)j * d;
+        int32_t acc = 0;
+        for (int c = 0; c < d; ++c) acc += (int32_t)q[c] * (int32_t)kj[c];
+        s[j] = (float)acc * f;
+    }
+}
+
+void qvi_scores_e4m3(const uint8_t *q, float dq, const uint8_t *K, float dk,
+                     int nk, int d, float scale_log2, float *s) {
+    const float f = (dq * dk) * scale_log2;
+    const float *lut = e4m3_lut();
+    for (int j = 0; j < nk; ++j) {
+        const uint8_t *kj = K + (size_t)j * d;
+        float acc = 0.0f; /* E4M3 x E4M3 products are exact in FP32 */
+        for (int c = 0; c < d; ++c) acc += lut[q[c]] * lut[kj[c]];
+        s[j] = acc * f;
+    }
+}
+
+void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
+               int use_f16) {
+    if (r->m == -INFINITY) return;
+    const int d = r->d;
+    float part[128] = {0};
+    float rowsum = 0.0f;
+    for (int j = 0; j < nk; ++j) {
+        if (s[j] == -INFINITY) continue;
+        float p = exp2f(s[j] - r->m);
+        rowsum += p; /* denominator from FP32 weights */
+        float pr = use_f16 ? qva_round_f16(p) : qva_round_bf16(p);
+        const float *vj = V + (size_t)j * d;
+        for (int c = 0; c < d; ++c) part[c] += pr * vj[c];
+    }
+    r->l += rowsum;
+    for (int c = 0; c < d; ++c) r->acc[c] += part[c];
+}
+
+float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
+                     uint8_t *pcodes) {
+    float rowsum = 0.0f;
+    for (int j = 0; j < nk; ++j) {
+        if (s[j] == -INFINITY) {
+            pcodes[j] = 0;
+            continue;
+        }
+        if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
+            pcodes[j] = qva_expcast_e4m3(s[j] - m);
+            rowsum += e4m3_lut()[pcodes[j]];
+        } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
+            float p = exp2f((s[j] - m) + QVI_SAGE_P_OFFSET);
+            pcodes[j] = qva_e4m3_encode(p);
+            rowsum += p;
+        }
+    }
+    return rowsum;
+}
+
+/* FP16 partial accumulator of DA2 Table 6, saturating at the largest
+ * finite half instead of overflowing (see docs/NUMERICS.md). */
+static float round_f16_sat(float x) {
+    float r = qva_round_f16(x);
+    if (r > 65504.0f) return 65504.0f;
+    if (r < -65504.0f) return -65504.0f;
+    return r;
+}
+
+void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
+                 const float *mu, int nk, int expcast, int fp16_partial) {
+    if (r->m == -INFINITY) return;
+    const int d = r->d;
+    uint8_t pc[QVI_BLOCK];
+    float part[128] = {0};
+    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, pc);
+    const float *lut = e4m3_lut();
+    for (int j = 0; j < nk; ++j) {
+        if (!pc[j]) continue;
+        float p = lut[pc[j]];
+        const uint8_t *vj = V + (size_t)j * d;
+        for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
+    }
+    r->l += rowsum;
+    for (int c = 0; c < d; ++c) {
+        float pc_c = fp16_partial ? round_f16_sat(part[c]) : part[c];
+        r->acc[c] += pc_c * vscale;
+        if (mu) r->acc[c] += rowsum * mu[c]; /* VC Eq. 6: r_ij mu_j^T */
+    }
+}
+
+void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
+                  const float *mu, int nk) {
+    if (r->m == -INFINITY) return;
+    const int d = r->d;
+    float p[QVI_BLOCK];
+    float part[128] = {0};
+    float rowsum = 0.0f;
+    for (int j = 0; j < nk; ++j) {
+        p[j] = s[j] == -INFINITY ? 0.0f : exp2f(s[j] - r->m);
+        rowsum += p[j]; /* denominator before the NVFP4 conversion */
+    }
+    for (int j = 0; j < nk; j += 16) qva_nvfp4_quantize_probs16(p + j);
+    for (int j = 0; j < nk; ++j) {
+        if (p[j] == 0.0f) continue;
+        const float *vj = V + (size_t)j * d;
+        for (int c = 0; c < d; ++c) part[c] += p[j] * vj[c];
+    }
+    r->l += rowsum;
+    for (int c = 0; c < d; ++c) {
+        r->acc[c] += part[c] * vscale;
+        if (mu) r->acc[c] += rowsum * mu[c];
+    }
+}
+
+float qvi_row_finish(const qvi_row *r, const float *chan_scale,
+                     float log2_amp, float *out) {
+    if (r->m == -INFINITY || !(r->l > 0.0f)) { /* no retained key */
+        memset(out, 0, (size_t)r->d * sizeof *out);
+        return -INFINITY;
+    }
+    for (int c = 0; c < r->d; ++c)
+        out[c] = (r->acc[c] * (chan_scale ? chan_scale[c] : 1.0f)) / r->l;
+    return (r->m + log2f(r->l) - log2_amp) * 0.69314718055994531f;
+}
+
+/* ================================================================ operands */
+
+void qvi_v8_free(qvi_v8 *x) {
+    free(x->codes);
+    free(x->chan_scale);
+    free(x->mu_hat);
+    memset(x, 0, sizeof *x);
+}
+
+/* Rows of v gathered by perm into dst[n_pad*d] (pad rows zero). */
+static void gather_rows(const float *v, int n, int d, const int32_t *perm,
+                        float *dst) {
+    for (int i = 0; i < n; ++i)
+        memcpy(dst + (size_t)i * d, v + (size_t)(perm ? perm[i] : i) * d,
+               (size_t)d * sizeof *dst);
+}
+
+/* Block means over the valid rows (FP64 sums) and the residual in place. */
+static void block_demean(float *x, int n, int d, int nblk, float *mu) {
+    for (int j = 0; j < nblk; ++j) {
+        int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < n ? r0 + QVI_BLOCK : n;
+        for (int c = 0; c < d; ++c) {
+            double sum = 0.0;
+            for (int i = r0; i < r1; ++i) sum += x[(size_t)i * d + c];
+            float m = (float)(sum / (r1 - r0));
+            mu[(size_t)j * d + c] = m;
+            for (int i = r0; i < r1; ++i) x[(size_t)i * d + c] -= m;
+        }
+    }
+}
+
+/* Per-channel scale amax/2.25 (DA2 C.3), raised where needed so that the
+ * stored mean/scale fits FP16 with margin; 1 for an all-zero channel. */
+static float v_channel_scale(const float *x, int n, int d, int c,
+                             const float *mu, int nblk) {
+    float amax = 0.0f, mmax = 0.0f;
+    for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
+    for (int j = 0; mu && j < nblk; ++j) mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
+    float s = fmaxf(amax / QVI_V_E4M3_RANGE, mmax / 32768.0f);
+    return s > 0.0f ? s : 1.0f;
+}
+
+qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
+                          int demean, qvi_v8 *out) {
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    out->d = d;
+    out->nblk = qvi_cdiv(n, QVI_BLOCK);
+    out->n_pad = out->nblk * QVI_BLOCK;
+    float *x = calloc((size_t)out->n_pad * d, sizeof *x);
+    out->codes = calloc((size_t)out->n_pad * d, 1);
+    out->chan_scale = malloc((size_t)d * sizeof(float));
+    out->mu_hat = demean ? malloc((size_t)out->nblk * d * sizeof(float)) : NULL;
+    if (!x || !out->codes || !out->chan_scale || (demean && !out->mu_hat)) {
+        free(x);
+        qvi_v8_free(out);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "value operand buffers");
+    }
+    gather_rows(v, n, d, perm, x);
+    if (demean) block_demean(x, n, d, out->nblk, out->mu_hat);
+    for (int c = 0; c < d; ++c) {
+        float sc = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk);
+        out->chan_scale[c] = sc;
+        for (int i = 0; i < n; ++i)
+            out->codes[(size_t)i * d + c] = qva_e4m3_encode(x[(size_t)i * d + c] / sc);
+        for (int j = 0; demean && j < out->nblk; ++j) /* App. B: mean / scale */
+            out->mu_hat[(size_t)j * d + c] =
+                qva_round_f16(out->mu_hat[(size_t)j * d + c] / sc);
+    }
+    free(x);
+    return QVA_OK;
+}
+
+/* ================================================================ methods */
+
+typedef enum path_kind { PATH_16, PATH_FP8, PATH_I8, PATH_FP4 } path_kind;
+
+/* One head's prepared operands. Q rows and K/V rows padded to QVI_BLOCK. */
+typedef struct head_ops {
+    path_kind kind;
+    int nq, nk, nq_pad, nk_pad, d;
+    int expcast;
+    float scale_log2;
+    float *qf, *kf, *vf;   /* PATH_16 (rounded) and PATH_FP4 (unscaled) */
+    float gq, gk, gv;      /* NVFP4 tensor scales                      */
+    float *mu4;            /* vc4 block means (FP16-rounded), or NULL  */
+    qvi_i8 qi, ki;         /* PATH_I8                                  */
+    qvi_f8 q8, k8, v8b;    /* PATH_FP8                                 */
+    qvi_v8 v8;             /* PATH_I8 values                           */
+} head_ops;
+
+static void head_ops_free(head_ops *o) {
+    free(o->qf);
+    free(o->kf);
+    free(o->vf);
+    free(o->mu4);
+    free(o->qi.codes);
+    free(o->qi.scale);
+    free(o->ki.codes);
+    free(o->ki.scale);
+    qvi_f8 *f8s[3] = {&o->q8, &o->k8, &o->v8b};
+    for (int i = 0; i < 3; ++i) {
+        free(f8s[i]->codes);
+        free(f8s[i]->block_scale);
+        free(f8s[i]->chan_scale);
+    }
+    qvi_v8_free(&o->v8);
+}
+
+static int is_vsmooth(qva_method m) {
+    return m == QVA_METHOD_VC8 || m == QVA_METHOD_VC4;
+}
+static int smooths_k(qva_method m) {
+    return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8 ||
+           m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
+}
+
+static void subtract_channel_mean(float *x, int n, int d) {
+    float mean[128];
+    qvi_channel_mean(x, n, d, mean);
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c) x[(size_t)i * d + c] -= mean[c];
+}
+
+static void hadamard_rows(float *x, int n, int d, const float *signs) {
+    for (int i = 0; i < n; ++i) qva_hadamard(x + (size_t)i * d, d, signs);
+}
+
+static void round_rows16(float *x, size_t count, qva_dtype in_dtype) {
+    for (size_t i = 0; i < count; ++i)
+        x[i] = in_dtype == QVA_F16 ? qva_round_f16(x[i]) : qva_round_bf16(x[i]);
+}
+
+/* Decides this call's permutation for a V-Smooth method: runs k-means on a
+ * grouping step (or when no usable permutation is stored) and reports
+ * whether to demean (steps inside the window).  VC §3.4, App. A. */
+static qva_status vsmooth_perm(qva_context_t *ctx, const qva_config *cfg,
+                               int64_t b, int64_t h, const float *v, int n,
+                               int d, const int32_t **perm, int *demean) {
+    qva_step_action act = qva_schedule_action(&cfg->vsmooth, cfg->step, cfg->num_steps);
+    qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, h);
+    if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "v-smooth state");
+    const int k = cfg->vsmooth.clusters;
+    int usable = st->perm && st->n == n && st->d == d && st->k == k;
+    if (act == QVA_STEP_GROUP || !usable) {
+        int warm = usable && cfg->vsmooth.warm_start;
+        if (!usable) {
+            free(st->perm);
+            free(st->centroids);
+            st->perm = malloc((size_t)n * sizeof *st->perm);
+            st->centroids = malloc((size_t)k * d * sizeof *st->centroids);
+            st->n = n;
+            st->d = d;
+            st->k = k;
+        }
+        int32_t *labels = malloc((size_t)n * sizeof *labels);
+        if (!st->perm || !st->centroids || !labels) {
+            free(labels);
+            free(st->perm);
+            free(st->centroids);
+            st->perm = NULL;
+            st->centroids = NULL;
+            return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "v-smooth permutation");
+        }
+        qvi_kmeans(v, n, d, k, cfg->vsmooth.iters, warm, st->centroids, labels);
+        qvi_stable_argsort_labels(labels, n, k, st->perm);
+        free(labels);
+        st->last_group_step = cfg->step;
+    }
+    *perm = st->perm;
+    *demean = act != QVA_STEP_PLAIN;
+    return QVA_OK;
+}
+
+static float *alloc_padded(int n_pad, int d) {
+    return calloc((size_t)n_pad * d, sizeof(float));
+}
+
+/* NVFP4 operands of sage4/vc4; vc4 first demeans V (means added unscaled
+ * at 4 bits, VC App. B). Takes ownership of nothing. */
+static qva_status quantize_fp4(float *q, float *k, float *v, int demean,
+                               head_ops *o) {
+    const int d = o->d, nblk = o->nk_pad / QVI_BLOCK;
+    if (demean) {
+        o->mu4 = malloc((size_t)nblk * d * sizeof(float));
+        if (!o->mu4) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "vc4 means");
+        block_demean(v, o->nk, d, nblk, o->mu4);
+        for (size_t i = 0; i < (size_t)nblk * d; ++i) o->mu4[i] = qva_round_f16(o->mu4[i]);
+    }
+    o->qf = alloc_padded(o->nq_pad, d);
+    o->kf = alloc_padded(o->nk_pad, d);
+    o->vf = alloc_padded(o->nk_pad, d);
+    if (!o->qf || !o->kf || !o->vf)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "nvfp4 operands");
+    o->gq = qvi_quant_nvfp4_rows(q, o->nq_pad, d, o->qf);
+    o->gk = qvi_quant_nvfp4_rows(k, o->nk_pad, d, o->kf);
+    o->gv = qvi_quant_nvfp4_cols(v, o->nk_pad, d, o->vf);
+    return QVA_OK;
+}
+
+/* Quantizes the (already smoothed / rotated / permuted) f32 operands.  Takes
+ * ownership of q, k, v. */
+static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
+                               float *v, int demean, head_ops *o) {
+    const int d = o->d;
+    qva_status st = QVA_OK;
+    if (o->kind == PATH_16) { /* keep the rounded f32 buffers */
+        round_rows16(q, (size_t)o->nq_pad * d, in_dtype);
+        round_rows16(k, (size_t)o->nk_pad * d, in_dtype);
+        round_rows16(v, (size_t)o->nk_pad * d, in_dtype);
+        o->qf = q;
+        o->kf = k;
+        o->vf = v;
+        return QVA_OK;
+    }
+    if (o->kind == PATH_FP8) {
+        qvi_quant_e4m3_blocks(q, o->nq_pad, d, &o->q8);
+        qvi_quant_e4m3_blocks(k, o->nk_pad, d, &o->k8);
+        qvi_quant_e4m3_blocks(v, o->nk_pad, d, &o->v8b);
+        if (!o->q8.codes || !o->k8.codes || !o->v8b.codes)
+            st = qvi_fail(QVA_ERR_OUT_OF_MEMORY, "fp8 operands");
+    } else if (o->kind == PATH_I8) {
+        qvi_quant_i8_blocks(q, o->nq_pad, d, &o->qi);
+        qvi_quant_i8_blocks(k, o->nk_pad, d, &o->ki);
+        st = (!o->qi.codes || !o->ki.codes)
+                 ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
+                 : qvi_v8_prepare(v, o->nk, d, NULL, demean, &o->v8);
+    } else {
+        st = quantize_fp4(q, k, v, demean, o);
+    }
+    free(q);
+    free(k);
+    free(v);
+    return st;
+}
+
+static path_kind method_path(qva_method m) {
+    switch (m) {
+    case QVA_METHOD_FP8: return PATH_FP8;
+    case QVA_METHOD_SAGE8:
+    case QVA_METHOD_VC8: return PATH_I8;
+    case QVA_METHOD_SAGE4:
+    case QVA_METHOD_VC4: return PATH_FP4;
+    default: return PATH_16;
+    }
+}
+
+/* Loads, permutes, smooths, rotates and quantizes one head. */
+static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
+                               const qva_tensor *qt, const qva_tensor *kt,
+                               const qva_tensor *vt, int64_t b, int64_t h,
+                               head_ops *o) {
+    memset(o, 0, sizeof *o);
+    o->kind = method_path(cfg->method);
+    o->nq = (int)qt->shape[2];
+    o->nk = (int)kt->shape[2];
+    o->d = (int)qt->shape[3];
+    o->nq_pad = qvi_cdiv(o->nq, QVI_BLOCK) * QVI_BLOCK;
+    o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
+    o->expcast = cfg->expcast;
+    o->scale_log2 = qvi_sm_scale(cfg, o->d) * QVI_LOG2E;
+    const int d = o->d;
+    float *q = alloc_padded(o->nq_pad, d), *k = alloc_padded(o->nk_pad, d),
+          *v = alloc_padded(o->nk_pad, d), *raw = malloc((size_t)o->nk * d * sizeof(float));
+    if (!q || !k || !v || !raw) {
+        free(q), free(k), free(v), free(raw);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "head buffers");
+    }
+    qvi_load_head(qt, b, h, q);
+    int demean = 0;
+    const int32_t *perm = NULL;
+    qvi_load_head(vt, b, h, raw);
+    if (is_vsmooth(cfg->method)) {
+        qva_status st = vsmooth_perm(ctx, cfg, b, h, raw, o->nk, d, &perm, &demean);
+        if (st != QVA_OK) {
+            free(q), free(k), free(v), free(raw);
+            return st;
+        }
+    }
+    gather_rows(raw, o->nk, d, perm, v);
+    qvi_load_head(kt, b, h, raw);
+    gather_rows(raw, o->nk, d, perm, k);
+    free(raw);
+    if (smooths_k(cfg->method)) subtract_channel_mean(k, o->nk, d);
+    if (cfg->hadamard) {
+        float signs[128];
+        qvi_hadamard_signs(cfg, d, signs);
+        hadamard_rows(q, o->nq, d, signs);
+        hadamard_rows(k, o->nk, d, signs);
+    }
+    return quantize_ops(qt->dtype, q, k, v, demean, o);
+}
+
+/* Scores of query row i against key block j; invalid keys -> -INFINITY. */
+static void block_scores(const head_ops *o, int i, int j, float *s) {
+    const int d = o->d, qb = i / QVI_BLOCK;
+    const size_t qo = (size_t)i * d, ko = (size_t)j * QVI_BLOCK * d;
+    switch (o->kind) {
+    case PATH_16:
+        qvi_scores_f32(o->qf + qo, o->kf + ko, QVI_BLOCK, d, o->scale_log2, s);
+        break;
+    case PATH_FP4:
+        qvi_scores_f32(o->qf + qo, o->kf + ko, QVI_BLOCK, d,
+                       (o->gq * o->gk) * o->scale_log2, s);
+        break;
+    case PATH_I8:
+        qvi_scores_i8(o->qi.codes + qo, o->qi.scale[qb], o->ki.codes + ko,
+                      o->ki.scale[j], QVI_BLOCK, d, o->scale_log2, s);
+        break;
+    case PATH_FP8:
+        qvi_scores_e4m3(o->q8.codes + qo, o->q8.block_scale[qb],
+                        o->k8.codes + ko, o->k8.block_scale[j], QVI_BLOCK, d,
+                        o->scale_log2, s);
+        break;
+    }
+    for (int t = o->nk - j * QVI_BLOCK; t < QVI_BLOCK; ++t) s[t] = -INFINITY;
+}
+
+static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
+    const size_t vo = (size_t)j * QVI_BLOCK * o->d;
+    switch (o->kind) {
+    case PATH_16: qvi_pv_16(r, s, o->vf + vo, QVI_BLOCK, 0); break;
+    case PATH_FP4:
+        qvi_pv_nvfp4(r, s, o->vf + vo, o->gv,
+                     o->mu4 ? o->mu4 + (size_t)j * o->d : NULL, QVI_BLOCK);
+        break;
+    case PATH_I8:
+        qvi_pv_e4m3(r, s, o->v8.codes + vo, 1.0f,
+                    o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
+                    QVI_BLOCK, o->expcast, 0);
+        break;
+    case PATH_FP8:
+        qvi_pv_e4m3(r, s, o->v8b.codes + vo, o->v8b.block_scale[j], NULL,
+                    QVI_BLOCK, o->expcast, 0);
+        break;
+    }
+}
+
+static float path_log2_amp(const head_ops *o) {
+    if (o->kind == PATH_I8 || o->kind == PATH_FP8)
+        return o->expcast ? QVI_EXPCAST_LOG2_AMP : QVI_SAGE_P_OFFSET;
+    return 0.0f;
+}
+
+/* The online recurrence of one query row over every key block. */
+static float run_row(const head_ops *o, int i, float *out) {
+    float acc[128], s[QVI_BLOCK];
+    qvi_row r;
+    qvi_row_init(&r, acc, o->d);
+    const int nblk = o->nk_pad / QVI_BLOCK;
+    for (int j = 0; j < nblk; ++j) {
+        block_scores(o, i, j, s);
+        qvi_row_raise_max(&r, s, QVI_BLOCK);
+        block_pv(o, &r, j, s);
+    }
+    const float *cs = o->kind == PATH_I8 ? o->v8.chan_scale : NULL;
+    return qvi_row_finish(&r, cs, path_log2_amp(o), out);
+}
+
+/* FP64 two-pass softmax attention of one row: the ground truth. */
+static float exact_row(const float *q, const float *k, const float *v, int nk,
+                       int d, double scale, double *sbuf, float *out) {
+    double mx = -INFINITY;
+    for (int j = 0; j < nk; ++j) {
+        double acc = 0.0;
+        for (int c = 0; c < d; ++c) acc += (double)q[c] * k[(size_t)j * d + c];
+        sbuf[j] = acc * scale;
+        if (sbuf[j] > mx) mx = sbuf[j];
+    }
+    double l = 0.0, o[128] = {0};
+    for (int j = 0; j < nk; ++j) {
+        double p = exp(sbuf[j] - mx);
+        l += p;
+        for (int c = 0; c < d; ++c) o[c] += p * v[(size_t)j * d + c];
+    }
+    for (int c = 0; c < d; ++c) out[c] = (float)(o[c] / l);
+    return (float)(mx + log(l));
+}
+
+static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
+                             const qva_tensor *kt, const qva_tensor *vt,
+                             int64_t b, int64_t h, float *ob, float *lb) {
+    const int nq = (int)qt->shape[2], nk = (int)kt->shape[2], d = (int)qt->shape[3];
+    float *q = malloc((size_t)nq * d * sizeof *q), *k = malloc((size_t)nk * d * sizeof *k),
+          *v = malloc((size_t)nk * d * sizeof *v);
+    int ok = q && k && v;
+    if (ok) {
+        qvi_load_head(qt, b, h, q);
+        qvi_load_head(kt, b, h, k);
+        qvi_load_head(vt, b, h, v);
+        const double scale = qvi_sm_scale(cfg, d);
+#pragma omp parallel
+        {
+            double *sbuf = malloc((size_t)nk * sizeof *sbuf);
+#pragma omp for schedule(static)
+            for (int i = 0; i < nq; ++i)
+                if (sbuf)
+                    lb[i] = exact_row(q + (size_t)i * d, k, v, nk, d, scale, sbuf,
+                                      ob + (size_t)i * d);
+                else
+                    lb[i] = NAN; /* reported below */
+            free(sbuf);
+        }
+        for (int i = 0; i < nq; ++i) ok &= !isnan(lb[i]);
+    }
+    free(q), free(k), free(v);
+    return ok ? QVA_OK : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "exact attention buffers");
+}
+
+static qva_status quantized_head(qva_context_t *ctx, const qva_config *cfg,
+                                 const qva_tensor *qt, const qva_tensor *kt,
+                                 const qva_tensor *vt, int64_t b, int64_t h,
+                                 float *ob, float *lb) {
+    head_ops o;
+    qva_status st = prepare_head(ctx, cfg, qt, kt, vt, b, h, &o);
+    if (st == QVA_OK) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < o.nq; ++i) lb[i] = run_row(&o, i, ob + (size_t)i * o.d);
+    }
+    head_ops_free(&o);
+    return st;
+}
+
+static void store_lse(const qva_tensor *lse, int64_t b, int64_t h,
+                      const float *lb, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        ((float *)lse->data)[qvi_offset(lse, b, h, i, 0)] = lb[i];
+}
+
+qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
+                             const qva_tensor *q, const qva_tensor *k,
+                             const qva_tensor *v, const qva_tensor *out,
+                             const qva_tensor *lse) {
+    const int64_t nq = q->shape[2], d = q->shape[3];
+    float *ob = malloc((size_t)nq * d * sizeof *ob), *lb = malloc((size_t)nq * sizeof *lb);
+    if (!ob || !lb) {
+        free(ob), free(lb);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "output buffers");
+    }
+    qva_status st = QVA_OK;
+    for (int64_t b = 0; b < q->shape[0] && st == QVA_OK; ++b)
+        for (int64_t h = 0; h < q->shape[1] && st == QVA_OK; ++h) {
+            st = cfg->method == QVA_METHOD_EXACT
+                     ? exact_head(cfg, q, k, v, b, h, ob, lb)
+                     : quantized_head(ctx, cfg, q, k, v, b, h, ob, lb);
+            if (st != QVA_OK) break;
+            qvi_store_head(out, b, h, ob);
+            if (lse) store_lse(lse, b, h, lb, nq);
+        }
+    free(ob), free(lb);
+    return st;
+}

@@ -1,0 +1,634 @@
+/*
+ * DraftAttention2 on the CPU: the draft router (DA2 §3.1, Algorithm 1,
+ * C.1) and the phased mixed-precision attention (DA2 §3.3, C.3, C.4).
+ * This is the bit-exact reference the CUDA kernels are checked against;
+ * docs/DRAFT.md states every rounding step.
+ */
+#include "cpu/draft.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#define QVI_OMP_FOR _Pragma("omp parallel for schedule(dynamic, 1)")
+#else
+#define QVI_OMP_FOR
+#endif
+
+/* ------------------------------------------------------------ pooling */
+
+void qvi_draft_pool(const float *x, const int32_t *count, int64_t R, int c,
+                    int d, float *avg, float *mx) {
+    for (int64_t r = 0; r < R; ++r) {
+        const float *blk = x + r * c * d;
+        int n = count[r];
+        for (int ch = 0; ch < d; ++ch) {
+            double s = 0.0; /* FP64 sum in path order */
+            float m = blk[ch];
+            for (int i = 0; i < n; ++i) {
+                float v = blk[(int64_t)i * d + ch];
+                s += (double)v;
+                m = v > m ? v : m;
+            }
+            avg[r * d + ch] = (float)(s / (double)n);
+            mx[r * d + ch] = m;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ draft map */
+
+/* out[b] = softmax_b(dot(qa, k_b) * sm) for one query region, in FP64:
+ * dot products in channel order, max subtracted, sum in key order. */
+static void softmax_row_f64(const float *qa, const float *k, int64_t R, int d,
+                            double sm, double *out) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t b = 0; b < R; ++b) {
+        const float *kb = k + b * d;
+        double dot = 0.0;
+        for (int c = 0; c < d; ++c)
+            dot += (double)qa[c] * (double)kb[c];
+        out[b] = dot * sm;
+        mx = out[b] > mx ? out[b] : mx;
+    }
+    for (int64_t b = 0; b < R; ++b) {
+        out[b] = exp(out[b] - mx);
+        sum += out[b];
+    }
+    for (int64_t b = 0; b < R; ++b)
+        out[b] /= sum;
+}
+
+qva_status qvi_draft_map(const float *qavg, const float *qmax,
+                         const float *kavg, const float *kmax, int64_t R,
+                         int d, float sm_scale, float lambda, float *A) {
+    double sm = (double)sm_scale, lam = (double)lambda;
+    double *pa = malloc(sizeof(double) * (size_t)(R > 0 ? R : 1) * 2);
+    if (!pa)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: map of %lld regions",
+                        (long long)R);
+    double *pm = pa + R;
+    for (int64_t a = 0; a < R; ++a) {
+        softmax_row_f64(qavg + a * d, kavg, R, d, sm, pa);
+        softmax_row_f64(qmax + a * d, kmax, R, d, sm, pm);
+        for (int64_t b = 0; b < R; ++b)
+            A[a * R + b] = (float)((1.0 - lam) * pa[b] + lam * pm[b]);
+    }
+    free(pa);
+    return QVA_OK;
+}
+
+/* ------------------------------------------------------------ quotas */
+
+/* Fractions in [0,1] summing to 1 within 1e-4 (DA2 C.1 quotas). */
+static qva_status check_fractions(const float f[4]) {
+    static const char *name[4] = {"frac_skip", "frac4", "frac8", "frac16"};
+    double sum = 0.0;
+    for (int i = 0; i < 4; ++i) {
+        if (!(f[i] >= 0.0f && f[i] <= 1.0f))
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                            "draft: %s = %g is outside [0, 1]", name[i],
+                            (double)f[i]);
+        sum += (double)f[i];
+    }
+    if (fabs(sum - 1.0) > 1e-4)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: fractions skip/4/8/16 sum to %.6f, not 1", sum);
+    return QVA_OK;
+}
+
+qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
+                            int64_t quota[4]) {
+    const float f[4] = {p->frac_skip, p->frac4, p->frac8, p->frac16};
+    qva_status st = check_fractions(f);
+    if (st != QVA_OK)
+        return st;
+    if (pairs < 0 || pairs > INT64_MAX / 2000000)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs",
+                        (long long)pairs);
+    /* Exact rational arithmetic: fraction i is u[i]/U with u in ppm. */
+    int64_t u[4], U = 0, rem[4], total = 0;
+    for (int i = 0; i < 4; ++i) {
+        u[i] = llround((double)f[i] * 1e6);
+        U += u[i];
+    }
+    for (int i = 0; i < 4; ++i) {
+        quota[i] = u[i] * pairs / U;
+        rem[i] = u[i] * pairs % U;
+        total += quota[i];
+    }
+    /* Largest remainders get one more; ties favour 16, 8, 4, skip. */
+    int bumped[4] = {0, 0, 0, 0};
+    for (int64_t left = pairs - total; left > 0; --left) {
+        int best = -1;
+        for (int i = 3; i >= 0; --i)
+            if (!bumped[i] && (best < 0 || rem[i] > rem[best]))
+                best = i;
+        bumped[best] = 1;
+        ++quota[best];
+    }
+    return QVA_OK;
+}
+
+/* ------------------------------------------------------------ ranking */
+
+typedef struct ranked { float a; int64_t idx; } ranked;
+
+/* Descending A, ties (and NaN, which sorts last) by ascending index:
+ * a strict total order, so qsort's result is the stable argsort. */
+static int cmp_ranked(const void *pa, const void *pb) {
+    const ranked *x = pa, *y = pb;
+    int xn = isnan(x->a), yn = isnan(y->a);
+    if (xn != yn)
+        return xn - yn;
+    if (!xn && x->a != y->a)
+        return x->a > y->a ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+qva_status qvi_draft_assign(const float *A, int64_t R, const int64_t quota[4],
+                            uint8_t *prec) {
+    int64_t M = R * R;
+    if (quota[0] + quota[1] + quota[2] + quota[3] != M || quota[0] < 0 ||
+        quota[1] < 0 || quota[2] < 0 || quota[3] < 0)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: quotas do not sum to R^2 = %lld", (long long)M);
+    ranked *rk = malloc(sizeof(ranked) * (size_t)(M > 0 ? M : 1));
+    if (!rk)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: ranking %lld pairs",
+                        (long long)M);
+    for (int64_t i = 0; i < M; ++i) {
+        rk[i].a = A[i];
+        rk[i].idx = i;
+    }
+    qsort(rk, (size_t)M, sizeof(ranked), cmp_ranked);
+    int64_t e16 = quota[QVI_Q_16], e8 = e16 + quota[QVI_Q_8];
+    int64_t e4 = e8 + quota[QVI_Q_4];
+    for (int64_t k = 0; k < M; ++k)
+        prec[rk[k].idx] = k < e16 ? 16 : k < e8 ? 8 : k < e4 ? 4 : 0;
+    free(rk);
+    return QVA_OK;
+}
+
+/* ------------------------------------------------------------ Eq. 8 */
+
+void qvi_draft_phase_enter(float *acc, float *l, int d, float eta,
+                           const float *dv) {
+    for (int c = 0; c < d; ++c)
+        acc[c] = acc[c] / (eta * dv[c]);
+    *l = *l / eta;
+}
+
+void qvi_draft_phase_exit(float *acc, float *l, int d, float eta,
+                          const float *dv) {
+    for (int c = 0; c < d; ++c)
+        acc[c] = acc[c] * (eta * dv[c]);
+    *l = *l * eta;
+}
+
+void qvi_draft_phase_enter_f64(double *acc, double *l, int d, double eta,
+                               const double *dv) {
+    for (int c = 0; c < d; ++c)
+        acc[c] = acc[c] / (eta * dv[c]);
+    *l = *l / eta;
+}
+
+void qvi_draft_phase_exit_f64(double *acc, double *l, int d, double eta,
+                              const double *dv) {
+    for (int c = 0; c < d; ++c)
+        acc[c] = acc[c] * (eta * dv[c]);
+    *l = *l * eta;
+}
+
+float qvi_draft_eta(int expcast) {
+    /* ExpCast puts the row max at 2^8; the exp2 path adds 8.807. */
+    return expcast ? exp2f(-QVI_EXPCAST_LOG2_AMP) : QVI_SAGE_ETA;
+}
+
+/* ------------------------------------------------------------ the call */
+
+/* Settings of one call, shared by all heads. */
+typedef struct draft_job {
+    const qvi_draft_layout *lay;
+    int64_t n, R;
+    int d, c;
+    float sm_scale, scale_log2, eta;
+    int use_f16, expcast, warmup;
+    int64_t quota[4];
+} draft_job;
+
+/* Per-head operands and results (buffers reused across heads). */
+typedef struct draft_head {
+    float *q16, *k16, *v16; /* n*d, sequence order, 16-bit rounded     */
+    float *qp, *kp, *vp;    /* n_pack*d, packed; f32 then 16-bit       */
+    float *q4, *k4, *v4;    /* R*c*d NVFP4 reconstructions (unscaled)  */
+    float gq, gk, gv;       /* NVFP4 per-tensor scales                 */
+    qvi_i8 q8, k8;          /* INT8 per region block                   */
+    qvi_v8 v8;              /* E4M3 V, per-channel scale               */
+    float *dv;              /* d: delta_c^V, 1 for an all-zero channel */
+    float *qavg, *qmax, *kavg, *kmax; /* R*d pooled descriptors        */
+    float *A;               /* R*R draft map                           */
+    uint8_t *prec;          /* R*R precision of each region pair       */
+    float *out, *lse;       /* n*d and n, sequence order               */
+    float *acc;             /* scratch accumulators, one per row group */
+} draft_head;
+
+static float round16(float x, int use_f16) {
+    return use_f16 ? qva_round_f16(x) : qva_round_bf16(x);
+}
+
+static void round_all(float *x, int64_t n, int use_f16) {
+    for (int64_t i = 0; i < n; ++i)
+        x[i] = round16(x[i], use_f16);
+}
+
+/* Padding keys of a block get -inf so they take no weight. */
+static void mask_tail(float *s, int valid, int nk) {
+    for (int j = valid; j < nk; ++j)
+        s[j] = -INFINITY;
+}
+
+/* ---- phases of one video query row (DA2 §3.3, C.4) ---- */
+
+/* NVFP4 phase: E2M1 Q,K,V with E4M3 group scales (Eq. 23); logits
+ * restored by g_Q g_K; P coded by Eq. 24 inside qvi_pv_nvfp4, whose P is
+ * already in probability units, so g_V alone restores the numerator. */
+static void phase_nvfp4(const draft_job *J, const draft_head *H, qvi_row *r,
+                        const uint8_t *prec, int64_t qrow, float *s) {
+    int c = J->c, d = J->d;
+    const float *q = H->q4 + qrow * d;
+    float sc = (H->gq * H->gk) * J->scale_log2;
+    for (int64_t b = 0; b < J->R; ++b) {
+        if (prec[b] != 4)
+            continue;
+        qvi_scores_f32(q, H->k4 + b * c * d, c, d, sc, s);
+        mask_tail(s, J->lay->count[b], c);
+        qvi_row_raise_max(r, s, c);
+        qvi_pv_nvfp4(r, s, H->v4 + b * c * d, H->gv, NULL, c);
+    }
+}
+
+/* INT8 phase: INT8 QK^T with one scale per region block, E4M3 P and V
+ * with FP16 partials (Table 6), entered and left through Eq. 8. */
+static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
+                       const uint8_t *prec, int64_t a, int64_t qrow, float *s) {
+    int c = J->c, d = J->d;
+    int64_t n8 = 0;
+    for (int64_t b = 0; b < J->R; ++b)
+        n8 += prec[b] == 8;
+    if (n8 == 0) /* an empty phase has no boundary (Eq. 7) */
+        return;
+    qvi_draft_phase_enter(r->acc, &r->l, d, J->eta, H->dv);
+    const int8_t *q = H->q8.codes + qrow * d;
+    for (int64_t b = 0; b < J->R; ++b) {
+        if (prec[b] != 8)
+            continue;
+        qvi_scores_i8(q, H->q8.scale[a], H->k8.codes + b * c * d,
+                      H->k8.scale[b], c, d, J->scale_log2, s);
+        mask_tail(s, J->lay->count[b], c);
+        qvi_row_raise_max(r, s, c);
+        qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, 1.0f, NULL, c, J->expcast,
+                    1);
+    }
+    qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
+}
+
+/* One 16-bit key block at packed slot k0 with `valid` real keys. */
+static void block16(const draft_job *J, const draft_head *H, qvi_row *r,
+                    const float *q, int64_t k0, int valid, float *s) {
+    int c = J->c, d = J->d;
+    qvi_scores_f32(q, H->kp + k0 * d, c, d, J->scale_log2, s);
+    mask_tail(s, valid, c);
+    qvi_row_raise_max(r, s, c);
+    qvi_pv_16(r, s, H->vp + k0 * d, c, J->use_f16);
+}
+
+/* 16-bit phase: the prefix blocks (always retained by video queries),
+ * then the 16-bit video blocks, in packed order. */
+static void phase_16(const draft_job *J, const draft_head *H, qvi_row *r,
+                     const uint8_t *prec, int64_t slot, float *s) {
+    const qvi_draft_layout *L = J->lay;
+    const float *q = H->qp + slot * J->d;
+    for (int64_t k0 = 0; k0 < L->prefix_pad; k0 += J->c) {
+        int64_t valid = L->prefix - k0;
+        block16(J, H, r, q, k0, (int)(valid < J->c ? valid : J->c), s);
+    }
+    for (int64_t b = 0; b < J->R; ++b)
+        if (prec[b] == 16)
+            block16(J, H, r, q, L->prefix_pad + b * J->c, L->count[b], s);
+}
+
+/* All valid query rows of video region a. */
+static void video_region(const draft_job *J, draft_head *H, int64_t a,
+                         float *acc) {
+    const qvi_draft_layout *L = J->lay;
+    const uint8_t *prec = H->prec + a * J->R;
+    float s[QVI_BLOCK];
+    for (int i = 0; i < L->count[a]; ++i) {
+        int64_t qrow = a * J->c + i; /* row within the video part */
+        int64_t slot = L->prefix_pad + qrow;
+        int32_t orig = L->pack_to_orig[slot];
+        qvi_row r;
+        qvi_row_init(&r, acc, J->d);
+        phase_nvfp4(J, H, &r, prec, qrow, s);
+        phase_int8(J, H, &r, prec, a, qrow, s);
+        phase_16(J, H, &r, prec, slot, s);
+        H->lse[orig] = qvi_row_finish(&r, NULL, 0.0f, H->out + (int64_t)orig * J->d);
+    }
+}
+
+/* Dense 16-bit rows [i0, i1) in sequence order over all keys in sequence
+ * order, blocks of QVI_BLOCK (the bf16 method's computation). */
+static void dense_rows(const draft_job *J, draft_head *H, int64_t i0,
+                       int64_t i1, float *acc) {
+    int d = J->d;
+    float s[QVI_BLOCK];
+    for (int64_t i = i0; i < i1; ++i) {
+        qvi_row r;
+        qvi_row_init(&r, acc, d);
+        for (int64_t j0 = 0; j0 < J->n; j0 += QVI_BLOCK) {
+            int nk = (int)(J->n - j0 < QVI_BLOCK ? J->n - j0 : QVI_BLOCK);
+            qvi_scores_f32(H->q16 + i * d, H->k16 + j0 * d, nk, d,
+                           J->scale_log2, s);
+            qvi_row_raise_max(&r, s, nk);
+            qvi_pv_16(&r, s, H->v16 + j0 * d, nk, J->use_f16);
+        }
+        H->lse[i] = qvi_row_finish(&r, NULL, 0.0f, H->out + i * d);
+    }
+}
+
+/* ---- operand preparation ---- */
+
+/* The per-head allocations of the quantizers. */
+static void lowbit_free(draft_head *H) {
+    free(H->q8.codes);
+    free(H->q8.scale);
+    free(H->k8.codes);
+    free(H->k8.scale);
+    memset(&H->q8, 0, sizeof(H->q8));
+    memset(&H->k8, 0, sizeof(H->k8));
+    qvi_v8_free(&H->v8);
+}
+
+static void head_free(draft_head *H) {
+    lowbit_free(H);
+    free(H->q16); free(H->k16); free(H->v16);
+    free(H->qp); free(H->kp); free(H->vp);
+    free(H->q4); free(H->k4); free(H->v4);
+    free(H->dv);
+    free(H->qavg); free(H->qmax); free(H->kavg); free(H->kmax);
+    free(H->A); free(H->prec);
+    free(H->out); free(H->lse); free(H->acc);
+    memset(H, 0, sizeof(*H));
+}
+
+static void *xmalloc(size_t n, int *fail) {
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        *fail = 1;
+    return p;
+}
+
+/* Allocates the buffers the call needs (low-bit ones only when used). */
+static qva_status head_alloc(const draft_job *J, draft_head *H) {
+    memset(H, 0, sizeof(*H));
+    size_t d = (size_t)J->d, n = (size_t)J->n, np = (size_t)J->lay->n_pack;
+    size_t nv = (size_t)J->R * (size_t)J->c, R = (size_t)J->R;
+    size_t groups = R + (n + QVI_BLOCK - 1) / QVI_BLOCK;
+    int fail = 0;
+    H->q16 = xmalloc(sizeof(float) * n * d, &fail);
+    H->k16 = xmalloc(sizeof(float) * n * d, &fail);
+    H->v16 = xmalloc(sizeof(float) * n * d, &fail);
+    H->out = xmalloc(sizeof(float) * n * d, &fail);
+    H->lse = xmalloc(sizeof(float) * n, &fail);
+    H->acc = xmalloc(sizeof(float) * groups * d, &fail);
+    if (!J->warmup) {
+        H->qp = xmalloc(sizeof(float) * np * d, &fail);
+        H->kp = xmalloc(sizeof(float) * np * d, &fail);
+        H->vp = xmalloc(sizeof(float) * np * d, &fail);
+        H->qavg = xmalloc(sizeof(float) * R * d, &fail);
+        H->qmax = xmalloc(sizeof(float) * R * d, &fail);
+        H->kavg = xmalloc(sizeof(float) * R * d, &fail);
+        H->kmax = xmalloc(sizeof(float) * R * d, &fail);
+        H->A = xmalloc(sizeof(float) * R * R, &fail);
+        H->prec = xmalloc(R * R, &fail);
+    }
+    if (!J->warmup && J->quota[QVI_Q_4] > 0) {
+        H->q4 = xmalloc(sizeof(float) * nv * d, &fail);
+        H->k4 = xmalloc(sizeof(float) * nv * d, &fail);
+        H->v4 = xmalloc(sizeof(float) * nv * d, &fail);
+    }
+    if (!J->warmup && J->quota[QVI_Q_8] > 0) {
+        H->dv = xmalloc(sizeof(float) * d, &fail);
+    }
+    if (fail) {
+        head_free(H);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY,
+                        "draft: buffers for N = %lld, D = %d", (long long)n,
+                        J->d);
+    }
+    return QVA_OK;
+}
+
+/* Low-bit operands of the packed video part (docs/DRAFT.md §4): scales
+ * come from the video tokens only, the only ones the low-bit paths read. */
+static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
+    int d = J->d, nv = (int)(J->R * J->c);
+    size_t off = (size_t)J->lay->prefix_pad * (size_t)d;
+    if (J->quota[QVI_Q_4] > 0) {
+        H->gq = qvi_quant_nvfp4_rows(H->qp + off, nv, d, H->q4);
+        H->gk = qvi_quant_nvfp4_rows(H->kp + off, nv, d, H->k4);
+        H->gv = qvi_quant_nvfp4_cols(H->vp + off, nv, d, H->v4);
+    }
+    if (J->quota[QVI_Q_8] > 0) {
+        /* The quantizers allocate; lowbit_free releases per head. */
+        qvi_quant_i8_blocks(H->qp + off, nv, d, &H->q8);
+        qvi_quant_i8_blocks(H->kp + off, nv, d, &H->k8);
+        if (!H->q8.codes || !H->k8.codes)
+            return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: int8 operands");
+        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, &H->v8);
+        if (st != QVA_OK)
+            return st;
+        for (int c = 0; c < d; ++c) /* all-zero channel: codes 0, scale 1 */
+            H->dv[c] = H->v8.chan_scale[c] != 0.0f ? H->v8.chan_scale[c] : 1.0f;
+    }
+    return QVA_OK;
+}
+
+/* Router of one head: pooling, Eq. 2, Algorithm 1. */
+static qva_status route_head(const draft_job *J, draft_head *H,
+                             const qva_config *cfg) {
+    size_t off = (size_t)J->lay->prefix_pad * (size_t)J->d;
+    qvi_draft_pool(H->qp + off, J->lay->count, J->R, J->c, J->d, H->qavg,
+                   H->qmax);
+    qvi_draft_pool(H->kp + off, J->lay->count, J->R, J->c, J->d, H->kavg,
+                   H->kmax);
+    qva_status st = qvi_draft_map(H->qavg, H->qmax, H->kavg, H->kmax, J->R,
+                                  J->d, J->sm_scale, cfg->draft.lambda, H->A);
+    return st != QVA_OK ? st : qvi_draft_assign(H->A, J->R, J->quota, H->prec);
+}
+
+/* Loads head (b,h), routes it and prepares every operand format. */
+static qva_status prep_head(const draft_job *J, draft_head *H,
+                            const qva_config *cfg, const qva_tensor *q,
+                            const qva_tensor *k, const qva_tensor *v,
+                            int64_t b, int64_t h) {
+    qvi_load_head(q, b, h, H->q16);
+    qvi_load_head(k, b, h, H->k16);
+    qvi_load_head(v, b, h, H->v16);
+    if (!J->warmup) {
+        qvi_draft_pack(J->lay, H->q16, J->d, H->qp);
+        qvi_draft_pack(J->lay, H->k16, J->d, H->kp);
+        qvi_draft_pack(J->lay, H->v16, J->d, H->vp);
+        qva_status st = route_head(J, H, cfg);
+        if (st == QVA_OK)
+            st = prep_lowbit(J, H);
+        if (st != QVA_OK)
+            return st;
+        /* The 16-bit operands: input dtype if 16-bit, else bf16. */
+        int64_t np = J->lay->n_pack * J->d;
+        round_all(H->qp, np, J->use_f16);
+        round_all(H->kp, np, J->use_f16);
+        round_all(H->vp, np, J->use_f16);
+    }
+    int64_t nd = J->n * J->d;
+    round_all(H->q16, nd, J->use_f16);
+    round_all(H->k16, nd, J->use_f16);
+    round_all(H->v16, nd, J->use_f16);
+    return QVA_OK;
+}
+
+/* Computes every row of one prepared head. */
+static void compute_head(const draft_job *J, draft_head *H) {
+    const qvi_draft_layout *L = J->lay;
+    int64_t R = J->warmup ? 0 : J->R;
+    QVI_OMP_FOR
+    for (int64_t a = 0; a < R; ++a)
+        video_region(J, H, a, H->acc + a * J->d);
+    /* Dense rows: all of them in warm-up, else the prefix queries. */
+    int64_t i0 = 0, i1 = J->n;
+    if (!J->warmup) {
+        i0 = L->prefix_at_end ? J->n - L->prefix : 0;
+        i1 = i0 + L->prefix;
+    }
+    int64_t groups = (i1 - i0 + QVI_BLOCK - 1) / QVI_BLOCK;
+    QVI_OMP_FOR
+    for (int64_t g = 0; g < groups; ++g) {
+        int64_t r0 = i0 + g * QVI_BLOCK;
+        int64_t r1 = r0 + QVI_BLOCK < i1 ? r0 + QVI_BLOCK : i1;
+        dense_rows(J, H, r0, r1, H->acc + (J->R + g) * J->d);
+    }
+}
+
+/* ---- validation ---- */
+
+static qva_status validate(const qva_config *cfg, const qva_tensor *q) {
+    const qva_draft_params *p = &cfg->draft;
+    int64_t n = q->shape[2];
+    if (p->grid_t < 1 || p->grid_h < 1 || p->grid_w < 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: grid %dx%dx%d must have every dimension >= 1",
+                        p->grid_t, p->grid_h, p->grid_w);
+    if (p->prefix_tokens < 0 || p->prefix_tokens >= n)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: prefix_tokens = %d must be in [0, N = %lld)",
+                        p->prefix_tokens, (long long)n);
+    int64_t video = (int64_t)p->grid_t * p->grid_h * p->grid_w;
+    if (video + p->prefix_tokens != n)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "draft: grid T*H*W + prefix = %lld*%d*%d + %d = %lld "
+                        "but the sequence length N = %lld",
+                        (long long)p->grid_t, p->grid_h, p->grid_w,
+                        p->prefix_tokens, (long long)(video + p->prefix_tokens),
+                        (long long)n);
+    if (p->capacity < 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: capacity = %d must be positive", p->capacity);
+    if (p->capacity != QVI_BLOCK)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "draft: capacity %d unsupported; the region capacity "
+                        "must equal the attention block (%d)",
+                        p->capacity, QVI_BLOCK);
+    if (!(p->lambda >= 0.0f && p->lambda <= 1.0f))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: lambda = %g is outside [0, 1]", (double)p->lambda);
+    return QVA_OK;
+}
+
+/* Fills the call settings; quotas over R^2 video-region pairs. */
+static qva_status job_init(draft_job *J, const qva_config *cfg,
+                           const qva_tensor *q, const qvi_draft_layout *lay) {
+    memset(J, 0, sizeof(*J));
+    J->lay = lay;
+    J->n = q->shape[2];
+    J->d = (int)q->shape[3];
+    J->c = lay->c;
+    J->R = lay->regions;
+    J->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
+    J->scale_log2 = J->sm_scale * QVI_LOG2E;
+    J->expcast = cfg->expcast ? 1 : 0;
+    J->eta = qvi_draft_eta(J->expcast);
+    J->use_f16 = q->dtype == QVA_F16;
+    J->warmup = cfg->step < cfg->draft.dense_warmup_steps;
+    qva_status st = qvi_draft_quotas(&cfg->draft, J->R * J->R, J->quota);
+    if (st != QVA_OK)
+        return st;
+    if (!J->warmup && J->quota[QVI_Q_4] > 0 && J->d % 16 != 0)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", J->d);
+    return QVA_OK;
+}
+
+/* Runs every (b, h) head with one set of buffers. */
+static qva_status run_heads(const draft_job *J, const qva_config *cfg,
+                            const qva_tensor *q, const qva_tensor *k,
+                            const qva_tensor *v, const qva_tensor *out,
+                            const qva_tensor *lse) {
+    draft_head H;
+    qva_status st = head_alloc(J, &H);
+    for (int64_t b = 0; st == QVA_OK && b < q->shape[0]; ++b)
+        for (int64_t h = 0; st == QVA_OK && h < q->shape[1]; ++h) {
+            st = prep_head(J, &H, cfg, q, k, v, b, h);
+            if (st == QVA_OK)
+                compute_head(J, &H);
+            lowbit_free(&H);
+            if (st != QVA_OK)
+                break;
+            qvi_store_head(out, b, h, H.out);
+            if (lse)
+                qvi_store_head(lse, b, h, H.lse);
+        }
+    if (H.out) /* head_alloc succeeded */
+        head_free(&H);
+    return st;
+}
+
+qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
+                         const qva_tensor *q, const qva_tensor *k,
+                         const qva_tensor *v, const qva_tensor *out,
+                         const qva_tensor *lse) {
+    qva_status st = validate(cfg, q);
+    if (st != QVA_OK)
+        return st;
+    const qva_draft_params *p = &cfg->draft;
+    const qvi_partition *part = NULL;
+    qvi_partition *owned = NULL;
+    st = qvi_draft_partition_get(ctx, p->grid_h, p->grid_w, p->capacity, &part,
+                                 &owned);
+    if (st != QVA_OK)
+        return st;
+    qvi_draft_layout lay;
+    st = qvi_draft_layout_build(part, p->grid_t, p->prefix_tokens,
+                                p->prefix_at_end, &lay);
+    if (st == QVA_OK) {
+        draft_job J;
+        st = job_init(&J, cfg, q, &lay);
+        if (st == QVA_OK)
+            st = run_heads(&J, cfg, q, k, v, out, lse);
+        qvi_draft_layout_free(&lay);
+    }
+    if (owned)
+        qvi_draft_partition_release(owned);
+    return st;
+}

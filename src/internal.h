@@ -1,0 +1,207 @@
+/*
+ * Internal interfaces shared by the core, the CPU reference and the CUDA
+ * backend.  Not installed.  Names carry the qvi_ prefix.
+ */
+#ifndef QVATTN_INTERNAL_H
+#define QVATTN_INTERNAL_H
+
+#include "qvattn.h"
+
+#include <math.h>
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QVI_BLOCK 128              /* query/key/value block (B_v, DA2 C)    */
+#define QVI_LOG2E 1.4426950408889634f
+#define QVI_SAGE_P_OFFSET 8.807f   /* exp2 offset: P max ~ 448 (DA2 C.3)    */
+#define QVI_SAGE_ETA 0.0022326917f /* 2^-8.807, P dequant scale (DA2 C.3)   */
+#define QVI_EXPCAST_LOG2_AMP 8.0f  /* ExpCast puts the row max at 2^8       */
+#define QVI_V_E4M3_RANGE 2.25f     /* per-channel V scale amax/2.25 (C.3)   */
+
+/* ------------------------------------------------------------ errors */
+/* Records a formatted message for qva_last_error() and returns st. */
+qva_status qvi_fail(qva_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void qvi_clear_error(void);
+
+/* ------------------------------------------------------------ tensors */
+/* Element offset of (b,h,n,d) in t. */
+static inline int64_t qvi_offset(const qva_tensor *t, int64_t b, int64_t h,
+                                 int64_t n, int64_t d) {
+    return b * t->stride[0] + h * t->stride[1] + n * t->stride[2] +
+           d * t->stride[3];
+}
+float qvi_load_elem(const qva_tensor *t, int64_t off);
+void qvi_store_elem(const qva_tensor *t, int64_t off, float x);
+/* Copies head (b,h) of a CPU tensor into dst[n*d] (row-major, f32). */
+void qvi_load_head(const qva_tensor *t, int64_t b, int64_t h, float *dst);
+/* Stores src[n*d] into head (b,h) of a CPU tensor, rounding to its dtype. */
+void qvi_store_head(const qva_tensor *t, int64_t b, int64_t h,
+                    const float *src);
+/* Validates q,k,v,out,lse against each other and the config. */
+qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
+                             const qva_tensor *k, const qva_tensor *v,
+                             const qva_tensor *out, const qva_tensor *lse,
+                             qva_device expect);
+float qvi_sm_scale(const qva_config *cfg, int64_t d);
+/* Ceil-divide for block counts. */
+static inline int qvi_cdiv(int a, int b) { return (a + b - 1) / b; }
+
+/* ------------------------------------------------------------ context */
+typedef enum qvi_slot { QVI_SLOT_DRAFT = 0, QVI_SLOT_COUNT_ } qvi_slot;
+/* A per-context slot that a module owns.  If dtor points to a non-NULL
+ * function it is registered as the slot's destructor (run on context free
+ * and reset); if it points to NULL it receives the registered one. */
+void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,
+                        void (**dtor)(void *));
+
+/* Per-(layer, batch, head) V-Smooth state: permutation and centroids. */
+typedef struct qvi_vs_state {
+    int n, d, k;         /* tokens, head dim, clusters              */
+    int32_t *perm;       /* n entries, NULL before the first group  */
+    float *centroids;    /* k*d                                     */
+    int last_group_step; /* step at which perm was computed         */
+} qvi_vs_state;
+/* Finds or creates the state of (layer, b, h); NULL on OOM. */
+qvi_vs_state *qvi_context_vs_state(qva_context_t *ctx, int layer, int64_t b,
+                                   int64_t h);
+
+/* ------------------------------------------------------------ k-means */
+/*
+ * Lloyd k-means over the n rows of v[n*d] (f32).  If warm != 0 the
+ * centroids array holds the starting centroids, else they are initialised
+ * from the rows at i*n/k.  labels receives n labels; centroids is updated.
+ * Deterministic: distances in FP32 in channel order, ties to the lower
+ * cluster; sums in FP64; an empty cluster keeps its previous centroid.
+ */
+void qvi_kmeans(const float *v, int n, int d, int k, int iters, int warm,
+                float *centroids, int32_t *labels);
+/* perm = stable argsort(labels) (counting sort). */
+void qvi_stable_argsort_labels(const int32_t *labels, int n, int k,
+                               int32_t *perm);
+
+/* ------------------------------------------------------------ operands */
+/* Hadamard signs for a config (NULL-free: all +1 when not randomized). */
+void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs);
+/* Channel mean over the first n rows of x[n*d] (FP64 sums, f32 result). */
+void qvi_channel_mean(const float *x, int n, int d, float *mean);
+
+/* INT8 blocks: one scale per QVI_BLOCK rows (DA2 C.3 quantizer). */
+typedef struct qvi_i8 {
+    int8_t *codes; /* n_pad*d */
+    float *scale;  /* nblk    */
+} qvi_i8;
+/* E4M3 blocks: codes with a scalar scale per block and per channel. */
+typedef struct qvi_f8 {
+    uint8_t *codes;     /* n_pad*d */
+    float *block_scale; /* nblk    */
+    float *chan_scale;  /* d       */
+} qvi_f8;
+
+/* x[n_pad*d] rows >= n are zero. */
+void qvi_quant_i8_blocks(const float *x, int n_pad, int d, qvi_i8 *out);
+/* per-block scalar scale amax/448 (1 where the block is zero). */
+void qvi_quant_e4m3_blocks(const float *x, int n_pad, int d, qvi_f8 *out);
+/* NVFP4 rows: groups of 16 along d; stores the unscaled reconstruction
+ * sigma*e2m1 in out[n_pad*d] and returns the per-tensor scale g. */
+float qvi_quant_nvfp4_rows(const float *x, int n_pad, int d, float *out);
+/* NVFP4 columns: groups of 16 consecutive rows in each channel (V). */
+float qvi_quant_nvfp4_cols(const float *x, int n_pad, int d, float *out);
+
+/*
+ * The 8-bit value operand of sage8/vc8 (VC §3.2, App. B): rows gathered by
+ * perm (NULL: identity), block means over the valid rows of each block of
+ * QVI_BLOCK (if demean), residual coded E4M3 with per-channel scale
+ * amax/2.25, means stored FP16 and divided by that scale.
+ */
+typedef struct qvi_v8 {
+    int n, n_pad, d, nblk;
+    uint8_t *codes;   /* n_pad*d                       */
+    float *chan_scale;/* d                             */
+    float *mu_hat;    /* nblk*d, NULL without demeaning */
+} qvi_v8;
+qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
+                          int demean, qvi_v8 *out);
+void qvi_v8_free(qvi_v8 *x);
+
+/* ------------------------------------------------------------ row engine */
+/*
+ * One query row's online-softmax state (Eq. 1 of VC, Eq. 8 of DA2).  Scores
+ * are in the log2 domain (s * sm_scale * log2 e).  acc and l are in the
+ * units of the current phase: an 8-bit phase keeps them amplified by 2^a
+ * (a = 8.807 for exp2, 8 for ExpCast) and acc in value-code units.
+ */
+typedef struct qvi_row {
+    float m;    /* running max, -INFINITY before any key */
+    float l;    /* denominator                             */
+    float *acc; /* numerator [d]                           */
+    int d;
+} qvi_row;
+
+void qvi_row_init(qvi_row *r, float *acc, int d);
+/* Raises m to cover s[0..nk) (masked = -INFINITY) and rescales l, acc. */
+void qvi_row_raise_max(qvi_row *r, const float *s, int nk);
+
+/* Scores: s[j] = dot(q, K_j) * scale_log2, FP32 sum in channel order. */
+void qvi_scores_f32(const float *q, const float *K, int nk, int d,
+                    float scale_log2, float *s);
+/* Scores: s[j] = (float)int32_dot * ((dq * dk) * scale_log2). */
+void qvi_scores_i8(const int8_t *q, float dq, const int8_t *K, float dk,
+                   int nk, int d, float scale_log2, float *s);
+/* Scores of E4M3-coded q, K with scalar scales: same order as i8. */
+void qvi_scores_e4m3(const uint8_t *q, float dq, const uint8_t *K, float dk,
+                     int nk, int d, float scale_log2, float *s);
+
+/* 16-bit PV: p = exp2(s-m) (FP32), l += sum p, P rounded to the 16-bit
+ * format (bf16 if use_f16 == 0), FP32 partial over the block, acc +=. */
+void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
+               int use_f16);
+
+/* Probability codes of one block for the 8-bit path; returns the row sum
+ * that enters l and the V-Smooth restore (FP32 amplified weights for the
+ * exp2 path, decoded code values for ExpCast, so Prop. 3.1 holds). */
+float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
+                     uint8_t *pcodes);
+/* 8-bit PV: codes from qvi_probs_e4m3; partial_c = sum_k P_k V_kc (FP32,
+ * key order, rounded to FP16 if fp16_partial); acc += partial * vscale;
+ * mu (may be NULL): acc += rowsum * mu (VC Eq. 6). */
+void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
+                 const float *mu, int nk, int expcast, int fp16_partial);
+/* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
+ * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
+ * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */
+void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
+                  const float *mu, int nk);
+/* Final output of a row: out_c = acc_c * chan_scale_c / l (chan_scale may
+ * be NULL), zeros if no key was retained.  Returns the natural-log LSE
+ * (log2_amp: the amplification of l), -INFINITY for an empty row. */
+float qvi_row_finish(const qvi_row *r, const float *chan_scale,
+                     float log2_amp, float *out);
+
+/* ------------------------------------------------------------ backends */
+qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
+                             const qva_tensor *q, const qva_tensor *k,
+                             const qva_tensor *v, const qva_tensor *out,
+                             const qva_tensor *lse);
+/* DraftAttention2 on the CPU (src/cpu/draft.c). */
+qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
+                         const qva_tensor *q, const qva_tensor *k,
+                         const qva_tensor *v, const qva_tensor *out,
+                         const qva_tensor *lse);
+int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
+                      char *why, size_t len);
+qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
+                              const qva_tensor *q, const qva_tensor *k,
+                              const qva_tensor *v, const qva_tensor *out,
+                              const qva_tensor *lse);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,602 @@
+/* Core: errors, tensor descriptors, configs, method names, the context and
+ * its per-layer state, the step schedule, validation and dispatch. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef QVA_BUILD_TYPE
+#define QVA_BUILD_TYPE "unknown"
+#endif
+#ifndef QVA_HAVE_CUDA
+#define QVA_HAVE_CUDA 0
+#endif
+#ifndef QVA_SANITIZE_ON
+#define QVA_SANITIZE_ON 0
+#endif
+
+/* ------------------------------------------------------------ errors */
+static _Thread_local char last_error[512];
+
+qva_status qvi_fail(qva_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void qvi_clear_error(void) { last_error[0] = 0; }
+const char *qva_last_error(void) { return last_error; }
+
+const char *qva_status_string(qva_status s) {
+    switch (s) {
+    case QVA_OK: return "ok";
+    case QVA_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case QVA_ERR_SHAPE: return "shape mismatch";
+    case QVA_ERR_DTYPE: return "unsupported dtype";
+    case QVA_ERR_UNSUPPORTED: return "unsupported on this backend";
+    case QVA_ERR_OUT_OF_MEMORY: return "out of memory";
+    case QVA_ERR_NONFINITE: return "non-finite input";
+    case QVA_ERR_DEVICE: return "device error";
+    case QVA_ERR_PARSE: return "parse error";
+    case QVA_ERR_IO: return "i/o error";
+    }
+    return "unknown status";
+}
+
+/* ------------------------------------------------------------ tensors */
+size_t qva_dtype_size(qva_dtype dt) { return dt == QVA_F32 ? 4 : 2; }
+
+static qva_tensor make_tensor(void *data, qva_dtype dt, qva_device dev,
+                              const int64_t shape[4], const int64_t stride[4]) {
+    qva_tensor t;
+    t.data = data;
+    t.dtype = dt;
+    t.device = dev;
+    memcpy(t.shape, shape, sizeof t.shape);
+    memcpy(t.stride, stride, sizeof t.stride);
+    return t;
+}
+
+qva_tensor qva_tensor_hnd(void *data, qva_dtype dt, qva_device dev, int64_t B,
+                          int64_t H, int64_t N, int64_t D) {
+    const int64_t shape[4] = {B, H, N, D};
+    const int64_t stride[4] = {H * N * D, N * D, D, 1};
+    return make_tensor(data, dt, dev, shape, stride);
+}
+
+qva_tensor qva_tensor_nhd(void *data, qva_dtype dt, qva_device dev, int64_t B,
+                          int64_t H, int64_t N, int64_t D) {
+    const int64_t shape[4] = {B, H, N, D};
+    const int64_t stride[4] = {N * H * D, D, H * D, 1};
+    return make_tensor(data, dt, dev, shape, stride);
+}
+
+float qvi_load_elem(const qva_tensor *t, int64_t off) {
+    switch (t->dtype) {
+    case QVA_F32: return ((const float *)t->data)[off];
+    case QVA_BF16: {
+        uint32_t bits = (uint32_t)((const uint16_t *)t->data)[off] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    case QVA_F16: {
+        uint16_t h = ((const uint16_t *)t->data)[off];
+        uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31,
+                 m = h & 1023;
+        float f;
+        if (e == 0) {
+            f = ldexpf((float)m, -24);
+            return sign ? -f : f;
+        }
+        uint32_t bits = e == 31 ? (sign | 0x7f800000u | (m << 13))
+                                : (sign | ((e + 112) << 23) | (m << 13));
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    }
+    return 0.0f;
+}
+
+/* Float -> half bits, round to nearest even (via the exact rounding of
+ * qva_round_f16, then an exact re-encoding). */
+static uint16_t f32_to_f16_bits(float x) {
+    float r = qva_round_f16(x);
+    uint32_t bits;
+    memcpy(&bits, &r, 4);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    float a = fabsf(r);
+    if (isnan(r)) return (uint16_t)(sign | 0x7e00u);
+    if (isinf(r)) return (uint16_t)(sign | 0x7c00u);
+    if (a < 6.103515625e-05f) /* subnormal: multiple of 2^-24 */
+        return (uint16_t)(sign | (uint16_t)ldexpf(a, 24));
+    int e;
+    float m = frexpf(a, &e); /* a = m 2^e, m in [0.5,1) */
+    uint16_t mant = (uint16_t)((m * 2.0f - 1.0f) * 1024.0f);
+    return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | mant);
+}
+
+void qvi_store_elem(const qva_tensor *t, int64_t off, float x) {
+    switch (t->dtype) {
+    case QVA_F32: ((float *)t->data)[off] = x; break;
+    case QVA_BF16: {
+        float r = qva_round_bf16(x);
+        uint32_t bits;
+        memcpy(&bits, &r, 4);
+        ((uint16_t *)t->data)[off] = (uint16_t)(bits >> 16);
+        break;
+    }
+    case QVA_F16: ((uint16_t *)t->data)[off] = f32_to_f16_bits(x); break;
+    }
+}
+
+void qvi_load_head(const qva_tensor *t, int64_t b, int64_t h, float *dst) {
+    const int64_t n = t->shape[2], d = t->shape[3];
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c)
+            dst[i * d + c] = qvi_load_elem(t, qvi_offset(t, b, h, i, c));
+}
+
+void qvi_store_head(const qva_tensor *t, int64_t b, int64_t h,
+                    const float *src) {
+    const int64_t n = t->shape[2], d = t->shape[3];
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c)
+            qvi_store_elem(t, qvi_offset(t, b, h, i, c), src[i * d + c]);
+}
+
+/* ------------------------------------------------------------ config */
+void qva_config_default(qva_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->method = QVA_METHOD_VC8;
+    cfg->expcast = 1;
+    cfg->hadamard_seed = 0x9e3779b97f4a7c15ull;
+    /* Chosen by `qvattn sweep-vsmooth` (docs/NUMERICS.md, V-Smooth). */
+    cfg->vsmooth.clusters = 16;
+    cfg->vsmooth.iters = 4;
+    cfg->vsmooth.warm_start = 1;
+    cfg->vsmooth.block = QVI_BLOCK;
+    cfg->vsmooth.schedule = QVA_SCHEDULE_PAPER;
+    cfg->vsmooth.refresh_every = 4;
+    cfg->draft.lambda = 0.2f;
+    cfg->draft.frac_skip = 0.85f;
+    cfg->draft.frac16 = 0.15f;
+    cfg->draft.capacity = QVI_BLOCK;
+    cfg->check_finite = 1;
+}
+
+static const char *const method_names[QVA_METHOD_COUNT_] = {
+    "exact", "bf16", "fp8", "sage8", "vc8", "sage4", "vc4", "draft"};
+
+static int method_is_8bit(qva_method m) {
+    return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
+}
+static int method_is_quantized(qva_method m) {
+    return method_is_8bit(m) || m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
+}
+
+/* Parses "S0/S4/S8/S16" percentages into the draft fractions. */
+static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp) {
+    double f[4];
+    for (int i = 0; i < 4; ++i) {
+        char *end;
+        f[i] = strtod(s, &end);
+        if (end == s || !isfinite(f[i]) || f[i] < 0 || f[i] > 100)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quotas must be four percentages "
+                            "S0/S4/S8/S16 in [0,100], e.g. draft@85/0/7.5/7.5");
+        s = end;
+        if (i < 3) {
+            if (*s != '/')
+                return qvi_fail(QVA_ERR_PARSE,
+                                "draft quotas need the form S0/S4/S8/S16");
+            ++s;
+        }
+    }
+    if (*s != 0 && *s != '+')
+        return qvi_fail(QVA_ERR_PARSE, "trailing text after draft quotas");
+    if (fabs(f[0] + f[1] + f[2] + f[3] - 100.0) > 1e-3)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "draft quotas %g/%g/%g/%g do not sum to 100", f[0],
+                        f[1], f[2], f[3]);
+    dp->frac_skip = (float)(f[0] / 100);
+    dp->frac4 = (float)(f[1] / 100);
+    dp->frac8 = (float)(f[2] / 100);
+    dp->frac16 = (float)(f[3] / 100);
+    return QVA_OK;
+}
+
+static qva_status parse_suffixes(const char *s, qva_config *c) {
+    while (*s == '+') {
+        ++s;
+        size_t len = strcspn(s, "+");
+        if (len == 7 && !strncmp(s, "expcast", 7))
+            c->expcast = 1;
+        else if (len == 8 && !strncmp(s, "hadamard", 8))
+            c->hadamard = 1;
+        else
+            return qvi_fail(QVA_ERR_PARSE,
+                            "unknown method option '+%.*s' (expected "
+                            "+expcast or +hadamard)",
+                            (int)len, s);
+        s += len;
+    }
+    if (*s)
+        return qvi_fail(QVA_ERR_PARSE, "unexpected text '%s' in method", s);
+    return QVA_OK;
+}
+
+qva_status qva_config_set_method(qva_config *cfg, const char *name) {
+    if (!cfg || !name) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
+    qva_config c = *cfg;
+    c.expcast = 0;
+    c.hadamard = 0;
+    size_t base = strcspn(name, "+@");
+    int found = -1;
+    for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
+        if (strlen(method_names[i]) == base && !strncmp(name, method_names[i], base))
+            found = i;
+    if (found < 0)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
+                        "vc8, sage4, vc4, draft@S0/S4/S8/S16; options "
+                        "+expcast, +hadamard)",
+                        name);
+    c.method = (qva_method)found;
+    const char *rest = name + base;
+    qva_status st;
+    if (c.method == QVA_METHOD_DRAFT) {
+        if (*rest != '@')
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft needs quotas: draft@S0/S4/S8/S16");
+        if ((st = parse_draft_quotas(rest + 1, &c.draft)) != QVA_OK) return st;
+        rest += strcspn(rest, "+");
+    } else if (*rest == '@') {
+        return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
+    }
+    if ((st = parse_suffixes(rest, &c)) != QVA_OK) return st;
+    if (c.expcast && !(method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+expcast applies to the 8-bit methods (fp8, sage8, "
+                        "vc8, draft's INT8 phase), not %s",
+                        method_names[c.method]);
+    if (c.hadamard && !method_is_quantized(c.method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+hadamard applies to quantized methods, not %s",
+                        method_names[c.method]);
+    *cfg = c;
+    return QVA_OK;
+}
+
+qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) {
+    if (!cfg || !buf || len == 0 || (unsigned)cfg->method >= QVA_METHOD_COUNT_)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "bad arguments");
+    int n;
+    if (cfg->method == QVA_METHOD_DRAFT)
+        n = snprintf(buf, len, "draft@%g/%g/%g/%g", 100.0 * cfg->draft.frac_skip,
+                     100.0 * cfg->draft.frac4, 100.0 * cfg->draft.frac8,
+                     100.0 * cfg->draft.frac16);
+    else
+        n = snprintf(buf, len, "%s", method_names[cfg->method]);
+    if (n >= 0 && (size_t)n < len && cfg->expcast)
+        n += snprintf(buf + n, len - (size_t)n, "+expcast");
+    if (n >= 0 && (size_t)n < len && cfg->hadamard)
+        n += snprintf(buf + n, len - (size_t)n, "+hadamard");
+    return (n < 0 || (size_t)n >= len)
+               ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
+               : QVA_OK;
+}
+
+/* ------------------------------------------------------------ schedule */
+qva_step_action qva_schedule_action(const qva_vsmooth_params *p, int step,
+                                    int num_steps) {
+    if (p->schedule == QVA_SCHEDULE_ALWAYS || num_steps <= 0)
+        return QVA_STEP_GROUP;
+    int window = (num_steps + 3) / 4; /* ceil(n/4): VC App. A */
+    int every = p->refresh_every > 0 ? p->refresh_every : 4;
+    if (step >= window) return QVA_STEP_PLAIN;
+    return step % every == 0 ? QVA_STEP_GROUP : QVA_STEP_REUSE;
+}
+
+/* ------------------------------------------------------------ context */
+typedef struct vs_entry {
+    int layer;
+    int64_t b, h;
+    qvi_vs_state st;
+} vs_entry;
+
+struct qva_context {
+    qva_device device;
+    void *stream;
+    vs_entry *vs;
+    size_t vs_len, vs_cap;
+    void *slots[QVI_SLOT_COUNT_];
+    void (*slot_dtor[QVI_SLOT_COUNT_])(void *);
+};
+
+qva_status qva_context_create(qva_context_t **ctx, qva_device device) {
+    if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    *ctx = NULL;
+    if (device != QVA_DEVICE_CPU && device != QVA_DEVICE_CUDA)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown device %d", (int)device);
+    if (device == QVA_DEVICE_CUDA && !qva_cuda_available())
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "no CUDA device (or library built without CUDA)");
+    qva_context_t *c = calloc(1, sizeof *c);
+    if (!c) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "context allocation");
+    c->device = device;
+    *ctx = c;
+    return QVA_OK;
+}
+
+static void free_state(qva_context_t *c) {
+    for (size_t i = 0; i < c->vs_len; ++i) {
+        free(c->vs[i].st.perm);
+        free(c->vs[i].st.centroids);
+    }
+    free(c->vs);
+    c->vs = NULL;
+    c->vs_len = c->vs_cap = 0;
+    for (int s = 0; s < QVI_SLOT_COUNT_; ++s) {
+        if (c->slots[s] && c->slot_dtor[s]) c->slot_dtor[s](c->slots[s]);
+        c->slots[s] = NULL;
+    }
+}
+
+void qva_context_free(qva_context_t *ctx) {
+    if (!ctx) return;
+    free_state(ctx);
+    free(ctx);
+}
+
+qva_status qva_context_reset(qva_context_t *ctx) {
+    if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    free_state(ctx);
+    return QVA_OK;
+}
+
+qva_status qva_context_set_stream(qva_context_t *ctx, void *stream) {
+    if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->stream = stream;
+    return QVA_OK;
+}
+
+void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,
+                        void (**dtor)(void *)) {
+    if (dtor && *dtor) ctx->slot_dtor[slot] = *dtor; /* register */
+    else if (dtor) *dtor = ctx->slot_dtor[slot];     /* query    */
+    return &ctx->slots[slot];
+}
+
+qvi_vs_state *qvi_context_vs_state(qva_context_t *ctx, int layer, int64_t b,
+                                   int64_t h) {
+    for (size_t i = 0; i < ctx->vs_len; ++i)
+        if (ctx->vs[i].layer == layer && ctx->vs[i].b == b && ctx->vs[i].h == h)
+            return &ctx->vs[i].st;
+    if (ctx->vs_len == ctx->vs_cap) {
+        size_t cap = ctx->vs_cap ? 2 * ctx->vs_cap : 64;
+        vs_entry *p = realloc(ctx->vs, cap * sizeof *p);
+        if (!p) return NULL;
+        ctx->vs = p;
+        ctx->vs_cap = cap;
+    }
+    vs_entry *e = &ctx->vs[ctx->vs_len++];
+    memset(e, 0, sizeof *e);
+    e->layer = layer;
+    e->b = b;
+    e->h = h;
+    e->st.last_group_step = -1;
+    return &e->st;
+}
+
+/* ------------------------------------------------------------ validation */
+float qvi_sm_scale(const qva_config *cfg, int64_t d) {
+    return cfg->sm_scale > 0 ? cfg->sm_scale : 1.0f / sqrtf((float)d);
+}
+
+static qva_status check_tensor(const qva_tensor *t, const char *name,
+                               qva_device dev) {
+    if (!t) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s is NULL", name);
+    if (!t->data)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s has no data pointer", name);
+    if (t->dtype != QVA_F32 && t->dtype != QVA_BF16 && t->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, "%s: unknown dtype %d", name, (int)t->dtype);
+    if (t->device != dev)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "%s is on the %s but the context is %s", name,
+                        t->device == QVA_DEVICE_CPU ? "cpu" : "cuda device",
+                        dev == QVA_DEVICE_CPU ? "cpu" : "cuda");
+    for (int i = 0; i < 4; ++i) {
+        if (t->shape[i] <= 0)
+            return qvi_fail(QVA_ERR_SHAPE, "%s: shape[%d] = %lld must be > 0",
+                            name, i, (long long)t->shape[i]);
+        if (t->shape[i] > (1 << 30))
+            return qvi_fail(QVA_ERR_SHAPE, "%s: shape[%d] = %lld is too large",
+                            name, i, (long long)t->shape[i]);
+        if (t->stride[i] < 0)
+            return qvi_fail(QVA_ERR_SHAPE, "%s: negative stride[%d]", name, i);
+    }
+    if (t->stride[3] != 1)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "%s: the head dimension must be contiguous (stride[3] "
+                        "= %lld, need 1)",
+                        name, (long long)t->stride[3]);
+    return QVA_OK;
+}
+
+static int same_bhd(const qva_tensor *a, const qva_tensor *b) {
+    return a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1] &&
+           a->shape[3] == b->shape[3];
+}
+
+static qva_status check_config(const qva_config *cfg) {
+    if ((unsigned)cfg->method >= QVA_METHOD_COUNT_)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown method %d", (int)cfg->method);
+    if (!(cfg->sm_scale >= 0) || !isfinite(cfg->sm_scale))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "sm_scale must be finite and >= 0 (0 = 1/sqrt(D))");
+    if (cfg->expcast && !(method_is_8bit(cfg->method) || cfg->method == QVA_METHOD_DRAFT))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "expcast needs an 8-bit method or draft");
+    if (cfg->hadamard && !method_is_quantized(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "hadamard needs a quantized method");
+    if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
+        const qva_vsmooth_params *p = &cfg->vsmooth;
+        if (p->clusters < 1 || p->clusters > 4096)
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                            "vsmooth.clusters = %d must be in [1, 4096]", p->clusters);
+        if (p->iters < 0 || p->iters > 1000)
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                            "vsmooth.iters = %d must be in [0, 1000]", p->iters);
+        if (p->block != QVI_BLOCK)
+            return qvi_fail(QVA_ERR_UNSUPPORTED,
+                            "vsmooth.block = %d: only B_v = 128 is implemented",
+                            p->block);
+        if (p->schedule != QVA_SCHEDULE_PAPER && p->schedule != QVA_SCHEDULE_ALWAYS)
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown vsmooth schedule");
+    }
+    if (cfg->step < 0)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "step = %d must be >= 0", cfg->step);
+    if (cfg->num_steps > 0 && cfg->step >= cfg->num_steps)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "step %d is outside the %d-step schedule", cfg->step,
+                        cfg->num_steps);
+    return QVA_OK;
+}
+
+static qva_status check_finite_head(const qva_tensor *t, const char *name) {
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t i = 0; i < t->shape[2]; ++i)
+                for (int64_t c = 0; c < t->shape[3]; ++c)
+                    if (!isfinite(qvi_load_elem(t, qvi_offset(t, b, h, i, c))))
+                        return qvi_fail(QVA_ERR_NONFINITE,
+                                        "%s[%lld,%lld,%lld,%lld] is not finite",
+                                        name, (long long)b, (long long)h,
+                                        (long long)i, (long long)c);
+    return QVA_OK;
+}
+
+qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
+                             const qva_tensor *k, const qva_tensor *v,
+                             const qva_tensor *out, const qva_tensor *lse,
+                             qva_device dev) {
+    qva_status st;
+    if (!cfg) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "cfg is NULL");
+    if ((st = check_config(cfg)) != QVA_OK) return st;
+    if ((st = check_tensor(q, "q", dev)) || (st = check_tensor(k, "k", dev)) ||
+        (st = check_tensor(v, "v", dev)) || (st = check_tensor(out, "out", dev)))
+        return st;
+    if (!same_bhd(q, k) || !same_bhd(q, v) || !same_bhd(q, out))
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "q, k, v and out must agree on B, H and D "
+                        "(q [%lld,%lld,*,%lld], k [%lld,%lld,*,%lld], v "
+                        "[%lld,%lld,*,%lld], out [%lld,%lld,*,%lld])",
+                        (long long)q->shape[0], (long long)q->shape[1],
+                        (long long)q->shape[3], (long long)k->shape[0],
+                        (long long)k->shape[1], (long long)k->shape[3],
+                        (long long)v->shape[0], (long long)v->shape[1],
+                        (long long)v->shape[3], (long long)out->shape[0],
+                        (long long)out->shape[1], (long long)out->shape[3]);
+    if (k->shape[2] != v->shape[2])
+        return qvi_fail(QVA_ERR_SHAPE, "k has %lld tokens but v has %lld",
+                        (long long)k->shape[2], (long long)v->shape[2]);
+    if (out->shape[2] != q->shape[2])
+        return qvi_fail(QVA_ERR_SHAPE, "out has %lld rows but q has %lld",
+                        (long long)out->shape[2], (long long)q->shape[2]);
+    if (q->shape[3] != 64 && q->shape[3] != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "head dim D=%lld not supported: 64 or 128",
+                        (long long)q->shape[3]);
+    if (cfg->method == QVA_METHOD_DRAFT && q->shape[2] != k->shape[2])
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "draft is self-attention over the video grid: q and k "
+                        "need the same N (%lld vs %lld)",
+                        (long long)q->shape[2], (long long)k->shape[2]);
+    if ((cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) &&
+        q->shape[2] != k->shape[2])
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "V-Smooth is for self-attention: q and k need the same N");
+    if (lse) {
+        if ((st = check_tensor(lse, "lse", dev)) != QVA_OK) return st;
+        if (lse->dtype != QVA_F32 || lse->shape[0] != q->shape[0] ||
+            lse->shape[1] != q->shape[1] || lse->shape[2] != q->shape[2] ||
+            lse->shape[3] != 1)
+            return qvi_fail(QVA_ERR_SHAPE, "lse must be f32 [B,H,N,1]");
+    }
+    if (dev == QVA_DEVICE_CPU && cfg->check_finite) {
+        if ((st = check_finite_head(q, "q")) || (st = check_finite_head(k, "k")) ||
+            (st = check_finite_head(v, "v")))
+            return st;
+    }
+    return QVA_OK;
+}
+
+/* ------------------------------------------------------------ dispatch */
+int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
+                 int64_t head_dim, char *why, size_t why_len) {
+    char tmp[8];
+    if (!why || why_len == 0) {
+        why = tmp;
+        why_len = sizeof tmp;
+    }
+    why[0] = 0;
+    if (!cfg || check_config(cfg) != QVA_OK) {
+        snprintf(why, why_len, "invalid config: %s", qva_last_error());
+        return 0;
+    }
+    if (dtype != QVA_F32 && dtype != QVA_BF16 && dtype != QVA_F16) {
+        snprintf(why, why_len, "unknown dtype");
+        return 0;
+    }
+    if (head_dim != 64 && head_dim != 128) {
+        snprintf(why, why_len, "head dim %lld: only 64 and 128", (long long)head_dim);
+        return 0;
+    }
+    if (device == QVA_DEVICE_CPU) {
+        snprintf(why, why_len, "cpu reference implements every method");
+        return 1;
+    }
+    if (device == QVA_DEVICE_CUDA) return qvi_cuda_supports(cfg, dtype, head_dim, why, why_len);
+    snprintf(why, why_len, "unknown device");
+    return 0;
+}
+
+qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
+                         const qva_tensor *q, const qva_tensor *k,
+                         const qva_tensor *v, const qva_tensor *out,
+                         const qva_tensor *lse) {
+    qvi_clear_error();
+    if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    qva_status st = qvi_validate_call(cfg, q, k, v, out, lse, ctx->device);
+    if (st != QVA_OK) return st;
+    if (ctx->device == QVA_DEVICE_CUDA) {
+        char why[256];
+        if (!qvi_cuda_supports(cfg, q->dtype, q->shape[3], why, sizeof why))
+            return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
+        return qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
+    }
+    if (cfg->method == QVA_METHOD_DRAFT)
+        return qvi_cpu_draft(ctx, cfg, q, k, v, out, lse);
+    return qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+}
+
+const char *qva_build_info(void) {
+    return "qvattn " "0.1.0" " (C11"
+#if QVA_HAVE_CUDA
+           ", CUDA sm_90a"
+#else
+           ", no CUDA"
+#endif
+#ifdef _OPENMP
+           ", OpenMP"
+#endif
+#if QVA_SANITIZE_ON
+           ", ASan+UBSan"
+#endif
+           ", " QVA_BUILD_TYPE ")";
+}

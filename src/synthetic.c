@@ -1,0 +1,777 @@
+/*
+ * Seeded SYNTHETIC video-DiT attention workload.
+ *
+ * The real models (Wan2.2, LongCat-Video, HunyuanVideo) cannot be
+ * downloaded here, so this generator stands in for their captured post-RoPE
+ * Q, K, V.  It is not a model: it reproduces, with documented parameters,
+ * the statistical phenomena the two papers build on (VC-Attention §3.1,
+ * DraftAttention2 §3.1) and nothing more.  docs/SYNTHETIC.md describes each
+ * parameter and what the generator does not capture.
+ *
+ * Determinism: the output depends only on the spec.  Random numbers come
+ * from xoshiro256** seeded by splitmix64, and the elementary functions
+ * (exp, log, sin, cos) are computed here from +,-,*,/ and frexp/ldexp/floor,
+ * which IEEE-754 makes exact or correctly rounded, so no libm difference can
+ * change a bit.  Fusing a*b+c into an FMA would change bits, so contraction
+ * is switched off for this file below (GCC's gnu11 mode and Clang contract
+ * by default when the target has FMA).
+ */
+#include "internal.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#define SYN_OMP(x) _Pragma(x)
+#else
+#define SYN_OMP(x)
+#endif
+
+/* ------------------------------------------------------------ parameters */
+/* Every constant of the workload, in one place (docs/SYNTHETIC.md). */
+typedef struct syn_params {
+    int rff;              /* random Fourier features of the smooth field   */
+    double len_t;         /* correlation length along time (frames)        */
+    double len_hw;        /* correlation length along height/width (tokens)*/
+    double qk_gain;       /* std of the smooth Q/K content per channel      */
+    double qk_share;      /* correlation of K's feature mixing with Q's    */
+    double qk_noise;      /* white-noise std of Q/K per channel             */
+    double q_mean;        /* std of Q's common (all-token) component        */
+    double k_bias;        /* std of K's common component, slow pairs        */
+    double k_bias_fast;   /* its weight on fast-rotating pairs              */
+    int outliers;         /* Q/K outlier channels per head                  */
+    double out_q, out_k;  /* their common offset in Q and in K              */
+    double out_gain;      /* gain on Q's token variation in those channels  */
+    int v_groups;         /* G: value prototypes per head                   */
+    int v_cell;           /* side of the coarse cells that pick prototypes  */
+    double v_speed;       /* max motion of the cells, tokens per frame      */
+    double v_proto;       /* prototype std per channel                      */
+    double v_smooth;      /* smooth-field std added to V                    */
+    double v_noise;       /* white-noise std of V                           */
+    double v_mean;        /* std of V's common component                    */
+    double v_out_frac;    /* fraction of video tokens with spikes          */
+    int v_spikes;         /* spike channels per head                        */
+    double v_spike;       /* spike magnitude                                */
+    double pre_qk, pre_v; /* prefix token std (Q/K and V)                   */
+    double rope_base;     /* RoPE frequency base                            */
+} syn_params;
+
+static const syn_params SYN = {
+    .rff = 48, .len_t = 1.5, .len_hw = 3.0,
+    .qk_gain = 1.0, .qk_share = 0.9, .qk_noise = 0.3,
+    .q_mean = 0.25, .k_bias = 3.5, .k_bias_fast = 0.1,
+    .outliers = 3, .out_q = 2.5, .out_k = 6.0, .out_gain = 2.5,
+    .v_groups = 16, .v_cell = 4, .v_speed = 0.5,
+    .v_proto = 1.0, .v_smooth = 0.35, .v_noise = 0.6, .v_mean = 0.15,
+    .v_out_frac = 0.0075, .v_spikes = 3, .v_spike = 12.0,
+    .pre_qk = 1.5, .pre_v = 1.5,
+    .rope_base = 10000.0,
+};
+
+/* ------------------------------------------------------------ presets */
+static const qva_synthetic_spec PRESETS[] = {
+    /* name                B  H   D   T   H   W  prefix seed */
+    {"tiny",               1, 2,  64,  2,  8,  8,   0, 0x7131A11ULL},
+    {"small",              1, 2, 128,  3, 12, 16,   0, 0x5A11ULL},
+    {"wan-small",          1, 2, 128,  4, 16, 24,   0, 0x3A7500ULL},
+    {"wan-small-prefix",   1, 2, 128,  4, 16, 24,  64, 0x3A7564ULL},
+    {"wan2.2-720p",        1, 40, 128, 21, 45, 80,  0, 0x3A72207ULL},
+    {"longcat-480p",       1, 32, 128, 24, 30, 52,  0, 0x10C4A7ULL},
+    {"hunyuan-720p",       1, 16, 128, 31, 45, 80, 100, 0x4B7E7ULL},
+};
+#define NPRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
+
+int qva_synthetic_preset_count(void) { return NPRESETS; }
+
+const char *qva_synthetic_preset_name(int i) {
+    return (i >= 0 && i < NPRESETS) ? PRESETS[i].name : NULL;
+}
+
+/* Writes "tiny, small, ..." into buf for error messages. */
+static void preset_list(char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < NPRESETS && used + 1 < len; ++i) {
+        int w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "",
+                         PRESETS[i].name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
+qva_status qva_synthetic_preset(const char *name, qva_synthetic_spec *spec) {
+    char list[256];
+    preset_list(list, sizeof list);
+    if (!name)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "synthetic preset name is NULL; presets: %s", list);
+    if (!spec)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "spec is NULL");
+    for (int i = 0; i < NPRESETS; ++i) {
+        if (strcmp(name, PRESETS[i].name) == 0) {
+            *spec = PRESETS[i];
+            return QVA_OK;
+        }
+    }
+    return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                    "unknown synthetic preset '%s'; presets: %s", name, list);
+}
+
+/* ------------------------------------------------------------ elementary */
+/* pi/2 and ln 2 split so that k*HI is exact for |k| < 2^20 (Cody-Waite). */
+#define PIO2_HI 0x1.921fb54p+0
+#define PIO2_LO 0x1.10b4611a62633p-30
+#define TWO_OVER_PI 0x1.45f306dc9c883p-1
+#define TWO_PI 0x1.921fb54442d18p+2
+#define LN2_HI 0x1.62e42fe8p-1
+#define LN2_LO 0x1.e8e7bcd5e4f1ep-31
+#define LN2 0x1.62e42fefa39efp-1
+
+/* Series coefficients as constant expressions: the compiler folds them
+ * with correct rounding, so they are the same bits everywhere, and the
+ * loops below multiply instead of divide. */
+static const double SIN_C[7] = {
+    1.0 / (2.0 * 3.0),   1.0 / (4.0 * 5.0),   1.0 / (6.0 * 7.0),
+    1.0 / (8.0 * 9.0),   1.0 / (10.0 * 11.0), 1.0 / (12.0 * 13.0),
+    1.0 / (14.0 * 15.0)};
+static const double COS_C[7] = {
+    1.0 / (1.0 * 2.0),   1.0 / (3.0 * 4.0),   1.0 / (5.0 * 6.0),
+    1.0 / (7.0 * 8.0),   1.0 / (9.0 * 10.0),  1.0 / (11.0 * 12.0),
+    1.0 / (13.0 * 14.0)};
+static const double LOG_C[9] = {1.0,       1.0 / 3.0,  1.0 / 5.0,
+                                1.0 / 7.0, 1.0 / 9.0,  1.0 / 11.0,
+                                1.0 / 13.0, 1.0 / 15.0, 1.0 / 17.0};
+
+/* sin and cos of x, |x| < 1e5, from Taylor series on [-pi/4, pi/4] with
+ * `terms` terms after the first: 7 (to r^15, error < 1e-13) for the tables,
+ * 5 (to r^11, error < 2e-9) inside Box-Muller, whose f32 noise needs no
+ * more and which dominates the generation time. */
+static void sincos_n(double x, int terms, double *s, double *c) {
+    double k = floor(x * TWO_OVER_PI + 0.5);
+    double r = (x - k * PIO2_HI) - k * PIO2_LO;
+    double r2 = r * r, ps = 1.0, pc = 1.0;
+    for (int i = terms - 1; i >= 0; --i) {
+        ps = 1.0 - ps * r2 * SIN_C[i];
+        pc = 1.0 - pc * r2 * COS_C[i];
+    }
+    double sr = r * ps, cr = pc;
+    switch ((int)((long long)k & 3)) { /* quadrant, also for k < 0 */
+    case 0: *s = sr; *c = cr; break;
+    case 1: *s = cr; *c = -sr; break;
+    case 2: *s = -sr; *c = -cr; break;
+    default: *s = -cr; *c = sr; break;
+    }
+}
+
+static void det_sincos(double x, double *s, double *c) {
+    sincos_n(x, 7, s, c);
+}
+
+/* Natural log of finite x > 0 via 2 atanh((m-1)/(m+1)), m in [0.707,1.414):
+ * |z| <= 0.172; `terms` = 9 (to z^17) is good to 1e-14, 5 to 1e-9. */
+static double log_n(double x, int terms) {
+    int e;
+    double m = frexp(x, &e);
+    if (m < 0.70710678118654752) {
+        m *= 2.0;
+        e -= 1;
+    }
+    double z = (m - 1.0) / (m + 1.0), z2 = z * z;
+    double sum = 0.0;
+    for (int i = terms - 1; i >= 0; --i) sum = sum * z2 + LOG_C[i];
+    return 2.0 * z * sum + (double)e * LN2;
+}
+
+static double det_log(double x) { return log_n(x, 9); }
+
+/* e^x for |x| < 700 (only the RoPE frequencies and one gain use it). */
+static double det_exp(double x) {
+    double k = floor(x / LN2 + 0.5);
+    double r = (x - k * LN2_HI) - k * LN2_LO;
+    double p = 1.0;
+    for (int n = 14; n >= 1; --n) p = 1.0 + p * r / (double)n;
+    return ldexp(p, (int)k);
+}
+
+/* ------------------------------------------------------------ random */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Stateless hash of (a, b): picks cells, tokens and channels. */
+static uint64_t hash2(uint64_t a, uint64_t b) {
+    uint64_t x = a ^ (b * 0xD1B54A32D192ED03ULL);
+    return splitmix64(&x);
+}
+
+typedef struct syn_rng {
+    uint64_t s[4];
+    int has_spare; /* Box-Muller makes normals in pairs */
+    double spare;
+} syn_rng;
+
+static void rng_seed(syn_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; ++i) r->s[i] = splitmix64(&x);
+    r->has_spare = 0;
+    r->spare = 0.0;
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256** */
+static uint64_t rng_next(syn_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double rng_uniform(syn_rng *r) {
+    return (double)(rng_next(r) >> 11) * 0x1p-53;
+}
+
+/* Box-Muller: two standard normals from u1 in (0, 1] and u2 in [0, 1). */
+static void box_muller(double u1, double u2, double *z0, double *z1) {
+    double rad = sqrt(-2.0 * log_n(u1, 5)), s, c;
+    sincos_n(TWO_PI * u2, 5, &s, &c);
+    *z0 = rad * c;
+    *z1 = rad * s;
+}
+
+static double rng_normal(syn_rng *r) {
+    if (r->has_spare) {
+        r->has_spare = 0;
+        return r->spare;
+    }
+    double u1 = 1.0 - rng_uniform(r), u2 = rng_uniform(r), z0;
+    box_muller(u1, u2, &z0, &r->spare);
+    r->has_spare = 1;
+    return z0;
+}
+
+/* n (even) normals of the stream in one go: the uniforms are drawn first,
+ * then the transforms run as independent iterations the CPU overlaps (the
+ * per-token noise is most of the generation time).  Same values as n
+ * calls of rng_normal from a stream without a spare. */
+static void normal_row(syn_rng *r, double *out, int n) {
+    for (int i = 0; i < n; i += 2) {
+        out[i] = 1.0 - rng_uniform(r);
+        out[i + 1] = rng_uniform(r);
+    }
+    for (int i = 0; i < n; i += 2)
+        box_muller(out[i], out[i + 1], &out[i], &out[i + 1]);
+}
+
+/* ------------------------------------------------------------ geometry */
+typedef struct syn_geom {
+    int B, H, D, T, Y, X, P; /* batch, heads, dim, grid, prefix tokens  */
+    int64_t N;               /* P + T*Y*X                               */
+    int pairs, pt, ph;       /* rotary pairs: total, time, height        */
+    double *freq;            /* pairs: angular frequency of each pair    */
+    int *axis;               /* pairs: 0 time, 1 height, 2 width         */
+    double *max_angle;       /* pairs: largest rotation over the grid    */
+    int *slow_order;         /* pairs sorted by max_angle, stable        */
+    double *rc, *rs;         /* [axis extent][pairs] cos/sin tables      */
+} syn_geom;
+
+/*
+ * RoPE split of Wan: height and width get 2*floor(D/6) channels each and
+ * time the rest (D=128: 44/42/42 channels = 22/21/21 pairs).  Pairs are
+ * adjacent channels (2p, 2p+1); within an axis group of g channels, local
+ * pair j turns at base^(-2j/g) radians per position.
+ */
+static void rope_split(int D, int *pt, int *ph) {
+    int hw = 2 * (D / 6);
+    *ph = hw / 2;
+    *pt = (D - 2 * hw) / 2;
+}
+
+static void geom_free(syn_geom *g) {
+    free(g->freq);
+    free(g->axis);
+    free(g->max_angle);
+    free(g->slow_order);
+    free(g->rc);
+    free(g->rs);
+}
+
+/* Insertion sort of the pairs by max_angle (stable: ties keep pair order). */
+static void sort_slow(syn_geom *g) {
+    for (int p = 0; p < g->pairs; ++p) {
+        int j = p;
+        while (j > 0 && g->max_angle[g->slow_order[j - 1]] > g->max_angle[p]) {
+            g->slow_order[j] = g->slow_order[j - 1];
+            --j;
+        }
+        g->slow_order[j] = p;
+    }
+}
+
+static qva_status geom_init(const qva_synthetic_spec *sp, syn_geom *g) {
+    memset(g, 0, sizeof *g);
+    g->B = sp->B; g->H = sp->H; g->D = sp->D;
+    g->T = sp->grid_t; g->Y = sp->grid_h; g->X = sp->grid_w;
+    g->P = sp->prefix_tokens;
+    g->N = (int64_t)g->P + (int64_t)g->T * g->Y * g->X;
+    g->pairs = g->D / 2;
+    rope_split(g->D, &g->pt, &g->ph);
+    int extent = g->T > g->Y ? g->T : g->Y;
+    extent = extent > g->X ? extent : g->X;
+    g->freq = malloc(sizeof(double) * (size_t)g->pairs);
+    g->axis = malloc(sizeof(int) * (size_t)g->pairs);
+    g->max_angle = malloc(sizeof(double) * (size_t)g->pairs);
+    g->slow_order = malloc(sizeof(int) * (size_t)g->pairs);
+    g->rc = malloc(sizeof(double) * (size_t)extent * (size_t)g->pairs);
+    g->rs = malloc(sizeof(double) * (size_t)extent * (size_t)g->pairs);
+    if (!g->freq || !g->axis || !g->max_angle || !g->slow_order || !g->rc ||
+        !g->rs) {
+        geom_free(g);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "synthetic: rope tables");
+    }
+    const int len[3] = {g->T, g->Y, g->X};
+    for (int p = 0; p < g->pairs; ++p) {
+        int ax = p < g->pt ? 0 : (p < g->pt + g->ph ? 1 : 2);
+        int j = ax == 0 ? p : (ax == 1 ? p - g->pt : p - g->pt - g->ph);
+        int ch = 2 * (ax == 0 ? g->pt : g->ph); /* channels in the group */
+        g->axis[p] = ax;
+        g->freq[p] = det_exp(-(2.0 * j / ch) * det_log(SYN.rope_base));
+        g->max_angle[p] = g->freq[p] * (double)(len[ax] - 1);
+        for (int pos = 0; pos < extent; ++pos)
+            det_sincos(g->freq[p] * pos, &g->rs[(size_t)pos * g->pairs + p],
+                       &g->rc[(size_t)pos * g->pairs + p]);
+    }
+    sort_slow(g);
+    return QVA_OK;
+}
+
+/* Rotates the pairs of x[D] by the RoPE angles of grid position (t,y,x). */
+static void apply_rope(const syn_geom *g, int t, int y, int x, float *row) {
+    const int pos3[3] = {t, y, x};
+    for (int p = 0; p < g->pairs; ++p) {
+        size_t at = (size_t)pos3[g->axis[p]] * g->pairs + p;
+        double c = g->rc[at], s = g->rs[at];
+        double a = row[2 * p], b = row[2 * p + 1];
+        row[2 * p] = (float)(a * c - b * s);
+        row[2 * p + 1] = (float)(a * s + b * c);
+    }
+}
+
+/* ------------------------------------------------------------ one head */
+/*
+ * Per-head parameters.  The smooth field is a random Fourier feature map
+ * f(p) = sqrt(2/L) cos(w_l . p + phi_l) with Gaussian w, so f(p).f(p') is
+ * close to a Gaussian kernel of the grid distance: Q and K built from it
+ * make nearby tokens score high against each other (local attention).
+ */
+typedef struct syn_head {
+    int L, D, G;
+    double *wt, *wy, *wx, *phi; /* L frequencies per axis, phases         */
+    float *aq, *ak, *av;        /* [L][D] feature mixing of Q, K, V       */
+    float *q_mean, *k_bias, *v_mean; /* D common components             */
+    float *q_out, *k_out, *gain; /* D outlier offsets / gains           */
+    float *proto;               /* [G][D] value prototypes                 */
+    float *pre_kb, *pre_vm;     /* D prefix key bias / value mean          */
+    int spike_ch[8];            /* value spike channels (at most 8)        */
+    float spike_sign[8];
+    double vel_y, vel_x;        /* motion of the prototype cells           */
+    double sw[2][3], sphi[2];   /* two low-frequency waves choosing layers */
+    uint64_t key;               /* hash key of the head                    */
+} syn_head;
+
+static void head_free(syn_head *h) {
+    free(h->wt);
+    free(h->aq);
+    free(h->q_mean);
+    free(h->proto);
+}
+
+/* One allocation per element type keeps the cleanup short. */
+static int head_alloc(syn_head *h, int L, int D, int G) {
+    memset(h, 0, sizeof *h);
+    h->L = L; h->D = D; h->G = G;
+    h->wt = malloc(sizeof(double) * 4 * (size_t)L);
+    h->aq = malloc(sizeof(float) * 3 * (size_t)L * D);
+    h->q_mean = malloc(sizeof(float) * 8 * (size_t)D);
+    h->proto = malloc(sizeof(float) * (size_t)G * D);
+    if (!h->wt || !h->aq || !h->q_mean || !h->proto) {
+        head_free(h);
+        return 0;
+    }
+    h->wy = h->wt + L; h->wx = h->wy + L; h->phi = h->wx + L;
+    h->ak = h->aq + (size_t)L * D; h->av = h->ak + (size_t)L * D;
+    h->k_bias = h->q_mean + D; h->v_mean = h->k_bias + D;
+    h->q_out = h->v_mean + D; h->k_out = h->q_out + D;
+    h->gain = h->k_out + D; h->pre_kb = h->gain + D;
+    h->pre_vm = h->pre_kb + D;
+    return 1;
+}
+
+static void fill_normal(syn_rng *r, float *x, size_t n, double std) {
+    for (size_t i = 0; i < n; ++i) x[i] = (float)(std * rng_normal(r));
+}
+
+/* Smooth-field frequencies and the Q/K/V mixing (content scale folded in:
+ * a channel of A f has variance ~1, times the gain). */
+static void head_field(syn_head *h, syn_rng *r, double qk_gain) {
+    const int L = h->L, D = h->D;
+    for (int l = 0; l < L; ++l) {
+        h->wt[l] = rng_normal(r) / SYN.len_t;
+        h->wy[l] = rng_normal(r) / SYN.len_hw;
+        h->wx[l] = rng_normal(r) / SYN.len_hw;
+        h->phi[l] = TWO_PI * rng_uniform(r);
+    }
+    double rho = SYN.qk_share, orth = sqrt(1.0 - rho * rho);
+    for (size_t i = 0; i < (size_t)L * D; ++i) {
+        double a = rng_normal(r), b = rng_normal(r);
+        h->aq[i] = (float)(qk_gain * a);
+        h->ak[i] = (float)(qk_gain * (rho * a + orth * b));
+        h->av[i] = (float)(SYN.v_smooth * rng_normal(r));
+    }
+}
+
+/*
+ * Common components.  K's bias sits mostly on pairs RoPE barely turns over
+ * the grid, so it stays a channel mean after RoPE (SageAttention's K
+ * smoothing removes it); the outlier channels are drawn from the slowest
+ * quarter of the pairs for the same reason.
+ */
+static void head_common(syn_head *h, syn_rng *r, const syn_geom *g) {
+    const int D = h->D;
+    for (int c = 0; c < D; ++c) {
+        double slow = g->max_angle[c / 2] < 1.0 ? 1.0 : SYN.k_bias_fast;
+        h->q_mean[c] = (float)(SYN.q_mean * rng_normal(r));
+        h->k_bias[c] = (float)(SYN.k_bias * slow * rng_normal(r));
+        h->v_mean[c] = (float)(SYN.v_mean * rng_normal(r));
+        h->pre_kb[c] = (float)(0.5 * h->k_bias[c] + rng_normal(r));
+        h->pre_vm[c] = (float)(0.5 * rng_normal(r));
+        h->q_out[c] = h->k_out[c] = 0.0f;
+        h->gain[c] = 1.0f;
+    }
+    /* outliers on distinct pairs among the slowest quarter */
+    int pairs = g->pairs, n_out = SYN.outliers, taken[8];
+    int cand = pairs / 4 > n_out ? pairs / 4 : n_out;
+    if (cand > pairs) cand = pairs;
+    if (n_out > cand) n_out = cand;
+    if (n_out > 8) n_out = 8;
+    for (int k = 0; k < n_out; ++k) {
+        int rank, dup;
+        do {
+            rank = (int)(rng_uniform(r) * cand);
+            dup = 0;
+            for (int j = 0; j < k; ++j) dup |= taken[j] == rank;
+        } while (dup);
+        taken[k] = rank;
+        int c = 2 * g->slow_order[rank] + (rng_uniform(r) < 0.5 ? 0 : 1);
+        double sgn = rng_uniform(r) < 0.5 ? -1.0 : 1.0;
+        h->q_out[c] = (float)(sgn * SYN.out_q);
+        h->k_out[c] = (float)(sgn * SYN.out_k);
+        h->gain[c] = (float)SYN.out_gain;
+    }
+}
+
+static int spike_count(int D) {
+    int n = SYN.v_spikes < D ? SYN.v_spikes : D;
+    return n < 8 ? n : 8;
+}
+
+/* Value prototypes, spike channels, cell motion and the layer waves. */
+static void head_values(syn_head *h, syn_rng *r) {
+    const int D = h->D;
+    fill_normal(r, h->proto, (size_t)h->G * D, SYN.v_proto);
+    for (int k = 0; k < spike_count(D); ++k) {
+        int c, dup;
+        do { /* distinct channels; the head's stream decides which */
+            c = (int)(rng_uniform(r) * D);
+            dup = 0;
+            for (int j = 0; j < k; ++j) dup |= h->spike_ch[j] == c;
+        } while (dup);
+        h->spike_ch[k] = c;
+        h->spike_sign[k] = rng_uniform(r) < 0.5 ? -1.0f : 1.0f;
+    }
+    h->vel_y = SYN.v_speed * (2.0 * rng_uniform(r) - 1.0);
+    h->vel_x = SYN.v_speed * (2.0 * rng_uniform(r) - 1.0);
+    for (int w = 0; w < 2; ++w) {
+        h->sw[w][0] = 0.3 * rng_normal(r);
+        h->sw[w][1] = 0.25 * rng_normal(r);
+        h->sw[w][2] = 0.25 * rng_normal(r);
+        h->sphi[w] = TWO_PI * rng_uniform(r);
+    }
+}
+
+/* ------------------------------------------------------------ tokens */
+/* Scratch for one token: feature values and per-axis phasors. */
+typedef struct syn_scratch {
+    double *f;          /* L feature values                              */
+    double *ct, *st;    /* [T][L] cos/sin of w_t * t                     */
+    double *cy, *sy;    /* [Y][L]                                        */
+    double *cx, *sx;    /* [X][L] (phase phi folded in)                  */
+    float *acc;         /* D accumulator                                 */
+    double *noise;      /* D normals                                     */
+} syn_scratch;
+
+/* Per-axis phasor tables of the head's features: the token's feature is
+ * then a product of three complex numbers instead of a cosine. */
+static void scratch_tables(syn_scratch *s, const syn_head *h,
+                           const syn_geom *g) {
+    const int L = h->L;
+    for (int t = 0; t < g->T; ++t)
+        for (int l = 0; l < L; ++l)
+            det_sincos(h->wt[l] * t, &s->st[t * L + l], &s->ct[t * L + l]);
+    for (int y = 0; y < g->Y; ++y)
+        for (int l = 0; l < L; ++l)
+            det_sincos(h->wy[l] * y, &s->sy[y * L + l], &s->cy[y * L + l]);
+    for (int x = 0; x < g->X; ++x)
+        for (int l = 0; l < L; ++l)
+            det_sincos(h->wx[l] * x + h->phi[l], &s->sx[x * L + l],
+                       &s->cx[x * L + l]);
+}
+
+/* f_l(p) = sqrt(2/L) cos(w_t t + w_y y + w_x x + phi). */
+static void token_features(syn_scratch *s, int L, int t, int y, int x) {
+    double norm = sqrt(2.0 / L);
+    for (int l = 0; l < L; ++l) {
+        double ar = s->ct[t * L + l], ai = s->st[t * L + l];
+        double br = s->cy[y * L + l], bi = s->sy[y * L + l];
+        double abr = ar * br - ai * bi, abi = ar * bi + ai * br;
+        double cr = s->cx[x * L + l], ci = s->sx[x * L + l];
+        s->f[l] = norm * (abr * cr - abi * ci);
+    }
+}
+
+/* out[c] = sum_l f_l A[l][c]; loop order keeps each channel's sum in l
+ * order so vectorising across channels does not change the result. */
+static void mix(const syn_scratch *s, const float *A, int L, int D,
+                float *acc) {
+    for (int c = 0; c < D; ++c) acc[c] = 0.0f;
+    for (int l = 0; l < L; ++l) {
+        const float *a = A + (size_t)l * D;
+        float fl = (float)s->f[l];
+        for (int c = 0; c < D; ++c) acc[c] += fl * a[c];
+    }
+}
+
+/* Q and K rows of one video token, before RoPE. */
+static void video_qk(const syn_head *h, syn_scratch *s, syn_rng *rq,
+                     syn_rng *rk, float *q, float *k) {
+    const int D = h->D;
+    mix(s, h->aq, h->L, D, s->acc);
+    normal_row(rq, s->noise, D);
+    for (int c = 0; c < D; ++c) {
+        double var = s->acc[c] + SYN.qk_noise * s->noise[c];
+        q[c] = (float)(h->gain[c] * var + h->q_mean[c] + h->q_out[c]);
+    }
+    mix(s, h->ak, h->L, D, s->acc);
+    normal_row(rk, s->noise, D);
+    for (int c = 0; c < D; ++c) {
+        double var = s->acc[c] + SYN.qk_noise * s->noise[c];
+        k[c] = (float)(var + h->k_bias[c] + h->k_out[c]);
+    }
+}
+
+/*
+ * Which prototype a video token carries.  Two label layers of coarse
+ * cells v_cell tokens on a side, each cell's label hashed: one layer moves
+ * with the head's velocity (objects), the other is static (background); a
+ * smooth low-frequency wave picks the layer.  Label regions are spatially
+ * coherent, but a 128-token block in raster order crosses many cells, so
+ * tokens of one prototype are scattered through the sequence.
+ */
+static int token_proto(const syn_head *h, int t, int y, int x) {
+    double wave = 0.0;
+    for (int w = 0; w < 2; ++w) {
+        double s, c;
+        det_sincos(h->sw[w][0] * t + h->sw[w][1] * y + h->sw[w][2] * x +
+                       h->sphi[w], &s, &c);
+        wave += c;
+    }
+    int cell = SYN.v_cell;
+    uint64_t key;
+    if (wave >= 0.0) {
+        int64_t cy = (int64_t)floor((y + h->vel_y * t) / cell);
+        int64_t cx = (int64_t)floor((x + h->vel_x * t) / cell);
+        key = hash2(h->key ^ 0xA1, (uint64_t)(cy * 65537 + cx));
+    } else { /* static cells, offset by half a cell from the grid */
+        int64_t cy = (y + cell / 2) / cell, cx = (x + cell / 2) / cell;
+        key = hash2(h->key ^ 0xB2, (uint64_t)(cy * 65537 + cx));
+    }
+    return (int)(key % (uint64_t)h->G);
+}
+
+/* V row of one video token: prototype + smooth field + noise (+ spikes). */
+static void video_v(const syn_head *h, syn_scratch *s, syn_rng *rv,
+                    int64_t tok, int t, int y, int x, float *v) {
+    const int D = h->D;
+    const float *pr = h->proto + (size_t)token_proto(h, t, y, x) * D;
+    mix(s, h->av, h->L, D, s->acc);
+    normal_row(rv, s->noise, D);
+    for (int c = 0; c < D; ++c)
+        v[c] = (float)(pr[c] + s->acc[c] + h->v_mean[c] +
+                       SYN.v_noise * s->noise[c]);
+    /* token outliers: position hashed per head, channels fixed per head */
+    uint64_t u = hash2(h->key ^ 0x5B1CE, (uint64_t)tok);
+    if ((double)(u >> 11) * 0x1p-53 < SYN.v_out_frac) {
+        double jitter = 1.0 + 0.25 * ((double)(u & 0xFF) / 255.0);
+        for (int k = 0; k < spike_count(D); ++k)
+            v[h->spike_ch[k]] += (float)(h->spike_sign[k] * SYN.v_spike *
+                                         jitter);
+    }
+}
+
+/* Text prefix token: independent Gaussian rows with their own scale and
+ * means; no RoPE (HunyuanVideo rotates only the video tokens). */
+static void prefix_row(const syn_head *h, syn_scratch *s, syn_rng *rq,
+                       syn_rng *rk, syn_rng *rv, float *q, float *k,
+                       float *v) {
+    const int D = h->D;
+    normal_row(rq, s->noise, D);
+    for (int c = 0; c < D; ++c) q[c] = (float)(SYN.pre_qk * s->noise[c]);
+    normal_row(rk, s->noise, D);
+    for (int c = 0; c < D; ++c)
+        k[c] = (float)(SYN.pre_qk * s->noise[c] + h->pre_kb[c]);
+    normal_row(rv, s->noise, D);
+    for (int c = 0; c < D; ++c)
+        v[c] = (float)(SYN.pre_v * s->noise[c] + h->pre_vm[c]);
+}
+
+static int scratch_alloc(syn_scratch *s, const syn_geom *g, int L) {
+    size_t n = (size_t)L * (1 + 2 * ((size_t)g->T + g->Y + g->X)) + 2 * g->D;
+    s->f = malloc(sizeof(double) * n);
+    if (!s->f) return 0;
+    s->ct = s->f + L;
+    s->st = s->ct + (size_t)g->T * L;
+    s->cy = s->st + (size_t)g->T * L;
+    s->sy = s->cy + (size_t)g->Y * L;
+    s->cx = s->sy + (size_t)g->Y * L;
+    s->sx = s->cx + (size_t)g->X * L;
+    s->noise = s->sx + (size_t)g->X * L;
+    s->acc = (float *)(s->noise + g->D); /* D floats fit in D doubles */
+    return 1;
+}
+
+/* Seeds: one key per (b, h) from the spec seed, then one stream for the
+ * head's parameters and one per tensor, so heads are independent of the
+ * order they are generated in. */
+static void head_streams(uint64_t seed, int64_t bh, syn_head *h,
+                         syn_rng *par, syn_rng *rq, syn_rng *rk,
+                         syn_rng *rv) {
+    h->key = hash2(seed, (uint64_t)bh + 1);
+    rng_seed(par, hash2(h->key, 1));
+    rng_seed(rq, hash2(h->key, 2));
+    rng_seed(rk, hash2(h->key, 3));
+    rng_seed(rv, hash2(h->key, 4));
+}
+
+static void gen_head(const syn_geom *g, syn_head *h, syn_scratch *s,
+                     uint64_t seed, int64_t bh, double qk_gain, float *q,
+                     float *k, float *v) {
+    syn_rng par, rq, rk, rv;
+    head_streams(seed, bh, h, &par, &rq, &rk, &rv);
+    head_field(h, &par, qk_gain);
+    head_common(h, &par, g);
+    head_values(h, &par);
+    scratch_tables(s, h, g);
+    const int D = g->D;
+    for (int64_t i = 0; i < g->P; ++i)
+        prefix_row(h, s, &rq, &rk, &rv, q + i * D, k + i * D, v + i * D);
+    for (int t = 0; t < g->T; ++t)
+        for (int y = 0; y < g->Y; ++y)
+            for (int x = 0; x < g->X; ++x) {
+                int64_t i = g->P + ((int64_t)t * g->Y + y) * g->X + x;
+                float *qi = q + i * D, *ki = k + i * D;
+                token_features(s, h->L, t, y, x);
+                video_qk(h, s, &rq, &rk, qi, ki);
+                apply_rope(g, t, y, x, qi);
+                apply_rope(g, t, y, x, ki);
+                video_v(h, s, &rv, i, t, y, x, v + i * D);
+            }
+}
+
+static qva_status check_spec(const qva_synthetic_spec *sp) {
+    if (sp->B < 1 || sp->H < 1 || sp->grid_t < 1 || sp->grid_h < 1 ||
+        sp->grid_w < 1 || sp->prefix_tokens < 0)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "synthetic spec '%.32s': B, H and the grid must be "
+                        ">= 1 and prefix >= 0", sp->name);
+    if (sp->D < 6 || sp->D % 2 || sp->D > 4096)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "synthetic spec '%.32s': D = %d must be even and in "
+                        "[6, 4096] (three RoPE axis groups)", sp->name, sp->D);
+    if (sp->grid_t > 100000 || sp->grid_h > 100000 || sp->grid_w > 100000)
+        return qvi_fail(QVA_ERR_SHAPE, "synthetic spec: grid too large");
+    double n = (double)sp->prefix_tokens +
+               (double)sp->grid_t * sp->grid_h * sp->grid_w;
+    double total = (double)sp->B * sp->H * n * sp->D;
+    if (n > 2147483647.0 || total * sizeof(float) > (double)SIZE_MAX / 2)
+        return qvi_fail(QVA_ERR_SHAPE, "synthetic spec: tensor too large");
+    return QVA_OK;
+}
+
+/* One head per iteration; under OpenMP the heads run in parallel, each
+ * thread with its own parameters and scratch.  Heads draw from their own
+ * streams, so the bytes do not depend on the thread count. */
+static int gen_all(const syn_geom *g, uint64_t seed, double qk_gain,
+                   float *q, float *k, float *v) {
+    const int64_t heads = (int64_t)g->B * g->H;
+    const size_t head = (size_t)g->N * g->D;
+    int failed = 0;
+    SYN_OMP("omp parallel")
+    {
+        syn_head h;
+        syn_scratch s;
+        memset(&s, 0, sizeof s);
+        int ok = head_alloc(&h, SYN.rff, g->D, SYN.v_groups);
+        if (ok && !scratch_alloc(&s, g, SYN.rff)) {
+            head_free(&h);
+            ok = 0;
+        }
+        if (!ok) {
+            SYN_OMP("omp atomic write")
+            failed = 1;
+        }
+        SYN_OMP("omp for schedule(dynamic, 1)")
+        for (int64_t bh = 0; bh < heads; ++bh)
+            if (ok)
+                gen_head(g, &h, &s, seed, bh, qk_gain, q + bh * head,
+                         k + bh * head, v + bh * head);
+        if (ok) {
+            free(s.f);
+            head_free(&h);
+        }
+    }
+    return !failed;
+}
+
+qva_status qva_synthetic_generate(const qva_synthetic_spec *spec, float *q,
+                                  float *k, float *v) {
+    if (!spec || !q || !k || !v)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qva_synthetic_generate: NULL argument");
+    qva_status st = check_spec(spec);
+    if (st != QVA_OK) return st;
+    syn_geom g;
+    if ((st = geom_init(spec, &g)) != QVA_OK) return st;
+    /* keep the logit scale of D = 128 at other head dims: q.k/sqrt(D)
+     * grows like sqrt(D) times the squared gain */
+    double qk_gain = SYN.qk_gain * det_exp(0.25 * det_log(128.0 / g.D));
+    int ok = gen_all(&g, spec->seed, qk_gain, q, k, v);
+    geom_free(&g);
+    return ok ? QVA_OK
+              : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "synthetic: head scratch");
+}
