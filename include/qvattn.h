@@ -138,6 +138,19 @@ qva_status qva_context_set_stream(qva_context_t *ctx, void *cuda_stream);
 /* Drops all per-layer state (permutations, centroids, partitions). */
 qva_status qva_context_reset(qva_context_t *ctx);
 
+/* Phase timings of the last qva_attention call on a CUDA context, for
+ * benchmarks.  Profiling records CUDA events around each phase and
+ * synchronizes the stream at the end of the call, so leave it off in
+ * production.  On the CPU the phases are not separated (kernel_ms holds
+ * the whole call). */
+typedef struct qva_timings {
+    float grouping_ms; /* k-means + argsort (0 on a non-grouping step) */
+    float prep_ms;     /* fused gather / smoothing / quantization      */
+    float kernel_ms;   /* the attention kernel alone                   */
+} qva_timings;
+qva_status qva_context_set_profiling(qva_context_t *ctx, int on);
+qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t);
+
 /* Capability query: can `device` run this config at this shape/dtype? */
 int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
                  int64_t head_dim, char *why, size_t why_len);
@@ -217,7 +230,8 @@ typedef struct qva_synthetic_spec {
     uint64_t seed;
 } qva_synthetic_spec;
 
-/* Looks up a named preset (see docs/SYNTHETIC.md); NULL name lists them. */
+/* Looks up a named preset (see docs/SYNTHETIC.md); an unknown or NULL name
+ * is QVA_ERR_INVALID_ARGUMENT with a message that lists the presets. */
 qva_status qva_synthetic_preset(const char *name, qva_synthetic_spec *spec);
 int qva_synthetic_preset_count(void);
 const char *qva_synthetic_preset_name(int i);
@@ -229,14 +243,18 @@ qva_status qva_synthetic_generate(const qva_synthetic_spec *spec, float *q,
 typedef struct qva_error_metrics {
     double rel_l2, cos_sim, max_abs, psnr_db;
 } qva_error_metrics;
-/* Compares out to ref (n floats). PSNR uses peak = max(ref) - min(ref). */
+/* Compares out to ref (n floats), sums in FP64. PSNR uses peak =
+ * max(ref) - min(ref); identical inputs give psnr = +inf, cos = 1.  A NaN
+ * or Inf in either input gives rel_l2 = max_abs = +inf and cos_sim = psnr
+ * = -inf, so a broken output can never look good. */
 void qva_compare(const float *out, const float *ref, size_t n,
                  qva_error_metrics *m);
 
 /* Value-quantization statistics of one head V [n, d] (f32, row-major) under
  * a token order: relative MSE of per-channel E4M3 quantization after block
  * demeaning, and the mean share of block energy removed by the means (VC
- * Eq. 5). perm may be NULL (sequence order). */
+ * Eq. 5). perm may be NULL (sequence order) and must be a permutation;
+ * block must be 128 (QVA_ERR_UNSUPPORTED otherwise). */
 typedef struct qva_vquant_stats {
     double rel_mse;       /* ||Vhat - V||^2 / ||V||^2 with demeaning    */
     double rel_mse_plain; /* the same without demeaning                  */
@@ -250,7 +268,8 @@ qva_status qva_vsmooth_permutation(const float *v, int n, int d, int clusters,
                                    int iters, int32_t *perm);
 
 /* Mean total variation between ExpCast rows and exact softmax rows of one
- * head, over rows [0, rows). Also returns the max TV found. */
+ * head, over rows [0, rows). Also returns the max TV found.  sm_scale 0
+ * means 1/sqrt(d). */
 qva_status qva_expcast_tv(const float *q, const float *k, int n, int d,
                           float sm_scale, int rows, double *mean_tv,
                           double *max_tv);

@@ -54,12 +54,16 @@ float qvi_sm_scale(const qva_config *cfg, int64_t d);
 static inline int qvi_cdiv(int a, int b) { return (a + b - 1) / b; }
 
 /* ------------------------------------------------------------ context */
-typedef enum qvi_slot { QVI_SLOT_DRAFT = 0, QVI_SLOT_COUNT_ } qvi_slot;
+typedef enum qvi_slot { QVI_SLOT_DRAFT = 0, QVI_SLOT_CUDA = 1, QVI_SLOT_COUNT_ } qvi_slot;
 /* A per-context slot that a module owns.  If dtor points to a non-NULL
  * function it is registered as the slot's destructor (run on context free
  * and reset); if it points to NULL it receives the registered one. */
 void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,
                         void (**dtor)(void *));
+
+void *qvi_context_stream(const qva_context_t *ctx);
+int qvi_context_profiling(const qva_context_t *ctx);
+void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 
 /* Per-(layer, batch, head) V-Smooth state: permutation and centroids. */
 typedef struct qvi_vs_state {
@@ -104,7 +108,8 @@ typedef struct qvi_f8 {
     float *chan_scale;  /* d       */
 } qvi_f8;
 
-/* x[n_pad*d] rows >= n are zero. */
+/* x[n_pad*d] rows >= n are zero.  These allocate the arrays of *out with
+ * malloc (NULL fields on failure); the caller frees each field. */
 void qvi_quant_i8_blocks(const float *x, int n_pad, int d, qvi_i8 *out);
 /* per-block scalar scale amax/448 (1 where the block is zero). */
 void qvi_quant_e4m3_blocks(const float *x, int n_pad, int d, qvi_f8 *out);

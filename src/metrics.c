@@ -187,13 +187,15 @@ qva_status qva_vquant_stats_compute(const float *v, int n, int d,
 }
 
 /* ------------------------------------------------------------ ExpCast TV */
+#define LOG2E_F64 1.4426950408889634 /* QVI_LOG2E is its float rounding */
+
 /* Total variation between exact softmax and normalized ExpCast codes of one
  * row; s holds the row's scaled scores (FP64), p and ph are scratch. */
 static double row_tv(const double *s, int n, double *p, double *ph) {
     double m = -INFINITY, z = 0.0, zhat = 0.0;
     for (int j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
     for (int j = 0; j < n; ++j) {
-        double u = (s[j] - m) * (double)QVI_LOG2E;
+        double u = (s[j] - m) * LOG2E_F64;
         p[j] = exp(s[j] - m);
         ph[j] = qva_e4m3_decode(qva_expcast_e4m3((float)u));
         z += p[j];

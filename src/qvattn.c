@@ -1,11 +1,13 @@
 /* Core: errors, tensor descriptors, configs, method names, the context and
  * its per-layer state, the step schedule, validation and dispatch. */
+#define _POSIX_C_SOURCE 199309L
 #include "internal.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef QVA_BUILD_TYPE
 #define QVA_BUILD_TYPE "unknown"
@@ -156,8 +158,8 @@ void qva_config_default(qva_config *cfg) {
     cfg->expcast = 1;
     cfg->hadamard_seed = 0x9e3779b97f4a7c15ull;
     /* Chosen by `qvattn sweep-vsmooth` (docs/NUMERICS.md, V-Smooth). */
-    cfg->vsmooth.clusters = 16;
-    cfg->vsmooth.iters = 4;
+    cfg->vsmooth.clusters = 32;
+    cfg->vsmooth.iters = 2;
     cfg->vsmooth.warm_start = 1;
     cfg->vsmooth.block = QVI_BLOCK;
     cfg->vsmooth.schedule = QVA_SCHEDULE_PAPER;
@@ -312,6 +314,8 @@ typedef struct vs_entry {
 struct qva_context {
     qva_device device;
     void *stream;
+    int profiling;
+    qva_timings timings;
     vs_entry *vs;
     size_t vs_len, vs_cap;
     void *slots[QVI_SLOT_COUNT_];
@@ -362,6 +366,24 @@ qva_status qva_context_reset(qva_context_t *ctx) {
 qva_status qva_context_set_stream(qva_context_t *ctx, void *stream) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
     ctx->stream = stream;
+    return QVA_OK;
+}
+
+void *qvi_context_stream(const qva_context_t *ctx) { return ctx->stream; }
+int qvi_context_profiling(const qva_context_t *ctx) { return ctx->profiling; }
+void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t) {
+    ctx->timings = *t;
+}
+
+qva_status qva_context_set_profiling(qva_context_t *ctx, int on) {
+    if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    ctx->profiling = on != 0;
+    return QVA_OK;
+}
+
+qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t) {
+    if (!ctx || !t) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
+    *t = ctx->timings;
     return QVA_OK;
 }
 
@@ -580,9 +602,17 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
             return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
         return qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
     }
-    if (cfg->method == QVA_METHOD_DRAFT)
-        return qvi_cpu_draft(ctx, cfg, q, k, v, out, lse);
-    return qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st = cfg->method == QVA_METHOD_DRAFT
+             ? qvi_cpu_draft(ctx, cfg, q, k, v, out, lse)
+             : qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    qva_timings tm = {0.0f, 0.0f,
+                      (float)((double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                              (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6)};
+    ctx->timings = tm; /* the CPU reference does not separate phases */
+    return st;
 }
 
 const char *qva_build_info(void) {

@@ -35,7 +35,7 @@
 #endif
 
 /* ------------------------------------------------------------ parameters */
-/* Every constant of the workload, in one place (docs/SYNTHETIC.md). */
+/* The workload's parameters, in one place (docs/SYNTHETIC.md). */
 typedef struct syn_params {
     int rff;              /* random Fourier features of the smooth field   */
     double len_t;         /* correlation length along time (frames)        */
@@ -52,6 +52,8 @@ typedef struct syn_params {
     int v_groups;         /* G: value prototypes per head                   */
     int v_cell;           /* side of the coarse cells that pick prototypes  */
     double v_speed;       /* max motion of the cells, tokens per frame      */
+    double layer_t;       /* std of the layer waves' frequency along t      */
+    double layer_hw;      /* ... along y and x (radians per token)          */
     double v_proto;       /* prototype std per channel                      */
     double v_smooth;      /* smooth-field std added to V                    */
     double v_noise;       /* white-noise std of V                           */
@@ -69,8 +71,9 @@ static const syn_params SYN = {
     .q_mean = 0.25, .k_bias = 3.5, .k_bias_fast = 0.1,
     .outliers = 3, .out_q = 2.5, .out_k = 6.0, .out_gain = 2.5,
     .v_groups = 16, .v_cell = 4, .v_speed = 0.5,
-    .v_proto = 1.0, .v_smooth = 0.35, .v_noise = 0.6, .v_mean = 0.15,
-    .v_out_frac = 0.0075, .v_spikes = 3, .v_spike = 12.0,
+    .layer_t = 0.3, .layer_hw = 0.25,
+    .v_proto = 1.0, .v_smooth = 0.5, .v_noise = 1.1, .v_mean = 0.15,
+    .v_out_frac = 0.0075, .v_spikes = 3, .v_spike = 16.0,
     .pre_qk = 1.5, .pre_v = 1.5,
     .rope_base = 10000.0,
 };
@@ -149,20 +152,19 @@ static const double LOG_C[9] = {1.0,       1.0 / 3.0,  1.0 / 5.0,
                                 1.0 / 7.0, 1.0 / 9.0,  1.0 / 11.0,
                                 1.0 / 13.0, 1.0 / 15.0, 1.0 / 17.0};
 
-/* sin and cos of x, |x| < 1e5, from Taylor series on [-pi/4, pi/4] with
- * `terms` terms after the first: 7 (to r^15, error < 1e-13) for the tables,
- * 5 (to r^11, error < 2e-9) inside Box-Muller, whose f32 noise needs no
- * more and which dominates the generation time. */
-static void sincos_n(double x, int terms, double *s, double *c) {
-    double k = floor(x * TWO_OVER_PI + 0.5);
-    double r = (x - k * PIO2_HI) - k * PIO2_LO;
+/* sin and cos of r in [-pi/4, pi/4] turned by q quarter turns, from
+ * Taylor series with `terms` terms after the first: 7 (to r^15, error
+ * < 1e-13) for the tables, 5 (to r^11, < 2e-9) inside Box-Muller, whose
+ * f32 noise needs no more and which dominates the generation time. */
+static inline void sincos_turned(double r, int q, int terms, double *s,
+                                 double *c) {
     double r2 = r * r, ps = 1.0, pc = 1.0;
     for (int i = terms - 1; i >= 0; --i) {
         ps = 1.0 - ps * r2 * SIN_C[i];
         pc = 1.0 - pc * r2 * COS_C[i];
     }
     double sr = r * ps, cr = pc;
-    switch ((int)((long long)k & 3)) { /* quadrant, also for k < 0 */
+    switch (q & 3) { /* two's complement: also right for q < 0 */
     case 0: *s = sr; *c = cr; break;
     case 1: *s = cr; *c = -sr; break;
     case 2: *s = -sr; *c = -cr; break;
@@ -170,26 +172,33 @@ static void sincos_n(double x, int terms, double *s, double *c) {
     }
 }
 
+/* sin and cos of x, |x| < 1e5 (Cody-Waite reduction by pi/2). */
 static void det_sincos(double x, double *s, double *c) {
-    sincos_n(x, 7, s, c);
+    double k = floor(x * TWO_OVER_PI + 0.5);
+    double r = (x - k * PIO2_HI) - k * PIO2_LO;
+    sincos_turned(r, (int)(long long)k, 7, s, c);
 }
 
-/* Natural log of finite x > 0 via 2 atanh((m-1)/(m+1)), m in [0.707,1.414):
- * |z| <= 0.172; `terms` = 9 (to z^17) is good to 1e-14, 5 to 1e-9. */
-static double log_n(double x, int terms) {
-    int e;
-    double m = frexp(x, &e);
+/* ln x for a positive normal x: x = m 2^e split by bit operations (an
+ * inline frexp), m in [0.707, 1.414), then 2 atanh((m-1)/(m+1)) with
+ * |z| <= 0.172: `terms` = 9 (to z^17) is good to 1e-14, 5 to 1e-9. */
+static inline double log_series(double x, int terms) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    int e = (int)((bits >> 52) & 0x7FF) - 1022;
+    bits = (bits & ~(0x7FFull << 52)) | (1022ull << 52);
+    double m;
+    memcpy(&m, &bits, sizeof m);
     if (m < 0.70710678118654752) {
         m *= 2.0;
         e -= 1;
     }
-    double z = (m - 1.0) / (m + 1.0), z2 = z * z;
-    double sum = 0.0;
+    double z = (m - 1.0) / (m + 1.0), z2 = z * z, sum = 0.0;
     for (int i = terms - 1; i >= 0; --i) sum = sum * z2 + LOG_C[i];
     return 2.0 * z * sum + (double)e * LN2;
 }
 
-static double det_log(double x) { return log_n(x, 9); }
+static double det_log(double x) { return log_series(x, 9); }
 
 /* e^x for |x| < 700 (only the RoPE frequencies and one gain use it). */
 static double det_exp(double x) {
@@ -247,10 +256,15 @@ static double rng_uniform(syn_rng *r) {
     return (double)(rng_next(r) >> 11) * 0x1p-53;
 }
 
-/* Box-Muller: two standard normals from u1 in (0, 1] and u2 in [0, 1). */
-static void box_muller(double u1, double u2, double *z0, double *z1) {
-    double rad = sqrt(-2.0 * log_n(u1, 5)), s, c;
-    sincos_n(TWO_PI * u2, 5, &s, &c);
+/*
+ * Box-Muller: two standard normals from u1 in (0, 1] (normal: >= 2^-53)
+ * and u2 in [0, 1), with the short series.  The angle 2 pi u2 is reduced
+ * in quarter turns: t = 4 u2 and t - round(t) are exact.
+ */
+static inline void box_muller(double u1, double u2, double *z0, double *z1) {
+    double rad = sqrt(-2.0 * log_series(u1, 5)), s, c;
+    double t = 4.0 * u2, k = (double)(int)(t + 0.5);
+    sincos_turned((t - k) * (TWO_PI / 4.0), (int)k, 5, &s, &c);
     *z0 = rad * c;
     *z1 = rad * s;
 }
@@ -508,9 +522,9 @@ static void head_values(syn_head *h, syn_rng *r) {
     h->vel_y = SYN.v_speed * (2.0 * rng_uniform(r) - 1.0);
     h->vel_x = SYN.v_speed * (2.0 * rng_uniform(r) - 1.0);
     for (int w = 0; w < 2; ++w) {
-        h->sw[w][0] = 0.3 * rng_normal(r);
-        h->sw[w][1] = 0.25 * rng_normal(r);
-        h->sw[w][2] = 0.25 * rng_normal(r);
+        h->sw[w][0] = SYN.layer_t * rng_normal(r);
+        h->sw[w][1] = SYN.layer_hw * rng_normal(r);
+        h->sw[w][2] = SYN.layer_hw * rng_normal(r);
         h->sphi[w] = TWO_PI * rng_uniform(r);
     }
 }
@@ -559,11 +573,21 @@ static void token_features(syn_scratch *s, int L, int t, int y, int x) {
  * order so vectorising across channels does not change the result. */
 static void mix(const syn_scratch *s, const float *A, int L, int D,
                 float *acc) {
-    for (int c = 0; c < D; ++c) acc[c] = 0.0f;
-    for (int l = 0; l < L; ++l) {
-        const float *a = A + (size_t)l * D;
-        float fl = (float)s->f[l];
-        for (int c = 0; c < D; ++c) acc[c] += fl * a[c];
+    enum { CHUNK = 16 }; /* a chunk of sums stays in registers over l */
+    int c0 = 0;
+    for (; c0 + CHUNK <= D; c0 += CHUNK) {
+        float part[CHUNK] = {0};
+        for (int l = 0; l < L; ++l) {
+            const float *a = A + (size_t)l * D + c0;
+            float fl = (float)s->f[l];
+            for (int j = 0; j < CHUNK; ++j) part[j] += fl * a[j];
+        }
+        memcpy(acc + c0, part, sizeof part);
+    }
+    for (int c = c0; c < D; ++c) {
+        float sum = 0.0f;
+        for (int l = 0; l < L; ++l) sum += (float)s->f[l] * A[(size_t)l * D + c];
+        acc[c] = sum;
     }
 }
 

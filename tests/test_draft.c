@@ -628,6 +628,18 @@ static void test_mixed(qva_context_t *ctx) {
     run_method(ctx, &p, "draft@50/20/15/15", 0, 0, dr, NULL);
     run_method(ctx, &p, "draft@50/20/15/15", 0, 0, again, NULL);
     CHECK(!memcmp(dr, again, n * 4), "repeatable");
+    /* Another grid in the same context, then a reset: the cache keys on
+     * (H, W, C) and rebuilds the same partition. */
+    problem small = make_problem(1, 12, 20, 0, 0, 64);
+    float *os = malloc(problem_size(&small) * 4);
+    run_method(ctx, &small, "draft@50/20/15/15", 0, 0, os, NULL);
+    run_method(ctx, &p, "draft@50/20/15/15", 0, 0, again, NULL);
+    CHECK(!memcmp(dr, again, n * 4), "repeatable with two cached grids");
+    CHECK(qva_context_reset(ctx) == QVA_OK, "reset");
+    run_method(ctx, &p, "draft@50/20/15/15", 0, 0, again, NULL);
+    CHECK(!memcmp(dr, again, n * 4), "repeatable after reset");
+    free(os);
+    free_problem(&small);
     free(again);
     free(ex), free(dr);
     free_problem(&p);
@@ -711,6 +723,41 @@ static void test_prefix_position(qva_context_t *ctx) {
     free_problem(&b);
 }
 
+/* bf16 storage of bf16-representable inputs loads the same values, so
+ * the output matches the f32 run bitwise. */
+static void test_bf16_inputs(qva_context_t *ctx) {
+    problem p = make_problem(2, 12, 20, 7, 0, 64);
+    size_t n = problem_size(&p);
+    uint16_t *hb[3];
+    const float *src[3] = {p.q, p.k, p.v};
+    for (int t = 0; t < 3; ++t) {
+        hb[t] = malloc(n * 2);
+        for (size_t i = 0; i < n; ++i) {
+            uint32_t u;
+            memcpy(&u, &src[t][i], 4);
+            hb[t][i] = (uint16_t)(u >> 16); /* exact: values are bf16 */
+        }
+    }
+    float *of = malloc(n * 4), *ob = malloc(n * 4);
+    run_method(ctx, &p, "draft@50/20/15/15+expcast", 0, 0, of, NULL);
+    qva_config cfg;
+    qva_config_default(&cfg);
+    CHECK(qva_config_set_method(&cfg, "draft@50/20/15/15+expcast") == QVA_OK, "m");
+    cfg.draft.grid_t = 2, cfg.draft.grid_h = 12, cfg.draft.grid_w = 20;
+    cfg.draft.prefix_tokens = 7;
+    qva_tensor q = qva_tensor_hnd(hb[0], QVA_BF16, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor k = qva_tensor_hnd(hb[1], QVA_BF16, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor v = qva_tensor_hnd(hb[2], QVA_BF16, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor o = qva_tensor_hnd(ob, QVA_F32, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    CHECK(qva_attention(ctx, &cfg, &q, &k, &v, &o, NULL) == QVA_OK, "bf16: %s",
+          qva_last_error());
+    CHECK(!memcmp(of, ob, n * 4), "bf16 inputs = f32 inputs of bf16 values");
+    for (int t = 0; t < 3; ++t)
+        free(hb[t]);
+    free(of), free(ob);
+    free_problem(&p);
+}
+
 static void test_validation(qva_context_t *ctx) {
     problem p = make_problem(1, 12, 20, 5, 0, 64);
     size_t n = problem_size(&p);
@@ -765,6 +812,7 @@ int main(void) {
         test_mixed(ctx);
         test_locality(ctx);
         test_prefix_position(ctx);
+        test_bf16_inputs(ctx);
         test_validation(ctx);
         qva_context_free(ctx);
     }

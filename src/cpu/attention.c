@@ -263,6 +263,7 @@ typedef struct head_ops {
     path_kind kind;
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
+    int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
     float scale_log2;
     float *qf, *kf, *vf;   /* PATH_16 (rounded) and PATH_FP4 (unscaled) */
     float gq, gk, gv;      /* NVFP4 tensor scales                      */
@@ -441,6 +442,7 @@ static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
     o->nq_pad = qvi_cdiv(o->nq, QVI_BLOCK) * QVI_BLOCK;
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
+    o->use_f16 = qt->dtype == QVA_F16;
     o->scale_log2 = qvi_sm_scale(cfg, o->d) * QVI_LOG2E;
     const int d = o->d;
     float *q = alloc_padded(o->nq_pad, d), *k = alloc_padded(o->nk_pad, d),
@@ -502,7 +504,7 @@ static void block_scores(const head_ops *o, int i, int j, float *s) {
 static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
     const size_t vo = (size_t)j * QVI_BLOCK * o->d;
     switch (o->kind) {
-    case PATH_16: qvi_pv_16(r, s, o->vf + vo, QVI_BLOCK, 0); break;
+    case PATH_16: qvi_pv_16(r, s, o->vf + vo, QVI_BLOCK, o->use_f16); break;
     case PATH_FP4:
         qvi_pv_nvfp4(r, s, o->vf + vo, o->gv,
                      o->mu4 ? o->mu4 + (size_t)j * o->d : NULL, QVI_BLOCK);

@@ -373,13 +373,12 @@ static void lowbit_free(draft_head *H) {
 
 static void head_free(draft_head *H) {
     lowbit_free(H);
-    free(H->q16); free(H->k16); free(H->v16);
-    free(H->qp); free(H->kp); free(H->vp);
-    free(H->q4); free(H->k4); free(H->v4);
-    free(H->dv);
-    free(H->qavg); free(H->qmax); free(H->kavg); free(H->kmax);
-    free(H->A); free(H->prec);
-    free(H->out); free(H->lse); free(H->acc);
+    void *bufs[] = {H->q16, H->k16,  H->v16, H->qp,   H->kp,   H->vp,
+                    H->q4,  H->k4,   H->v4,  H->dv,   H->qavg, H->qmax,
+                    H->kavg, H->kmax, H->A,  H->prec, H->out,  H->lse,
+                    H->acc};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; ++i)
+        free(bufs[i]);
     memset(H, 0, sizeof(*H));
 }
 

@@ -1,62 +1,273 @@
-/* CUDA runtime glue of the CUDA backend: device discovery, memory helpers,
- * the capability query and the dispatch entry.  The attention kernels are
- * the subject of the GPU issue; until they land, supports() answers no for
- * every method, so callers are told (never silently served by the CPU). */
+/* CUDA backend glue: device discovery, memory helpers, the capability query,
+ * per-context device state (workspace, V-Smooth permutations by layer) and
+ * the dispatch of one attention call: [k-means] -> prep -> kernel, all on the
+ * context's stream. */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "internal.h"
+#include "cuda_internal.h"
 
 static qva_status cuda_fail(cudaError_t e, const char *what) {
     return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
 }
+#define CUDA_TRY(call, what)                                   \
+    do {                                                       \
+        cudaError_t e_ = (call);                               \
+        if (e_ != cudaSuccess) return cuda_fail(e_, what);     \
+    } while (0)
 
 extern "C" int qva_cuda_available(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* clear the sticky "no device" error */
+        cudaGetLastError(); /* clear the "no device" error */
         return 0;
     }
     return n > 0;
 }
 
+/* ---------------------------------------------------------- capability */
+static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
+    switch (cfg->method) {
+    case QVA_METHOD_SAGE8:
+    case QVA_METHOD_VC8:
+    case QVA_METHOD_FP8: return 1;
+    case QVA_METHOD_EXACT:
+        snprintf(why, len, "exact (FP64) is the CPU ground truth only");
+        return 0;
+    default: {
+        char name[64] = "?";
+        qva_config_method_name(cfg, name, sizeof name);
+        snprintf(why, len, "no CUDA kernel for %s yet (CPU reference only)", name);
+        return 0;
+    }
+    }
+}
+
 extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
                                  char *why, size_t len) {
-    (void)cfg, (void)dt, (void)d;
+    (void)dt;
     if (!qva_cuda_available()) {
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    snprintf(why, len, "no CUDA kernel for this method yet (CPU reference only)");
-    return 0;
+    if (d != 64 && d != 128) {
+        snprintf(why, len, "head dim %lld: 64 or 128", (long long)d);
+        return 0;
+    }
+    if (!method_on_gpu(cfg, why, len)) return 0;
+    snprintf(why, len, "cuda: mma.sync INT8/FP8 kernel (attn_qk8_pv8_mma_64x128)");
+    return 1;
+}
+
+/* ---------------------------------------------------------- state */
+typedef struct vs_dev {
+    int layer, BH, N, D, k;
+    int32_t *perm;     /* [BH][N]    */
+    float *centroids;  /* [BH][k][D] */
+} vs_dev;
+
+typedef struct cuda_state {
+    qvc_ops ops;       /* grow-only workspace */
+    int ops_with_mu;
+    float *signs;      /* [128] Hadamard signs */
+    uint64_t signs_key;
+    vs_dev *vs;
+    int nvs;
+    cudaEvent_t ev[4];
+    int have_events;
+} cuda_state;
+
+static void cuda_state_free(void *p) {
+    cuda_state *s = (cuda_state *)p;
+    if (!s) return;
+    qvc_ops_free(&s->ops);
+    cudaFree(s->signs);
+    for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
+    free(s->vs);
+    if (s->have_events)
+        for (int i = 0; i < 4; ++i) cudaEventDestroy(s->ev[i]);
+    free(s);
+}
+
+static cuda_state *get_state(qva_context_t *ctx) {
+    void (*dtor)(void *) = cuda_state_free;
+    void **slot = qvi_context_slot(ctx, QVI_SLOT_CUDA, &dtor);
+    if (!*slot) *slot = calloc(1, sizeof(cuda_state));
+    return (cuda_state *)*slot;
+}
+
+static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int with_mu) {
+    qvc_ops *o = &s->ops;
+    if (o->q_i8 && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D &&
+        (s->ops_with_mu || !with_mu)) {
+        return QVA_OK;
+    }
+    qvc_ops_free(o);
+    s->ops_with_mu = with_mu;
+    return qvc_ops_alloc(o, BH, nq, nk, D, with_mu);
+}
+
+static qva_status ensure_signs(cuda_state *s, const qva_config *cfg, int D, cudaStream_t st) {
+    uint64_t key = cfg->hadamard_signs ? (cfg->hadamard_seed ^ (uint64_t)D) : 1u + (uint64_t)D;
+    if (s->signs && s->signs_key == key) return QVA_OK;
+    float host[128];
+    qvi_hadamard_signs(cfg, D, host);
+    if (!s->signs) CUDA_TRY(cudaMalloc(&s->signs, 128 * sizeof(float)), "cudaMalloc signs");
+    CUDA_TRY(cudaMemcpyAsync(s->signs, host, (size_t)D * sizeof(float), cudaMemcpyHostToDevice, st),
+             "copy signs");
+    CUDA_TRY(cudaStreamSynchronize(st), "sync signs"); /* host buffer goes out of scope */
+    s->signs_key = key;
+    return QVA_OK;
+}
+
+static vs_dev *find_vs(cuda_state *s, int layer) {
+    for (int i = 0; i < s->nvs; ++i)
+        if (s->vs[i].layer == layer) return &s->vs[i];
+    vs_dev *p = (vs_dev *)realloc(s->vs, (size_t)(s->nvs + 1) * sizeof *p);
+    if (!p) return NULL;
+    s->vs = p;
+    vs_dev *e = &s->vs[s->nvs++];
+    memset(e, 0, sizeof *e);
+    e->layer = layer;
+    return e;
+}
+
+/* The V-Smooth permutation of this call on the device (VC §3.4 schedule),
+ * or NULL perm for the sage/fp8 methods. */
+static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_view *v,
+                               const int32_t **perm, int *demean, float *group_ms,
+                               cudaStream_t st) {
+    *perm = NULL;
+    *demean = 0;
+    if (cfg->method != QVA_METHOD_VC8) return QVA_OK;
+    const int BH = (int)(v->B * v->H), N = (int)v->N, D = (int)v->D, k = cfg->vsmooth.clusters;
+    qva_step_action act = qva_schedule_action(&cfg->vsmooth, cfg->step, cfg->num_steps);
+    vs_dev *e = find_vs(s, cfg->layer);
+    if (!e) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "v-smooth state");
+    int usable = e->perm && e->BH == BH && e->N == N && e->D == D && e->k == k;
+    if (act == QVA_STEP_GROUP || !usable) {
+        int warm = usable && cfg->vsmooth.warm_start;
+        if (!usable) {
+            cudaFree(e->perm), cudaFree(e->centroids);
+            e->perm = NULL, e->centroids = NULL;
+            CUDA_TRY(cudaMalloc(&e->perm, (size_t)BH * N * sizeof(int32_t)), "cudaMalloc perm");
+            CUDA_TRY(cudaMalloc(&e->centroids, (size_t)BH * k * D * sizeof(float)),
+                     "cudaMalloc centroids");
+            e->BH = BH, e->N = N, e->D = D, e->k = k;
+        }
+        qva_status r = qvc_kmeans_perm(v, k, cfg->vsmooth.iters, warm, e->centroids, e->perm, st);
+        if (r != QVA_OK) {
+            e->BH = 0; /* unusable until regrouped */
+            return r;
+        }
+    }
+    (void)group_ms;
+    *perm = e->perm;
+    *demean = act != QVA_STEP_PLAIN;
+    return QVA_OK;
+}
+
+static qvc_view make_view(const qva_tensor *t) {
+    qvc_view w;
+    w.data = t->data;
+    w.dtype = (int)t->dtype;
+    w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
+    w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
+    return w;
+}
+
+static qva_status record(cuda_state *s, int i, int on, cudaStream_t st) {
+    if (!on) return QVA_OK;
+    if (!s->have_events) {
+        for (int j = 0; j < 4; ++j) CUDA_TRY(cudaEventCreate(&s->ev[j]), "cudaEventCreate");
+        s->have_events = 1;
+    }
+    CUDA_TRY(cudaEventRecord(s->ev[i], st), "cudaEventRecord");
+    return QVA_OK;
+}
+
+static qva_status finish_profile(qva_context_t *ctx, cuda_state *s, cudaStream_t st) {
+    CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    qva_timings t;
+    CUDA_TRY(cudaEventElapsedTime(&t.grouping_ms, s->ev[0], s->ev[1]), "event time");
+    CUDA_TRY(cudaEventElapsedTime(&t.prep_ms, s->ev[1], s->ev[2]), "event time");
+    CUDA_TRY(cudaEventElapsedTime(&t.kernel_ms, s->ev[2], s->ev[3]), "event time");
+    qvi_context_set_timings(ctx, &t);
+    return QVA_OK;
 }
 
 extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
                                          const qva_tensor *q, const qva_tensor *k,
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
-    (void)ctx, (void)cfg, (void)q, (void)k, (void)v, (void)out, (void)lse;
-    return qvi_fail(QVA_ERR_UNSUPPORTED, "no CUDA kernel for this method yet");
+    cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
+    cuda_state *s = get_state(ctx);
+    if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
+    const int prof = qvi_context_profiling(ctx);
+    const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
+    const qvc_view qv = make_view(q), kv = make_view(k), vv = make_view(v);
+    qva_status r;
+
+    if ((r = record(s, 0, prof, st)) != QVA_OK) return r;
+    const int32_t *perm;
+    int demean;
+    if ((r = vsmooth_perm(s, cfg, &vv, &perm, &demean, NULL, st)) != QVA_OK) return r;
+    if ((r = record(s, 1, prof, st)) != QVA_OK) return r;
+
+    if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
+    qvc_prep_args pa;
+    pa.qk_format = cfg->method == QVA_METHOD_FP8 ? QVC_QK_E4M3 : QVC_QK_INT8;
+    pa.smooth_k = cfg->method != QVA_METHOD_FP8;
+    pa.hadamard = cfg->hadamard;
+    pa.had_signs = NULL;
+    if (cfg->hadamard) {
+        if ((r = ensure_signs(s, cfg, D, st)) != QVA_OK) return r;
+        pa.had_signs = s->signs;
+    }
+    pa.perm = perm;
+    pa.v_mode = cfg->method == QVA_METHOD_FP8 ? 1 : 0;
+    pa.demean = demean;
+    qvc_ops ops = s->ops;
+    if (!demean) ops.v_mu = NULL;
+    if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, st)) != QVA_OK) return r;
+    if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+
+    qvc_attn_args a;
+    a.scale_log2 = qvi_sm_scale(cfg, D) * QVI_LOG2E;
+    a.expcast = cfg->expcast;
+    a.out = out->data;
+    a.out_dtype = (int)out->dtype;
+    a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];
+    a.lse = lse ? (float *)lse->data : NULL;
+    a.lsb = lse ? lse->stride[0] : 0, a.lsh = lse ? lse->stride[1] : 0;
+    a.lsn = lse ? lse->stride[2] : 0;
+    a.H = (int)q->shape[1];
+    if ((r = qvc_attn_qk8_pv8(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
+    if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
+    return prof ? finish_profile(ctx, s, st) : QVA_OK;
 }
 
+/* ---------------------------------------------------------- memory */
 extern "C" qva_status qva_device_malloc(void **p, size_t n) {
     if (!p) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL pointer");
-    cudaError_t e = cudaMalloc(p, n);
-    return e == cudaSuccess ? QVA_OK : cuda_fail(e, "cudaMalloc");
+    CUDA_TRY(cudaMalloc(p, n), "cudaMalloc");
+    return QVA_OK;
 }
 extern "C" qva_status qva_device_free(void *p) {
-    cudaError_t e = cudaFree(p);
-    return e == cudaSuccess ? QVA_OK : cuda_fail(e, "cudaFree");
+    CUDA_TRY(cudaFree(p), "cudaFree");
+    return QVA_OK;
 }
 extern "C" qva_status qva_memcpy_to_device(void *d, const void *s, size_t n) {
-    cudaError_t e = cudaMemcpy(d, s, n, cudaMemcpyHostToDevice);
-    return e == cudaSuccess ? QVA_OK : cuda_fail(e, "cudaMemcpy H2D");
+    CUDA_TRY(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    return QVA_OK;
 }
 extern "C" qva_status qva_memcpy_to_host(void *d, const void *s, size_t n) {
-    cudaError_t e = cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost);
-    return e == cudaSuccess ? QVA_OK : cuda_fail(e, "cudaMemcpy D2H");
+    CUDA_TRY(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return QVA_OK;
 }
 extern "C" qva_status qva_device_synchronize(void) {
-    cudaError_t e = cudaDeviceSynchronize();
-    return e == cudaSuccess ? QVA_OK : cuda_fail(e, "cudaDeviceSynchronize");
+    CUDA_TRY(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    return QVA_OK;
 }

@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""qvattn vs PyTorch SDPA (cuDNN and FlashAttention backends) on video-DiT shapes.
+
+One run times, for each shape, bf16 inputs in HND layout [B, H, N, D]:
+  * torch SDPA BF16 with the cuDNN backend and with the FlashAttention backend,
+  * each qvattn method of --methods through the ctypes binding, where
+    qva_supports() says the CUDA backend can run it:
+      - the full call (qva_attention as is); for V-Smooth (vc*) methods both
+        on a grouping step (num_steps=40, step=0: k-means runs) and on a
+        non-grouping step (step=1, same context: the stored permutation is
+        reused),
+      - the kernel alone, from the library's per-call profiling
+        (qva_context_set_profiling / qva_context_last_timings) where the
+        library has it, else n/a.
+Timing: CUDA events around every call on the current stream, warm-up first,
+then the median of >= --iters calls, rotating over --sets input sets so the
+L2 cache never holds the operands of the next call.
+TOPS = 4*B*H*N^2*D / t / 1e12.  "vs cuDNN" = cuDNN time / this time.
+Fidelity: rel-L2 of each output against a float64 reference computed on the
+GPU for --rows sampled query rows of --heads heads (input set 0).
+
+Results: a markdown table on stdout (last), and JSON + markdown files in
+$OUT if set, else bench/results/ (written after every shape, so a killed run
+keeps what it finished).
+
+    QVATTN_LIB=build-gpu/libqvattn.so python3 bench/compare.py
+    python3 bench/compare.py --shapes small --methods sage8,vc8+expcast
+"""
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SHAPES = {  # name -> (B, H, N, D)
+    "wan2.2-720p": (1, 40, 75600, 128),
+    "longcat-480p": (1, 32, 37440, 128),
+    "hunyuanvideo1.5-720p": (1, 16, 111700, 128),
+    "small": (1, 8, 8192, 128),
+}
+DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
+DEFAULT_METHODS = "sage8,vc8,vc8+expcast,fp8,sage8+hadamard"
+VSMOOTH_NUM_STEPS = 40
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="default",
+                   help="'default' (the three video shapes), 'small', 'all', or a "
+                        "comma list of: " + ", ".join(SHAPES))
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma list of qvattn methods (default: %(default)s)")
+    p.add_argument("--baselines", default="cudnn,flash",
+                   help="SDPA backends to time: cudnn, flash (comma list; '' for none)")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per case (>= 10 "
+                   "unless --budget-s cuts a very slow case short)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (at least --sets)")
+    p.add_argument("--sets", type=int, default=2, help="input sets rotated between calls")
+    p.add_argument("--rows", type=int, default=256, help="query rows sampled for fidelity")
+    p.add_argument("--heads", type=int, default=2, help="heads sampled for fidelity")
+    p.add_argument("--q-scale", type=float, default=2.0,
+                   help="std of q (k, v are N(0,1) plus per-head channel offsets); "
+                        "larger = sharper softmax")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=30.0,
+                   help="max seconds of timed calls per case; a slower case runs "
+                        "fewer iterations (>= 3) and is flagged")
+    p.add_argument("--time-limit-s", type=float, default=540.0,
+                   help="soft limit for the whole run: later cases are skipped")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: $OUT, else bench/results)")
+    return p.parse_args(argv)
+
+
+def shape_list(spec):
+    if spec == "default":
+        return list(DEFAULT_SHAPES)
+    if spec == "all":
+        return list(DEFAULT_SHAPES) + ["small"]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for n in names:
+        if n not in SHAPES:
+            sys.exit(f"unknown shape {n!r}; known: {', '.join(SHAPES)}")
+    return names
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ------------------------------------------------------------------ qvattn
+def load_qvattn():
+    """(qvattn module, _ffi module, error string)."""
+    if "QVATTN_LIB" not in os.environ:
+        for cand in ("build/libqvattn.so", "build-gpu/libqvattn.so"):
+            path = os.path.join(ROOT, cand)
+            if os.path.exists(path):
+                os.environ["QVATTN_LIB"] = path
+                break
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        import qvattn
+        from qvattn import _ffi
+        return qvattn, _ffi, None
+    except Exception as e:  # library missing or not loadable
+        return None, None, f"{type(e).__name__}: {e}"
+
+
+# ------------------------------------------------------------------ helpers
+def flops(B, H, N, D):
+    return 4.0 * B * H * N * N * D
+
+
+def tops(fl, ms):
+    return fl / (ms * 1e-3) / 1e12 if ms else None
+
+
+def git_rev():
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"],
+                                   capture_output=True, text=True, timeout=10)
+            return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except Exception:
+        pass
+    return None
+
+
+class Timer:
+    """CUDA-event timing of call(i) rotating over input sets."""
+
+    def __init__(self, torch, args):
+        self.torch = torch
+        self.args = args
+
+    def run(self, call, nsets):
+        torch, a = self.torch, self.args
+        ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        for i in range(max(a.warmup, nsets)):
+            call(i % nsets)
+        torch.cuda.synchronize()
+        s, e = ev(), ev()
+        s.record()
+        call(0)
+        e.record()
+        e.synchronize()
+        est = s.elapsed_time(e)
+        n = a.iters
+        reduced = False
+        budget_ms = a.budget_s * 1e3
+        if est * n > budget_ms:
+            n = max(3, int(budget_ms / max(est, 1e-3)))
+            reduced = n < a.iters
+        pairs = [(ev(), ev()) for _ in range(n)]
+        for j, (s, e) in enumerate(pairs):
+            s.record()
+            call((j + 1) % nsets)
+            e.record()
+        torch.cuda.synchronize()
+        ms = [s.elapsed_time(e) for s, e in pairs]
+        return {"ms": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms),
+                "iters": n, "iters_reduced": reduced}
+
+
+# ------------------------------------------------------------------ the run
+class Bench:
+    def __init__(self, args, torch):
+        self.args = args
+        self.torch = torch
+        self.t0 = time.time()
+        self.deadline = self.t0 + args.time_limit_s
+        self.timer = Timer(torch, args)
+        self.qvattn, self.ffi, self.qva_err = load_qvattn()
+        self.results = {"meta": self.meta(), "shapes": []}
+        self.out_dir = args.out or os.environ.get("OUT") or os.path.join(HERE, "results")
+        os.makedirs(self.out_dir, exist_ok=True)
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        gpu = re.sub(r"[^A-Za-z0-9]+", "-", self.results["meta"]["gpu"]).strip("-").lower()
+        self.base = os.path.join(self.out_dir, f"compare-{stamp}-{gpu}")
+
+    def meta(self):
+        torch = self.torch
+        cudnn = None
+        try:
+            cudnn = torch.backends.cudnn.version()
+        except Exception:
+            pass
+        m = {
+            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "cudnn": cudnn,
+            "python": platform.python_version(),
+            "command": " ".join(shlex.quote(x) for x in [os.path.basename(sys.executable)] + sys.argv),
+            "argv": sys.argv,
+            "QVATTN_LIB": os.environ.get("QVATTN_LIB"),
+            "git": git_rev(),
+            "timing": ("CUDA events per call on the current stream; warm-up %d; median "
+                       "of %d calls rotating over %d input sets" %
+                       (max(self.args.warmup, self.args.sets), self.args.iters, self.args.sets)),
+            "flops": "4*B*H*N^2*D",
+            "data": ("bf16 HND; q ~ %g*N(0,1); k ~ N(0,1) + 0.5*N(0,1)[head,channel]; "
+                     "v ~ N(0,1) + N(0,1)[head,channel]; seed %d" %
+                     (self.args.q_scale, self.args.seed)),
+            "fidelity": ("rel-L2 vs float64 reference on %d sampled query rows x %d heads "
+                         "(input set 0)" % (self.args.rows, self.args.heads)),
+        }
+        if self.qvattn is not None:
+            m["qvattn_build"] = self.ffi.build_info()
+            m["qvattn_lib"] = self.ffi.lib_path
+            m["qvattn_cuda_available"] = self.ffi.cuda_available()
+            m["kernel_alone"] = ("qva_context_last_timings (profiling on)"
+                                 if self.qvattn.Context.has_profiling() else "n/a")
+        else:
+            m["qvattn_error"] = self.qva_err
+        return m
+
+    # ---------------------------------------------------------------- data
+    def make_inputs(self, B, H, N, D):
+        torch, a = self.torch, self.args
+        g = torch.Generator(device="cuda")
+        g.manual_seed(a.seed)
+        bf = torch.bfloat16
+        sets = []
+        for _ in range(a.sets):
+            q = torch.randn(B, H, N, D, device="cuda", dtype=bf, generator=g)
+            q.mul_(a.q_scale)
+            k = torch.randn(B, H, N, D, device="cuda", dtype=bf, generator=g)
+            k.add_(0.5 * torch.randn(1, H, 1, D, device="cuda", dtype=bf, generator=g))
+            v = torch.randn(B, H, N, D, device="cuda", dtype=bf, generator=g)
+            v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=bf, generator=g))
+            sets.append((q, k, v))
+        return sets
+
+    def reference(self, q, k, v, H, N, D):
+        torch, a = self.torch, self.args
+        gc = torch.Generator()
+        gc.manual_seed(a.seed + 1)
+        nh = min(a.heads, H)
+        heads = sorted({round(i * (H - 1) / max(nh - 1, 1)) for i in range(nh)})
+        rows = torch.randperm(N, generator=gc)[:min(a.rows, N)].sort().values
+        heads_t = torch.tensor(heads, device="cuda")
+        rows_t = rows.to("cuda")
+        scale = 1.0 / (D ** 0.5)
+        refs = []
+        for h in heads:
+            qs = q[0, h].index_select(0, rows_t).double()
+            kh = k[0, h].double()
+            s = (qs @ kh.T) * scale
+            p = torch.softmax(s, dim=-1)
+            del s, kh
+            refs.append(p @ v[0, h].double())
+            del p
+        return {"heads": heads_t, "rows": rows_t, "ref": torch.stack(refs)}
+
+    def rel_l2(self, out, ref):
+        o = out[0].index_select(0, ref["heads"]).index_select(1, ref["rows"]).double()
+        r = ref["ref"]
+        if not bool(self.torch.isfinite(o).all()):
+            return float("nan")
+        return float((o - r).norm() / r.norm())
+
+    # ---------------------------------------------------------------- cases
+    def out_of_time(self):
+        return time.time() > self.deadline
+
+    def sdpa_entries(self, sets, ref, fl):
+        torch = self.torch
+        entries = []
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except Exception as e:
+            return [{"impl": f"sdpa-{b}", "status": f"unavailable: {e}"}
+                    for b in self.args.baselines.split(",") if b]
+        F = torch.nn.functional
+        backends = {"cudnn": ("cuDNN", SDPBackend.CUDNN_ATTENTION),
+                    "flash": ("FlashAttention", SDPBackend.FLASH_ATTENTION)}
+        for b in [x.strip() for x in self.args.baselines.split(",") if x.strip()]:
+            if b not in backends:
+                entries.append({"impl": f"sdpa-{b}", "status": "unknown baseline"})
+                continue
+            label, backend = backends[b]
+            e = {"impl": f"sdpa-{b}", "label": f"SDPA {label} BF16", "mode": "-"}
+            if self.out_of_time():
+                e["status"] = "skipped: time limit"
+                entries.append(e)
+                continue
+            try:
+                with sdpa_kernel(backend):
+                    call = lambda i: F.scaled_dot_product_attention(*sets[i])  # noqa: E731
+                    e.update(self.timer.run(call, len(sets)))
+                    out = F.scaled_dot_product_attention(*sets[0])
+                e["status"] = "ok"
+            except Exception as ex:  # backend not available for this shape/GPU
+                msg = (str(ex).splitlines() or [""])[0][:200]
+                e["status"] = f"unavailable: {type(ex).__name__}: {msg}"
+            if e["status"] == "ok":
+                try:
+                    e["rel_l2"] = self.rel_l2(out, ref)
+                except Exception as ex:
+                    e["status"] = f"ok (fidelity failed: {type(ex).__name__}: {ex})"
+                del out
+            e["tops"] = tops(fl, e.get("ms"))
+            entries.append(e)
+            log(f"  {e['impl']:<22} {fmt_ms(e.get('ms'))} ms  {e['status']}")
+            torch.cuda.empty_cache()
+        return entries
+
+    def qvattn_entries(self, sets, ref, fl, B, H, N, D):
+        torch = self.torch
+        entries = []
+        methods = [m.strip() for m in self.args.methods.split(",") if m.strip()]
+        if self.qvattn is None:
+            return [{"impl": m, "label": f"qvattn {m}",
+                     "status": f"unsupported: qvattn not loadable ({self.qva_err})"}
+                    for m in methods]
+        qv, ffi = self.qvattn, self.ffi
+        for method in methods:
+            try:
+                base = ffi.make_config(method)
+            except qv.QvaError as ex:
+                entries.append({"impl": method, "label": f"qvattn {method}",
+                                "status": f"error: {ex}"})
+                continue
+            ok, why = ffi.supports(ffi.QVA_DEVICE_CUDA, base, ffi.QVA_BF16, D)
+            if not ok:
+                log(f"  {method:<22} unsupported: {why}")
+                entries.append({"impl": method, "label": f"qvattn {method}",
+                                "status": f"unsupported: {why}"})
+                continue
+            vc = base.method in (ffi.QVA_METHOD_VC8, ffi.QVA_METHOD_VC4)
+            modes = [("group", 0), ("reuse", 1)] if vc else [("-", 0)]
+            ctx = None
+            try:
+                ctx = qv.Context(ffi.QVA_DEVICE_CUDA)
+                ctx.set_stream(torch.cuda.current_stream().cuda_stream)
+                out = torch.empty_like(sets[0][0])
+                t_out, _ = qv.describe(out)
+                descs = [tuple(qv.describe(x)[0] for x in s) for s in sets]
+                for mode, step in modes:
+                    e = {"impl": method, "label": f"qvattn {method}", "mode": mode}
+                    entries.append(e)
+                    if self.out_of_time():
+                        e["status"] = "skipped: time limit"
+                        continue
+                    try:
+                        self.qvattn_case(e, ctx, method, vc, step, descs, t_out, out, ref, fl,
+                                         len(sets))
+                    except Exception as ex:
+                        e["status"] = f"error: {type(ex).__name__}: {ex}"
+                        if not isinstance(ex, qv.QvaError):
+                            traceback.print_exc()
+                    log(f"  {method + (' ' + mode if vc else ''):<22} {fmt_ms(e.get('ms'))} ms"
+                        f"  kernel {fmt_ms(e.get('kernel_ms'))} ms  {e['status']}")
+                del out
+            except Exception as ex:  # context / allocation failures
+                entries.append({"impl": method, "label": f"qvattn {method}",
+                                "status": f"error: {type(ex).__name__}: {ex}"})
+                log(f"  {method}: error: {ex}")
+            finally:
+                if ctx is not None:
+                    ctx.close()
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        return entries
+
+    def qvattn_case(self, e, ctx, method, vc, step, descs, t_out, out, ref, fl, nsets):
+        """Times one (method, step) on a CUDA context; fills entry e."""
+        qv, ffi, torch = self.qvattn, self.ffi, self.torch
+        cfgs = [ffi.make_config(method, layer=i, step=step,  # one layer per input set
+                                num_steps=VSMOOTH_NUM_STEPS if vc else 0)
+                for i in range(nsets)]
+        if vc:
+            e["schedule_action"] = ffi.schedule_action(cfgs[0], step, VSMOOTH_NUM_STEPS)
+            e["step"], e["num_steps"] = step, VSMOOTH_NUM_STEPS
+
+        def call(i):
+            st = ffi.attention_status(ctx, cfgs[i], *descs[i], t_out)
+            if st != ffi.QVA_OK:
+                raise ffi.error_for(st, "qva_attention")
+
+        e.update(self.timer.run(call, nsets))
+        e["tops"] = tops(fl, e["ms"])
+        if qv.Context.has_profiling():
+            ph = []
+            ctx.set_profiling(True)
+            try:
+                for j in range(max(3, min(self.args.iters, e["iters"]))):
+                    call(j % nsets)
+                    ph.append(ctx.last_timings())
+            finally:
+                ctx.set_profiling(False)
+            for key in ("kernel_ms", "prep_ms", "grouping_ms"):
+                e[key] = statistics.median(p[key] for p in ph)
+            e["kernel_tops"] = tops(fl, e["kernel_ms"])
+        call(0)  # input set 0 (layer 0) at this step: the fidelity output
+        torch.cuda.synchronize()
+        e["rel_l2"] = self.rel_l2(out, ref)
+        e["status"] = "ok"
+
+    def run_shape(self, name):
+        torch = self.torch
+        B, H, N, D = SHAPES[name]
+        fl = flops(B, H, N, D)
+        log(f"\n== {name}: B={B} H={H} N={N} D={D}  ({fl / 1e12:.1f} TFLOP per call)")
+        rec = {"name": name, "B": B, "H": H, "N": N, "D": D, "flops": fl, "entries": []}
+        self.results["shapes"].append(rec)
+        if self.out_of_time():
+            rec["status"] = "skipped: time limit"
+            return
+        sets = self.make_inputs(B, H, N, D)
+        ref = self.reference(*sets[0], H, N, D)
+        rec["entries"] += self.sdpa_entries(sets, ref, fl)
+        rec["entries"] += self.qvattn_entries(sets, ref, fl, B, H, N, D)
+        cudnn = next((e for e in rec["entries"]
+                      if e["impl"] == "sdpa-cudnn" and e.get("ms")), None)
+        for e in rec["entries"]:
+            if cudnn:
+                if e.get("ms"):
+                    e["vs_cudnn"] = cudnn["ms"] / e["ms"]
+                if e.get("kernel_ms"):
+                    e["kernel_vs_cudnn"] = cudnn["ms"] / e["kernel_ms"]
+        del sets, ref
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+    def write(self):
+        self.results["meta"]["elapsed_s"] = round(time.time() - self.t0, 1)
+        md = markdown(self.results)
+        with open(self.base + ".json", "w") as f:
+            json.dump(self.results, f, indent=1, default=str)
+        with open(self.base + ".md", "w") as f:
+            f.write(md)
+        return md
+
+
+# ------------------------------------------------------------------ report
+def fmt_ms(x):
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "n/a"
+
+
+def fmt(x, spec):
+    return format(x, spec) if isinstance(x, (int, float)) and x == x else "n/a"
+
+
+def markdown(res):
+    m = res["meta"]
+    lines = [
+        "# qvattn vs SDPA",
+        "",
+        f"- date (UTC): {m['date_utc']}",
+        f"- GPU: {m['gpu']}",
+        f"- torch {m['torch']} (CUDA {m['torch_cuda']}), cuDNN {m['cudnn']}",
+        f"- qvattn: {m.get('qvattn_build', m.get('qvattn_error'))}",
+        f"- git: {m.get('git')}",
+        f"- command: `{m['command']}`" + (f" (QVATTN_LIB={m['QVATTN_LIB']})" if m.get("QVATTN_LIB") else ""),
+        f"- timing: {m['timing']}; TOPS = {m['flops']} / t",
+        f"- kernel alone: {m.get('kernel_alone', 'n/a')}",
+        f"- data: {m['data']}",
+        f"- fidelity: {m['fidelity']}",
+        "",
+        "| shape | impl | step | ms | TOPS | vs cuDNN | kernel ms | kernel TOPS | kernel vs cuDNN "
+        "| prep ms | group ms | rel-L2 | status |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for s in res["shapes"]:
+        shape = f"{s['name']} ({s['B']},{s['H']},{s['N']},{s['D']})"
+        if s.get("status"):
+            lines.append(f"| {shape} | - | - | | | | | | | | | | {s['status']} |")
+        for e in s["entries"]:
+            mode = e.get("mode", "-")
+            if e.get("schedule_action") and e["schedule_action"] != mode:
+                mode += f" ({e['schedule_action']})"
+            status = e.get("status", "")
+            if e.get("iters_reduced"):
+                status += f" ({e['iters']} iters)"
+            lines.append("| " + " | ".join([
+                shape, e.get("label", e["impl"]), mode,
+                fmt(e.get("ms"), ".3f"), fmt(e.get("tops"), ".1f"),
+                fmt(e.get("vs_cudnn"), ".2f"),
+                fmt(e.get("kernel_ms"), ".3f"), fmt(e.get("kernel_tops"), ".1f"),
+                fmt(e.get("kernel_vs_cudnn"), ".2f"),
+                fmt(e.get("prep_ms"), ".3f"), fmt(e.get("grouping_ms"), ".3f"),
+                fmt(e.get("rel_l2"), ".2e"), status.replace("|", "/")]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    shapes = shape_list(args.shapes)
+    try:
+        import torch
+    except ImportError:
+        sys.exit("compare.py needs torch (with CUDA)")
+    if not torch.cuda.is_available():
+        sys.exit("compare.py needs a CUDA device (torch.cuda.is_available() is False)")
+    bench = Bench(args, torch)
+    m = bench.results["meta"]
+    log(f"{m['gpu']} | torch {m['torch']} | cuDNN {m['cudnn']} | "
+        f"{m.get('qvattn_build', 'qvattn: ' + str(m.get('qvattn_error')))}")
+    log(f"kernel alone: {m.get('kernel_alone', 'n/a')}")
+    rc = 0
+    try:
+        for name in shapes:
+            try:
+                bench.run_shape(name)
+            except Exception as ex:  # keep going: record and move on
+                traceback.print_exc()
+                bench.results["shapes"][-1]["status"] = f"error: {type(ex).__name__}: {ex}"
+                rc = 1
+                try:
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                except Exception:  # a sticky CUDA error: the context is gone
+                    log("CUDA context unusable; stopping")
+                    break
+            bench.write()
+    finally:
+        md = bench.write()
+        print()
+        print(md)
+        log(f"wrote {bench.base}.json and {bench.base}.md")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

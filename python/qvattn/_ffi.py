@@ -1,0 +1,407 @@
+"""ctypes binding of the qvattn C API (include/qvattn.h).
+
+The structures below mirror the C declarations field by field, in order;
+python/tests/test_ffi_cpu.py compiles a small C program and checks that
+sizeof/offsetof agree with ctypes.  Keep the two in step when the header
+changes.
+
+Library lookup, first hit wins:
+  1. $QVATTN_LIB (a path to libqvattn.so),
+  2. ../../build/libqvattn.so relative to this package (a source checkout),
+  3. libqvattn.so next to this file (an installed copy).
+
+Every failing call raises QvaError (a RuntimeError) or QvaValueError (also a
+ValueError) carrying the status and qva_last_error().
+"""
+import ctypes
+import os
+from ctypes import (POINTER, Structure, byref, c_char_p, c_float,
+                    c_int, c_int64, c_size_t, c_uint64, c_void_p)
+
+# ------------------------------------------------------------------ enums
+QVA_OK = 0
+QVA_ERR_INVALID_ARGUMENT = 1
+QVA_ERR_SHAPE = 2
+QVA_ERR_DTYPE = 3
+QVA_ERR_UNSUPPORTED = 4
+QVA_ERR_OUT_OF_MEMORY = 5
+QVA_ERR_NONFINITE = 6
+QVA_ERR_DEVICE = 7
+QVA_ERR_PARSE = 8
+QVA_ERR_IO = 9
+
+QVA_F32, QVA_BF16, QVA_F16 = 0, 1, 2
+QVA_DEVICE_CPU, QVA_DEVICE_CUDA = 0, 1
+
+(QVA_METHOD_EXACT, QVA_METHOD_BF16, QVA_METHOD_FP8, QVA_METHOD_SAGE8,
+ QVA_METHOD_VC8, QVA_METHOD_SAGE4, QVA_METHOD_VC4, QVA_METHOD_DRAFT) = range(8)
+
+QVA_SCHEDULE_PAPER, QVA_SCHEDULE_ALWAYS = 0, 1
+QVA_STEP_GROUP, QVA_STEP_REUSE, QVA_STEP_PLAIN = 0, 1, 2
+STEP_ACTION_NAMES = {QVA_STEP_GROUP: "group", QVA_STEP_REUSE: "reuse",
+                     QVA_STEP_PLAIN: "plain"}
+
+# C enums are int-sized on every ABI we target (4 bytes, 4-aligned).
+c_enum = c_int
+
+
+# ------------------------------------------------------------------ structs
+class QvaTensor(Structure):
+    """qva_tensor: shape = {B, H, N, D}, stride in elements."""
+    _fields_ = [
+        ("data", c_void_p),
+        ("dtype", c_enum),
+        ("device", c_enum),
+        ("shape", c_int64 * 4),
+        ("stride", c_int64 * 4),
+    ]
+
+
+class QvaVsmoothParams(Structure):
+    _fields_ = [
+        ("clusters", c_int),
+        ("iters", c_int),
+        ("warm_start", c_int),
+        ("block", c_int),
+        ("schedule", c_enum),
+        ("refresh_every", c_int),
+    ]
+
+
+class QvaDraftParams(Structure):
+    _fields_ = [
+        ("lambda_", c_float),  # C name: lambda (a Python keyword)
+        ("frac_skip", c_float),
+        ("frac4", c_float),
+        ("frac8", c_float),
+        ("frac16", c_float),
+        ("grid_t", c_int),
+        ("grid_h", c_int),
+        ("grid_w", c_int),
+        ("prefix_tokens", c_int),
+        ("prefix_at_end", c_int),
+        ("capacity", c_int),
+        ("dense_warmup_steps", c_int),
+    ]
+
+
+class QvaConfig(Structure):
+    _fields_ = [
+        ("method", c_enum),
+        ("sm_scale", c_float),
+        ("hadamard", c_int),
+        ("hadamard_signs", c_int),
+        ("hadamard_seed", c_uint64),
+        ("expcast", c_int),
+        ("vsmooth", QvaVsmoothParams),
+        ("draft", QvaDraftParams),
+        ("layer", c_int),
+        ("step", c_int),
+        ("num_steps", c_int),
+        ("check_finite", c_int),
+    ]
+
+
+class QvaTimings(Structure):
+    """qva_timings (optional: libraries with qva_context_last_timings)."""
+    _fields_ = [
+        ("grouping_ms", c_float),
+        ("prep_ms", c_float),
+        ("kernel_ms", c_float),
+    ]
+
+
+# Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
+# (the test checks it against the compiler as well).
+EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 120, "qva_timings": 12,
+                  "qva_vsmooth_params": 24, "qva_draft_params": 48}
+
+
+# ------------------------------------------------------------------ errors
+class QvaError(RuntimeError):
+    """A qvattn call failed; .status is the qva_status code."""
+
+    def __init__(self, status, message, func=None):
+        self.status = int(status)
+        self.status_name = status_string(status)
+        self.message = message
+        self.func = func
+        where = f"{func}: " if func else ""
+        super().__init__(f"{where}{self.status_name}: {message}" if message
+                         else f"{where}{self.status_name}")
+
+
+class QvaValueError(QvaError, ValueError):
+    """Bad argument, shape, dtype, method string or non-finite input."""
+
+
+class QvaUnsupportedError(QvaError, NotImplementedError):
+    """A valid request the chosen backend cannot run (QVA_ERR_UNSUPPORTED)."""
+
+
+_VALUE_STATUSES = {QVA_ERR_INVALID_ARGUMENT, QVA_ERR_SHAPE, QVA_ERR_DTYPE,
+                   QVA_ERR_PARSE, QVA_ERR_NONFINITE}
+
+
+def error_for(status, func=None, message=None):
+    """The exception object for a failed status (message: qva_last_error)."""
+    if message is None:
+        message = last_error()
+    if status in _VALUE_STATUSES:
+        return QvaValueError(status, message, func)
+    if status == QVA_ERR_UNSUPPORTED:
+        return QvaUnsupportedError(status, message, func)
+    return QvaError(status, message, func)
+
+
+def check(status, func=None):
+    if status != QVA_OK:
+        raise error_for(status, func)
+
+
+# ------------------------------------------------------------------ loading
+_LIB_NAME = "libqvattn.so"
+
+
+def _candidates():
+    env = os.environ.get("QVATTN_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.normpath(os.path.join(here, "..", "..", "build", _LIB_NAME)),
+            os.path.join(here, _LIB_NAME)]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.exists(path):
+            return ctypes.CDLL(os.path.abspath(path)), os.path.abspath(path)
+        tried.append(path)
+    raise OSError("libqvattn.so not found (tried: %s); build it with `make` "
+                  "or set QVATTN_LIB" % ", ".join(tried))
+
+
+lib, lib_path = _load()
+
+_P = POINTER
+_SIGS = {
+    "qva_status_string": (c_char_p, [c_enum]),
+    "qva_last_error": (c_char_p, []),
+    "qva_tensor_hnd": (QvaTensor, [c_void_p, c_enum, c_enum, c_int64, c_int64,
+                                   c_int64, c_int64]),
+    "qva_tensor_nhd": (QvaTensor, [c_void_p, c_enum, c_enum, c_int64, c_int64,
+                                   c_int64, c_int64]),
+    "qva_dtype_size": (c_size_t, [c_enum]),
+    "qva_config_default": (None, [_P(QvaConfig)]),
+    "qva_config_set_method": (c_enum, [_P(QvaConfig), c_char_p]),
+    "qva_config_method_name": (c_enum, [_P(QvaConfig), c_char_p, c_size_t]),
+    "qva_context_create": (c_enum, [_P(c_void_p), c_enum]),
+    "qva_context_free": (None, [c_void_p]),
+    "qva_context_set_stream": (c_enum, [c_void_p, c_void_p]),
+    "qva_context_reset": (c_enum, [c_void_p]),
+    "qva_supports": (c_int, [c_enum, _P(QvaConfig), c_enum, c_int64, c_char_p,
+                             c_size_t]),
+    "qva_cuda_available": (c_int, []),
+    "qva_device_synchronize": (c_enum, []),
+    "qva_attention": (c_enum, [c_void_p, _P(QvaConfig), _P(QvaTensor),
+                               _P(QvaTensor), _P(QvaTensor), _P(QvaTensor),
+                               _P(QvaTensor)]),
+    "qva_schedule_action": (c_enum, [_P(QvaVsmoothParams), c_int, c_int]),
+    "qva_build_info": (c_char_p, []),
+}
+# Entry points newer than the first release: bound only where exported.
+_OPTIONAL_SIGS = {
+    "qva_context_set_profiling": (c_enum, [c_void_p, c_int]),
+    "qva_context_last_timings": (c_enum, [c_void_p, _P(QvaTimings)]),
+}
+for _name, (_res, _args) in _SIGS.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+for _name, (_res, _args) in _OPTIONAL_SIGS.items():
+    _f = getattr(lib, _name, None)
+    if _f is not None:
+        _f.restype = _res
+        _f.argtypes = _args
+
+
+def has_symbol(name):
+    """True if the loaded library exports `name` (for optional entry points)."""
+    try:
+        getattr(lib, name)
+        return True
+    except AttributeError:
+        return False
+
+
+# ------------------------------------------------------------------ wrappers
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def status_string(status):
+    return _s(lib.qva_status_string(int(status)))
+
+
+def last_error():
+    return _s(lib.qva_last_error())
+
+
+def build_info():
+    return _s(lib.qva_build_info())
+
+
+def cuda_available():
+    return bool(lib.qva_cuda_available())
+
+
+def dtype_size(dtype):
+    return int(lib.qva_dtype_size(dtype))
+
+
+def tensor_hnd(data, dtype, device, B, H, N, D):
+    return lib.qva_tensor_hnd(data, dtype, device, B, H, N, D)
+
+
+def tensor_nhd(data, dtype, device, B, H, N, D):
+    return lib.qva_tensor_nhd(data, dtype, device, B, H, N, D)
+
+
+def make_tensor(data, dtype, device, shape, stride):
+    """A descriptor from an address, shape [B,H,N,D] and element strides."""
+    t = QvaTensor()
+    t.data = data
+    t.dtype = dtype
+    t.device = device
+    for i in range(4):
+        t.shape[i] = int(shape[i])
+        t.stride[i] = int(stride[i])
+    return t
+
+
+def config_default():
+    cfg = QvaConfig()
+    lib.qva_config_default(byref(cfg))
+    return cfg
+
+
+def config_set_method(cfg, name):
+    check(lib.qva_config_set_method(byref(cfg), name.encode()),
+          "qva_config_set_method")
+    return cfg
+
+
+def config_method_name(cfg):
+    buf = ctypes.create_string_buffer(128)
+    check(lib.qva_config_method_name(byref(cfg), buf, len(buf)),
+          "qva_config_method_name")
+    return _s(buf.value)
+
+
+def make_config(method="vc8+expcast", **fields):
+    """qva_config_default + qva_config_set_method + top-level field overrides."""
+    cfg = config_default()
+    config_set_method(cfg, method)
+    for k, v in fields.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def supports(device, cfg, dtype, head_dim):
+    """(ok, reason) of qva_supports."""
+    why = ctypes.create_string_buffer(256)
+    ok = lib.qva_supports(device, byref(cfg), dtype, int(head_dim), why, len(why))
+    return bool(ok), _s(why.value)
+
+
+def schedule_action(cfg, step, num_steps):
+    """'group' | 'reuse' | 'plain' for the V-Smooth schedule of cfg."""
+    a = lib.qva_schedule_action(byref(cfg.vsmooth), int(step), int(num_steps))
+    return STEP_ACTION_NAMES.get(a, str(a))
+
+
+def device_synchronize():
+    check(lib.qva_device_synchronize(), "qva_device_synchronize")
+
+
+class Context:
+    """Owns a qva_context_t (per-layer V-Smooth / draft state)."""
+
+    def __init__(self, device=QVA_DEVICE_CPU):
+        self._h = c_void_p()
+        check(lib.qva_context_create(byref(self._h), device), "qva_context_create")
+        self.device = device
+        self._stream = None
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise ValueError("qvattn context is closed")
+        return self._h
+
+    def set_stream(self, stream):
+        """stream: a cudaStream_t as an int (0/None = default stream)."""
+        stream = int(stream or 0)
+        if stream != self._stream:
+            check(lib.qva_context_set_stream(self.handle, c_void_p(stream)),
+                  "qva_context_set_stream")
+            self._stream = stream
+
+    def reset(self):
+        check(lib.qva_context_reset(self.handle), "qva_context_reset")
+
+    @staticmethod
+    def has_profiling():
+        return has_symbol("qva_context_set_profiling") and \
+            has_symbol("qva_context_last_timings")
+
+    def set_profiling(self, on=True):
+        """Phase timings per call (CUDA: events + a stream sync per call).
+        Raises QvaUnsupportedError if the library predates profiling."""
+        if not self.has_profiling():
+            raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED,
+                                      "library has no qva_context_set_profiling")
+        check(lib.qva_context_set_profiling(self.handle, 1 if on else 0),
+              "qva_context_set_profiling")
+
+    def last_timings(self):
+        """{'grouping_ms', 'prep_ms', 'kernel_ms'} of the last call."""
+        if not self.has_profiling():
+            raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED,
+                                      "library has no qva_context_last_timings")
+        t = QvaTimings()
+        check(lib.qva_context_last_timings(self.handle, byref(t)),
+              "qva_context_last_timings")
+        return {"grouping_ms": t.grouping_ms, "prep_ms": t.prep_ms,
+                "kernel_ms": t.kernel_ms}
+
+    def close(self):
+        if self._h:
+            lib.qva_context_free(self._h)
+            self._h = c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def attention_raw(ctx, cfg, q, k, v, out, lse=None):
+    """qva_attention on prepared descriptors (QvaTensor); raises on failure."""
+    st = lib.qva_attention(ctx.handle, byref(cfg), byref(q), byref(k), byref(v),
+                           byref(out), byref(lse) if lse is not None else None)
+    check(st, "qva_attention")
+
+
+def attention_status(ctx, cfg, q, k, v, out, lse=None):
+    """qva_attention without raising: returns the status code (hot loops)."""
+    return lib.qva_attention(ctx.handle, byref(cfg), byref(q), byref(k), byref(v),
+                             byref(out), byref(lse) if lse is not None else None)

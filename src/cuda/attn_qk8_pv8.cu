@@ -1,0 +1,292 @@
+/*
+ * attn_qk8_pv8_mma_64x128: the correct-first 8-bit attention kernel.
+ *
+ *   S  = Q K^T   mma.sync m16n8k32 s8 (sage8/vc8) or e4m3 (fp8), per-block
+ *                scales applied to the INT32/FP32 accumulator
+ *   P  = E4M3 codes: exp2((s-m)+8.807) then cvt.rn.satfinite, or ExpCast
+ *                (VC Eq. 7: one FMA + RNE, no exp)
+ *   O += P V     mma.sync m16n8k32 e4m3 (FP32 accumulate), a fresh partial
+ *                per 128-key block (two-level), times the block's V scale,
+ *                plus the V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6)
+ *
+ * CTA = 4 warps x 16 query rows = 64 rows; one 128-key block per iteration.
+ * The QK accumulator fragment of 32 keys is repacked in registers into the
+ * PV A-operand fragment; V was transposed by the prep kernel with the
+ * matching key order (qvc_pv_slot_key, DA2 Eq. 22), so no shuffles.
+ * This is mma.sync on Hopper: a stepping stone, not the fast kernel.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "cuda_internal.h"
+
+#define ROWS_PER_CTA 64
+#define KEYS 128
+#define SMEM_PAD 16
+
+static __device__ __forceinline__ void mma_s8(int *c, const uint32_t *a, uint32_t b0,
+                                              uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+static __device__ __forceinline__ void cp_async_wait_all(void) {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+}
+
+/* E4M3 byte -> float, exact (codes are never NaN here). */
+static __device__ __forceinline__ float e4m3_value(uint32_t c) {
+    uint32_t e = (c >> 3) & 15, m = c & 7;
+    float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    return (c & 0x80) ? -v : v;
+}
+
+/* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md. */
+static __device__ __forceinline__ uint32_t expcast_code(float u) {
+    float t = __fmaf_rn(8.0f, u, 119.65f);
+    if (!(t >= 0.0f)) return 0;
+    return (uint32_t)rintf(fminf(t, 120.0f));
+}
+
+/* Two probabilities -> two E4M3 codes (low byte first), and their sum as
+ * the row sum sees it (FP32 weights, or decoded codes for ExpCast). */
+static __device__ __forceinline__ uint32_t prob_codes2(float s0, float s1, float m,
+                                                       int expcast, float *rowsum) {
+    if (expcast) {
+        uint32_t c0 = expcast_code(s0 - m), c1 = expcast_code(s1 - m);
+        *rowsum += e4m3_value(c0);
+        *rowsum += e4m3_value(c1);
+        return c0 | (c1 << 8);
+    }
+    float p0 = exp2f((s0 - m) + 8.807f), p1 = exp2f((s1 - m) + 8.807f);
+    *rowsum += p0;
+    *rowsum += p1;
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
+}
+
+static __device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+static __device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
+    if (a.out_dtype == QVA_F32)
+        ((float *)a.out)[off] = x;
+    else if (a.out_dtype == QVA_BF16)
+        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
+    else
+        ((__half *)a.out)[off] = __float2half_rn(x);
+}
+
+template <int D>
+struct tiles {
+    uint8_t k[KEYS][D + SMEM_PAD];
+    uint8_t v[D][KEYS + SMEM_PAD];
+};
+
+template <int D>
+static __device__ __forceinline__ void load_block(tiles<D> &t, const qvc_ops &ops, int bh,
+                                                  int j) {
+    const uint8_t *kg = (const uint8_t *)ops.k_i8 + ((size_t)bh * ops.nk_pad + (size_t)j * KEYS) * D;
+    const uint8_t *vg = ops.v_t + ((size_t)bh * ops.nblk + j) * (size_t)D * KEYS;
+    for (int i = threadIdx.x; i < KEYS * D / 16; i += blockDim.x) {
+        int r = i / (D / 16), c = (i % (D / 16)) * 16;
+        cp_async16(&t.k[r][c], kg + (size_t)r * D + c);
+    }
+    for (int i = threadIdx.x; i < D * KEYS / 16; i += blockDim.x) {
+        int r = i / (KEYS / 16), c = (i % (KEYS / 16)) * 16;
+        cp_async16(&t.v[r][c], vg + (size_t)r * KEYS + c);
+    }
+    cp_async_wait_all();
+}
+
+template <int D, int FMT>
+__global__ void __launch_bounds__(128)
+attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
+    __shared__ __align__(16) tiles<D> t;
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int row0 = blockIdx.x * ROWS_PER_CTA + warp * 16 + g; /* and row0 + 8 */
+
+    uint32_t qf[D / 32][4];
+    const uint8_t *qg = (const uint8_t *)ops.q_i8 + (size_t)bh * ops.nq_pad * D;
+#pragma unroll
+    for (int kc = 0; kc < D / 32; ++kc) {
+        qf[kc][0] = *(const uint32_t *)(qg + (size_t)row0 * D + kc * 32 + tig * 4);
+        qf[kc][1] = *(const uint32_t *)(qg + (size_t)(row0 + 8) * D + kc * 32 + tig * 4);
+        qf[kc][2] = *(const uint32_t *)(qg + (size_t)row0 * D + kc * 32 + 16 + tig * 4);
+        qf[kc][3] = *(const uint32_t *)(qg + (size_t)(row0 + 8) * D + kc * 32 + 16 + tig * 4);
+    }
+    const float dq = ops.q_scale[(size_t)bh * (ops.nq_pad / KEYS) + blockIdx.x * ROWS_PER_CTA / KEYS];
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j < ops.nblk; ++j) {
+        __syncthreads(); /* the previous block's tiles are consumed */
+        load_block<D>(t, ops, bh, j);
+        __syncthreads();
+
+        /* ---- S = Q K^T, scaled into the log2 domain ---- */
+        float s[KEYS / 8][4];
+        const float f = (dq * ops.k_scale[(size_t)bh * ops.nblk + j]) * a.scale_log2;
+#pragma unroll
+        for (int nt = 0; nt < KEYS / 8; ++nt) {
+            if (FMT == QVC_QK_INT8) {
+                int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int kc = 0; kc < D / 32; ++kc) {
+                    const uint8_t *kr = &t.k[nt * 8 + g][kc * 32 + tig * 4];
+                    mma_s8(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[e] * f;
+            } else {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kc = 0; kc < D / 32; ++kc) {
+                    const uint8_t *kr = &t.k[nt * 8 + g][kc * 32 + tig * 4];
+                    mma_e4m3(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = acc[e] * f;
+            }
+            const int key = j * KEYS + nt * 8 + 2 * tig;
+            if (key >= ops.nk) s[nt][0] = s[nt][2] = -INFINITY;
+            if (key + 1 >= ops.nk) s[nt][1] = s[nt][3] = -INFINITY;
+        }
+
+        /* ---- online softmax: raise the max, rescale (VC Eq. 1) ---- */
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < KEYS / 8; ++nt) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx[0] = quad_max(mx[0]);
+        mx[1] = quad_max(mx[1]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (mx[r] > m[r]) {
+                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);
+                l[r] *= alpha;
+#pragma unroll
+                for (int n = 0; n < D / 8; ++n) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
+                m[r] = mx[r];
+            }
+        }
+
+        /* ---- P codes, packed straight into PV A fragments ---- */
+        uint32_t pa[KEYS / 32][4];
+        float rs[2] = {0.0f, 0.0f};
+        const float mr0 = m[0] == -INFINITY ? 0.0f : m[0], mr1 = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+        for (int c = 0; c < KEYS / 32; ++c) {
+            uint32_t lo0 = prob_codes2(s[4 * c][0], s[4 * c][1], mr0, a.expcast, &rs[0]);
+            uint32_t hi0 = prob_codes2(s[4 * c + 1][0], s[4 * c + 1][1], mr0, a.expcast, &rs[0]);
+            uint32_t lo1 = prob_codes2(s[4 * c][2], s[4 * c][3], mr1, a.expcast, &rs[1]);
+            uint32_t hi1 = prob_codes2(s[4 * c + 1][2], s[4 * c + 1][3], mr1, a.expcast, &rs[1]);
+            uint32_t lo2 = prob_codes2(s[4 * c + 2][0], s[4 * c + 2][1], mr0, a.expcast, &rs[0]);
+            uint32_t hi2 = prob_codes2(s[4 * c + 3][0], s[4 * c + 3][1], mr0, a.expcast, &rs[0]);
+            uint32_t lo3 = prob_codes2(s[4 * c + 2][2], s[4 * c + 2][3], mr1, a.expcast, &rs[1]);
+            uint32_t hi3 = prob_codes2(s[4 * c + 3][2], s[4 * c + 3][3], mr1, a.expcast, &rs[1]);
+            pa[c][0] = lo0 | (hi0 << 16);
+            pa[c][1] = lo1 | (hi1 << 16);
+            pa[c][2] = lo2 | (hi2 << 16);
+            pa[c][3] = lo3 | (hi3 << 16);
+        }
+        rs[0] = quad_sum(rs[0]);
+        rs[1] = quad_sum(rs[1]);
+        l[0] += rs[0];
+        l[1] += rs[1];
+
+        /* ---- O += (P V) * v_blk + r mu (VC Eq. 6) ---- */
+        const float vb = ops.v_blk[(size_t)bh * ops.nblk + j];
+        const float *mu = ops.v_mu ? ops.v_mu + ((size_t)bh * ops.nblk + j) * D : NULL;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < KEYS / 32; ++c) {
+                const uint8_t *vr = &t.v[n * 8 + g][c * 32 + tig * 4];
+                mma_e4m3(part, pa[c], *(const uint32_t *)vr, *(const uint32_t *)(vr + 16));
+            }
+            const int col = n * 8 + 2 * tig;
+            const float mu0 = mu ? mu[col] : 0.0f, mu1 = mu ? mu[col + 1] : 0.0f;
+            o[n][0] += part[0] * vb;
+            o[n][1] += part[1] * vb;
+            o[n][2] += part[2] * vb;
+            o[n][3] += part[3] * vb;
+            if (mu) {
+                o[n][0] += rs[0] * mu0;
+                o[n][1] += rs[0] * mu1;
+                o[n][2] += rs[1] * mu0;
+                o[n][3] += rs[1] * mu1;
+            }
+        }
+    }
+
+    /* ---- epilogue: out = O * chan_scale / l, LSE ---- */
+    const int b = bh / a.H, h = bh % a.H;
+    const float amp = a.expcast ? 8.0f : 8.807f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= ops.nq) continue;
+        const int empty = m[r] == -INFINITY || !(l[r] > 0.0f);
+        const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int col = n * 8 + 2 * tig;
+            const float *cs = ops.v_chan + (size_t)bh * D;
+            store_out(a, base + col, empty ? 0.0f : (o[n][2 * r] * cs[col]) / l[r]);
+            store_out(a, base + col + 1, empty ? 0.0f : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
+        }
+        if (a.lse && tig == 0)
+            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =
+                empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+    }
+}
+
+template <int D, int FMT>
+static qva_status launch(const qvc_ops *ops, const qvc_attn_args *a, cudaStream_t st) {
+    dim3 grid((unsigned)(ops->nq_pad / ROWS_PER_CTA), (unsigned)ops->BH);
+    attn_qk8_pv8_mma_64x128<D, FMT><<<grid, 128, 0, st>>>(*ops, *a);
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "attn_qk8_pv8 launch: %s", cudaGetErrorString(e));
+}
+
+extern "C" qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
+                                       const qvc_attn_args *a, cudaStream_t st) {
+    if (ops->D == 128)
+        return fmt == QVC_QK_INT8 ? launch<128, QVC_QK_INT8>(ops, a, st)
+                                  : launch<128, QVC_QK_E4M3>(ops, a, st);
+    if (ops->D == 64)
+        return fmt == QVC_QK_INT8 ? launch<64, QVC_QK_INT8>(ops, a, st)
+                                  : launch<64, QVC_QK_E4M3>(ops, a, st);
+    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8: head dim %d", ops->D);
+}

@@ -1,0 +1,107 @@
+/*
+ * Device-side operand layouts shared by the CUDA prep kernels and the
+ * attention kernels.  Everything is per (batch*head) "bh", padded to
+ * QVI_BLOCK (128) tokens.  The CPU reference (src/cpu/attention.c) defines
+ * the values; these are only their device layouts.
+ */
+#ifndef QVATTN_CUDA_INTERNAL_H
+#define QVATTN_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Strided view of a user tensor on the device (element strides). */
+typedef struct qvc_view {
+    const void *data;
+    int dtype; /* qva_dtype */
+    int64_t B, H, N, D;
+    int64_t sb, sh, sn; /* stride[3] is 1 */
+} qvc_view;
+
+/*
+ * Quantized operands of one call.
+ *   q_i8  [BH][nq_pad][D] int8   q_scale [BH][nq_pad/128] f32 (INT8: DA2 C.3)
+ *   k_i8  [BH][nk_pad][D] int8   k_scale [BH][nk_pad/128] f32, rows = K[pi]
+ *          smoothed (channel mean subtracted) and rotated as configured
+ *   (fp8 method: the same arrays hold E4M3 codes, scales amax/448)
+ *   v_t   [BH][nblk][D][128] E4M3 codes of V[pi] (residual if demeaned),
+ *          transposed per block with the key order of each 32-key chunk
+ *          permuted by qvc_pv_slot_key() so the QK accumulator fragment
+ *          feeds the PV MMA directly (DA2 Eq. 22)
+ *   v_chan [BH][D] f32 per-channel scale (sage/vc: amax/2.25; fp8: 1)
+ *   v_blk  [BH][nblk] f32 per-block scale (fp8: amax/448; sage/vc: 1)
+ *   v_mu   [BH][nblk][D] f32 FP16-rounded mean/scale, or NULL
+ */
+typedef struct qvc_ops {
+    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    int8_t *q_i8;
+    float *q_scale;
+    int8_t *k_i8;
+    float *k_scale;
+    uint8_t *v_t;
+    float *v_chan;
+    float *v_blk;
+    float *v_mu;
+} qvc_ops;
+
+/* Key (0..31) whose value sits in PV-operand slot s (0..31) of a chunk. */
+#ifdef __CUDACC__
+static inline __host__ __device__
+#else
+static inline
+#endif
+int qvc_pv_slot_key(int s) {
+    int half = s >> 4, within = s & 15, tig = within >> 2, j = within & 3;
+    return 8 * (2 * half + (j >> 1)) + 2 * tig + (j & 1);
+}
+
+/* ---- prep (src/cuda/prep.cu) ------------------------------------------ */
+typedef enum qvc_qk_format { QVC_QK_INT8 = 0, QVC_QK_E4M3 = 1 } qvc_qk_format;
+typedef struct qvc_prep_args {
+    qvc_qk_format qk_format;
+    int smooth_k;            /* subtract the channel mean of K           */
+    int hadamard;            /* rotate Q and K along D                   */
+    const float *had_signs;  /* device [D] +-1, or NULL                  */
+    const int32_t *perm;     /* device [BH][nk] or NULL                  */
+    int v_mode;              /* 0: E4M3 per-channel amax/2.25 (sage/vc);
+                                1: E4M3 per-block amax/448 (fp8)         */
+    int demean;              /* V-Smooth block demeaning (v_mode 0)      */
+} qvc_prep_args;
+/* Fills ops (allocated by the caller with qvc_ops_alloc). */
+qva_status qvc_prep(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                    const qvc_prep_args *a, qvc_ops *ops, cudaStream_t st);
+qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk, int D, int with_mu);
+void qvc_ops_free(qvc_ops *ops);
+
+/* ---- k-means (src/cuda/kmeans.cu) -------------------------------------- */
+/* Lloyd k-means over V rows of every bh at once, same rules as
+ * qvi_kmeans (FP32 distances in channel order, ties to the lower index,
+ * FP64 sums in a fixed order); warm: centroids hold the start.  Writes
+ * perm[BH][N] = stable argsort(labels) per bh.  centroids: [BH][k][D]. */
+qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
+                           float *centroids, int32_t *perm, cudaStream_t st);
+
+/* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
+typedef struct qvc_attn_args {
+    float scale_log2;  /* sm_scale * log2(e)                           */
+    int expcast;       /* ExpCast P codes                              */
+    void *out;         /* user output (strided, its dtype)             */
+    int out_dtype;
+    int64_t osb, osh, osn;
+    float *lse;        /* [B,H,N,1] f32 strided, or NULL               */
+    int64_t lsb, lsh, lsn;
+    int H;             /* heads, to split bh                           */
+} qvc_attn_args;
+qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
+                            const qvc_attn_args *a, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,752 @@
+/*
+ * Operand preparation on the device: load the strided user Q, K, V, apply
+ * the permutation, K smoothing, the Hadamard rotation and V-Smooth block
+ * demeaning, and quantize into the layouts of cuda_internal.h.
+ *
+ * The values are those of the CPU reference (src/cpu/attention.c,
+ * prepare_head / qvi_v8_prepare / quantize_ops, and the quantizers of
+ * src/cpu/formats.c), bit for bit:
+ *   - every float operation is written with an explicit _rn intrinsic, so
+ *     nvcc can never contract a multiply and an add into an FMA the CPU
+ *     does not form (the CPU is built -std=c11, which does not contract);
+ *   - the FP64 sums (K channel mean, V block means) run sequentially in the
+ *     CPU's row order, so even their roundings match.  A sequential chain
+ *     is one dependent DADD per row; colsum_kernel keeps it fed (loader
+ *     warps fill a double-buffered shared tile while one warp adds);
+ *   - maxima are order-independent, so they use ordinary tree reductions.
+ *
+ * Kernels (the input dtype is a template parameter everywhere, so unrolled
+ * loops issue their loads back to back):
+ *   qk_quant_kernel<DT,NC>  one CTA per (128-row block, bh) of Q or K:
+ *                           8 warps x 16 rows, lane = channel (c = lane +
+ *                           32 j, j < NC); gather, smooth, Hadamard
+ *                           (shuffles for strides < 32, in registers for
+ *                           32 and 64), block amax, codes.
+ *   colsum_kernel<DT>       one CTA per (segment, 32 channels): FP64 sum of
+ *                           a list of rows in list order, written as
+ *                           (float)(sum / len).  Used for the K channel
+ *                           mean here and the k-means update (kmeans.cu,
+ *                           through qvc_colsum_mean).
+ *   v_stats_kernel<DT>      one CTA per (block, bh), thread = channel:
+ *                           block mean (if demean), residual amax.
+ *   v_scale_kernel          thread per (bh, channel): per-channel scale and
+ *                           the FP16-rounded mean / scale.
+ *   v_encode_kernel<DT>     one CTA per (block, bh): E4M3 codes of the block
+ *                           into shared memory, written transposed [D][128]
+ *                           with the PV slot order of qvc_pv_slot_key().
+ */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define PREP_THREADS 256
+#define PREP_WARPS (PREP_THREADS / 32)
+#define ROWS_PER_WARP (QVI_BLOCK / PREP_WARPS) /* 16 */
+#define FULL_MASK 0xffffffffu
+#define MAX_D 128
+#define MAX_NC (MAX_D / 32)
+
+/* Also used by kmeans.cu; see the note at qvc_colsum_mean. */
+extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
+                                      int64_t rows_stride, const int *seg_start,
+                                      const int *seg_len, int fixed_len,
+                                      int seg_per_bh, int nseg, float *out,
+                                      cudaStream_t st);
+
+static qva_status dev_fail(cudaError_t e, const char *what) {
+    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
+    if (e == cudaErrorMemoryAllocation)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
+    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static qva_status launch_check(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
+}
+
+/* ------------------------------------------------------------ device helpers */
+
+/* One element of a user view; bf16 and f16 widen to f32 exactly. */
+template <int DT>
+static __device__ __forceinline__ float ld(const void *p, int64_t off) {
+    if constexpr (DT == QVA_F32) {
+        return __ldg((const float *)p + off);
+    } else {
+        unsigned short u = __ldg((const unsigned short *)p + off);
+        if constexpr (DT == QVA_BF16)
+            return __uint_as_float((unsigned)u << 16);
+        else
+            return __half2float(__ushort_as_half(u));
+    }
+}
+
+/* Offset of row 0, channel 0 of head bh. */
+static __device__ __forceinline__ int64_t head_base(const qvc_view &v, int bh) {
+    int64_t b = bh / v.H, h = bh % v.H;
+    return b * v.sb + h * v.sh;
+}
+
+/* Source row of logical row i (perm: [BH][n] or NULL). */
+static __device__ __forceinline__ int64_t src_row(const int32_t *perm, int bh,
+                                                  int n, int i) {
+    return perm ? (int64_t)__ldg(perm + (int64_t)bh * n + i) : (int64_t)i;
+}
+
+/* qva_int8_round: clamp first, then round half away from zero (roundf). */
+static __device__ __forceinline__ int8_t int8_round(float y) {
+    if (isnan(y)) return 0;
+    if (y >= 127.0f) return 127;
+    if (y <= -127.0f) return -127;
+    return (int8_t)(int)roundf(y);
+}
+
+/* qva_e4m3_encode for finite inputs: RNE, saturating to +-448 (the
+ * hardware cvt.rn.satfinite.e4m3x2.f32 on sm_89+). */
+static __device__ __forceinline__ uint8_t e4m3(float y) {
+    return (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+}
+
+static __device__ __forceinline__ float round_f16(float y) {
+    return __half2float(__float2half_rn(y));
+}
+
+static __device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+/* Block-wide max of a PREP_THREADS CTA; every thread gets the result. */
+static __device__ float block_max(float x, float *red /* [PREP_WARPS] */) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    x = warp_max(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < PREP_WARPS; ++w) m = fmaxf(m, red[w]);
+    return m;
+}
+
+/* Calls f.template operator()<DT>() for the runtime dtype of a view. */
+#define DISPATCH_DTYPE(dtype, CALL)                                            \
+    do {                                                                       \
+        switch (dtype) {                                                       \
+        case QVA_F32: { constexpr int DT_ = QVA_F32; CALL; } break;            \
+        case QVA_BF16: { constexpr int DT_ = QVA_BF16; CALL; } break;          \
+        default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
+        }                                                                      \
+    } while (0)
+
+/* ------------------------------------------------------------ Q and K */
+
+typedef struct qk_params {
+    qvc_view x;
+    const int32_t *perm;  /* [BH][n] or NULL                   */
+    const float *mean;    /* [BH][D] subtracted, or NULL       */
+    const float *signs;   /* [D] +-1 or NULL                   */
+    int hadamard;
+    float had_scale;      /* (float)(1/sqrt((double)D))        */
+    int fmt;              /* qvc_qk_format                     */
+    int n, n_pad;
+    int8_t *codes;        /* [BH][n_pad][D]                    */
+    float *scale;         /* [BH][n_pad/128]                   */
+} qk_params;
+
+/* The pair (a, b) -> (a + b, a - b) of qva_hadamard. */
+static __device__ __forceinline__ void butterfly(float &a, float &b) {
+    float s = __fadd_rn(a, b), d = __fsub_rn(a, b);
+    a = s;
+    b = d;
+}
+
+template <int DT, int NC>
+__global__ void __launch_bounds__(PREP_THREADS)
+qk_quant_kernel(qk_params p) {
+    __shared__ float red[PREP_WARPS];
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.x.D;
+    const int64_t base = head_base(p.x, bh);
+
+    float mu[NC], sg[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        mu[j] = (p.mean && c < D) ? p.mean[(int64_t)bh * D + c] : 0.0f;
+        sg[j] = (p.signs && c < D) ? p.signs[c] : 1.0f;
+    }
+
+    /* All loads of the warp's 16 rows first (they are independent). */
+    float x[ROWS_PER_WARP][NC];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
+        const bool valid = i < p.n; /* warp-uniform */
+        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.x.sn : 0;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            const int c = lane + 32 * j;
+            x[r][j] = (valid && c < D) ? ld<DT>(p.x.data, row + c) : 0.0f;
+        }
+    }
+
+    float amax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const bool valid = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r < p.n;
+        if (p.mean && valid) {
+#pragma unroll
+            for (int j = 0; j < NC; ++j)
+                if (lane + 32 * j < D) x[r][j] = __fsub_rn(x[r][j], mu[j]);
+        }
+        /* Padding rows stay +0: the CPU never rotates them, and a sign
+         * flip of +0 would give -0, whose E4M3 code is 0x80, not 0. */
+        if (p.hadamard && valid) {
+#pragma unroll
+            for (int j = 0; j < NC; ++j) x[r][j] = __fmul_rn(x[r][j], sg[j]);
+            /* Strides 1..16 live across lanes: the lane without bit h
+             * holds a (gets a + b), its partner holds b (gets a - b). */
+            for (int h = 1; h < 32 && h < D; h <<= 1) {
+#pragma unroll
+                for (int j = 0; j < NC; ++j) {
+                    float o = __shfl_xor_sync(FULL_MASK, x[r][j], h);
+                    x[r][j] = (lane & h) ? __fsub_rn(o, x[r][j]) : __fadd_rn(x[r][j], o);
+                }
+            }
+            /* Strides 32 and 64 pair registers j and j + h/32. */
+            if (D > 32) {
+#pragma unroll
+                for (int j = 0; j + 1 < NC; ++j)
+                    if (!(j & 1)) butterfly(x[r][j], x[r][j + 1]);
+            }
+            if (D > 64) {
+#pragma unroll
+                for (int j = 0; j + 2 < NC; ++j)
+                    if (!(j & 2)) butterfly(x[r][j], x[r][j + 2]);
+            }
+#pragma unroll
+            for (int j = 0; j < NC; ++j) x[r][j] = __fmul_rn(x[r][j], p.had_scale);
+        }
+#pragma unroll
+        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[r][j]));
+    }
+    amax = block_max(amax, red);
+
+    float scale;
+    if (p.fmt == QVC_QK_INT8) {
+        scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
+    } else {
+        scale = __fdiv_rn(amax, 448.0f);
+        if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
+    }
+    if (threadIdx.x == 0)
+        p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
+        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + i) * D;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            const int c = lane + 32 * j;
+            if (c >= D) continue;
+            const float y = __fdiv_rn(x[r][j], scale);
+            dst[c] = p.fmt == QVC_QK_INT8 ? int8_round(y) : (int8_t)e4m3(y);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ column sums */
+
+/*
+ * A segment is a list of rows of one head: rows[start .. start+len) of the
+ * head's row list (or the identity rows start..start+len-1).  The CTA of
+ * (segment, channel group) sums its 32 channels over the list in FP64, in
+ * list order, and writes (float)(sum / len) when len > 0.
+ *
+ * The order is the whole point (it reproduces the CPU's sequential sums),
+ * so one warp does every add; the 7 other warps are loaders that fill the
+ * next 128-row tile of a double buffer while the adder works on this one.
+ */
+#define CS_THREADS 256
+#define CS_ROWS 128
+#define CS_LOADERS (CS_THREADS / 32 - 1)                       /* 7  */
+#define CS_PER_LOADER ((CS_ROWS + CS_LOADERS - 1) / CS_LOADERS) /* 19 */
+
+typedef struct colsum_params {
+    qvc_view v;
+    const int32_t *rows;  /* head bh's list at rows + bh*rows_stride, or NULL */
+    int64_t rows_stride;
+    const int *seg_start; /* [nseg] or NULL (0)                             */
+    const int *seg_len;   /* [nseg] or NULL (fixed_len)                     */
+    int fixed_len;
+    int seg_per_bh;
+    float *out;           /* [nseg][D]                                      */
+} colsum_params;
+
+/* Row offsets (in elements, -1 past the end) of the rows this loader
+ * fetches for tile t: rows loader, loader + 7, ... of the tile. */
+static __device__ __forceinline__ void colsum_rows(const colsum_params &p, const int32_t *rows,
+                                                   int start, int len, int t, int loader,
+                                                   int64_t *ro) {
+#pragma unroll
+    for (int m = 0; m < CS_PER_LOADER; ++m) {
+        const int rr = loader + CS_LOADERS * m, r = t * CS_ROWS + rr;
+        ro[m] = (rr < CS_ROWS && r < len)
+                    ? (rows ? (int64_t)__ldg(rows + r) : (int64_t)(start + r)) * p.v.sn
+                    : -1;
+    }
+}
+
+/* Loads the rows at ro (channel c of head base) into a tile. */
+template <int DT>
+static __device__ __forceinline__ void colsum_data(const colsum_params &p, const int64_t *ro,
+                                                   int64_t base, int c, int loader, float *dst) {
+    const int D = (int)p.v.D, lane = threadIdx.x & 31;
+    float vals[CS_PER_LOADER];
+#pragma unroll
+    for (int m = 0; m < CS_PER_LOADER; ++m)
+        vals[m] = (ro[m] >= 0 && c < D) ? ld<DT>(p.v.data, base + ro[m] + c) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < CS_PER_LOADER; ++m) {
+        const int rr = loader + CS_LOADERS * m;
+        if (rr < CS_ROWS) dst[rr * 33 + lane] = vals[m];
+    }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(CS_THREADS)
+colsum_kernel(colsum_params p) {
+    __shared__ float tile[2][CS_ROWS * 33];
+    const int seg = blockIdx.x, bh = seg / p.seg_per_bh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.v.D, c = blockIdx.y * 32 + lane;
+    const int start = p.seg_start ? p.seg_start[seg] : 0;
+    const int len = p.seg_len ? p.seg_len[seg] : p.fixed_len;
+    const int ntiles = (len + CS_ROWS - 1) / CS_ROWS;
+    const int64_t base = head_base(p.v, bh);
+    const int32_t *rows = p.rows ? p.rows + (int64_t)bh * p.rows_stride + start : NULL;
+
+    /* Loaders keep the row offsets of the next tile in registers, fetched
+     * one tile ahead, so each tile costs them a single memory round trip. */
+    int64_t ro[CS_PER_LOADER];
+    if (warp > 0 && ntiles > 0) {
+        colsum_rows(p, rows, start, len, 0, warp - 1, ro);
+        colsum_data<DT>(p, ro, base, c, warp - 1, tile[0]);
+        colsum_rows(p, rows, start, len, 1, warp - 1, ro);
+    }
+    __syncthreads();
+    double s = 0.0;
+    for (int t = 0; t < ntiles; ++t) {
+        if (warp > 0) {
+            if (t + 1 < ntiles) {
+                colsum_data<DT>(p, ro, base, c, warp - 1, tile[(t + 1) & 1]);
+                colsum_rows(p, rows, start, len, t + 2, warp - 1, ro);
+            }
+        } else {
+            /* Shared loads 16 ahead so the chain is only the DADDs. */
+            const float *src = tile[t & 1] + lane;
+            const int nr = min(CS_ROWS, len - t * CS_ROWS);
+            int rr = 0;
+            for (; rr + 16 <= nr; rr += 16) {
+                float u[16];
+#pragma unroll
+                for (int m = 0; m < 16; ++m) u[m] = src[(rr + m) * 33];
+#pragma unroll
+                for (int m = 0; m < 16; ++m) s += (double)u[m];
+            }
+            for (; rr < nr; ++rr) s += (double)src[rr * 33];
+        }
+        __syncthreads();
+    }
+    if (warp == 0 && c < D && len > 0)
+        p.out[(int64_t)seg * D + c] = (float)(s / (double)len);
+}
+
+/*
+ * Means of row lists, one per segment, in FP64 summed in list order (see
+ * colsum_kernel).  Segment g belongs to head g / seg_per_bh; its rows are
+ * rows[bh*rows_stride + seg_start[g] + i] for i < seg_len[g] (rows NULL:
+ * seg_start[g] + i; seg_start NULL: 0; seg_len NULL: fixed_len).  Writes
+ * out[g][c] = (float)(sum / len) for every segment with len > 0 and leaves
+ * the others untouched.  Used by qvc_prep (K mean) and qvc_kmeans_perm
+ * (centroid update); declared again in kmeans.cu, to move into
+ * cuda_internal.h.
+ */
+extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
+                                      int64_t rows_stride, const int *seg_start,
+                                      const int *seg_len, int fixed_len,
+                                      int seg_per_bh, int nseg, float *out,
+                                      cudaStream_t st) {
+    if (nseg <= 0) return QVA_OK;
+    colsum_params p;
+    p.v = *v;
+    p.rows = rows;
+    p.rows_stride = rows_stride;
+    p.seg_start = seg_start;
+    p.seg_len = seg_len;
+    p.fixed_len = fixed_len;
+    p.seg_per_bh = seg_per_bh;
+    p.out = out;
+    dim3 grid((unsigned)nseg, (unsigned)qvi_cdiv((int)v->D, 32));
+    DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
+    return launch_check("column mean");
+}
+
+/* ------------------------------------------------------------ V */
+
+/* block_demean + the per-block part of v_channel_scale: the raw block mean
+ * (0 without demeaning) and the amax of the residual over the valid rows.
+ * A block has at most 128 rows and there are nblk x BH CTAs, so the
+ * plain per-thread chain is short and well hidden. */
+template <int DT>
+__global__ void __launch_bounds__(MAX_D)
+v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean,
+               float *bmu, float *bamax) {
+    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)v.D;
+    if (c >= D) return;
+    const int64_t base = head_base(v, bh);
+    const int r0 = blk * QVI_BLOCK, len = min(QVI_BLOCK, n - r0);
+    float m = 0.0f;
+    if (demean) {
+        double s = 0.0;
+        int i = 0;
+        for (; i + 16 <= len; i += 16) { /* loads ahead, adds in row order */
+            float t[16];
+#pragma unroll
+            for (int u = 0; u < 16; ++u)
+                t[u] = ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i + u) * v.sn + c);
+#pragma unroll
+            for (int u = 0; u < 16; ++u) s += (double)t[u];
+        }
+        for (; i < len; ++i) s += (double)ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        m = (float)(s / (double)len);
+    }
+    float amax = 0.0f;
+#pragma unroll 16
+    for (int i = 0; i < len; ++i) {
+        float x = ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        if (demean) x = __fsub_rn(x, m);
+        amax = fmaxf(amax, fabsf(x));
+    }
+    const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
+    bmu[o] = m;
+    bamax[o] = amax;
+}
+
+/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B). */
+__global__ void v_scale_kernel(int BH, int D, int nblk, int demean,
+                               const float *bmu, const float *bamax,
+                               float *v_chan, float *v_mu) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)BH * D) return;
+    const int bh = (int)(t / D), c = (int)(t % D);
+    const int64_t o0 = (int64_t)bh * nblk * D + c;
+    float amax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < nblk; ++j) {
+        amax = fmaxf(amax, bamax[o0 + (int64_t)j * D]);
+        if (demean) mmax = fmaxf(mmax, fabsf(bmu[o0 + (int64_t)j * D]));
+    }
+    float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
+    s = s > 0.0f ? s : 1.0f;
+    v_chan[t] = s;
+    if (v_mu)
+        for (int j = 0; j < nblk; ++j)
+            v_mu[o0 + (int64_t)j * D] = demean ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
+}
+
+typedef struct v_params {
+    qvc_view v;
+    const int32_t *perm;
+    int n, nblk;
+    int mode;            /* 0: per-channel (sage/vc); 1: per-block (fp8) */
+    int demean;          /* mode 0 */
+    const float *bmu;    /* mode 0 with demean: [BH][nblk][D] raw means */
+    const float *chan;   /* mode 0: [BH][D] scales                      */
+    uint8_t *v_t;        /* [BH][nblk][D][128]                          */
+    float *v_blk;        /* [BH][nblk]                                  */
+    float *v_chan;       /* [BH][D]: mode 1 writes 1                    */
+} v_params;
+
+/* Shared-memory row stride of the code tile: 132 makes the transposed
+ * read (fixed channel, 32 different keys) hit 32 different banks. */
+#define TILE_STRIDE (MAX_D + 4)
+
+template <int DT>
+__global__ void __launch_bounds__(PREP_THREADS)
+v_encode_kernel(v_params p) {
+    __shared__ uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    __shared__ float red[PREP_WARPS];
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.v.D;
+    const int64_t base = head_base(p.v, bh);
+
+    /* The warp's 16 rows: loads first (independent), then the encode. */
+    float x[ROWS_PER_WARP][MAX_NC];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
+        const bool valid = i < p.n;
+        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.v.sn : 0;
+#pragma unroll
+        for (int j = 0; j < MAX_NC; ++j) {
+            const int c = lane + 32 * j;
+            x[r][j] = (valid && c < D) ? ld<DT>(p.v.data, row + c) : 0.0f;
+        }
+    }
+
+    float bscale = 1.0f;
+    if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
+        float amax = 0.0f;
+#pragma unroll
+        for (int r = 0; r < ROWS_PER_WARP; ++r)
+#pragma unroll
+            for (int j = 0; j < MAX_NC; ++j) amax = fmaxf(amax, fabsf(x[r][j]));
+        amax = block_max(amax, red);
+        bscale = __fdiv_rn(amax, 448.0f);
+        if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
+    }
+
+    float mu[MAX_NC], cs[MAX_NC];
+#pragma unroll
+    for (int j = 0; j < MAX_NC; ++j) {
+        const int c = lane + 32 * j;
+        const bool in = p.mode == 0 && c < D;
+        mu[j] = in && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
+        cs[j] = in ? p.chan[(int64_t)bh * D + c] : 1.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int key = warp * ROWS_PER_WARP + r;
+        const bool valid = blk * QVI_BLOCK + key < p.n;
+        uint8_t *trow = tile + key * TILE_STRIDE;
+#pragma unroll
+        for (int j = 0; j < MAX_NC; ++j) {
+            const int c = lane + 32 * j;
+            if (c >= D) continue;
+            uint8_t code = 0; /* padding keys: code 0 */
+            if (valid) {
+                float y;
+                if (p.mode == 1) {
+                    y = __fdiv_rn(x[r][j], bscale);
+                } else {
+                    const float res = p.demean ? __fsub_rn(x[r][j], mu[j]) : x[r][j];
+                    y = __fdiv_rn(res, cs[j]);
+                }
+                code = e4m3(y);
+            }
+            trow[c] = code;
+        }
+    }
+    __syncthreads();
+
+    /* Transposed write-out: word w holds slots 4(w%32)..+3 of channel w/32,
+     * so each warp stores one channel's 128 contiguous bytes. */
+    uint32_t *dst = (uint32_t *)(p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
+    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
+        const int c = w >> 5, s0 = (w & 31) * 4;
+        uint32_t word = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q, key = (s & ~31) + qvc_pv_slot_key(s & 31);
+            word |= (uint32_t)tile[key * TILE_STRIDE + c] << (8 * q);
+        }
+        dst[w] = word;
+    }
+
+    if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = bscale;
+    if (p.mode == 1 && blk == 0)
+        for (int c = threadIdx.x; c < D; c += PREP_THREADS) p.v_chan[(int64_t)bh * D + c] = 1.0f;
+}
+
+/* ------------------------------------------------------------ host side */
+
+extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
+                                    int D, int with_mu) {
+    if (!ops) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_ops_alloc: ops is NULL");
+    memset(ops, 0, sizeof *ops);
+    if (BH < 1 || nq < 1 || nk < 1 || D < 1 || D > MAX_D)
+        return qvi_fail(QVA_ERR_SHAPE, "qvc_ops_alloc: bad shape BH=%d nq=%d nk=%d D=%d",
+                        BH, nq, nk, D);
+    ops->BH = BH;
+    ops->nq = nq;
+    ops->nk = nk;
+    ops->D = D;
+    ops->nq_pad = qvi_cdiv(nq, QVI_BLOCK) * QVI_BLOCK;
+    ops->nk_pad = qvi_cdiv(nk, QVI_BLOCK) * QVI_BLOCK;
+    ops->nblk = ops->nk_pad / QVI_BLOCK;
+    const size_t bh = (size_t)BH, d = (size_t)D, nqb = (size_t)ops->nq_pad / QVI_BLOCK,
+                 nkb = (size_t)ops->nblk;
+    struct { void **p; size_t bytes; } req[] = {
+        {(void **)&ops->q_i8, bh * (size_t)ops->nq_pad * d},
+        {(void **)&ops->q_scale, bh * nqb * sizeof(float)},
+        {(void **)&ops->k_i8, bh * (size_t)ops->nk_pad * d},
+        {(void **)&ops->k_scale, bh * nkb * sizeof(float)},
+        {(void **)&ops->v_t, bh * nkb * d * QVI_BLOCK},
+        {(void **)&ops->v_chan, bh * d * sizeof(float)},
+        {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
+        {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; ++i) {
+        if (!req[i].bytes) continue;
+        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
+        if (e != cudaSuccess) {
+            *req[i].p = NULL;
+            qva_status st = dev_fail(e, "qvc_ops_alloc: cudaMalloc");
+            qvc_ops_free(ops);
+            return st;
+        }
+    }
+    return QVA_OK;
+}
+
+extern "C" void qvc_ops_free(qvc_ops *ops) {
+    if (!ops) return;
+    /* cudaFree errors (a sticky error from an earlier launch) cannot be
+     * acted on here; they are cleared so they do not leak into the next
+     * check, and the pointers are dropped either way. */
+    void *ptrs[] = {ops->q_i8, ops->q_scale, ops->k_i8, ops->k_scale,
+                    ops->v_t, ops->v_chan, ops->v_blk, ops->v_mu};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
+        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    memset(ops, 0, sizeof *ops);
+}
+
+static qva_status check_view(const qvc_view *x, const char *name) {
+    if (!x || !x->data) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: %s is NULL", name);
+    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, "qvc_prep: %s has dtype %d", name, x->dtype);
+    return QVA_OK;
+}
+
+template <int DT>
+static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
+    switch (qvi_cdiv(D, 32)) {
+    case 1: qk_quant_kernel<DT, 1><<<grid, PREP_THREADS, 0, st>>>(p); break;
+    case 2: qk_quant_kernel<DT, 2><<<grid, PREP_THREADS, 0, st>>>(p); break;
+    case 3: qk_quant_kernel<DT, 3><<<grid, PREP_THREADS, 0, st>>>(p); break;
+    default: qk_quant_kernel<DT, 4><<<grid, PREP_THREADS, 0, st>>>(p); break;
+    }
+}
+
+static qva_status launch_qk(const qk_params &p, int BH, int D, cudaStream_t st,
+                            const char *what) {
+    dim3 grid(p.n_pad / QVI_BLOCK, BH);
+    DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
+    return launch_check(what);
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
+                               const qvc_view *v, const qvc_prep_args *a,
+                               qvc_ops *ops, cudaStream_t st) {
+    qva_status s;
+    if ((s = check_view(q, "q")) || (s = check_view(k, "k")) || (s = check_view(v, "v")))
+        return s;
+    if (!a || !ops || !ops->q_i8)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL args or unallocated ops");
+    const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
+    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
+        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qvc_prep: views do not match ops (BH=%d nq=%d nk=%d D=%d)", BH, nq, nk, D);
+    if (BH > 65535)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: B*H = %d exceeds 65535", BH);
+    if (a->qk_format != QVC_QK_INT8 && a->qk_format != QVC_QK_E4M3)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad qk_format %d", (int)a->qk_format);
+    if (a->v_mode != 0 && a->v_mode != 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad v_mode %d", a->v_mode);
+    const int demean = a->v_mode == 0 && a->demean;
+    if (demean && !ops->v_mu)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: demean needs ops allocated with_mu");
+    if (a->hadamard && (D & (D - 1)) != 0)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: Hadamard needs a power-of-two D, got %d", D);
+
+    /* Temporaries: K channel mean [BH][D]; V block means and residual
+     * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
+    const size_t mean_b = a->smooth_k ? align256((size_t)BH * D * sizeof(float)) : 0;
+    const size_t stat_b = a->v_mode == 0 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b;
+    char *tmp = NULL;
+    cudaError_t e;
+    if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
+        return dev_fail(e, "qvc_prep: cudaMallocAsync");
+    float *kmean = mean_b ? (float *)tmp : NULL;
+    float *bmu = stat_b ? (float *)(tmp + mean_b) : NULL;
+    float *bamax = stat_b ? (float *)(tmp + mean_b + stat_b) : NULL;
+
+    qk_params p;
+    memset(&p, 0, sizeof p);
+    p.signs = a->had_signs;
+    p.hadamard = a->hadamard;
+    p.had_scale = (float)(1.0 / sqrt((double)D));
+    p.fmt = (int)a->qk_format;
+
+    /* Q: no permutation, no smoothing. */
+    p.x = *q;
+    p.n = nq;
+    p.n_pad = ops->nq_pad;
+    p.codes = ops->q_i8;
+    p.scale = ops->q_scale;
+    s = launch_qk(p, BH, D, st, "qvc_prep: Q quantize");
+
+    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
+     * as the CPU does), then rotated. */
+    if (s == QVA_OK && kmean)
+        s = qvc_colsum_mean(k, a->perm, nk, NULL, NULL, nk, 1, BH, kmean, st);
+    if (s == QVA_OK) {
+        p.x = *k;
+        p.perm = a->perm;
+        p.mean = kmean;
+        p.n = nk;
+        p.n_pad = ops->nk_pad;
+        p.codes = ops->k_i8;
+        p.scale = ops->k_scale;
+        s = launch_qk(p, BH, D, st, "qvc_prep: K quantize");
+    }
+
+    /* V' = V[perm]. */
+    v_params vp;
+    memset(&vp, 0, sizeof vp);
+    vp.v = *v;
+    vp.perm = a->perm;
+    vp.n = nk;
+    vp.nblk = nblk;
+    vp.mode = a->v_mode;
+    vp.demean = demean;
+    vp.bmu = bmu;
+    vp.chan = ops->v_chan;
+    vp.v_t = ops->v_t;
+    vp.v_blk = ops->v_blk;
+    vp.v_chan = ops->v_chan;
+    if (s == QVA_OK && a->v_mode == 0) {
+        DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
+                                     *v, a->perm, nk, nblk, demean, bmu, bamax)));
+        s = launch_check("qvc_prep: V stats");
+        if (s == QVA_OK) {
+            const int64_t t = (int64_t)BH * D;
+            v_scale_kernel<<<(unsigned)((t + 127) / 128), 128, 0, st>>>(BH, D, nblk, demean, bmu, bamax,
+                                                                         ops->v_chan, ops->v_mu);
+            s = launch_check("qvc_prep: V scale");
+        }
+    } else if (s == QVA_OK && ops->v_mu) { /* fp8 has no means: keep them 0 */
+        e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
+        if (e != cudaSuccess) s = dev_fail(e, "qvc_prep: cudaMemsetAsync");
+    }
+    if (s == QVA_OK) {
+        DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        s = launch_check("qvc_prep: V encode");
+    }
+
+    if (tmp && (e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
+        s = dev_fail(e, "qvc_prep: cudaFreeAsync");
+    return s;
+}

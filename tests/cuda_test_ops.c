@@ -1,0 +1,608 @@
+/*
+ * Device operands against the CPU reference, bit for bit: qvc_prep (Q, K,
+ * V codes and scales for sage8 / vc8 / fp8, with and without the
+ * permutation, the Hadamard rotation and V demeaning) and qvc_kmeans_perm
+ * (permutation and centroids).  The CPU side is assembled from the same
+ * internal pieces prepare_head() uses (src/cpu/attention.c), so a mismatch
+ * points at the device kernels.  Needs a GPU; prints SKIP without one.
+ */
+#include <cuda_runtime.h>
+
+#include "check.h"
+#include "cuda_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ helpers */
+
+static uint64_t rng_state = 0x6A09E667F3BCC908ull;
+
+static uint64_t rng_u64(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
+static float rng_normal(void) {
+    double u1 = rng_unit(), u2 = rng_unit();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static uint16_t bf16_bits(float x) { /* x already bf16-representable */
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return (uint16_t)(b >> 16);
+}
+
+/* Bits of a float that is exactly representable in binary16. */
+static uint16_t f16_bits(float x) {
+    uint16_t sign = signbit(x) ? 0x8000u : 0u;
+    float a = fabsf(x);
+    if (a == 0.0f) return sign;
+    int e;
+    (void)frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    e -= 1;              /* a in [2^e, 2^(e+1)) */
+    if (e < -14) return (uint16_t)(sign | (uint16_t)ldexpf(a, 24));
+    uint16_t m = (uint16_t)(ldexpf(a, 10 - e) - 1024.0f);
+    return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | m);
+}
+
+static const char *dtype_name(qva_dtype dt) {
+    return dt == QVA_F32 ? "f32" : dt == QVA_BF16 ? "bf16" : "f16";
+}
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+/* A host tensor with its raw bytes, and the same bytes on the device. */
+typedef struct host_dev {
+    qva_tensor t; /* host descriptor (CPU loads) */
+    void *dev;    /* device copy                 */
+    qvc_view view;
+} host_dev;
+
+/* Random values: per-channel offset and gain (so smoothing matters), a few
+ * outliers, rounded to the dtype and stored in the layout. */
+static int make_tensor(host_dev *x, qva_dtype dt, int nhd, int B, int H, int N,
+                       int D, float offset_scale) {
+    const size_t count = (size_t)B * H * N * D, es = qva_dtype_size(dt);
+    void *buf = malloc(count * es);
+    float *off = malloc((size_t)D * sizeof *off), *gain = malloc((size_t)D * sizeof *gain);
+    if (!buf || !off || !gain) {
+        free(buf), free(off), free(gain);
+        CHECK(0, "host allocation");
+        return 0;
+    }
+    for (int c = 0; c < D; ++c) {
+        off[c] = offset_scale * rng_normal();
+        gain[c] = (float)(0.25 + 2.0 * rng_unit());
+    }
+    x->t = nhd ? qva_tensor_nhd(buf, dt, QVA_DEVICE_CPU, B, H, N, D)
+               : qva_tensor_hnd(buf, dt, QVA_DEVICE_CPU, B, H, N, D);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int n = 0; n < N; ++n)
+                for (int c = 0; c < D; ++c) {
+                    float v = off[c] + gain[c] * rng_normal();
+                    if (rng_unit() < 0.01) v *= 8.0f;
+                    int64_t o = qvi_offset(&x->t, b, h, n, c);
+                    if (dt == QVA_F32) ((float *)buf)[o] = v;
+                    else if (dt == QVA_BF16) ((uint16_t *)buf)[o] = bf16_bits(qva_round_bf16(v));
+                    else ((uint16_t *)buf)[o] = f16_bits(qva_round_f16(v));
+                }
+    free(off), free(gain);
+    x->dev = NULL;
+    if (!cuda_ok(cudaMalloc(&x->dev, count * es), "cudaMalloc input") ||
+        !cuda_ok(cudaMemcpy(x->dev, buf, count * es, cudaMemcpyHostToDevice), "H2D input")) {
+        free(buf);
+        if (x->dev) cudaFree(x->dev);
+        return 0;
+    }
+    x->view.data = x->dev;
+    x->view.dtype = (int)dt;
+    x->view.B = B, x->view.H = H, x->view.N = N, x->view.D = D;
+    x->view.sb = x->t.stride[0], x->view.sh = x->t.stride[1], x->view.sn = x->t.stride[2];
+    return 1;
+}
+
+static void free_tensor(host_dev *x) {
+    free(x->t.data);
+    if (x->dev) cudaFree(x->dev);
+    memset(x, 0, sizeof *x);
+}
+
+/* Counts mismatches of n bytes, printing the first few with their place. */
+static long cmp_bytes(const char *what, const char *tag, int bh, const uint8_t *gpu,
+                      const uint8_t *cpu, int n_rows, int d) {
+    long bad = 0;
+    for (int i = 0; i < n_rows; ++i)
+        for (int c = 0; c < d; ++c) {
+            size_t o = (size_t)i * d + c;
+            if (gpu[o] == cpu[o]) continue;
+            if (bad < 5)
+                fprintf(stderr, "  [%s] %s bh %d row %d ch %d: gpu 0x%02x cpu 0x%02x\n", tag,
+                        what, bh, i, c, gpu[o], cpu[o]);
+            ++bad;
+        }
+    return bad;
+}
+
+static long cmp_floats(const char *what, const char *tag, int bh, const float *gpu,
+                       const float *cpu, int n) {
+    long bad = 0;
+    for (int i = 0; i < n; ++i) {
+        if (same_bits(gpu[i], cpu[i])) continue;
+        if (bad < 5)
+            fprintf(stderr, "  [%s] %s bh %d [%d]: gpu %.9g cpu %.9g\n", tag, what, bh, i,
+                    (double)gpu[i], (double)cpu[i]);
+        ++bad;
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------ qvc_prep */
+
+typedef struct variant {
+    const char *name;
+    qvc_qk_format fmt;
+    int smooth_k, hadamard, signs, use_perm, v_mode, demean;
+} variant;
+
+static const variant VARIANTS[] = {
+    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0},
+    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0},
+    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1},
+    {"vc8+had", QVC_QK_INT8, 1, 1, 0, 1, 0, 1},
+    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0},
+    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0},
+    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0},
+    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0},
+};
+#define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
+
+typedef struct shape {
+    int nq, nk, D, B, H;
+    qva_dtype dt;
+    int nhd;
+} shape;
+
+/* Device operands copied back to the host. */
+typedef struct host_ops {
+    int8_t *q, *k;
+    float *qs, *ks, *vchan, *vblk, *vmu;
+    uint8_t *vt;
+} host_ops;
+
+static void host_ops_free(host_ops *h) {
+    free(h->q), free(h->k), free(h->qs), free(h->ks);
+    free(h->vchan), free(h->vblk), free(h->vmu), free(h->vt);
+}
+
+static int fetch_ops(const qvc_ops *o, host_ops *h) {
+    const size_t bh = (size_t)o->BH, d = (size_t)o->D, nqb = (size_t)o->nq_pad / QVI_BLOCK,
+                 nkb = (size_t)o->nblk;
+    memset(h, 0, sizeof *h);
+    h->q = malloc(bh * o->nq_pad * d);
+    h->k = malloc(bh * o->nk_pad * d);
+    h->qs = malloc(bh * nqb * 4);
+    h->ks = malloc(bh * nkb * 4);
+    h->vchan = malloc(bh * d * 4);
+    h->vblk = malloc(bh * nkb * 4);
+    h->vt = malloc(bh * nkb * d * QVI_BLOCK);
+    h->vmu = o->v_mu ? malloc(bh * nkb * d * 4) : NULL;
+    if (!h->q || !h->k || !h->qs || !h->ks || !h->vchan || !h->vblk || !h->vt ||
+        (o->v_mu && !h->vmu)) {
+        CHECK(0, "host allocation");
+        return 0;
+    }
+    int ok = 1;
+    ok &= cuda_ok(cudaMemcpy(h->q, o->q_i8, bh * o->nq_pad * d, cudaMemcpyDeviceToHost), "D2H q");
+    ok &= cuda_ok(cudaMemcpy(h->k, o->k_i8, bh * o->nk_pad * d, cudaMemcpyDeviceToHost), "D2H k");
+    ok &= cuda_ok(cudaMemcpy(h->qs, o->q_scale, bh * nqb * 4, cudaMemcpyDeviceToHost), "D2H qs");
+    ok &= cuda_ok(cudaMemcpy(h->ks, o->k_scale, bh * nkb * 4, cudaMemcpyDeviceToHost), "D2H ks");
+    ok &= cuda_ok(cudaMemcpy(h->vchan, o->v_chan, bh * d * 4, cudaMemcpyDeviceToHost), "D2H vchan");
+    ok &= cuda_ok(cudaMemcpy(h->vblk, o->v_blk, bh * nkb * 4, cudaMemcpyDeviceToHost), "D2H vblk");
+    ok &= cuda_ok(cudaMemcpy(h->vt, o->v_t, bh * nkb * d * QVI_BLOCK, cudaMemcpyDeviceToHost), "D2H vt");
+    if (o->v_mu)
+        ok &= cuda_ok(cudaMemcpy(h->vmu, o->v_mu, bh * nkb * d * 4, cudaMemcpyDeviceToHost), "D2H vmu");
+    return ok;
+}
+
+/* Q or K of one head through the CPU quantizer of the variant; codes as
+ * bytes (int8 or E4M3), scales per block. */
+static void cpu_quant_qk(const variant *va, const float *x, int n_pad, int d,
+                         uint8_t **codes, float **scale) {
+    if (va->fmt == QVC_QK_INT8) {
+        qvi_i8 r;
+        qvi_quant_i8_blocks(x, n_pad, d, &r);
+        *codes = (uint8_t *)r.codes;
+        *scale = r.scale;
+    } else {
+        qvi_f8 r;
+        qvi_quant_e4m3_blocks(x, n_pad, d, &r);
+        free(r.chan_scale);
+        *codes = r.codes;
+        *scale = r.block_scale;
+    }
+}
+
+static void gather(const float *raw, int n, int d, const int32_t *perm, float *dst) {
+    for (int i = 0; i < n; ++i)
+        memcpy(dst + (size_t)i * d, raw + (size_t)(perm ? perm[i] : i) * d, (size_t)d * sizeof *dst);
+}
+
+/* One head: the CPU reference of prepare_head, compared with the device. */
+static void check_head(const variant *va, const shape *sh, const char *tag, const host_dev *Q,
+                       const host_dev *K, const host_dev *V, const int32_t *perm_all,
+                       const float *signs, const qvc_ops *o, const host_ops *g, int bh) {
+    const int d = sh->D, nq = sh->nq, nk = sh->nk, nq_pad = o->nq_pad, nk_pad = o->nk_pad,
+              nblk = o->nblk;
+    const int b = bh / sh->H, h = bh % sh->H;
+    const int32_t *perm = va->use_perm ? perm_all + (size_t)bh * nk : NULL;
+    float *q = calloc((size_t)nq_pad * d, 4), *k = calloc((size_t)nk_pad * d, 4),
+          *v = calloc((size_t)nk_pad * d, 4), *raw_v = malloc((size_t)nk * d * 4),
+          *raw = malloc((size_t)nk * d * 4);
+    if (!q || !k || !v || !raw || !raw_v) {
+        CHECK(0, "host allocation");
+        goto done;
+    }
+    qvi_load_head(&Q->t, b, h, q);
+    qvi_load_head(&V->t, b, h, raw_v);
+    gather(raw_v, nk, d, perm, v);
+    qvi_load_head(&K->t, b, h, raw);
+    gather(raw, nk, d, perm, k);
+    if (va->smooth_k) {
+        float mean[128];
+        qvi_channel_mean(k, nk, d, mean);
+        for (int i = 0; i < nk; ++i)
+            for (int c = 0; c < d; ++c) k[(size_t)i * d + c] -= mean[c];
+    }
+    if (va->hadamard) {
+        for (int i = 0; i < nq; ++i) qva_hadamard(q + (size_t)i * d, d, signs);
+        for (int i = 0; i < nk; ++i) qva_hadamard(k + (size_t)i * d, d, signs);
+    }
+
+    /* Q and K codes and block scales. */
+    uint8_t *qc = NULL, *kc = NULL;
+    float *qsc = NULL, *ksc = NULL;
+    cpu_quant_qk(va, q, nq_pad, d, &qc, &qsc);
+    cpu_quant_qk(va, k, nk_pad, d, &kc, &ksc);
+    if (qc && kc && qsc && ksc) {
+        long bq = cmp_bytes("Q code", tag, bh, (const uint8_t *)g->q + (size_t)bh * nq_pad * d, qc,
+                            nq_pad, d);
+        long bqs = cmp_floats("Q scale", tag, bh, g->qs + (size_t)bh * (nq_pad / QVI_BLOCK), qsc,
+                              nq_pad / QVI_BLOCK);
+        long bk = cmp_bytes("K code", tag, bh, (const uint8_t *)g->k + (size_t)bh * nk_pad * d, kc,
+                            nk_pad, d);
+        long bks = cmp_floats("K scale", tag, bh, g->ks + (size_t)bh * nblk, ksc, nblk);
+        CHECK(bq == 0 && bqs == 0, "[%s] bh %d: %ld Q code and %ld Q scale mismatches", tag, bh, bq,
+              bqs);
+        /* The K channel mean is summed in the CPU's order on the device, so
+         * even a last-bit difference there would be a bug: expect 0. */
+        CHECK(bk == 0 && bks == 0, "[%s] bh %d: %ld K code and %ld K scale mismatches", tag, bh, bk,
+              bks);
+    } else {
+        CHECK(0, "CPU quantizer allocation");
+    }
+    free(qc), free(kc), free(qsc), free(ksc);
+
+    /* V: the CPU codes row-major [nk_pad][d]; the device's transposed per
+     * block with the PV slot order inside each 32-key chunk. */
+    uint8_t *vc = NULL;
+    float *chan = NULL, *blk = NULL, *mu = NULL;
+    qvi_v8 v8;
+    qvi_f8 f8;
+    memset(&v8, 0, sizeof v8);
+    memset(&f8, 0, sizeof f8);
+    if (va->v_mode == 0) {
+        if (qvi_v8_prepare(raw_v, nk, d, perm, va->demean, &v8) != QVA_OK) {
+            CHECK(0, "qvi_v8_prepare failed");
+            goto done;
+        }
+        vc = v8.codes;
+        chan = v8.chan_scale;
+        mu = v8.mu_hat;
+    } else {
+        qvi_quant_e4m3_blocks(v, nk_pad, d, &f8);
+        if (!f8.codes) {
+            CHECK(0, "qvi_quant_e4m3_blocks failed");
+            goto done;
+        }
+        vc = f8.codes;
+        chan = f8.chan_scale;
+        blk = f8.block_scale;
+    }
+    long bv = 0;
+    for (int j = 0; j < nblk; ++j)
+        for (int c = 0; c < d; ++c)
+            for (int s = 0; s < QVI_BLOCK; ++s) {
+                int key = j * QVI_BLOCK + (s & ~31) + qvc_pv_slot_key(s & 31);
+                uint8_t gv = g->vt[(((size_t)bh * nblk + j) * d + c) * QVI_BLOCK + s];
+                uint8_t cv = vc[(size_t)key * d + c];
+                if (gv == cv) continue;
+                if (bv < 5)
+                    fprintf(stderr, "  [%s] V code bh %d key %d ch %d (slot %d): gpu 0x%02x cpu 0x%02x\n",
+                            tag, bh, key, c, s, gv, cv);
+                ++bv;
+            }
+    CHECK(bv == 0, "[%s] bh %d: %ld V code mismatches", tag, bh, bv);
+    long bc = cmp_floats("v_chan", tag, bh, g->vchan + (size_t)bh * d, chan, d);
+    CHECK(bc == 0, "[%s] bh %d: %ld v_chan mismatches", tag, bh, bc);
+    long bb = 0;
+    for (int j = 0; j < nblk; ++j) {
+        float want = blk ? blk[j] : 1.0f;
+        if (!same_bits(g->vblk[(size_t)bh * nblk + j], want)) {
+            if (bb < 5)
+                fprintf(stderr, "  [%s] v_blk bh %d blk %d: gpu %.9g cpu %.9g\n", tag, bh, j,
+                        (double)g->vblk[(size_t)bh * nblk + j], (double)want);
+            ++bb;
+        }
+    }
+    CHECK(bb == 0, "[%s] bh %d: %ld v_blk mismatches", tag, bh, bb);
+    if (g->vmu) {
+        long bm = 0;
+        for (int i = 0; i < nblk * d; ++i) {
+            float want = mu ? mu[i] : 0.0f, got = g->vmu[(size_t)bh * nblk * d + i];
+            if (same_bits(got, want)) continue;
+            if (bm < 5)
+                fprintf(stderr, "  [%s] v_mu bh %d blk %d ch %d: gpu %.9g cpu %.9g\n", tag, bh,
+                        i / d, i % d, (double)got, (double)want);
+            ++bm;
+        }
+        CHECK(bm == 0, "[%s] bh %d: %ld v_mu mismatches", tag, bh, bm);
+    } else {
+        CHECK(!va->demean, "[%s] demean without v_mu", tag);
+    }
+    qvi_v8_free(&v8);
+    free(f8.codes), free(f8.block_scale), free(f8.chan_scale);
+done:
+    free(q), free(k), free(v), free(raw), free(raw_v);
+}
+
+static void test_prep_shape(const shape *sh, cudaStream_t st) {
+    host_dev Q, K, V;
+    memset(&Q, 0, sizeof Q), memset(&K, 0, sizeof K), memset(&V, 0, sizeof V);
+    const int BH = sh->B * sh->H, d = sh->D;
+    if (!make_tensor(&Q, sh->dt, sh->nhd, sh->B, sh->H, sh->nq, d, 0.5f) ||
+        !make_tensor(&K, sh->dt, sh->nhd, sh->B, sh->H, sh->nk, d, 3.0f) ||
+        !make_tensor(&V, sh->dt, sh->nhd, sh->B, sh->H, sh->nk, d, 1.5f)) {
+        free_tensor(&Q), free_tensor(&K), free_tensor(&V);
+        return;
+    }
+    /* A random permutation per head (Fisher-Yates). */
+    int32_t *perm = malloc((size_t)BH * sh->nk * sizeof *perm), *dperm = NULL;
+    float signs[128], *dsigns = NULL;
+    qva_config cfg;
+    qva_config_default(&cfg);
+    cfg.hadamard_signs = 1;
+    cfg.hadamard_seed = 1234567 + (uint64_t)sh->nk;
+    qvi_hadamard_signs(&cfg, d, signs);
+    if (!perm) {
+        CHECK(0, "host allocation");
+        goto out;
+    }
+    for (int bh = 0; bh < BH; ++bh) {
+        int32_t *p = perm + (size_t)bh * sh->nk;
+        for (int i = 0; i < sh->nk; ++i) p[i] = i;
+        for (int i = sh->nk - 1; i > 0; --i) {
+            int j = (int)(rng_u64() % (uint64_t)(i + 1));
+            int32_t t = p[i];
+            p[i] = p[j], p[j] = t;
+        }
+    }
+    if (!cuda_ok(cudaMalloc((void **)&dperm, (size_t)BH * sh->nk * 4), "cudaMalloc perm") ||
+        !cuda_ok(cudaMemcpy(dperm, perm, (size_t)BH * sh->nk * 4, cudaMemcpyHostToDevice), "H2D perm") ||
+        !cuda_ok(cudaMalloc((void **)&dsigns, (size_t)d * 4), "cudaMalloc signs") ||
+        !cuda_ok(cudaMemcpy(dsigns, signs, (size_t)d * 4, cudaMemcpyHostToDevice), "H2D signs"))
+        goto out;
+
+    for (int vi = 0; vi < NVARIANTS; ++vi) {
+        const variant *va = &VARIANTS[vi];
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s nq=%d nk=%d D=%d B=%d H=%d %s %s", va->name, sh->nq, sh->nk,
+                 d, sh->B, sh->H, dtype_name(sh->dt), sh->nhd ? "NHD" : "HND");
+        qvc_ops ops;
+        qva_status s = qvc_ops_alloc(&ops, BH, sh->nq, sh->nk, d, va->v_mode == 0);
+        CHECK(s == QVA_OK, "[%s] qvc_ops_alloc: %s", tag, qva_last_error());
+        if (s != QVA_OK) continue;
+        /* Poison everything so an entry the kernels forget shows up. */
+        cuda_ok(cudaMemset(ops.q_i8, 0xA5, (size_t)BH * ops.nq_pad * d), "poison");
+        cuda_ok(cudaMemset(ops.k_i8, 0xA5, (size_t)BH * ops.nk_pad * d), "poison");
+        cuda_ok(cudaMemset(ops.v_t, 0xA5, (size_t)BH * ops.nblk * d * QVI_BLOCK), "poison");
+        cuda_ok(cudaMemset(ops.v_chan, 0xFF, (size_t)BH * d * 4), "poison");
+        cuda_ok(cudaMemset(ops.v_blk, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
+        cuda_ok(cudaMemset(ops.q_scale, 0xFF, (size_t)BH * (ops.nq_pad / QVI_BLOCK) * 4), "poison");
+        cuda_ok(cudaMemset(ops.k_scale, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
+        if (ops.v_mu) cuda_ok(cudaMemset(ops.v_mu, 0xFF, (size_t)BH * ops.nblk * d * 4), "poison");
+
+        qvc_prep_args a;
+        memset(&a, 0, sizeof a);
+        a.qk_format = va->fmt;
+        a.smooth_k = va->smooth_k;
+        a.hadamard = va->hadamard;
+        a.had_signs = va->signs ? dsigns : NULL;
+        a.perm = va->use_perm ? dperm : NULL;
+        a.v_mode = va->v_mode;
+        a.demean = va->demean;
+        s = qvc_prep(&Q.view, &K.view, &V.view, &a, &ops, st);
+        CHECK(s == QVA_OK, "[%s] qvc_prep: %s", tag, qva_last_error());
+        if (s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "qvc_prep sync")) {
+            host_ops g;
+            if (fetch_ops(&ops, &g))
+                for (int bh = 0; bh < BH; ++bh)
+                    check_head(va, sh, tag, &Q, &K, &V, perm, va->signs ? signs : NULL, &ops, &g,
+                               bh);
+            host_ops_free(&g);
+        }
+        qvc_ops_free(&ops);
+    }
+out:
+    free(perm);
+    if (dperm) cudaFree(dperm);
+    if (dsigns) cudaFree(dsigns);
+    free_tensor(&Q), free_tensor(&K), free_tensor(&V);
+}
+
+static void test_prep(cudaStream_t st) {
+    const int ns[] = {77, 200, 384}, ds[] = {64, 128};
+    const qva_dtype dts[] = {QVA_F32, QVA_BF16, QVA_F16};
+    int idx = 0;
+    for (int ni = 0; ni < 3; ++ni)
+        for (int di = 0; di < 2; ++di)
+            for (int ti = 0; ti < 3; ++ti)
+                for (int nhd = 0; nhd < 2; ++nhd, ++idx) {
+                    if (dts[ti] == QVA_F16 && nhd) continue; /* f16: one layout is enough */
+                    shape sh;
+                    sh.nk = ns[ni];
+                    /* Mostly self-attention; every third shape has nq != nk. */
+                    sh.nq = idx % 3 == 2 ? ns[ni] + 53 : ns[ni];
+                    sh.D = ds[di];
+                    sh.B = idx % 2 ? 3 : 1;
+                    sh.H = idx % 2 ? 1 : 3;
+                    sh.dt = dts[ti];
+                    sh.nhd = nhd;
+                    test_prep_shape(&sh, st);
+                }
+}
+
+/* ------------------------------------------------------------ k-means */
+
+/* GPU qvc_kmeans_perm against qvi_kmeans + qvi_stable_argsort_labels on
+ * every head; the CPU sees exactly the values the device view holds. */
+static void kmeans_case(const char *preset, qva_dtype dt, int nhd, int discrete, int k,
+                        int iters, cudaStream_t st) {
+    qva_synthetic_spec spec;
+    if (qva_synthetic_preset(preset, &spec) != QVA_OK) {
+        CHECK(0, "preset %s: %s", preset, qva_last_error());
+        return;
+    }
+    const int B = spec.B, H = spec.H, D = spec.D, BH = B * H;
+    const int N = spec.prefix_tokens + spec.grid_t * spec.grid_h * spec.grid_w;
+    const size_t count = (size_t)BH * N * D;
+    float *q = malloc(count * 4), *kk = malloc(count * 4), *v = malloc(count * 4);
+    float *cent_c = malloc((size_t)BH * k * D * 4), *cent_g = malloc((size_t)BH * k * D * 4);
+    int32_t *labels = malloc((size_t)N * 4), *perm_c = malloc((size_t)BH * N * 4),
+            *perm_g = malloc((size_t)BH * N * 4);
+    void *hbuf = malloc(count * qva_dtype_size(dt));
+    void *dv = NULL;
+    float *dcent = NULL;
+    int32_t *dperm = NULL;
+    char tag[128];
+    snprintf(tag, sizeof tag, "kmeans %s%s %s %s k=%d iters=%d", preset,
+             discrete ? " (discrete)" : "", dtype_name(dt), nhd ? "NHD" : "HND", k, iters);
+    if (!q || !kk || !v || !cent_c || !cent_g || !labels || !perm_c || !perm_g || !hbuf) {
+        CHECK(0, "host allocation");
+        goto out;
+    }
+    if (qva_synthetic_generate(&spec, q, kk, v) != QVA_OK) {
+        CHECK(0, "synthetic: %s", qva_last_error());
+        goto out;
+    }
+    /* v (HND f32) -> the tested dtype and layout; v keeps the widened
+     * values the CPU sees. */
+    qva_tensor t = nhd ? qva_tensor_nhd(hbuf, dt, QVA_DEVICE_CPU, B, H, N, D)
+                       : qva_tensor_hnd(hbuf, dt, QVA_DEVICE_CPU, B, H, N, D);
+    for (int bh = 0; bh < BH; ++bh)
+        for (int n = 0; n < N; ++n)
+            for (int c = 0; c < D; ++c) {
+                float *x = &v[((size_t)bh * N + n) * D + c];
+                /* discrete: a few exactly representable levels, so equal
+                 * distances (ties) are common and the tie rule is tested */
+                if (discrete) *x = fminf(2.0f, fmaxf(-2.0f, 0.5f * rintf(*x / (0.5f * 0.5f))));
+                int64_t o = qvi_offset(&t, bh / H, bh % H, n, c);
+                if (dt == QVA_BF16) {
+                    *x = qva_round_bf16(*x);
+                    ((uint16_t *)hbuf)[o] = bf16_bits(*x);
+                } else {
+                    ((float *)hbuf)[o] = *x;
+                }
+            }
+    if (!cuda_ok(cudaMalloc(&dv, count * qva_dtype_size(dt)), "cudaMalloc v") ||
+        !cuda_ok(cudaMemcpy(dv, hbuf, count * qva_dtype_size(dt), cudaMemcpyHostToDevice), "H2D v") ||
+        !cuda_ok(cudaMalloc((void **)&dcent, (size_t)BH * k * D * 4), "cudaMalloc centroids") ||
+        !cuda_ok(cudaMalloc((void **)&dperm, (size_t)BH * N * 4), "cudaMalloc perm"))
+        goto out;
+    qvc_view view;
+    view.data = dv;
+    view.dtype = (int)dt;
+    view.B = B, view.H = H, view.N = N, view.D = D;
+    view.sb = t.stride[0], view.sh = t.stride[1], view.sn = t.stride[2];
+
+    /* Round 0 cold, round 1 warm from round 0's centroids. */
+    for (int round = 0; round < 2; ++round) {
+        const int warm = round == 1;
+        for (int bh = 0; bh < BH; ++bh) {
+            qvi_kmeans(v + (size_t)bh * N * D, N, D, k, iters, warm, cent_c + (size_t)bh * k * D,
+                       labels);
+            qvi_stable_argsort_labels(labels, N, k, perm_c + (size_t)bh * N);
+        }
+        if (warm && !cuda_ok(cudaMemcpy(dcent, cent_g, (size_t)BH * k * D * 4, cudaMemcpyHostToDevice),
+                             "H2D centroids"))
+            break;
+        cuda_ok(cudaMemset(dperm, 0xFF, (size_t)BH * N * 4), "poison perm");
+        qva_status s = qvc_kmeans_perm(&view, k, iters, warm, dcent, dperm, st);
+        CHECK(s == QVA_OK, "[%s] qvc_kmeans_perm: %s", tag, qva_last_error());
+        if (s != QVA_OK || !cuda_ok(cudaStreamSynchronize(st), "kmeans sync") ||
+            !cuda_ok(cudaMemcpy(perm_g, dperm, (size_t)BH * N * 4, cudaMemcpyDeviceToHost), "D2H perm") ||
+            !cuda_ok(cudaMemcpy(cent_g, dcent, (size_t)BH * k * D * 4, cudaMemcpyDeviceToHost), "D2H cent"))
+            break;
+        for (int bh = 0; bh < BH; ++bh) {
+            long bad = 0;
+            for (int i = 0; i < N; ++i) {
+                int32_t a = perm_g[(size_t)bh * N + i], b = perm_c[(size_t)bh * N + i];
+                if (a == b) continue;
+                if (bad < 8)
+                    fprintf(stderr, "  [%s%s] perm bh %d pos %d: gpu %d cpu %d\n", tag,
+                            warm ? " warm" : "", bh, i, a, b);
+                ++bad;
+            }
+            CHECK(bad == 0, "[%s%s] bh %d: permutations differ at %ld of %d positions", tag,
+                  warm ? " warm" : "", bh, bad, N);
+            long bc = cmp_floats("centroid", tag, bh, cent_g + (size_t)bh * k * D,
+                                 cent_c + (size_t)bh * k * D, k * D);
+            CHECK(bc == 0, "[%s%s] bh %d: %ld centroid values differ", tag, warm ? " warm" : "",
+                  bh, bc);
+        }
+    }
+out:
+    free(q), free(kk), free(v), free(cent_c), free(cent_g), free(labels), free(perm_c),
+        free(perm_g), free(hbuf);
+    if (dv) cudaFree(dv);
+    if (dcent) cudaFree(dcent);
+    if (dperm) cudaFree(dperm);
+}
+
+static void test_kmeans(cudaStream_t st) {
+    kmeans_case("small", QVA_F32, 0, 0, 16, 2, st);
+    kmeans_case("small", QVA_F32, 0, 0, 8, 5, st);
+    kmeans_case("small", QVA_BF16, 1, 0, 16, 3, st);
+    kmeans_case("small", QVA_F32, 1, 0, 37, 4, st);
+    kmeans_case("small", QVA_F32, 0, 0, 16, 0, st); /* init + one assignment */
+    kmeans_case("small", QVA_F32, 0, 1, 16, 2, st); /* many exact ties */
+    kmeans_case("tiny", QVA_F32, 0, 0, 16, 3, st);
+    kmeans_case("tiny", QVA_BF16, 0, 1, 12, 3, st);
+    kmeans_case("tiny", QVA_BF16, 0, 0, 200, 2, st); /* k > N: duplicate centroids */
+}
+
+/* ------------------------------------------------------------ main */
+
+int main(void) {
+    if (!qva_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        return 0;
+    }
+    cudaStream_t st;
+    if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_ops");
+    test_prep(st);
+    test_kmeans(st);
+    cudaStreamDestroy(st);
+    return check_summary("cuda_test_ops");
+}
