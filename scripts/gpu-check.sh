@@ -143,7 +143,7 @@ sys.exit(0 if ("CUDA" in info and "no CUDA" not in info and _ffi.cuda_available(
 PY
 
 if [ $have_build -eq 1 ]; then
-    if run_step cuda 60 env QVATTN_LIB="$LIB" python3 "$OUT/cuda_check.py"; then
+    if run_step cuda 60 env QVATTN_LIB="$LIB" python3 -u -X faulthandler "$OUT/cuda_check.py"; then
         tail -n +3 "$(printf '%s/%02d-cuda.log' "$OUT" "$N")" | sed 's/^/   /'
     fi
     # ctest --test-dir needs CMake >= 3.20; running inside the build dir does not.

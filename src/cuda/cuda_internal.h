@@ -87,6 +87,15 @@ void qvc_ops_free(qvc_ops *ops);
 qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
                            float *centroids, int32_t *perm, cudaStream_t st);
 
+/* FP64 means of lists of V rows (segments of `rows`), equal to the CPU's
+ * sequential sums (prep.cu); used by the K channel mean and the k-means
+ * centroid update. */
+qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
+                           const uint32_t *pos_seg, int npos,
+                           const int *seg_start, const int *seg_len,
+                           int seg_per_bh, int nseg, float *out,
+                           cudaStream_t st);
+
 /* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
 typedef struct qvc_attn_args {
     float scale_log2;  /* sm_scale * log2(e)                           */

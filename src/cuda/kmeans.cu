@@ -3,25 +3,28 @@
  * every (batch, head) at once and the stable argsort of the labels, with
  * the rules of qvi_kmeans / qvi_stable_argsort_labels (src/cpu/kmeans.c).
  *
- * Reproducing the CPU exactly:
- *   - distances: FP32, channel order c = 0..D-1, one thread per token,
- *     explicit _rn intrinsics so no FMA is formed (the CPU does not
- *     contract); ties keep the lower cluster (strict <);
- *   - updates: the FP64 sum of a cluster runs over its members in token
- *     order, which is the CPU's order (it accumulates token by token), so
- *     the centroids match bit for bit.  The members of each cluster come
- *     from the same stable sort that yields the final permutation: CUB's
- *     radix sort (stable) on key = bh*k + label with value = token index.
- *     The member lists are then summed by qvc_colsum_mean (prep.cu), one
- *     CTA per (bh, cluster, 32 channels), one dependent DADD per member:
- *     a cluster holding most of a long sequence takes the longest.  The
- *     N x k distance matrix is never stored.
+ * Reproducing the CPU exactly (labels, centroids and the permutation are
+ * bit-identical, tests/cuda_test_ops.c):
+ *   - distances: FP32, channel order c = 0..D-1, explicit _rn intrinsics
+ *     so no FMA is formed (the CPU does not contract); ties keep the lower
+ *     cluster (strict <).  One thread per token; the (token, centroid)
+ *     partial distances live in shared memory and grow 32 channels at a
+ *     time, KM_ILP centroids interleaved (each chain still in order).
+ *   - updates: the CPU adds token by token, so a cluster's FP64 sum runs
+ *     over its members in token order.  The members come from the stable
+ *     sort that also yields the final permutation (CUB radix sort, stable,
+ *     key = bh*k + label, value = token index); qvc_colsum_mean (prep.cu)
+ *     then sums each member list: in parallel where the data certify that
+ *     no partial sum can round (every order is then exact), sequentially
+ *     in token order otherwise.  So the centroids equal the CPU's, not
+ *     just to the last bit but exactly.
  *   - an empty cluster keeps its centroid; centroid = (float)(sum/count).
+ *   - the N x k distance matrix is never stored.
  *
  * Per iteration: memset counts -> assign (labels as sort keys, counts by
- * atomics: integer, so order-free) -> sort -> offsets -> update.  After the
- * iterations one more assign + sort writes the permutation straight into
- * perm.
+ * atomics: integers, so order-free) -> sort -> offsets -> update.  After
+ * the iterations one more assign + sort writes the permutation straight
+ * into perm.
  */
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_fp16.h>
@@ -30,13 +33,8 @@
 
 #include "cuda_internal.h"
 
-/* Defined in prep.cu (FP64 means of row lists in list order); to move
- * into cuda_internal.h. */
-extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
-                                      int64_t rows_stride, const int *seg_start,
-                                      const int *seg_len, int fixed_len,
-                                      int seg_per_bh, int nseg, float *out,
-                                      cudaStream_t st);
+/* Defined in prep.cu: FP64 means of row lists equal to the CPU's
+ * sequential sums; to move into cuda_internal.h. */
 
 #define KM_THREADS 128
 #define KM_MAX_D 128
@@ -84,77 +82,145 @@ __global__ void km_iota_kernel(int32_t *vals, int n, int64_t total) {
     if (t < total) vals[t] = (int32_t)(t % n);
 }
 
+/* Stages rows i0..i0+127, channels c0..c0+31 of head bh into tile (zeros
+ * past N or D); a warp reads 32 channels of one row per load. */
+template <int DT>
+static __device__ __forceinline__ void km_stage(const qvc_view &v, int bh, int i0, int c0,
+                                                float *tile) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c = c0 + lane;
+    const int D = (int)v.D, n = (int)v.N;
+#pragma unroll
+    for (int rr = 0; rr < KM_THREADS / 4; ++rr) {
+        const int r = rr * 4 + warp, i = i0 + r;
+        tile[r * KM_TILE_STRIDE + lane] = (i < n && c < D) ? km_load<DT>(v, bh, i, c) : 0.0f;
+    }
+}
+
+/* The CPU's rule over the k distances of one token: strict <, so ties
+ * (and a NaN first distance) keep the lower index. */
+static __device__ __forceinline__ void km_emit(int bh, int n, int k, int i, int best,
+                                               uint32_t *keys, int *cnt) {
+    keys[(int64_t)bh * n + i] = (uint32_t)bh * (uint32_t)k + (uint32_t)best;
+    atomicAdd(&cnt[(int64_t)bh * k + best], 1);
+}
+
 /*
- * One thread per token.  The token's row is staged through shared memory
- * 32 channels at a time (coalesced along D) into registers; the centroids
- * of the bh sit in shared memory when they fit (use_smem), else they are
- * read from global memory (cached).  Channels D..DW-1 are zero on both
- * sides, adding exactly +0 to the sum.
+ * Assignment, one thread per token, CTA = 128 tokens of one head.  The
+ * centroids of the head and each (token, centroid) partial distance live
+ * in shared memory; the token row comes in 32-channel chunks (staged
+ * coalesced, then 32 registers).  For each chunk the thread extends the
+ * partial distances of KM_ILP centroids at once: independent chains that
+ * interleave, each still summed in channel order, so the sums are the
+ * CPU's.  Few registers, so many warps hide the latency.  Channels past D
+ * are zero on both sides and add exactly +0.
+ */
+#define KM_ILP 4
+template <int DT>
+__global__ void __launch_bounds__(KM_THREADS, 8) /* <= 64 registers: occupancy */
+km_assign_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt) {
+    /* centroids [k][Dp] zero-padded to Dp = D rounded up to 32, then the
+     * partial distances [k][KM_THREADS] */
+    extern __shared__ float4 km_dyn[];
+    __shared__ float tile[KM_THREADS * KM_TILE_STRIDE];
+    const int bh = blockIdx.y, t = threadIdx.x;
+    const int D = (int)v.D, Dp = (D + 31) & ~31, n = (int)v.N, i0 = blockIdx.x * KM_THREADS;
+    float *cs = (float *)km_dyn, *part = cs + (size_t)k * Dp;
+    const float *cg = cent + (int64_t)bh * k * D;
+    for (int e = t; e < k * Dp; e += KM_THREADS) {
+        const int j = e / Dp, c = e % Dp;
+        cs[e] = c < D ? cg[j * D + c] : 0.0f;
+    }
+    for (int j = 0; j < k; ++j) part[j * KM_THREADS + t] = 0.0f; /* own column only */
+
+    for (int c0 = 0; c0 < D; c0 += 32) {
+        __syncthreads(); /* also publishes cs on the first pass */
+        km_stage<DT>(v, bh, i0, c0, tile);
+        __syncthreads();
+        float x[32];
+#pragma unroll
+        for (int u = 0; u < 32; ++u) x[u] = tile[t * KM_TILE_STRIDE + u];
+        for (int j0 = 0; j0 < k; j0 += KM_ILP) {
+            const float4 *cj[KM_ILP];
+            float a[KM_ILP];
+#pragma unroll
+            for (int u = 0; u < KM_ILP; ++u) {
+                const int j = min(j0 + u, k - 1);
+                cj[u] = (const float4 *)(cs + j * Dp + c0);
+                a[u] = part[j * KM_THREADS + t];
+            }
+#pragma unroll
+            for (int c4 = 0; c4 < 8; ++c4) {
+#pragma unroll
+                for (int u = 0; u < KM_ILP; ++u) {
+                    const float4 cv = cj[u][c4]; /* channels 4c4 .. 4c4+3, in order */
+                    float d = __fsub_rn(x[4 * c4], cv.x);
+                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
+                    d = __fsub_rn(x[4 * c4 + 1], cv.y);
+                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
+                    d = __fsub_rn(x[4 * c4 + 2], cv.z);
+                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
+                    d = __fsub_rn(x[4 * c4 + 3], cv.w);
+                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < KM_ILP; ++u)
+                if (j0 + u < k) part[(j0 + u) * KM_THREADS + t] = a[u];
+        }
+    }
+    const int i = i0 + t;
+    if (i >= n) return;
+    int best = 0;
+    float bd = part[t];
+    for (int j = 1; j < k; ++j) {
+        const float dd = part[j * KM_THREADS + t];
+        if (dd < bd) {
+            bd = dd;
+            best = j;
+        }
+    }
+    km_emit(bh, n, k, i, best, keys, cnt);
+}
+
+/*
+ * Fallback when the centroids and partials do not fit in shared memory
+ * (very large k): the token row stays in registers (DW = D padded to 32,
+ * 64 or 128) and the centroids are read from global memory (cached).
  */
 template <int DT, int DW>
 __global__ void __launch_bounds__(KM_THREADS)
-km_assign_kernel(qvc_view v, int k, const float *cent, int use_smem,
-                 uint32_t *keys, int *cnt) {
-    extern __shared__ float cs_smem[];
+km_assign_global_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt) {
     __shared__ float tile[KM_THREADS * KM_TILE_STRIDE];
-    const int bh = blockIdx.y, t = threadIdx.x, warp = t >> 5, lane = t & 31;
-    const int D = (int)v.D, n = (int)v.N;
-    const int i0 = blockIdx.x * KM_THREADS;
-    const float *cg = cent + (int64_t)bh * k * D;
-    const float *cs = cg;
-    if (use_smem) {
-        for (int e = t; e < k * D; e += KM_THREADS) cs_smem[e] = cg[e];
-        cs = cs_smem; /* visible after the first barrier below */
-    }
-
+    const int bh = blockIdx.y, t = threadIdx.x;
+    const int D = (int)v.D, n = (int)v.N, i0 = blockIdx.x * KM_THREADS;
+    const float *cs = cent + (int64_t)bh * k * D;
     float x[DW];
 #pragma unroll
     for (int ch = 0; ch < DW / 32; ++ch) {
         __syncthreads();
-#pragma unroll
-        for (int rr = 0; rr < KM_THREADS / 4; ++rr) {
-            const int r = rr * 4 + warp, i = i0 + r, c = ch * 32 + lane;
-            tile[r * KM_TILE_STRIDE + lane] = (i < n && c < D) ? km_load<DT>(v, bh, i, c) : 0.0f;
-        }
+        km_stage<DT>(v, bh, i0, ch * 32, tile);
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < 32; ++u) x[ch * 32 + u] = tile[t * KM_TILE_STRIDE + u];
     }
     const int i = i0 + t;
     if (i >= n) return;
-
-    /* KM_ILP centroids per pass: independent chains interleave, each
-     * still summed in channel order; compared in index order afterwards. */
-    constexpr int KM_ILP = DW >= 128 ? 1 : 4; /* D = 128: x[] alone is 128 registers */
     int best = 0;
     float bd = 0.0f;
-    for (int j0 = 0; j0 < k; j0 += KM_ILP) {
-        const float *cj[KM_ILP];
-        float acc[KM_ILP];
-#pragma unroll
-        for (int u = 0; u < KM_ILP; ++u) {
-            cj[u] = cs + (int64_t)min(j0 + u, k - 1) * D;
-            acc[u] = 0.0f;
-        }
+    for (int j = 0; j < k; ++j) {
+        const float *cj = cs + (int64_t)j * D;
+        float acc = 0.0f;
 #pragma unroll
         for (int c = 0; c < DW; ++c) {
-#pragma unroll
-            for (int u = 0; u < KM_ILP; ++u) {
-                const float d = __fsub_rn(x[c], c < D ? cj[u][c] : 0.0f);
-                acc[u] = __fadd_rn(acc[u], __fmul_rn(d, d));
-            }
+            const float d = __fsub_rn(x[c], c < D ? __ldg(cj + c) : 0.0f);
+            acc = __fadd_rn(acc, __fmul_rn(d, d));
         }
-#pragma unroll
-        for (int u = 0; u < KM_ILP; ++u) {
-            const int j = j0 + u;
-            if (j < k && (j == 0 || acc[u] < bd)) { /* strict: ties keep the lower index */
-                bd = acc[u];
-                best = j;
-            }
+        if (j == 0 || acc < bd) { /* strict: ties keep the lower index */
+            bd = acc;
+            best = j;
         }
     }
-    keys[(int64_t)bh * n + i] = (uint32_t)bh * (uint32_t)k + (uint32_t)best;
-    atomicAdd(&cnt[(int64_t)bh * k + best], 1);
+    km_emit(bh, n, k, i, best, keys, cnt);
 }
 
 /* Exclusive scan of the counts of each bh (k is small; one thread per bh). */
@@ -184,18 +250,26 @@ typedef struct km_state {
     cudaStream_t st;
 } km_state;
 
-/* The assign kernel for a dtype and a padded width. */
-typedef void (*km_assign_fn)(qvc_view, int, const float *, int, uint32_t *, int *);
-template <int DT>
-static km_assign_fn km_assign_pick_width(int dw) {
-    return dw == 32 ? km_assign_kernel<DT, 32> : dw == 64 ? km_assign_kernel<DT, 64>
-                                                          : km_assign_kernel<DT, 128>;
-}
-static km_assign_fn km_assign_pick(int dtype, int dw) {
+typedef void (*km_assign_fn)(qvc_view, int, const float *, uint32_t *, int *);
+static km_assign_fn km_assign_shared_pick(int dtype) {
     switch (dtype) {
-    case QVA_F32: return km_assign_pick_width<QVA_F32>(dw);
-    case QVA_BF16: return km_assign_pick_width<QVA_BF16>(dw);
-    default: return km_assign_pick_width<QVA_F16>(dw);
+    case QVA_F32: return km_assign_kernel<QVA_F32>;
+    case QVA_BF16: return km_assign_kernel<QVA_BF16>;
+    default: return km_assign_kernel<QVA_F16>;
+    }
+}
+template <int DT>
+static km_assign_fn km_assign_global_pick_width(int dw) {
+    return dw == 32 ? km_assign_global_kernel<DT, 32>
+                    : dw == 64 ? km_assign_global_kernel<DT, 64> : km_assign_global_kernel<DT, 128>;
+}
+/* The assign kernel of this call (see km_smem_setup). */
+static km_assign_fn km_assign_pick(const km_state *s) {
+    if (s->use_smem) return km_assign_shared_pick(s->v.dtype);
+    switch (s->v.dtype) {
+    case QVA_F32: return km_assign_global_pick_width<QVA_F32>(s->DW);
+    case QVA_BF16: return km_assign_global_pick_width<QVA_BF16>(s->DW);
+    default: return km_assign_global_pick_width<QVA_F16>(s->DW);
     }
 }
 
@@ -203,8 +277,7 @@ static qva_status km_assign(const km_state *s, const float *cent) {
     cudaError_t e = cudaMemsetAsync(s->cnt, 0, (size_t)s->BH * s->k * sizeof(int), s->st);
     if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
     dim3 grid(qvi_cdiv(s->n, KM_THREADS), s->BH);
-    km_assign_pick(s->v.dtype, s->DW)<<<grid, KM_THREADS, s->smem, s->st>>>(
-        s->v, s->k, cent, s->use_smem, s->keys, s->cnt);
+    km_assign_pick(s)<<<grid, KM_THREADS, s->smem, s->st>>>(s->v, s->k, cent, s->keys, s->cnt);
     return km_launch_check("qvc_kmeans_perm: assign");
 }
 
@@ -217,20 +290,24 @@ static qva_status km_sort(km_state *s, int32_t *vals_out) {
     return km_launch_check("qvc_kmeans_perm: radix sort");
 }
 
-/* Sets the dynamic shared memory of the assign kernel (centroids) and
- * decides whether they fit at all. */
+/* Chooses the assign kernel: the shared-memory one when the centroids and
+ * the partial distances fit next to the row tile, else the global one;
+ * raises the dynamic shared memory limit where needed. */
 static qva_status km_smem_setup(km_state *s) {
     int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: device attributes");
-    const size_t need = (size_t)s->k * s->D * sizeof(float);
+    const size_t need = (size_t)s->k * (((s->D + 31) & ~31) + KM_THREADS) * sizeof(float);
     const size_t stat = (size_t)KM_THREADS * KM_TILE_STRIDE * sizeof(float);
     s->use_smem = need + stat + 1024 <= (size_t)optin;
     s->smem = s->use_smem ? need : 0;
-    if (s->smem > 48 * 1024) {
-        e = cudaFuncSetAttribute((const void *)km_assign_pick(s->v.dtype, s->DW),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s->smem);
+    if (s->use_smem && need + stat > 48 * 1024) {
+        /* Past 48 KiB (static + dynamic) a kernel must opt in.  The limit
+         * is set to the device maximum, not to this call's need, so
+         * concurrent calls from other threads can never lower it. */
+        e = cudaFuncSetAttribute((const void *)km_assign_pick(s),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)stat);
         if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: cudaFuncSetAttribute");
     }
     return QVA_OK;
@@ -302,7 +379,8 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
             rs = km_launch_check("qvc_kmeans_perm: offsets");
         }
         if (rs == QVA_OK) /* empty clusters (count 0) are left as they are */
-            rs = qvc_colsum_mean(&s.v, s.members, s.n, s.start, s.cnt, 0, k, s.BH * k, centroids, st);
+            rs = qvc_colsum_mean(&s.v, s.members, s.keys_sorted, s.n, s.start, s.cnt, k, s.BH * k,
+                                 centroids, st);
     }
     /* Final assignment; its stable sort is the permutation. */
     if (rs == QVA_OK) rs = km_assign(&s, centroids);

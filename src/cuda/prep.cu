@@ -9,10 +9,12 @@
  *   - every float operation is written with an explicit _rn intrinsic, so
  *     nvcc can never contract a multiply and an add into an FMA the CPU
  *     does not form (the CPU is built -std=c11, which does not contract);
- *   - the FP64 sums (K channel mean, V block means) run sequentially in the
- *     CPU's row order, so even their roundings match.  A sequential chain
- *     is one dependent DADD per row; colsum_kernel keeps it fed (loader
- *     warps fill a double-buffered shared tile while one warp adds);
+ *   - the FP64 sums (K channel mean, V block means) give the CPU's
+ *     sequential sums exactly: V block means (128 rows) are summed
+ *     sequentially in row order; the K mean is summed in parallel when
+ *     the data certify that no partial sum can round (then every order is
+ *     exact), and sequentially in the CPU's order otherwise (see the
+ *     column sums section);
  *   - maxima are order-independent, so they use ordinary tree reductions.
  *
  * Kernels (the input dtype is a template parameter everywhere, so unrolled
@@ -21,10 +23,11 @@
  *                           8 warps x 16 rows, lane = channel (c = lane +
  *                           32 j, j < NC); gather, smooth, Hadamard
  *                           (shuffles for strides < 32, in registers for
- *                           32 and 64), block amax, codes.
- *   colsum_kernel<DT>       one CTA per (segment, 32 channels): FP64 sum of
- *                           a list of rows in list order, written as
- *                           (float)(sum / len).  Used for the K channel
+ *                           32 and 64); pass 1 the block amax, pass 2
+ *                           (rows re-read) the codes.
+ *   colsum_*                FP64 means of row lists equal to the CPU's
+ *                           sequential sums: a certified parallel pass and
+ *                           a sequential fallback.  Used for the K channel
  *                           mean here and the k-means update (kmeans.cu,
  *                           through qvc_colsum_mean).
  *   v_stats_kernel<DT>      one CTA per (block, bh), thread = channel:
@@ -50,12 +53,8 @@
 #define MAX_D 128
 #define MAX_NC (MAX_D / 32)
 
-/* Also used by kmeans.cu; see the note at qvc_colsum_mean. */
-extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
-                                      int64_t rows_stride, const int *seg_start,
-                                      const int *seg_len, int fixed_len,
-                                      int seg_per_bh, int nseg, float *out,
-                                      cudaStream_t st);
+/* Row-list means, also used by kmeans.cu (see the column sums section;
+ * the declaration is repeated there, to move into cuda_internal.h). */
 
 static qva_status dev_fail(cudaError_t e, const char *what) {
     cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
@@ -88,8 +87,8 @@ static __device__ __forceinline__ float ld(const void *p, int64_t off) {
 
 /* Offset of row 0, channel 0 of head bh. */
 static __device__ __forceinline__ int64_t head_base(const qvc_view &v, int bh) {
-    int64_t b = bh / v.H, h = bh % v.H;
-    return b * v.sb + h * v.sh;
+    const int H = (int)v.H, b = bh / H, h = bh - b * H; /* 32-bit: B*H < 2^16 */
+    return (int64_t)b * v.sb + (int64_t)h * v.sh;
 }
 
 /* Source row of logical row i (perm: [BH][n] or NULL). */
@@ -165,6 +164,60 @@ static __device__ __forceinline__ void butterfly(float &a, float &b) {
     b = d;
 }
 
+/*
+ * Row i of the block, as the CPU has it just before quantization: loaded,
+ * smoothed (K), rotated (if hadamard).  Deterministic, so the two passes
+ * of qk_quant_kernel see identical values.  Lane = channel lane + 32 j.
+ */
+template <int DT, int NC>
+static __device__ __forceinline__ void qk_row(const qk_params &p, int64_t base, int bh, int i,
+                                              const float *mu, const float *sg, float *x) {
+    const int lane = threadIdx.x & 31, D = (int)p.x.D;
+    const bool valid = i < p.n; /* warp-uniform */
+    const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.x.sn : 0;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        x[j] = (valid && c < D) ? ld<DT>(p.x.data, row + c) : 0.0f;
+    }
+    if (!valid) return; /* padding rows stay +0 (a sign flip would give -0) */
+    if (p.mean) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+            if (lane + 32 * j < D) x[j] = __fsub_rn(x[j], mu[j]);
+    }
+    if (p.hadamard) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], sg[j]);
+        /* Strides 1..16 live across lanes: the lane without bit h holds a
+         * (gets a + b), its partner holds b (gets a - b). */
+        for (int h = 1; h < 32 && h < D; h <<= 1) {
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const float o = __shfl_xor_sync(FULL_MASK, x[j], h);
+                x[j] = (lane & h) ? __fsub_rn(o, x[j]) : __fadd_rn(x[j], o);
+            }
+        }
+        /* Strides 32 and 64 pair registers j and j + h/32. */
+        if (D > 32) {
+#pragma unroll
+            for (int j = 0; j + 1 < NC; ++j)
+                if (!(j & 1)) butterfly(x[j], x[j + 1]);
+        }
+        if (D > 64) {
+#pragma unroll
+            for (int j = 0; j + 2 < NC; ++j)
+                if (!(j & 2)) butterfly(x[j], x[j + 2]);
+        }
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], p.had_scale);
+    }
+}
+
+/* Two passes over the block: the amax, then the codes.  The second pass
+ * re-reads the rows (from L2) and recomputes them instead of holding the
+ * block in registers, which keeps the kernel small enough for the
+ * occupancy that hides the memory latency. */
 template <int DT, int NC>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_kernel(qk_params p) {
@@ -173,6 +226,7 @@ qk_quant_kernel(qk_params p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = (int)p.x.D;
     const int64_t base = head_base(p.x, bh);
+    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP;
 
     float mu[NC], sg[NC];
 #pragma unroll
@@ -182,59 +236,13 @@ qk_quant_kernel(qk_params p) {
         sg[j] = (p.signs && c < D) ? p.signs[c] : 1.0f;
     }
 
-    /* All loads of the warp's 16 rows first (they are independent). */
-    float x[ROWS_PER_WARP][NC];
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
-        const bool valid = i < p.n; /* warp-uniform */
-        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.x.sn : 0;
-#pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            const int c = lane + 32 * j;
-            x[r][j] = (valid && c < D) ? ld<DT>(p.x.data, row + c) : 0.0f;
-        }
-    }
-
     float amax = 0.0f;
-#pragma unroll
+#pragma unroll 2
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const bool valid = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r < p.n;
-        if (p.mean && valid) {
+        float x[NC];
+        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
 #pragma unroll
-            for (int j = 0; j < NC; ++j)
-                if (lane + 32 * j < D) x[r][j] = __fsub_rn(x[r][j], mu[j]);
-        }
-        /* Padding rows stay +0: the CPU never rotates them, and a sign
-         * flip of +0 would give -0, whose E4M3 code is 0x80, not 0. */
-        if (p.hadamard && valid) {
-#pragma unroll
-            for (int j = 0; j < NC; ++j) x[r][j] = __fmul_rn(x[r][j], sg[j]);
-            /* Strides 1..16 live across lanes: the lane without bit h
-             * holds a (gets a + b), its partner holds b (gets a - b). */
-            for (int h = 1; h < 32 && h < D; h <<= 1) {
-#pragma unroll
-                for (int j = 0; j < NC; ++j) {
-                    float o = __shfl_xor_sync(FULL_MASK, x[r][j], h);
-                    x[r][j] = (lane & h) ? __fsub_rn(o, x[r][j]) : __fadd_rn(x[r][j], o);
-                }
-            }
-            /* Strides 32 and 64 pair registers j and j + h/32. */
-            if (D > 32) {
-#pragma unroll
-                for (int j = 0; j + 1 < NC; ++j)
-                    if (!(j & 1)) butterfly(x[r][j], x[r][j + 1]);
-            }
-            if (D > 64) {
-#pragma unroll
-                for (int j = 0; j + 2 < NC; ++j)
-                    if (!(j & 2)) butterfly(x[r][j], x[r][j + 2]);
-            }
-#pragma unroll
-            for (int j = 0; j < NC; ++j) x[r][j] = __fmul_rn(x[r][j], p.had_scale);
-        }
-#pragma unroll
-        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[r][j]));
+        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[j]));
     }
     amax = block_max(amax, red);
 
@@ -248,15 +256,16 @@ qk_quant_kernel(qk_params p) {
     if (threadIdx.x == 0)
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
 
-#pragma unroll
+#pragma unroll 2
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
-        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + i) * D;
+        float x[NC];
+        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
+        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + r0 + r) * D;
 #pragma unroll
         for (int j = 0; j < NC; ++j) {
             const int c = lane + 32 * j;
             if (c >= D) continue;
-            const float y = __fdiv_rn(x[r][j], scale);
+            const float y = __fdiv_rn(x[j], scale);
             dst[c] = p.fmt == QVC_QK_INT8 ? int8_round(y) : (int8_t)e4m3(y);
         }
     }
@@ -265,30 +274,123 @@ qk_quant_kernel(qk_params p) {
 /* ------------------------------------------------------------ column sums */
 
 /*
- * A segment is a list of rows of one head: rows[start .. start+len) of the
- * head's row list (or the identity rows start..start+len-1).  The CTA of
- * (segment, channel group) sums its 32 channels over the list in FP64, in
- * list order, and writes (float)(sum / len) when len > 0.
+ * Means of row lists in FP64 that equal the CPU's sequential sums bit for
+ * bit (qvi_channel_mean: K mean; update_centroids: k-means).
  *
- * The order is the whole point (it reproduces the CPU's sequential sums),
- * so one warp does every add; the 7 other warps are loaders that fill the
- * next 128-row tile of a double buffer while the adder works on this one.
+ * Head bh has npos positions; position p names row rows[bh*npos + p]
+ * (rows NULL: row p) and belongs to segment pos_seg[bh*npos + p] (NULL:
+ * segment bh).  Segment g's positions are seg_start[g] .. + seg_len[g]
+ * within its head (NULL: 0 and npos); out[g][c] = (float)(sum / len) for
+ * len > 0, untouched for len == 0.
+ *
+ * 1. Parallel pass (colsum_exact_kernel): per (segment, channel) the FP64
+ *    sum in any order, the FP64 sum of |x| and q = the lowest set bit
+ *    exponent of any nonzero x.  If sum|x| < 2^(q+52) then every partial
+ *    sum of any subset, in any order, is a multiple of 2^q below 2^(q+53)
+ *    in magnitude, hence exact in FP64: the CPU's sequential sum and ours
+ *    are both the exact sum.  This holds for practically all bf16/f16
+ *    data (8 or 11 significant bits) and for most f32 data.
+ * 2. colsum_finalize_kernel writes those means and flags the others.
+ * 3. colsum_kernel redoes only flagged channels sequentially, in list
+ *    order (so even their roundings match the CPU): one warp adds, the 7
+ *    other warps fill the next 128-row tile of a double buffer.
  */
 #define CS_THREADS 256
 #define CS_ROWS 128
 #define CS_LOADERS (CS_THREADS / 32 - 1)                       /* 7  */
 #define CS_PER_LOADER ((CS_ROWS + CS_LOADERS - 1) / CS_LOADERS) /* 19 */
+#define XP_WARP_POS 256                       /* positions per warp, exact pass */
+#define XP_QNONE 0x7F7F7F7F                   /* q of an all-zero channel (memset 0x7F) */
 
 typedef struct colsum_params {
     qvc_view v;
-    const int32_t *rows;  /* head bh's list at rows + bh*rows_stride, or NULL */
-    int64_t rows_stride;
-    const int *seg_start; /* [nseg] or NULL (0)                             */
-    const int *seg_len;   /* [nseg] or NULL (fixed_len)                     */
-    int fixed_len;
-    int seg_per_bh;
-    float *out;           /* [nseg][D]                                      */
+    const int32_t *rows;     /* [BH][npos] or NULL                          */
+    const uint32_t *pos_seg; /* [BH][npos] or NULL                          */
+    int npos;
+    const int *seg_start;    /* [nseg] or NULL (0)                          */
+    const int *seg_len;      /* [nseg] or NULL (npos)                       */
+    int seg_per_bh, nseg;
+    float *out;              /* [nseg][D]                                   */
+    double *sum, *asum;      /* [nseg][D] exact-pass accumulators           */
+    int *qmin, *exact;       /* [nseg][D]                                   */
 } colsum_params;
+
+/* Exponent of the lowest set bit of a finite nonzero float. */
+static __device__ __forceinline__ int lowbit_exp(float x) {
+    const uint32_t b = __float_as_uint(x) & 0x7FFFFFFFu, E = b >> 23;
+    uint32_t m = b & 0x7FFFFFu;
+    int e = -149;
+    if (E) {
+        m |= 0x800000u;
+        e = (int)E - 150;
+    }
+    return e + __ffs((int)m) - 1;
+}
+
+static __device__ __forceinline__ void colsum_flush(const colsum_params &p, int g, int c, double s,
+                                                    double a, int q) {
+    const int64_t o = (int64_t)g * p.v.D + c;
+    atomicAdd(p.sum + o, s);
+    atomicAdd(p.asum + o, a);
+    if (q != XP_QNONE) atomicMin(p.qmin + o, q);
+}
+
+/* Each warp takes XP_WARP_POS consecutive positions (lane = channel) and
+ * flushes its partials with atomics whenever the segment changes. */
+template <int DT>
+__global__ void __launch_bounds__(CS_THREADS)
+colsum_exact_kernel(colsum_params p) {
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.v.D, c = blockIdx.z * 32 + lane;
+    const int p0 = (blockIdx.x * (CS_THREADS / 32) + warp) * XP_WARP_POS;
+    if (p0 >= p.npos) return;
+    const int p1 = min(p0 + XP_WARP_POS, p.npos);
+    const int64_t base = head_base(p.v, bh), lb = (int64_t)bh * p.npos;
+    int cur = -1, q = XP_QNONE;
+    double s = 0.0, a = 0.0;
+    for (int pos = p0; pos < p1; pos += 8) {
+        int g[8];
+        int64_t ro[8];
+        float x[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int pp = pos + u;
+            const bool in = pp < p1;
+            g[u] = !in ? -1 : p.pos_seg ? (int)__ldg(p.pos_seg + lb + pp) : bh;
+            ro[u] = !in ? -1 : p.rows ? (int64_t)__ldg(p.rows + lb + pp) : (int64_t)pp;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            x[u] = (ro[u] >= 0 && c < D) ? ld<DT>(p.v.data, base + ro[u] * p.v.sn + c) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (g[u] < 0) continue;
+            if (g[u] != cur) { /* warp-uniform: every lane sees the same position */
+                if (cur >= 0 && c < D) colsum_flush(p, cur, c, s, a, q);
+                cur = g[u];
+                s = a = 0.0;
+                q = XP_QNONE;
+            }
+            s += (double)x[u];
+            a += (double)fabsf(x[u]);
+            if (x[u] != 0.0f) q = min(q, lowbit_exp(x[u]));
+        }
+    }
+    if (cur >= 0 && c < D) colsum_flush(p, cur, c, s, a, q);
+}
+
+__global__ void colsum_finalize_kernel(colsum_params p) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)p.nseg * p.v.D) return;
+    const int g = (int)(t / p.v.D);
+    const int len = p.seg_len ? p.seg_len[g] : p.npos;
+    const int q = p.qmin[t];
+    /* NaN or Inf make asum non-finite: the comparison fails, and the
+     * sequential path reproduces the CPU's result for them too. */
+    const int ok = q == XP_QNONE || p.asum[t] < ldexp(1.0, q + 52);
+    p.exact[t] = ok;
+    if (ok && len > 0) p.out[t] = (float)(p.sum[t] / (double)len);
+}
 
 /* Row offsets (in elements, -1 past the end) of the rows this loader
  * fetches for tile t: rows loader, loader + 7, ... of the tile. */
@@ -320,6 +422,8 @@ static __device__ __forceinline__ void colsum_data(const colsum_params &p, const
     }
 }
 
+/* The sequential path for the channels the exact pass could not certify;
+ * a CTA whose 32 channels are all certified returns at once. */
 template <int DT>
 __global__ void __launch_bounds__(CS_THREADS)
 colsum_kernel(colsum_params p) {
@@ -328,10 +432,12 @@ colsum_kernel(colsum_params p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = (int)p.v.D, c = blockIdx.y * 32 + lane;
     const int start = p.seg_start ? p.seg_start[seg] : 0;
-    const int len = p.seg_len ? p.seg_len[seg] : p.fixed_len;
+    const int len = p.seg_len ? p.seg_len[seg] : p.npos;
+    const bool need = c < D && len > 0 && !p.exact[(int64_t)seg * D + c];
+    if (!__syncthreads_or(need)) return;
     const int ntiles = (len + CS_ROWS - 1) / CS_ROWS;
     const int64_t base = head_base(p.v, bh);
-    const int32_t *rows = p.rows ? p.rows + (int64_t)bh * p.rows_stride + start : NULL;
+    const int32_t *rows = p.rows ? p.rows + (int64_t)bh * p.npos + start : NULL;
 
     /* Loaders keep the row offsets of the next tile in registers, fetched
      * one tile ahead, so each tile costs them a single memory round trip. */
@@ -365,38 +471,57 @@ colsum_kernel(colsum_params p) {
         }
         __syncthreads();
     }
-    if (warp == 0 && c < D && len > 0)
-        p.out[(int64_t)seg * D + c] = (float)(s / (double)len);
+    if (warp == 0 && need) p.out[(int64_t)seg * D + c] = (float)(s / (double)len);
 }
 
-/*
- * Means of row lists, one per segment, in FP64 summed in list order (see
- * colsum_kernel).  Segment g belongs to head g / seg_per_bh; its rows are
- * rows[bh*rows_stride + seg_start[g] + i] for i < seg_len[g] (rows NULL:
- * seg_start[g] + i; seg_start NULL: 0; seg_len NULL: fixed_len).  Writes
- * out[g][c] = (float)(sum / len) for every segment with len > 0 and leaves
- * the others untouched.  Used by qvc_prep (K mean) and qvc_kmeans_perm
- * (centroid update); declared again in kmeans.cu, to move into
- * cuda_internal.h.
- */
 extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
-                                      int64_t rows_stride, const int *seg_start,
-                                      const int *seg_len, int fixed_len,
+                                      const uint32_t *pos_seg, int npos,
+                                      const int *seg_start, const int *seg_len,
                                       int seg_per_bh, int nseg, float *out,
                                       cudaStream_t st) {
-    if (nseg <= 0) return QVA_OK;
+    if (nseg <= 0 || npos <= 0) return QVA_OK;
+    const int D = (int)v->D, BH = (int)(v->B * v->H), ncg = qvi_cdiv(D, 32);
+    const size_t cells = (size_t)nseg * D;
+    const size_t b8 = (cells * 8 + 255) & ~(size_t)255, b4 = (cells * 4 + 255) & ~(size_t)255;
+    char *tmp = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&tmp, 2 * b8 + 2 * b4, st);
+    if (e != cudaSuccess) return dev_fail(e, "column mean: cudaMallocAsync");
     colsum_params p;
     p.v = *v;
     p.rows = rows;
-    p.rows_stride = rows_stride;
+    p.pos_seg = pos_seg;
+    p.npos = npos;
     p.seg_start = seg_start;
     p.seg_len = seg_len;
-    p.fixed_len = fixed_len;
     p.seg_per_bh = seg_per_bh;
+    p.nseg = nseg;
     p.out = out;
-    dim3 grid((unsigned)nseg, (unsigned)qvi_cdiv((int)v->D, 32));
-    DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
-    return launch_check("column mean");
+    p.sum = (double *)tmp;
+    p.asum = (double *)(tmp + b8);
+    p.qmin = (int *)(tmp + 2 * b8);
+    p.exact = (int *)(tmp + 2 * b8 + b4);
+    qva_status s = QVA_OK;
+    if ((e = cudaMemsetAsync(tmp, 0, 2 * b8, st)) != cudaSuccess ||
+        (e = cudaMemsetAsync(p.qmin, 0x7F, b4, st)) != cudaSuccess)
+        s = dev_fail(e, "column mean: cudaMemsetAsync");
+    if (s == QVA_OK) {
+        const int per_cta = (CS_THREADS / 32) * XP_WARP_POS;
+        dim3 grid((unsigned)qvi_cdiv(npos, per_cta), (unsigned)BH, (unsigned)ncg);
+        DISPATCH_DTYPE(v->dtype, (colsum_exact_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
+        s = launch_check("column mean: exact pass");
+    }
+    if (s == QVA_OK) {
+        colsum_finalize_kernel<<<(unsigned)((cells + 255) / 256), 256, 0, st>>>(p);
+        s = launch_check("column mean: finalize");
+    }
+    if (s == QVA_OK) {
+        dim3 grid((unsigned)nseg, (unsigned)ncg);
+        DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
+        s = launch_check("column mean: sequential pass");
+    }
+    if ((e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
+        s = dev_fail(e, "column mean: cudaFreeAsync");
+    return s;
 }
 
 /* ------------------------------------------------------------ V */
@@ -488,27 +613,20 @@ v_encode_kernel(v_params p) {
     const int D = (int)p.v.D;
     const int64_t base = head_base(p.v, bh);
 
-    /* The warp's 16 rows: loads first (independent), then the encode. */
-    float x[ROWS_PER_WARP][MAX_NC];
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
-        const bool valid = i < p.n;
-        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.v.sn : 0;
-#pragma unroll
-        for (int j = 0; j < MAX_NC; ++j) {
-            const int c = lane + 32 * j;
-            x[r][j] = (valid && c < D) ? ld<DT>(p.v.data, row + c) : 0.0f;
-        }
-    }
-
     float bscale = 1.0f;
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
         float amax = 0.0f;
+#pragma unroll 4
+        for (int r = 0; r < ROWS_PER_WARP; ++r) {
+            const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
+            if (i >= p.n) break; /* warp-uniform */
+            const int64_t row = base + src_row(p.perm, bh, p.n, i) * p.v.sn;
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_WARP; ++r)
-#pragma unroll
-            for (int j = 0; j < MAX_NC; ++j) amax = fmaxf(amax, fabsf(x[r][j]));
+            for (int j = 0; j < MAX_NC; ++j) {
+                const int c = lane + 32 * j;
+                if (c < D) amax = fmaxf(amax, fabsf(ld<DT>(p.v.data, row + c)));
+            }
+        }
         amax = block_max(amax, red);
         bscale = __fdiv_rn(amax, 448.0f);
         if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
@@ -522,10 +640,13 @@ v_encode_kernel(v_params p) {
         mu[j] = in && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
         cs[j] = in ? p.chan[(int64_t)bh * D + c] : 1.0f;
     }
-#pragma unroll
+    /* Codes of the warp's 16 keys into the tile (re-reading the rows the
+     * amax pass touched: L2 hits, and a small kernel). */
+#pragma unroll 2
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const int key = warp * ROWS_PER_WARP + r;
-        const bool valid = blk * QVI_BLOCK + key < p.n;
+        const int key = warp * ROWS_PER_WARP + r, i = blk * QVI_BLOCK + key;
+        const bool valid = i < p.n;
+        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.v.sn : 0;
         uint8_t *trow = tile + key * TILE_STRIDE;
 #pragma unroll
         for (int j = 0; j < MAX_NC; ++j) {
@@ -533,11 +654,12 @@ v_encode_kernel(v_params p) {
             if (c >= D) continue;
             uint8_t code = 0; /* padding keys: code 0 */
             if (valid) {
+                const float x = ld<DT>(p.v.data, row + c);
                 float y;
                 if (p.mode == 1) {
-                    y = __fdiv_rn(x[r][j], bscale);
+                    y = __fdiv_rn(x, bscale);
                 } else {
-                    const float res = p.demean ? __fsub_rn(x[r][j], mu[j]) : x[r][j];
+                    const float res = p.demean ? __fsub_rn(x, mu[j]) : x;
                     y = __fdiv_rn(res, cs[j]);
                 }
                 code = e4m3(y);
@@ -701,7 +823,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
      * as the CPU does), then rotated. */
     if (s == QVA_OK && kmean)
-        s = qvc_colsum_mean(k, a->perm, nk, NULL, NULL, nk, 1, BH, kmean, st);
+        s = qvc_colsum_mean(k, a->perm, NULL, nk, NULL, NULL, 1, BH, kmean, st);
     if (s == QVA_OK) {
         p.x = *k;
         p.perm = a->perm;
