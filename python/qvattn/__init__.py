@@ -9,8 +9,16 @@ rank 4 in the given layout: "HND" = [B, H, N, D], "NHD" = [B, N, H, D].
 The output has q's dtype, device and layout.  The full PyTorch layer (autograd,
 modules, model patching) is a later issue; this is only the call.
 """
-from . import _ffi
-from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,
+# torch must be imported before libqvattn.so is loaded: the library links
+# the system's OpenMP runtime, and loading it ahead of torch's own made
+# `import torch` segfault on the H200 machine (2026-11-30, gpu-check).
+try:  # torch is optional: numpy-only callers never need it
+    import torch as _torch
+except ImportError:  # pragma: no cover - depends on the environment
+    _torch = None
+
+from . import _ffi  # noqa: E402  (after torch, see above)
+from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noqa: E402
                    build_info, cuda_available, last_error)
 
 __all__ = ["attention", "describe", "Context", "QvaError", "QvaValueError",
@@ -18,11 +26,6 @@ __all__ = ["attention", "describe", "Context", "QvaError", "QvaValueError",
            "default_context"]
 
 __version__ = "0.1.0"
-
-try:  # torch is optional: numpy-only callers never need it
-    import torch as _torch
-except ImportError:  # pragma: no cover - depends on the environment
-    _torch = None
 
 try:
     import numpy as _np
