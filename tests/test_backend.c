@@ -10,6 +10,7 @@
  *     element fails.
  *   perf mode (`test_backend perf`): times each method per backend.
  */
+#define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
