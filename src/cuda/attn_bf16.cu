@@ -1,0 +1,386 @@
+/*
+ * ======================================================================
+ * LEAD: add to cuda_internal.h (inside its extern "C" block, after
+ * qvc_attn_qk8_pv8); the QVC_HAVE_OPS16 define then disables the local
+ * copies below and in prep16.cu, so nothing else needs to change:
+ *
+ *   #define QVC_HAVE_OPS16 1
+ *   /-* 16-bit operands of the bf16 method (src/cuda/prep16.cu):
+ *    *   q   [BH][nq_pad][D]     BF16 bits (FP16 if use_f16), rows >= nq 0
+ *    *   k   [BH][nk_pad][D]     rows >= nk 0
+ *    *   v_t [BH][nblk][D][128]  V transposed per 128-key block (plain
+ *    *                           key order), keys >= nk 0          *-/
+ *   typedef struct qvc_ops16 {
+ *       int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+ *       uint16_t *q;
+ *       uint16_t *k;
+ *       uint16_t *v_t;
+ *   } qvc_ops16;
+ *   qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
+ *   void qvc_ops16_free(qvc_ops16 *ops);
+ *   /-* Rounds the views RNE to BF16 (FP16 if use_f16) into ops. *-/
+ *   qva_status qvc_prep16(const qvc_view *q, const qvc_view *k,
+ *                         const qvc_view *v, int use_f16, qvc_ops16 *ops,
+ *                         cudaStream_t st);
+ *   /-* bf16 method: mma.sync m16n8k16, FP32 online softmax (a->expcast
+ *    * is ignored). *-/
+ *   qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
+ *                            const qvc_attn_args *a, cudaStream_t st);
+ *
+ * (write the "/-*" and "*-/" above as real comment delimiters)
+ * ======================================================================
+ *
+ * attn_bf16_mma_64x128: the bf16 method (docs/NUMERICS.md §3, 16-bit path).
+ *
+ *   S  = Q K^T   mma.sync m16n8k16 bf16 (f16 for f16 inputs), FP32
+ *                accumulate, times sm_scale * log2(e) (one rounding, as
+ *                qvi_scores_f32); keys >= nk -> -inf
+ *   m' = max(m, rowmax S) (quad shuffles), alpha = exp2(m - m') rescales
+ *                l and O (qvi_row_raise_max)
+ *   p  = exp2(s - m') FP32, l += sum p (FP32 weights), P rounded to
+ *                bf16/f16 (qvi_pv_16)
+ *   O += P V     mma.sync m16n8k16, a fresh FP32 partial per 128-key
+ *                block added after the rescale
+ *   out = O / l, LSE = ln2 (m + log2 l); zeros and -inf for a row with no
+ *                key.
+ *
+ * CTA = 4 warps x 16 query rows = 64 rows; one 128-key block per
+ * iteration.  Fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16; lane =
+ * 4 g + t, g = lane / 4 in 0..7, t = lane % 4):
+ *   A 16x16 (row): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
+ *                  a3 = (g+8, 2t+8..)   [32-bit registers, low half first]
+ *   B 16x8  (col): b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g)
+ *   C 16x8  f32:   c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+ * so
+ *   - Q (A of S) and K (B of S, k = channel, n = key) are 32-bit loads of
+ *     two adjacent channels from row-major [token][D];
+ *   - the S accumulators of n-tiles 2c and 2c+1 (keys 16c..16c+15) are,
+ *     element for element, the A fragment of keys 16c.. of the PV MMA:
+ *     a0 = S[2c].c0c1, a1 = S[2c].c2c3, a2 = S[2c+1].c0c1,
+ *     a3 = S[2c+1].c2c3: pack two floats into bf16x2, no shuffles and no
+ *     key permutation (unlike the 8-bit kernel's k32 layout);
+ *   - V (B of PV, k = key, n = channel) needs two adjacent keys of one
+ *     channel: the prep writes V^T per block, [D][128].
+ * Shared tiles are padded by 8 halfwords per row: row strides of 68 (or
+ * 36) words put the 8 rows g of a fragment load 4 banks apart, and t adds
+ * 0..3, so the 32 lanes of every fragment load hit 32 distinct banks.
+ *
+ * Pipeline (cp.async, one K and one V tile): K(j+1) is fetched during the
+ * PV of block j, V(j+1) during the S and softmax of block j+1; three
+ * barriers per block.  This is mma.sync on Hopper: correct first, not the
+ * wgmma kernel.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* Local copy of the LEAD block above until it is in cuda_internal.h. */
+#ifndef QVC_HAVE_OPS16
+extern "C" {
+typedef struct qvc_ops16 {
+    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    uint16_t *q;   /* [BH][nq_pad][D] bf16 / f16 bits          */
+    uint16_t *k;   /* [BH][nk_pad][D]                          */
+    uint16_t *v_t; /* [BH][nblk][D][128], transposed per block */
+} qvc_ops16;
+qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
+void qvc_ops16_free(qvc_ops16 *ops);
+qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                      int use_f16, qvc_ops16 *ops, cudaStream_t st);
+qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16, const qvc_attn_args *a,
+                         cudaStream_t st);
+}
+#endif
+
+#define B16_ROWS 64    /* query rows per CTA            */
+#define B16_KEYS 128   /* keys per block (QVI_BLOCK)    */
+#define B16_PAD 8      /* halfwords of row padding      */
+#define B16_THREADS 128
+
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0,
+                                               uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int F16>
+static __device__ __forceinline__ void mma16(float *c, const uint32_t *a, uint32_t b0,
+                                             uint32_t b1) {
+    if constexpr (F16)
+        mma_f16(c, a, b0, b1);
+    else
+        mma_bf16(c, a, b0, b1);
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most N of this thread's committed groups are pending. */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Two floats -> two 16-bit values, RNE, a in the low half (the lower
+ * column of a fragment register). */
+template <int F16>
+static __device__ __forceinline__ uint32_t pack2(float a, float b) {
+    uint32_t u;
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    }
+    return u;
+}
+
+static __device__ __forceinline__ uint32_t lds32(const uint16_t *p) {
+    return *(const uint32_t *)p;
+}
+
+static __device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+static __device__ __forceinline__ float quad_sum(float x) {
+    x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
+    if (a.out_dtype == QVA_F32)
+        ((float *)a.out)[off] = x;
+    else if (a.out_dtype == QVA_BF16)
+        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
+    else
+        ((__half *)a.out)[off] = __float2half_rn(x);
+}
+
+template <int D>
+struct tiles16 {
+    uint16_t k[B16_KEYS][D + B16_PAD]; /* block of K, [key][channel]   */
+    uint16_t v[D][B16_KEYS + B16_PAD]; /* block of V^T, [channel][key] */
+};
+
+/* Issues (and commits as one group) the copies of a K block: thread
+ * (row r, 16-byte chunk c) of each pass of B16_THREADS chunks, rows
+ * advancing by a constant per pass (so the addresses are base + imm). */
+template <int D>
+static __device__ __forceinline__ void issue_k(tiles16<D> &t, const uint16_t *kg) {
+    constexpr int CPR = D / 8, RPP = B16_THREADS / CPR; /* chunks per row, rows per pass */
+    const int r = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 8;
+    uint16_t *sd = &t.k[r][c];
+    const uint16_t *gs = kg + (size_t)r * D + c;
+#pragma unroll
+    for (int u = 0; u < B16_KEYS / RPP; ++u)
+        cp_async16(sd + u * RPP * (D + B16_PAD), gs + u * RPP * D);
+    cp_async_commit();
+}
+
+/* Issues (and commits as one group) the copies of a V^T block. */
+template <int D>
+static __device__ __forceinline__ void issue_v(tiles16<D> &t, const uint16_t *vg) {
+    constexpr int CPR = B16_KEYS / 8, RPP = B16_THREADS / CPR;
+    const int r = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 8;
+    uint16_t *sd = &t.v[r][c];
+    const uint16_t *gs = vg + (size_t)r * B16_KEYS + c;
+#pragma unroll
+    for (int u = 0; u < D / RPP; ++u)
+        cp_async16(sd + u * RPP * (B16_KEYS + B16_PAD), gs + u * RPP * B16_KEYS);
+    cp_async_commit();
+}
+
+template <int D, int F16>
+__global__ void __launch_bounds__(B16_THREADS)
+attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
+    extern __shared__ __align__(16) unsigned char b16_smem[];
+    tiles16<D> &t = *reinterpret_cast<tiles16<D> *>(b16_smem);
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int row0 = blockIdx.x * B16_ROWS + warp * 16 + g; /* and row0 + 8 */
+
+    const uint16_t *kg = ops.k + (size_t)bh * ops.nk_pad * D;
+    const uint16_t *vg = ops.v_t + (size_t)bh * ops.nblk * D * B16_KEYS;
+    issue_k<D>(t, kg); /* block 0 */
+    issue_v<D>(t, vg);
+
+    /* Q as A fragments of S: rows row0 / row0 + 8, channels 16 kc + 2 tig
+     * (+ 8).  Loaded once, kept in registers. */
+    uint32_t qf[D / 16][4];
+    const uint16_t *qg = ops.q + ((size_t)bh * ops.nq_pad + row0) * D + 2 * tig;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        qf[kc][0] = __ldg((const uint32_t *)(qg + kc * 16));
+        qf[kc][1] = __ldg((const uint32_t *)(qg + 8 * D + kc * 16));
+        qf[kc][2] = __ldg((const uint32_t *)(qg + kc * 16 + 8));
+        qf[kc][3] = __ldg((const uint32_t *)(qg + 8 * D + kc * 16 + 8));
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j < ops.nblk; ++j) {
+        cp_async_wait<1>(); /* K(j) landed; V(j) may still be in flight */
+        __syncthreads();
+
+        /* ---- S = Q K^T, FP32, times sm_scale log2(e) ---- */
+        float s[B16_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < B16_KEYS / 8; ++nt) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint16_t *kr = &t.k[nt * 8 + g][2 * tig];
+#pragma unroll
+            for (int kc = 0; kc < D / 16; ++kc)
+                mma16<F16>(acc, qf[kc], lds32(kr + kc * 16), lds32(kr + kc * 16 + 8));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn(acc[e], a.scale_log2);
+        }
+        if ((j + 1) * B16_KEYS > ops.nk) { /* the last block: mask padding keys */
+#pragma unroll
+            for (int nt = 0; nt < B16_KEYS / 8; ++nt) {
+                const int key = j * B16_KEYS + nt * 8 + 2 * tig;
+                if (key >= ops.nk) s[nt][0] = s[nt][2] = -INFINITY;
+                if (key + 1 >= ops.nk) s[nt][1] = s[nt][3] = -INFINITY;
+            }
+        }
+
+        /* ---- online softmax: raise the max, rescale l and O ---- */
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < B16_KEYS / 8; ++nt) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx[0] = quad_max(mx[0]);
+        mx[1] = quad_max(mx[1]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            /* qvi_row_raise_max: no rescale before the first key or when
+             * the max did not rise (x * 1 is exact, so multiply anyway). */
+            const bool rise = mx[r] > m[r];
+            const float alpha =
+                (rise && m[r] != -INFINITY) ? exp2f(__fsub_rn(m[r], mx[r])) : 1.0f;
+            l[r] = __fmul_rn(l[r], alpha);
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                o[n][2 * r] = __fmul_rn(o[n][2 * r], alpha);
+                o[n][2 * r + 1] = __fmul_rn(o[n][2 * r + 1], alpha);
+            }
+            if (rise) m[r] = mx[r];
+        }
+
+        /* ---- P: FP32 weights into l, 16-bit into the PV A fragments ---- */
+        const float mr0 = m[0] == -INFINITY ? 0.0f : m[0];
+        const float mr1 = m[1] == -INFINITY ? 0.0f : m[1];
+        uint32_t pa[B16_KEYS / 16][4];
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < B16_KEYS / 16; ++c) {
+            const float *lo = s[2 * c], *hi = s[2 * c + 1];
+            const float p0 = exp2f(__fsub_rn(lo[0], mr0)), p1 = exp2f(__fsub_rn(lo[1], mr0));
+            const float p2 = exp2f(__fsub_rn(lo[2], mr1)), p3 = exp2f(__fsub_rn(lo[3], mr1));
+            const float p4 = exp2f(__fsub_rn(hi[0], mr0)), p5 = exp2f(__fsub_rn(hi[1], mr0));
+            const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
+            rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
+            rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
+            pa[c][0] = pack2<F16>(p0, p1); /* row g,     keys 16c + 2t     */
+            pa[c][1] = pack2<F16>(p2, p3); /* row g + 8, keys 16c + 2t     */
+            pa[c][2] = pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
+            pa[c][3] = pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
+        }
+        l[0] = __fadd_rn(l[0], quad_sum(rs[0]));
+        l[1] = __fadd_rn(l[1], quad_sum(rs[1]));
+
+        cp_async_wait<0>(); /* V(j) landed */
+        __syncthreads();    /* ... for every thread; and every warp is past S(j) */
+        if (j + 1 < ops.nblk) issue_k<D>(t, kg + (size_t)(j + 1) * B16_KEYS * D);
+
+        /* ---- O += P V(j): a fresh FP32 partial per block ---- */
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint16_t *vr = &t.v[n * 8 + g][2 * tig];
+#pragma unroll
+            for (int c = 0; c < B16_KEYS / 16; ++c)
+                mma16<F16>(part, pa[c], lds32(vr + c * 16), lds32(vr + c * 16 + 8));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[n][e] = __fadd_rn(o[n][e], part[e]);
+        }
+
+        __syncthreads(); /* every warp is past PV(j): the V tile is free */
+        if (j + 1 < ops.nblk) issue_v<D>(t, vg + (size_t)(j + 1) * D * B16_KEYS);
+    }
+
+    /* ---- epilogue: out = O / l, LSE (natural log) ---- */
+    const int b = bh / a.H, h = bh % a.H;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= ops.nq) continue;
+        const bool empty = m[r] == -INFINITY || !(l[r] > 0.0f);
+        const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int col = n * 8 + 2 * tig;
+            store_out(a, base + col, empty ? 0.0f : __fdiv_rn(o[n][2 * r], l[r]));
+            store_out(a, base + col + 1, empty ? 0.0f : __fdiv_rn(o[n][2 * r + 1], l[r]));
+        }
+        if (a.lse && tig == 0)
+            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =
+                empty ? -INFINITY
+                      : __fmul_rn(__fadd_rn(m[r], log2f(l[r])), 0.69314718055994531f);
+    }
+}
+
+template <int D, int F16>
+static qva_status launch16(const qvc_ops16 *ops, const qvc_attn_args *a, cudaStream_t st) {
+    const int smem = (int)sizeof(tiles16<D>); /* 69632 (D 128) or 35840 (D 64) bytes */
+    cudaError_t e = cudaFuncSetAttribute(attn_bf16_mma_64x128<D, F16>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return qvi_fail(QVA_ERR_DEVICE, "attn_bf16: shared memory attribute: %s",
+                        cudaGetErrorString(e));
+    }
+    dim3 grid((unsigned)(ops->nq_pad / B16_ROWS), (unsigned)ops->BH);
+    attn_bf16_mma_64x128<D, F16><<<grid, B16_THREADS, smem, st>>>(*ops, *a);
+    e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "attn_bf16 launch: %s", cudaGetErrorString(e));
+}
+
+extern "C" qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16, const qvc_attn_args *a,
+                                    cudaStream_t st) {
+    if (!ops || !a || !ops->q || !ops->k || !ops->v_t || !a->out)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_bf16: NULL operands or output");
+    if (ops->BH < 1 || ops->BH > 65535 || ops->nq < 1 || ops->nk < 1 ||
+        ops->nq_pad % B16_ROWS != 0 || ops->nblk * B16_KEYS != ops->nk_pad || a->H < 1)
+        return qvi_fail(QVA_ERR_SHAPE, "attn_bf16: bad operand shape BH=%d nq=%d nk=%d", ops->BH,
+                        ops->nq, ops->nk);
+    if (ops->D == 128)
+        return use_f16 ? launch16<128, 1>(ops, a, st) : launch16<128, 0>(ops, a, st);
+    if (ops->D == 64)
+        return use_f16 ? launch16<64, 1>(ops, a, st) : launch16<64, 0>(ops, a, st);
+    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_bf16: head dim %d", ops->D);
+}

@@ -1,0 +1,862 @@
+/*
+ * DraftAttention2 router on the device (DA2 §3.1 Eq. 1-2, Algorithm 1,
+ * C.1-C.2): region pooling of Q and K, the draft map, the per-head ranking
+ * with quotas and the per-(head, query region) key lists of each phase.
+ * All B*H heads at once, on the caller's stream.
+ *
+ * The results equal the CPU reference (src/cpu/draft.c, docs/DRAFT.md §3)
+ * bit for bit:
+ *   - pooling: one thread per (region, channel, Q or K) adds the region's
+ *     valid tokens in path order (the packed order of the CPU) in FP64 with
+ *     explicit _rn adds, divides once and rounds to f32; the max is the
+ *     same sequential `v > m ? v : m` scan, started at the first token;
+ *   - draft map: the logits are FP64 dot products in channel order
+ *     (__dmul_rn / __dadd_rn: no FMA, the CPU is built without
+ *     contraction), times sm; max; exp(x - max); the sum in key-region
+ *     order by one lane; one IEEE division per entry; the FP64 mixture
+ *     (1 - lambda) p + lambda p' rounded to f32.  exp() is CUDA's FP64 exp
+ *     (<= 1 ulp), libm's may differ by an ulp; the f32 rounding absorbs
+ *     that except on a rounding boundary (docs/DRAFT.md §3);
+ *   - ranking: no sort.  Each entry gets the 64-bit key
+ *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
+ *     whose descending order is exactly the CPU's stable descending argsort
+ *     (ties by ascending pair index; NaN last; -0 == +0), and all keys are
+ *     distinct.  A radix select (8-bit digits, most significant first,
+ *     only as many index digits as M - 1 needs) finds, per head, the keys
+ *     tau_j of the pairs at ranks e_j - 1 for the three cumulative quotas
+ *     e_0 = T16, e_1 = T16 + T8, e_2 = T16 + T8 + T4.  A pair's precision
+ *     is then 16 if comp >= tau_0, else 8 if comp >= tau_1, else 4 if
+ *     comp >= tau_2, else 0: the CPU's assignment of sorted positions;
+ *   - lists: a warp per (head, query region) row writes each phase's key
+ *     regions in ascending order with ballots; a per-head scan of the row
+ *     counts gives the CSR offsets (layout in the LEAD block below).
+ * Quotas come from the CPU function (qvi_draft_quotas) on the host.
+ */
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+#include "cpu/draft.h"
+
+/* ========================================================================
+ * LEAD: add to cuda_internal.h (then this guarded copy, and the one in
+ * tests/cuda_test_draft.c, are skipped because QVC_DRAFT_ROUTER_API is
+ * defined).  Paste the block as is, inside the existing extern "C".
+ *
+ * #define QVC_DRAFT_ROUTER_API 1
+ * struct qvi_partition;
+ *
+ * // Device copy of the packing of one (partition, T, P, prefix_at_end)
+ * // (src/cpu/partition.c, qvi_draft_layout; docs/DRAFT.md §2).  Built on
+ * // the host by the CPU code and uploaded once; cache it with the
+ * // partition.  Packed slot s: prefix slots [0, prefix_pad), then video
+ * // region r (frame-major, r = t*rf + a) at prefix_pad + r*c .. + c.
+ * typedef struct qvc_draft_layout {
+ *     int64_t n;            // sequence length P + T*H*W
+ *     int64_t n_pack;       // prefix_pad + regions * c
+ *     int64_t prefix_pad;   // ceil(P / c) * c
+ *     int prefix, prefix_at_end, t, h, w, c, rf;
+ *     int regions;          // R = T * rf video regions
+ *     int32_t *pack_to_orig;// device [n_pack]: sequence index, -1 = padding
+ *     int32_t *orig_to_pack;// device [n]: packed slot of each token
+ *     int32_t *count;       // device [R]: valid tokens of each region
+ * } qvc_draft_layout;
+ * // qvi_draft_layout_build(part, t, prefix, prefix_at_end) on the host,
+ * // then a synchronous upload.  *out is zeroed first.
+ * qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t,
+ *                                    int prefix, int prefix_at_end,
+ *                                    qvc_draft_layout *out);
+ * void qvc_draft_layout_free(qvc_draft_layout *l);
+ *
+ * // Router outputs (device) of one call.  M = R*R, T = T4 + T8 + T16.
+ * //   qavg, qmax, kavg, kmax [BH][R][D] f32  pooled descriptors (Eq. 1)
+ * //   A      [BH][R][R] f32    draft map (Eq. 2), row a = query region
+ * //   prec   [BH][R][R] uint8  0 / 4 / 8 / 16 (Algorithm 1)
+ * //   CSR:   row (bh, a, p), p = 0: NVFP4 (4-bit), 1: INT8, 2: 16-bit,
+ * //          the order of the phased kernel.  Row index
+ * //          i = (bh*R + a)*3 + p; its key regions are
+ * //          cols[offsets[i] .. offsets[i+1]) in ascending order.
+ * //          offsets has BH*R*3 + 1 entries, offsets[0] = 0; every head
+ * //          holds exactly T entries, so head bh is
+ * //          cols[bh*T .. (bh+1)*T) and offsets[(bh*R)*3] = bh*T.
+ * //          An empty INT8 row (offsets equal) means no phase boundary
+ * //          (Eq. 7).  Prefix key blocks are not listed: video queries
+ * //          always take all of them first in the 16-bit phase.
+ * //   cols   [BH*R*R] int32 capacity; the first BH*T entries are used.
+ * // quota[] (skip, 4, 8, 16, as qvi_draft_quotas) and retained (= T) are
+ * // host copies set by qvc_draft_route.  scratch: internal.
+ * typedef struct qvc_draft_route_buf {
+ *     int BH, R, D;
+ *     int64_t quota[4];
+ *     int64_t retained;
+ *     float *qavg, *qmax, *kavg, *kmax;
+ *     float *A;
+ *     uint8_t *prec;
+ *     int32_t *offsets;
+ *     int32_t *cols;
+ *     void *scratch;
+ * } qvc_draft_route_buf;
+ * // Fails with QVA_ERR_UNSUPPORTED when BH*R*R exceeds INT32_MAX.
+ * qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
+ * void qvc_draft_route_free(qvc_draft_route_buf *b);
+ * // Pooling, Eq. 2, quotas and Algorithm 1, lists: q, k [B,H,N,D] views
+ * // (same dtype, N = lay->n, D <= 128), cfg->draft fractions and lambda,
+ * // cfg->sm_scale (0: 1/sqrt(D)).  b allocated for (B*H, lay->regions, D).
+ * // Asynchronous on st (b->quota / b->retained are set on return).
+ * qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
+ *                            const qva_config *cfg, const qvc_draft_layout *lay,
+ *                            qvc_draft_route_buf *b, cudaStream_t st);
+ * ======================================================================== */
+#ifndef QVC_DRAFT_ROUTER_API
+#define QVC_DRAFT_ROUTER_API 1
+extern "C" {
+struct qvi_partition;
+typedef struct qvc_draft_layout {
+    int64_t n;
+    int64_t n_pack;
+    int64_t prefix_pad;
+    int prefix, prefix_at_end, t, h, w, c, rf;
+    int regions;
+    int32_t *pack_to_orig;
+    int32_t *orig_to_pack;
+    int32_t *count;
+} qvc_draft_layout;
+qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t,
+                                   int prefix, int prefix_at_end,
+                                   qvc_draft_layout *out);
+void qvc_draft_layout_free(qvc_draft_layout *l);
+typedef struct qvc_draft_route_buf {
+    int BH, R, D;
+    int64_t quota[4];
+    int64_t retained;
+    float *qavg, *qmax, *kavg, *kmax;
+    float *A;
+    uint8_t *prec;
+    int32_t *offsets;
+    int32_t *cols;
+    void *scratch;
+} qvc_draft_route_buf;
+qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
+void qvc_draft_route_free(qvc_draft_route_buf *b);
+qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
+                           const qva_config *cfg, const qvc_draft_layout *lay,
+                           qvc_draft_route_buf *b, cudaStream_t st);
+}
+#endif
+
+#define DR_MAX_D 128
+#define DR_FULL 0xffffffffu
+#define DR_ROWS_PER_CTA 8       /* warps (= query-region rows) of the list kernels */
+#define DR_HIST_THREADS 256
+#define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
+#define DR_SCAN_THREADS 1024
+#define DR_MAP_SMEM_TARGET (99 * 1024) /* keeps two map CTAs per SM */
+
+static qva_status dr_fail(cudaError_t e, const char *what) {
+    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
+    if (e == cudaErrorMemoryAllocation)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
+    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static qva_status dr_launch_check(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
+}
+
+/* ------------------------------------------------------------ helpers */
+
+/* One element of a user view; bf16 and f16 widen to f32 exactly, as the
+ * CPU's qvi_load_head does. */
+template <int DT>
+static __device__ __forceinline__ float dr_ld(const void *p, int64_t off) {
+    if constexpr (DT == QVA_F32) {
+        return __ldg((const float *)p + off);
+    } else {
+        unsigned short u = __ldg((const unsigned short *)p + off);
+        if constexpr (DT == QVA_BF16)
+            return __uint_as_float((unsigned)u << 16);
+        else
+            return __half2float(__ushort_as_half(u));
+    }
+}
+
+static __device__ __forceinline__ int64_t dr_head_base(const qvc_view &v, int bh) {
+    const int H = (int)v.H, b = bh / H, h = bh - b * H;
+    return (int64_t)b * v.sb + (int64_t)h * v.sh;
+}
+
+/*
+ * Orderable key of a draft-map value: larger A -> larger key; NaN -> 0,
+ * below every number (the CPU sorts NaN last); -0 and +0 equal (the CPU
+ * compares with !=).
+ */
+static __host__ __device__ __forceinline__ uint32_t dr_order_key(uint32_t u) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;
+    if (u == 0x80000000u) u = 0u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Distinct 64-bit key of pair i among M: descending order = the CPU's
+ * stable descending argsort (equal A: ascending i). */
+static __host__ __device__ __forceinline__ uint64_t dr_comp(uint32_t abits, uint64_t i,
+                                                            uint64_t M) {
+    return ((uint64_t)dr_order_key(abits) << 32) | (M - 1 - i);
+}
+
+/* Selection mode of one cumulative quota e_j: none retained, all, or a
+ * threshold found by the radix select. */
+enum { DR_SEL_NONE = 0, DR_SEL_ALL = 1, DR_SEL_FIND = 2 };
+
+typedef struct dr_bounds {
+    int mode[3];
+} dr_bounds;
+
+/* Per head: the selected key bits so far and the rank left within them. */
+typedef struct dr_sel {
+    unsigned long long prefix[3];
+    unsigned long long rank[3];
+} dr_sel;
+
+/* Precision (0/4/8/16) of composite key c under the per-head thresholds. */
+static __host__ __device__ __forceinline__ int dr_class(uint64_t c, const dr_bounds &bd,
+                                                        const unsigned long long *tau) {
+#define DR_KEPT(j) (bd.mode[j] == DR_SEL_ALL || (bd.mode[j] == DR_SEL_FIND && c >= tau[j]))
+    return DR_KEPT(0) ? 16 : DR_KEPT(1) ? 8 : DR_KEPT(2) ? 4 : 0;
+#undef DR_KEPT
+}
+
+/* Phase index of a precision: 0 NVFP4, 1 INT8, 2 16-bit, -1 skipped. */
+static __device__ __forceinline__ int dr_phase(int p) {
+    return p == 4 ? 0 : p == 8 ? 1 : p == 16 ? 2 : -1;
+}
+
+#define DISPATCH_DR_DTYPE(dtype, CALL)                                         \
+    do {                                                                       \
+        switch (dtype) {                                                       \
+        case QVA_F32: { constexpr int DT_ = QVA_F32; CALL; } break;            \
+        case QVA_BF16: { constexpr int DT_ = QVA_BF16; CALL; } break;          \
+        default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
+        }                                                                      \
+    } while (0)
+
+/* ------------------------------------------------------------ pooling */
+
+typedef struct dr_pool_params {
+    qvc_view q, k;
+    const int32_t *pack;   /* [n_pack] sequence index of each slot */
+    const int32_t *count;  /* [R]                                  */
+    int64_t prefix_pad;
+    int c, R, D;
+    float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
+} dr_pool_params;
+
+/*
+ * qvi_draft_pool for Q and K of one (region, bh): threads [0, D) take Q,
+ * [D, 2D) K, one channel each; tokens in path order.  Loads are issued 16
+ * ahead; the adds stay in order.
+ */
+template <int DT>
+__global__ void __launch_bounds__(2 * DR_MAX_D)
+dr_pool_kernel(dr_pool_params p) {
+    __shared__ int64_t rowoff[2][QVI_BLOCK];
+    const int r = blockIdx.x, bh = blockIdx.y, D = p.D;
+    const int n = p.count[r];
+    const int64_t slot0 = p.prefix_pad + (int64_t)r * p.c;
+    const int64_t qb = dr_head_base(p.q, bh), kb = dr_head_base(p.k, bh);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int64_t o = p.pack[slot0 + i];
+        rowoff[0][i] = qb + o * p.q.sn;
+        rowoff[1][i] = kb + o * p.k.sn;
+    }
+    __syncthreads();
+    const int which = threadIdx.x >= D ? 1 : 0, ch = threadIdx.x - which * D;
+    if (ch >= D || which > 1) return;
+    const void *data = which ? p.k.data : p.q.data;
+    const int64_t *ro = rowoff[which];
+
+    double s = 0.0;
+    /* The CPU starts the max at the block's first row (a padding row of
+     * zeros only if the region were empty, which no partition makes). */
+    float m = n > 0 ? dr_ld<DT>(data, ro[0] + ch) : 0.0f;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float t[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) t[u] = dr_ld<DT>(data, ro[i + u] + ch);
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+            s = __dadd_rn(s, (double)t[u]);
+            m = t[u] > m ? t[u] : m;
+        }
+    }
+    for (; i < n; ++i) {
+        const float v = dr_ld<DT>(data, ro[i] + ch);
+        s = __dadd_rn(s, (double)v);
+        m = v > m ? v : m;
+    }
+    const int64_t o = ((int64_t)bh * p.R + r) * D + ch;
+    float *avg = which ? p.kavg : p.qavg, *mx = which ? p.kmax : p.qmax;
+    avg[o] = __double2float_rn(__ddiv_rn(s, (double)n));
+    mx[o] = m;
+}
+
+/* ------------------------------------------------------------ draft map */
+
+typedef struct dr_map_params {
+    const float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
+    int R, D, rows;                         /* rows: query regions per CTA (warps) */
+    double sm, lam;
+    float *A;                               /* [BH][R][R] */
+} dr_map_params;
+
+/* Dynamic shared memory of the map kernel for `rows` warps. */
+static size_t dr_map_smem(int rows, int R, int D) {
+    return (size_t)rows * 2 * R * sizeof(double)      /* logits, then exps */
+           + (size_t)rows * 2 * D * sizeof(float)     /* query descriptors */
+           + (size_t)2 * 32 * (D + 1) * sizeof(float); /* key tile          */
+}
+
+/*
+ * qvi_draft_map for `rows` query regions of one head: warp w owns region
+ * a = blockIdx.x*rows + w.  Logits of 32 key regions at a time (lane = key,
+ * the tile in shared memory with a conflict-free stride D + 1), both
+ * branches interleaved, each a sequential FP64 chain in channel order;
+ * then the max, exp in place, the key-order sums (lane 0: avg branch,
+ * lane 1: max branch) and the mixture.
+ */
+__global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
+dr_map_kernel(dr_map_params p) {
+    extern __shared__ double dr_smem[];
+    const int R = p.R, D = p.D, rows = p.rows, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int a0 = blockIdx.x * rows, a = a0 + warp;
+    double *xa = dr_smem + (size_t)warp * 2 * R, *xm = xa + R;
+    float *qs = (float *)(dr_smem + (size_t)rows * 2 * R); /* [rows][2][D] */
+    float *kt = qs + (size_t)rows * 2 * D;                 /* [2][32][D+1] */
+    const int ks = D + 1;
+
+    for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+        const int w = idx / D, ch = idx - w * D, aa = a0 + w;
+        const int64_t o = ((int64_t)bh * R + aa) * D + ch;
+        qs[(w * 2 + 0) * D + ch] = aa < R ? p.qavg[o] : 0.0f;
+        qs[(w * 2 + 1) * D + ch] = aa < R ? p.qmax[o] : 0.0f;
+    }
+    const float *qa = qs + warp * 2 * D, *qm = qa + D;
+
+    for (int b0 = 0; b0 < R; b0 += 32) {
+        __syncthreads(); /* previous tile consumed (and qs written) */
+        for (int idx = threadIdx.x; idx < 32 * D; idx += blockDim.x) {
+            const int kk = idx / D, ch = idx - kk * D, b = b0 + kk;
+            const int64_t o = ((int64_t)bh * R + b) * D + ch;
+            kt[kk * ks + ch] = b < R ? p.kavg[o] : 0.0f;
+            kt[(32 + kk) * ks + ch] = b < R ? p.kmax[o] : 0.0f;
+        }
+        __syncthreads();
+        const int b = b0 + lane;
+        if (a < R && b < R) {
+            const float *ka = kt + lane * ks, *km = kt + (32 + lane) * ks;
+            double da = 0.0, dm = 0.0;
+#pragma unroll 8
+            for (int c = 0; c < D; ++c) {
+                da = __dadd_rn(da, __dmul_rn((double)qa[c], (double)ka[c]));
+                dm = __dadd_rn(dm, __dmul_rn((double)qm[c], (double)km[c]));
+            }
+            xa[b] = __dmul_rn(da, p.sm);
+            xm[b] = __dmul_rn(dm, p.sm);
+        }
+    }
+    if (a >= R) return; /* no block barrier below */
+    __syncwarp();
+
+    /* Maxima: order-free for numbers (a +-0 tie changes no difference). */
+    double ma = -INFINITY, mm = -INFINITY;
+    for (int b = lane; b < R; b += 32) {
+        ma = xa[b] > ma ? xa[b] : ma;
+        mm = xm[b] > mm ? xm[b] : mm;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const double ta = __shfl_xor_sync(DR_FULL, ma, o), tm = __shfl_xor_sync(DR_FULL, mm, o);
+        ma = ta > ma ? ta : ma;
+        mm = tm > mm ? tm : mm;
+    }
+    for (int b = lane; b < R; b += 32) {
+        xa[b] = exp(__dsub_rn(xa[b], ma));
+        xm[b] = exp(__dsub_rn(xm[b], mm));
+    }
+    __syncwarp();
+
+    /* Sums in key-region order: lane 0 the avg branch, lane 1 the max one. */
+    double s = 0.0;
+    if (lane < 2) {
+        const double *src = lane ? xm : xa;
+        int b = 0;
+        for (; b + 8 <= R; b += 8) {
+            double t[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) t[u] = src[b + u];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
+        }
+        for (; b < R; ++b) s = __dadd_rn(s, src[b]);
+    }
+    const double sa = __shfl_sync(DR_FULL, s, 0), smx = __shfl_sync(DR_FULL, s, 1);
+    const double oml = __dsub_rn(1.0, p.lam);
+    float *Arow = p.A + ((int64_t)bh * R + a) * R;
+    for (int b = lane; b < R; b += 32) {
+        const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
+        Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
+    }
+}
+
+/* ------------------------------------------------------------ radix select */
+
+__global__ void dr_sel_init_kernel(dr_sel *sel, int BH, unsigned long long e0,
+                                   unsigned long long e1, unsigned long long e2) {
+    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bh >= BH) return;
+    const unsigned long long e[3] = {e0, e1, e2};
+    for (int j = 0; j < 3; ++j) {
+        sel[bh].prefix[j] = 0ull;
+        sel[bh].rank[j] = e[j] > 0 ? e[j] - 1 : 0ull; /* 0-based rank of the last kept */
+    }
+}
+
+/*
+ * Histogram of the 8-bit digit at `shift` of the keys that match each
+ * boundary's selected prefix (the bits above the digit).  Warp-aggregated
+ * shared atomics (many keys share a digit in the first passes), then one
+ * global atomic per non-empty bin.
+ */
+__global__ void __launch_bounds__(DR_HIST_THREADS)
+dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_sel *sel,
+               unsigned int *hist /* [BH][3][256] */) {
+    __shared__ unsigned int h[3][256];
+    const int bh = blockIdx.y, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) (&h[0][0])[i] = 0u;
+    __syncthreads();
+    const uint64_t high = shift >= 56 ? 0ull : ~0ull << (shift + 8);
+    unsigned long long pre[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) pre[j] = sel[bh].prefix[j];
+    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
+    const long long i0 = (long long)blockIdx.x * DR_HIST_THREADS * DR_HIST_ITEMS;
+#pragma unroll 4
+    for (int it = 0; it < DR_HIST_ITEMS; ++it) {
+        const long long i = i0 + (long long)it * DR_HIST_THREADS + threadIdx.x;
+        const bool in = i < M;
+        const uint64_t c = in ? dr_comp(__ldg(Ab + i), (uint64_t)i, (uint64_t)M) : 0ull;
+        const int dig = (int)((c >> shift) & 255u);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            if (!((findmask >> j) & 1)) continue; /* uniform */
+            const int val = in && (c & high) == pre[j] ? dig : -1;
+            const unsigned peers = __match_any_sync(DR_FULL, val);
+            if (val >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[j][val], (unsigned)__popc(peers));
+        }
+    }
+    __syncthreads();
+    unsigned int *g = hist + (int64_t)bh * 3 * 256;
+    for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) {
+        const unsigned v = (&h[0][0])[i];
+        if (v) atomicAdd(g + i, v);
+    }
+}
+
+/* Picks each boundary's digit (descending: from bin 255 down) and clears
+ * the histogram for the next pass.  One warp per head. */
+__global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int findmask) {
+    const int bh = blockIdx.x, lane = threadIdx.x;
+    unsigned int *g = hist + (int64_t)bh * 3 * 256;
+    if (lane < 3 && ((findmask >> lane) & 1)) {
+        const unsigned int *hj = g + lane * 256;
+        unsigned long long r = sel[bh].rank[lane];
+        int d = 255;
+        for (; d > 0; --d) {
+            const unsigned long long cnt = hj[d];
+            if (r < cnt) break;
+            r -= cnt;
+        }
+        sel[bh].prefix[lane] |= (unsigned long long)d << shift;
+        sel[bh].rank[lane] = r;
+    }
+    __syncwarp();
+    for (int i = lane; i < 3 * 256; i += 32) g[i] = 0u;
+}
+
+/* ------------------------------------------------------------ lists */
+
+/* Precision of every pair of a row (warp per query region) and the row's
+ * count of each phase. */
+__global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
+dr_assign_kernel(const float *A, int R, dr_bounds bd, const dr_sel *sel, uint8_t *prec,
+                 int32_t *cnt /* [BH][R][3] */) {
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int a = blockIdx.x * DR_ROWS_PER_CTA + warp;
+    if (a >= R) return;
+    const uint64_t M = (uint64_t)R * R;
+    unsigned long long tau[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) tau[j] = sel[bh].prefix[j];
+    const int64_t row = ((int64_t)bh * R + a) * R;
+    const uint32_t *Ar = (const uint32_t *)A + row;
+    int n4 = 0, n8 = 0, n16 = 0;
+    for (int b0 = 0; b0 < R; b0 += 32) {
+        const int b = b0 + lane;
+        int pc = 0;
+        if (b < R) {
+            pc = dr_class(dr_comp(__ldg(Ar + b), (uint64_t)a * R + b, M), bd, tau);
+            prec[row + b] = (uint8_t)pc;
+        }
+        n4 += __popc(__ballot_sync(DR_FULL, pc == 4));
+        n8 += __popc(__ballot_sync(DR_FULL, pc == 8));
+        n16 += __popc(__ballot_sync(DR_FULL, pc == 16));
+    }
+    if (lane == 0) {
+        int32_t *c = cnt + ((int64_t)bh * R + a) * 3;
+        c[0] = n4;
+        c[1] = n8;
+        c[2] = n16;
+    }
+}
+
+/* CSR offsets: per head an exclusive scan of its 3R row counts, placed at
+ * bh*T.  The last head also writes the end, offsets[BH*3R]. */
+__global__ void __launch_bounds__(DR_SCAN_THREADS)
+dr_scan_kernel(const int32_t *cnt, int n3, int BH, long long T, int32_t *offsets) {
+    __shared__ int wsum[DR_SCAN_THREADS / 32];
+    const int bh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int32_t *c = cnt + (int64_t)bh * n3;
+    int32_t *o = offsets + (int64_t)bh * n3;
+    const long long base = (long long)bh * T;
+    long long carry = 0;
+    for (int k0 = 0; k0 < n3; k0 += DR_SCAN_THREADS) {
+        const int k = k0 + threadIdx.x;
+        const int v = k < n3 ? c[k] : 0;
+        int x = v;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(DR_FULL, x, d);
+            if (lane >= d) x += y;
+        }
+        if (lane == 31) wsum[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            int w = wsum[lane];
+            for (int d = 1; d < 32; d <<= 1) {
+                const int y = __shfl_up_sync(DR_FULL, w, d);
+                if (lane >= d) w += y;
+            }
+            wsum[lane] = w;
+        }
+        __syncthreads();
+        const int excl = x - v + (warp ? wsum[warp - 1] : 0);
+        if (k < n3) o[k] = (int32_t)(base + carry + excl);
+        carry += wsum[DR_SCAN_THREADS / 32 - 1];
+        __syncthreads(); /* wsum is rewritten by the next tile */
+    }
+    if (bh == BH - 1 && threadIdx.x == 0) offsets[(int64_t)BH * n3] = (int32_t)(base + carry);
+}
+
+/* Key regions of each (row, phase) in ascending order (warp per row). */
+__global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
+dr_fill_kernel(const uint8_t *prec, const int32_t *offsets, int R, int32_t *cols) {
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int a = blockIdx.x * DR_ROWS_PER_CTA + warp;
+    if (a >= R) return;
+    const int64_t ri = (int64_t)bh * R + a;
+    const uint8_t *pr = prec + ri * R;
+    int32_t o[3];
+#pragma unroll
+    for (int p = 0; p < 3; ++p) o[p] = offsets[ri * 3 + p];
+    const unsigned lt = (1u << lane) - 1u;
+    for (int b0 = 0; b0 < R; b0 += 32) {
+        const int b = b0 + lane;
+        const int ph = b < R ? dr_phase(pr[b]) : -1;
+#pragma unroll
+        for (int p = 0; p < 3; ++p) {
+            const unsigned m = __ballot_sync(DR_FULL, ph == p);
+            if (ph == p) cols[o[p] + __popc(m & lt)] = b;
+            o[p] += __popc(m);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ host side */
+
+extern "C" qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t,
+                                              int prefix, int prefix_at_end,
+                                              qvc_draft_layout *out) {
+    if (!out) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_layout_upload: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!part) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_layout_upload: no partition");
+    qvi_draft_layout lay;
+    qva_status s = qvi_draft_layout_build(part, t, prefix, prefix_at_end, &lay);
+    if (s != QVA_OK) return s;
+    if (lay.regions > 65535 || lay.c > QVI_BLOCK) {
+        s = qvi_fail(QVA_ERR_UNSUPPORTED,
+                     "qvc_draft_layout_upload: %lld regions of capacity %d (at most 65535 of %d)",
+                     (long long)lay.regions, lay.c, QVI_BLOCK);
+        qvi_draft_layout_free(&lay);
+        return s;
+    }
+    struct { void **p; const void *src; size_t bytes; } req[] = {
+        {(void **)&out->pack_to_orig, lay.pack_to_orig, (size_t)lay.n_pack * sizeof(int32_t)},
+        {(void **)&out->orig_to_pack, lay.orig_to_pack, (size_t)lay.n * sizeof(int32_t)},
+        {(void **)&out->count, lay.count, (size_t)lay.regions * sizeof(int32_t)},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0] && s == QVA_OK; ++i) {
+        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes ? req[i].bytes : 4);
+        if (e != cudaSuccess) {
+            *req[i].p = NULL;
+            s = dr_fail(e, "qvc_draft_layout_upload: cudaMalloc");
+        } else if (req[i].bytes &&
+                   (e = cudaMemcpy(*req[i].p, req[i].src, req[i].bytes, cudaMemcpyHostToDevice)) !=
+                       cudaSuccess) {
+            s = dr_fail(e, "qvc_draft_layout_upload: cudaMemcpy");
+        }
+    }
+    if (s == QVA_OK) {
+        out->n = lay.n;
+        out->n_pack = lay.n_pack;
+        out->prefix_pad = lay.prefix_pad;
+        out->prefix = lay.prefix;
+        out->prefix_at_end = lay.prefix_at_end;
+        out->t = lay.t;
+        out->h = lay.h;
+        out->w = lay.w;
+        out->c = lay.c;
+        out->rf = lay.rf;
+        out->regions = (int)lay.regions;
+    } else {
+        qvc_draft_layout_free(out);
+    }
+    qvi_draft_layout_free(&lay);
+    return s;
+}
+
+extern "C" void qvc_draft_layout_free(qvc_draft_layout *l) {
+    if (!l) return;
+    void *ptrs[] = {l->pack_to_orig, l->orig_to_pack, l->count};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
+        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    memset(l, 0, sizeof *l);
+}
+
+static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Scratch: histograms [BH][3][256] u32, selection state [BH], row counts
+ * [BH][R][3] i32. */
+static size_t dr_scratch_hist(int BH) { return dr_align((size_t)BH * 3 * 256 * sizeof(unsigned)); }
+static size_t dr_scratch_sel(int BH) { return dr_align((size_t)BH * sizeof(dr_sel)); }
+static size_t dr_scratch_cnt(int BH, int R) { return dr_align((size_t)BH * R * 3 * sizeof(int32_t)); }
+
+extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D) {
+    if (!b) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_route_alloc: buf is NULL");
+    memset(b, 0, sizeof *b);
+    if (BH < 1 || R < 1 || D < 1 || D > DR_MAX_D)
+        return qvi_fail(QVA_ERR_SHAPE, "qvc_draft_route_alloc: bad shape BH=%d R=%d D=%d", BH, R, D);
+    const size_t bh = (size_t)BH, r = (size_t)R, d = (size_t)D, M = r * r;
+    if ((double)bh * (double)M * 3.0 + 1.0 > 2147483647.0)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_draft_route_alloc: B*H*R^2 = %d*%d^2 pairs exceed the int32 lists",
+                        BH, R);
+    b->BH = BH;
+    b->R = R;
+    b->D = D;
+    const size_t scratch = dr_scratch_hist(BH) + dr_scratch_sel(BH) + dr_scratch_cnt(BH, R);
+    struct { void **p; size_t bytes; } req[] = {
+        {(void **)&b->qavg, bh * r * d * sizeof(float)},
+        {(void **)&b->qmax, bh * r * d * sizeof(float)},
+        {(void **)&b->kavg, bh * r * d * sizeof(float)},
+        {(void **)&b->kmax, bh * r * d * sizeof(float)},
+        {(void **)&b->A, bh * M * sizeof(float)},
+        {(void **)&b->prec, bh * M},
+        {(void **)&b->offsets, (bh * r * 3 + 1) * sizeof(int32_t)},
+        {(void **)&b->cols, bh * M * sizeof(int32_t)},
+        {&b->scratch, scratch},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; ++i) {
+        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
+        if (e != cudaSuccess) {
+            *req[i].p = NULL;
+            qva_status s = dr_fail(e, "qvc_draft_route_alloc: cudaMalloc");
+            qvc_draft_route_free(b);
+            return s;
+        }
+    }
+    return QVA_OK;
+}
+
+extern "C" void qvc_draft_route_free(qvc_draft_route_buf *b) {
+    if (!b) return;
+    void *ptrs[] = {b->qavg, b->qmax, b->kavg, b->kmax, b->A,
+                    b->prec, b->offsets, b->cols, b->scratch};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
+        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    memset(b, 0, sizeof *b);
+}
+
+static qva_status dr_check_view(const qvc_view *x, const char *name) {
+    if (!x || !x->data)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_route: %s is NULL", name);
+    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, "qvc_draft_route: %s has dtype %d", name, x->dtype);
+    return QVA_OK;
+}
+
+/* Draft map launch: as many query regions per CTA as fit the shared-memory
+ * target (at least one, up to the device's opt-in limit). */
+static qva_status dr_launch_map(const dr_map_params &mp0, int BH, cudaStream_t st) {
+    dr_map_params mp = mp0;
+    int rows = DR_ROWS_PER_CTA;
+    while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > DR_MAP_SMEM_TARGET) rows >>= 1;
+    const size_t smem = dr_map_smem(rows, mp.R, mp.D);
+    int dev = 0, optin = 0;
+    cudaError_t e;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
+            cudaSuccess)
+        return dr_fail(e, "qvc_draft_route: device attributes");
+    if (smem > (size_t)optin)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_draft_route: %d video regions need %zu bytes of shared memory "
+                        "for the draft map (device limit %d)",
+                        mp.R, smem, optin);
+    if ((e = cudaFuncSetAttribute(dr_map_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem)) != cudaSuccess)
+        return dr_fail(e, "qvc_draft_route: map shared memory");
+    mp.rows = rows;
+    dim3 grid((unsigned)qvi_cdiv(mp.R, rows), (unsigned)BH);
+    dr_map_kernel<<<grid, 32 * rows, smem, st>>>(mp);
+    return dr_launch_check("qvc_draft_route: draft map");
+}
+
+extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
+                                      const qva_config *cfg, const qvc_draft_layout *lay,
+                                      qvc_draft_route_buf *b, cudaStream_t st) {
+    qva_status s;
+    if ((s = dr_check_view(q, "q")) != QVA_OK || (s = dr_check_view(k, "k")) != QVA_OK) return s;
+    if (!cfg || !lay || !lay->pack_to_orig || !lay->count || !b || !b->A)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qvc_draft_route: NULL config, layout or unallocated buffers");
+    if (q->dtype != k->dtype)
+        return qvi_fail(QVA_ERR_DTYPE, "qvc_draft_route: q and k dtypes differ (%d, %d)",
+                        q->dtype, k->dtype);
+    const int D = (int)q->D, R = lay->regions;
+    const int64_t BH64 = q->B * q->H;
+    if (k->B != q->B || k->H != q->H || k->D != q->D || q->N != lay->n || k->N != lay->n ||
+        D < 1 || D > DR_MAX_D)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qvc_draft_route: q [%lld,%lld,%lld,%lld] / k [%lld,%lld,%lld,%lld] "
+                        "do not match the layout (N = %lld) or D > %d",
+                        (long long)q->B, (long long)q->H, (long long)q->N, (long long)q->D,
+                        (long long)k->B, (long long)k->H, (long long)k->N, (long long)k->D,
+                        (long long)lay->n, DR_MAX_D);
+    if (BH64 != b->BH || R != b->R || D != b->D)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qvc_draft_route: buffers for BH=%d R=%d D=%d, call has BH=%lld R=%d D=%d",
+                        b->BH, b->R, b->D, (long long)BH64, R, D);
+    if (BH64 > 65535)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_draft_route: B*H = %lld exceeds 65535",
+                        (long long)BH64);
+    if (lay->c < 1 || lay->c > QVI_BLOCK)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_draft_route: region capacity %d (1..%d)",
+                        lay->c, QVI_BLOCK);
+    const float lambda = cfg->draft.lambda;
+    if (!(lambda >= 0.0f && lambda <= 1.0f))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "draft: lambda = %g is outside [0, 1]",
+                        (double)lambda);
+    const int BH = (int)BH64;
+    const long long M = (long long)R * R;
+    int64_t quota[4];
+    if ((s = qvi_draft_quotas(&cfg->draft, M, quota)) != QVA_OK) return s;
+    memcpy(b->quota, quota, sizeof quota);
+    const long long e[3] = {quota[QVI_Q_16], quota[QVI_Q_16] + quota[QVI_Q_8],
+                            quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4]};
+    b->retained = e[2];
+
+    char *scr = (char *)b->scratch;
+    unsigned int *hist = (unsigned int *)scr;
+    dr_sel *sel = (dr_sel *)(scr + dr_scratch_hist(BH));
+    int32_t *cnt = (int32_t *)(scr + dr_scratch_hist(BH) + dr_scratch_sel(BH));
+
+    /* a. pooling (Eq. 1) */
+    dr_pool_params pp;
+    pp.q = *q;
+    pp.k = *k;
+    pp.pack = lay->pack_to_orig;
+    pp.count = lay->count;
+    pp.prefix_pad = lay->prefix_pad;
+    pp.c = lay->c;
+    pp.R = R;
+    pp.D = D;
+    pp.qavg = b->qavg;
+    pp.qmax = b->qmax;
+    pp.kavg = b->kavg;
+    pp.kmax = b->kmax;
+    const int pool_threads = qvi_cdiv(2 * D, 32) * 32;
+    DISPATCH_DR_DTYPE(q->dtype, (dr_pool_kernel<DT_><<<dim3((unsigned)R, (unsigned)BH),
+                                                       pool_threads, 0, st>>>(pp)));
+    if ((s = dr_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
+
+    /* b. draft map (Eq. 2) */
+    dr_map_params mp;
+    mp.qavg = b->qavg;
+    mp.qmax = b->qmax;
+    mp.kavg = b->kavg;
+    mp.kmax = b->kmax;
+    mp.R = R;
+    mp.D = D;
+    mp.rows = 1;
+    mp.sm = (double)qvi_sm_scale(cfg, D);
+    mp.lam = (double)lambda;
+    mp.A = b->A;
+    if ((s = dr_launch_map(mp, BH, st)) != QVA_OK) return s;
+
+    /* c. thresholds of the three cumulative quotas (Algorithm 1) */
+    dr_bounds bd;
+    int findmask = 0;
+    for (int j = 0; j < 3; ++j) {
+        bd.mode[j] = e[j] <= 0 ? DR_SEL_NONE : e[j] >= M ? DR_SEL_ALL : DR_SEL_FIND;
+        if (bd.mode[j] == DR_SEL_FIND) findmask |= 1 << j;
+    }
+    cudaError_t ce;
+    dr_sel_init_kernel<<<(unsigned)qvi_cdiv(BH, 128), 128, 0, st>>>(
+        sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
+    if ((s = dr_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
+    if (findmask) {
+        if ((ce = cudaMemsetAsync(hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st)) !=
+            cudaSuccess)
+            return dr_fail(ce, "qvc_draft_route: cudaMemsetAsync");
+        /* Digits: the 32 value bits, then the index bits that M - 1 uses. */
+        int shifts[8], np = 0;
+        for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
+        int ibits = 0;
+        while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits) != 0ull) ++ibits;
+        for (int sh = ((ibits + 7) / 8 - 1) * 8; sh >= 0; sh -= 8) shifts[np++] = sh;
+        const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
+        const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
+        for (int i = 0; i < np; ++i) {
+            dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(b->A, M, shifts[i], findmask, sel,
+                                                               hist);
+            if ((s = dr_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
+            dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
+            if ((s = dr_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
+        }
+    }
+
+    /* d. precision matrix, row counts, CSR offsets and lists */
+    const dim3 rgrid((unsigned)qvi_cdiv(R, DR_ROWS_PER_CTA), (unsigned)BH);
+    dr_assign_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->A, R, bd, sel, b->prec, cnt);
+    if ((s = dr_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
+    dr_scan_kernel<<<(unsigned)BH, DR_SCAN_THREADS, 0, st>>>(cnt, 3 * R, BH, e[2], b->offsets);
+    if ((s = dr_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
+    if (e[2] > 0) {
+        dr_fill_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->prec, b->offsets, R, b->cols);
+        if ((s = dr_launch_check("qvc_draft_route: lists")) != QVA_OK) return s;
+    }
+    return QVA_OK;
+}

@@ -1,0 +1,303 @@
+/*
+ * Operand preparation of the 16-bit method (bf16) on the device: the
+ * strided user Q, K, V are rounded to BF16 (FP16 when use_f16; the CPU
+ * reference takes that from the dtype of q) and laid out for
+ * attn_bf16_mma_64x128 (src/cuda/attn_bf16.cu):
+ *   q   [BH][nq_pad][D]       rows >= nq are +0
+ *   k   [BH][nk_pad][D]       rows >= nk are +0
+ *   v_t [BH][nblk][D][128]    V transposed per 128-key block, keys >= nk +0
+ * The values are those of the CPU reference (round_rows16 in
+ * src/cpu/attention.c): the element is widened to f32 exactly and rounded
+ * once to nearest even (cvt.rn, which is qva_round_bf16 / qva_round_f16 for
+ * every non-NaN input, overflow to Inf included).  No permutation,
+ * smoothing or rotation: the bf16 method has none.
+ *
+ * Kernels (input dtype, output format and vector loads are template
+ * parameters):
+ *   qk16_kernel  thread per 8 channels of a row: 8 elements widened, one
+ *                16-byte store of the packed values; grid row y = bh.
+ *   v16_kernel   one CTA per (128-key block, bh): lane = key, so each
+ *                thread widens 8 channels of its own row and scatters them
+ *                into a transposed shared tile [D][128 + 8] (consecutive
+ *                lanes hit consecutive halfwords: no bank conflicts), then
+ *                16-byte rows of the tile go out coalesced.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* ---- LEAD: these declarations move to cuda_internal.h (see the block at
+ * the top of attn_bf16.cu, identical); QVC_HAVE_OPS16 then hides this copy. */
+#ifndef QVC_HAVE_OPS16
+extern "C" {
+typedef struct qvc_ops16 {
+    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    uint16_t *q;   /* [BH][nq_pad][D] bf16 / f16 bits          */
+    uint16_t *k;   /* [BH][nk_pad][D]                          */
+    uint16_t *v_t; /* [BH][nblk][D][128], transposed per block */
+} qvc_ops16;
+qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
+void qvc_ops16_free(qvc_ops16 *ops);
+qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                      int use_f16, qvc_ops16 *ops, cudaStream_t st);
+qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16, const qvc_attn_args *a,
+                         cudaStream_t st);
+}
+#endif
+
+#define P16_THREADS 256
+#define P16_MAX_D 128
+#define VT_STRIDE (QVI_BLOCK + 8) /* halfwords per row of the transposed tile */
+
+static qva_status p16_fail(cudaError_t e, const char *what) {
+    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
+    if (e == cudaErrorMemoryAllocation)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
+    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static qva_status p16_launch_check(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
+}
+
+/* ------------------------------------------------------------ device helpers */
+
+static __device__ __forceinline__ float widen16(unsigned short u, int dt) {
+    return dt == QVA_BF16 ? __uint_as_float((unsigned)u << 16) : __half2float(__ushort_as_half(u));
+}
+
+/* Elements off .. off+7 of a user view, widened to f32 exactly.  VEC: the
+ * host checked that off is a multiple of 16 bytes' worth of elements. */
+template <int DT, bool VEC>
+static __device__ __forceinline__ void load8(const void *p, int64_t off, float *x) {
+    if constexpr (DT == QVA_F32) {
+        const float *f = (const float *)p + off;
+        if constexpr (VEC) {
+            const float4 a = __ldg((const float4 *)f), b = __ldg((const float4 *)f + 1);
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+            x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = __ldg(f + i);
+        }
+    } else {
+        const unsigned short *h = (const unsigned short *)p + off;
+        if constexpr (VEC) {
+            const uint4 u = __ldg((const uint4 *)h);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                x[2 * i] = widen16((unsigned short)(w[i] & 0xFFFFu), DT);
+                x[2 * i + 1] = widen16((unsigned short)(w[i] >> 16), DT);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = widen16(__ldg(h + i), DT);
+        }
+    }
+}
+
+/* Two floats -> two 16-bit values, RNE, a in the low half. */
+template <int F16>
+static __device__ __forceinline__ uint32_t pack2(float a, float b) {
+    uint32_t u;
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    }
+    return u;
+}
+
+template <int F16>
+static __device__ __forceinline__ unsigned short round16(float a) {
+    if constexpr (F16)
+        return __half_as_ushort(__float2half_rn(a));
+    else
+        return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+
+/* Offset of row 0, channel 0 of head bh. */
+static __device__ __forceinline__ int64_t p16_head_base(const qvc_view &v, int bh) {
+    const int H = (int)v.H, b = bh / H, h = bh - b * H;
+    return (int64_t)b * v.sb + (int64_t)h * v.sh;
+}
+
+/* ------------------------------------------------------------ Q and K */
+
+/* grid (ceil(n_pad * D/8 / P16_THREADS), BH): thread per 8 channels. */
+template <int DT, int F16, bool VEC>
+__global__ void __launch_bounds__(P16_THREADS)
+qk16_kernel(qvc_view x, int n, int n_pad, uint16_t *dst) {
+    const int bh = blockIdx.y, D = (int)x.D, cpr = D / 8; /* chunks per row */
+    const int64_t i = (int64_t)blockIdx.x * P16_THREADS + threadIdx.x;
+    if (i >= (int64_t)n_pad * cpr) return;
+    const int row = (int)(i / cpr), c = (int)(i - (int64_t)row * cpr) * 8;
+    uint4 w = make_uint4(0u, 0u, 0u, 0u); /* padding rows: +0 */
+    if (row < n) {
+        float v[8];
+        load8<DT, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
+        w.x = pack2<F16>(v[0], v[1]);
+        w.y = pack2<F16>(v[2], v[3]);
+        w.z = pack2<F16>(v[4], v[5]);
+        w.w = pack2<F16>(v[6], v[7]);
+    }
+    *(uint4 *)(dst + ((size_t)bh * n_pad + row) * D + c) = w;
+}
+
+/* ------------------------------------------------------------ V */
+
+/* grid (nblk, BH), P16_THREADS threads.  Load phase: warp w takes key
+ * 32 (w % 4) + lane and the chunks of 8 channels starting at 8 (w / 4),
+ * every other chunk; it writes tile[c][key] (halfwords, consecutive lanes
+ * adjacent).
+ * Store phase: 16-byte pieces of the tile rows to v_t, coalesced. */
+template <int DT, int F16, bool VEC>
+__global__ void __launch_bounds__(P16_THREADS)
+v16_kernel(qvc_view v, int n, int nblk, uint16_t *v_t) {
+    __shared__ __align__(16) unsigned short tile[P16_MAX_D * VT_STRIDE];
+    const int blk = blockIdx.x, bh = blockIdx.y, D = (int)v.D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int key = (warp & 3) * 32 + lane, i = blk * QVI_BLOCK + key;
+    const bool valid = i < n;
+    const int64_t row = p16_head_base(v, bh) + (int64_t)(valid ? i : 0) * v.sn;
+    for (int c = (warp >> 2) * 8; c < D; c += 16) {
+        float x[8];
+        if (valid) {
+            load8<DT, VEC>(v.data, row + c, x);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) tile[(c + e) * VT_STRIDE + key] = round16<F16>(x[e]);
+    }
+    __syncthreads();
+    uint4 *dst = (uint4 *)(v_t + ((size_t)bh * nblk + blk) * (size_t)D * QVI_BLOCK);
+    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 8); w += P16_THREADS) {
+        const int c = w / (QVI_BLOCK / 8), k0 = (w % (QVI_BLOCK / 8)) * 8;
+        dst[w] = *(const uint4 *)&tile[c * VT_STRIDE + k0];
+    }
+}
+
+/* ------------------------------------------------------------ host side */
+
+extern "C" qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D) {
+    if (!ops) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_ops16_alloc: ops is NULL");
+    memset(ops, 0, sizeof *ops);
+    if (BH < 1 || nq < 1 || nk < 1 || (D != 64 && D != 128))
+        return qvi_fail(QVA_ERR_SHAPE, "qvc_ops16_alloc: bad shape BH=%d nq=%d nk=%d D=%d", BH,
+                        nq, nk, D);
+    ops->BH = BH;
+    ops->nq = nq;
+    ops->nk = nk;
+    ops->D = D;
+    ops->nq_pad = qvi_cdiv(nq, QVI_BLOCK) * QVI_BLOCK;
+    ops->nk_pad = qvi_cdiv(nk, QVI_BLOCK) * QVI_BLOCK;
+    ops->nblk = ops->nk_pad / QVI_BLOCK;
+    const size_t bh = (size_t)BH, d = (size_t)D, e = sizeof(uint16_t);
+    struct { void **p; size_t bytes; } req[] = {
+        {(void **)&ops->q, bh * (size_t)ops->nq_pad * d * e},
+        {(void **)&ops->k, bh * (size_t)ops->nk_pad * d * e},
+        {(void **)&ops->v_t, bh * (size_t)ops->nk_pad * d * e},
+    };
+    for (size_t r = 0; r < sizeof req / sizeof req[0]; ++r) {
+        cudaError_t err = cudaMalloc(req[r].p, req[r].bytes);
+        if (err != cudaSuccess) {
+            *req[r].p = NULL;
+            qva_status st = p16_fail(err, "qvc_ops16_alloc: cudaMalloc");
+            qvc_ops16_free(ops);
+            return st;
+        }
+    }
+    return QVA_OK;
+}
+
+extern "C" void qvc_ops16_free(qvc_ops16 *ops) {
+    if (!ops) return;
+    void *ptrs[] = {ops->q, ops->k, ops->v_t};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
+        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    memset(ops, 0, sizeof *ops);
+}
+
+static qva_status check_view16(const qvc_view *x, const char *name) {
+    if (!x || !x->data) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep16: %s is NULL", name);
+    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, "qvc_prep16: %s has dtype %d", name, x->dtype);
+    return QVA_OK;
+}
+
+/* 16-byte loads are legal when the base and every row start are 16-byte
+ * aligned (channel chunks start at multiples of 8 elements). */
+static bool vec_ok(const qvc_view *x) {
+    const int64_t step = x->dtype == QVA_F32 ? 4 : 8; /* elements per 16 bytes */
+    return ((uintptr_t)x->data & 15u) == 0 && x->sb % step == 0 && x->sh % step == 0 &&
+           x->sn % step == 0;
+}
+
+template <int DT, int F16>
+static void launch_qk16_dt(const qvc_view &x, int n, int n_pad, int BH, uint16_t *dst,
+                           cudaStream_t st) {
+    const int64_t work = (int64_t)n_pad * (x.D / 8);
+    dim3 grid((unsigned)((work + P16_THREADS - 1) / P16_THREADS), (unsigned)BH);
+    if (vec_ok(&x))
+        qk16_kernel<DT, F16, true><<<grid, P16_THREADS, 0, st>>>(x, n, n_pad, dst);
+    else
+        qk16_kernel<DT, F16, false><<<grid, P16_THREADS, 0, st>>>(x, n, n_pad, dst);
+}
+
+template <int DT, int F16>
+static void launch_v16_dt(const qvc_view &x, int n, int nblk, int BH, uint16_t *dst,
+                          cudaStream_t st) {
+    dim3 grid((unsigned)nblk, (unsigned)BH);
+    if (vec_ok(&x))
+        v16_kernel<DT, F16, true><<<grid, P16_THREADS, 0, st>>>(x, n, nblk, dst);
+    else
+        v16_kernel<DT, F16, false><<<grid, P16_THREADS, 0, st>>>(x, n, nblk, dst);
+}
+
+/* Runtime dtype x format -> template instance. */
+#define P16_DISPATCH(dtype, f16, FN, ...)                                             \
+    do {                                                                              \
+        if ((dtype) == QVA_F32)                                                       \
+            (f16) ? FN<QVA_F32, 1>(__VA_ARGS__) : FN<QVA_F32, 0>(__VA_ARGS__);        \
+        else if ((dtype) == QVA_BF16)                                                 \
+            (f16) ? FN<QVA_BF16, 1>(__VA_ARGS__) : FN<QVA_BF16, 0>(__VA_ARGS__);      \
+        else                                                                          \
+            (f16) ? FN<QVA_F16, 1>(__VA_ARGS__) : FN<QVA_F16, 0>(__VA_ARGS__);        \
+    } while (0)
+
+extern "C" qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                                 int use_f16, qvc_ops16 *ops, cudaStream_t st) {
+    qva_status s;
+    if ((s = check_view16(q, "q")) || (s = check_view16(k, "k")) || (s = check_view16(v, "v")))
+        return s;
+    if (!ops || !ops->q || !ops->k || !ops->v_t)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep16: NULL or unallocated ops");
+    const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk;
+    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
+        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qvc_prep16: views do not match ops (BH=%d nq=%d nk=%d D=%d)", BH, nq,
+                        nk, D);
+    if (D != 64 && D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep16: head dim %d (64 or 128)", D);
+    if (BH > 65535)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep16: B*H = %d exceeds 65535", BH);
+    const int f16 = use_f16 != 0;
+
+    P16_DISPATCH(q->dtype, f16, launch_qk16_dt, *q, nq, ops->nq_pad, BH, ops->q, st);
+    if ((s = p16_launch_check("qvc_prep16: Q")) != QVA_OK) return s;
+    P16_DISPATCH(k->dtype, f16, launch_qk16_dt, *k, nk, ops->nk_pad, BH, ops->k, st);
+    if ((s = p16_launch_check("qvc_prep16: K")) != QVA_OK) return s;
+    P16_DISPATCH(v->dtype, f16, launch_v16_dt, *v, nk, ops->nblk, BH, ops->v_t, st);
+    return p16_launch_check("qvc_prep16: V");
+}
