@@ -23,6 +23,22 @@ static int check_count_ = 0;
     CHECK(fabs((double)(a) - (double)(b)) <= (tol), "%s: %.9g vs %.9g (tol %g)", \
           what, (double)(a), (double)(b), (double)(tol))
 
+/* The tests' random numbers: splitmix64, seeded per file by defining
+ * TEST_RNG_SEED before including this header. */
+#include <stdint.h>
+#ifndef TEST_RNG_SEED
+#define TEST_RNG_SEED 0x243F6A8885A308D3ull
+#endif
+static uint64_t rng_state = TEST_RNG_SEED;
+static uint64_t rng_u64(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, 1). */
+static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
+
 static int check_summary(const char *name) {
     printf("%s: %d checks, %d failures\n", name, check_count_, check_failures_);
     return check_failures_ ? 1 : 0;

@@ -8,6 +8,7 @@
  */
 #include <cuda_runtime.h>
 
+#define TEST_RNG_SEED 0x6A09E667F3BCC908ull
 #include "check.h"
 #include "cuda_internal.h"
 
@@ -17,15 +18,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static uint64_t rng_state = 0x6A09E667F3BCC908ull;
-
-static uint64_t rng_u64(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
 static float rng_normal(void) {
     double u1 = rng_unit(), u2 = rng_unit();
     if (u1 < 1e-300) u1 = 1e-300;

@@ -6,13 +6,7 @@
 #include "check.h"
 #include "internal.h"
 
-static uint64_t rng_state = 12345;
-static float frand(void) { /* xorshift64*, uniform in [-1, 1) */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (float)((rng_state * 2685821657736338717ull) >> 40) / (float)(1 << 23) - 1.0f;
-}
+static float frand(void) { return (float)(2.0 * rng_unit() - 1.0); } /* [-1, 1) */
 static void fill(float *x, size_t n, float amp) {
     for (size_t i = 0; i < n; ++i) x[i] = amp * frand();
 }

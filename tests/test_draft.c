@@ -5,18 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "check.h"
 #include "cpu/draft.h"
 
 /* ------------------------------------------------------------ helpers */
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static double urand(void) { /* xorshift64*, uniform in (0, 1) */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return ((double)((rng_state * 2685821657736338717ull) >> 11) + 0.5) /
-           9007199254740992.0;
+static double urand(void) { /* uniform in (0, 1): never 0 for the log */
+    return rng_unit() + 0x1p-54;
 }
 static float nrand(void) { /* standard normal (Box-Muller) */
     return (float)(sqrt(-2.0 * log(urand())) * cos(6.283185307179586 * urand()));
