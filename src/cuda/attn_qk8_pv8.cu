@@ -4,7 +4,8 @@
  *   S  = Q K^T   mma.sync m16n8k32 s8 (sage8/vc8) or e4m3 (fp8), per-block
  *                scales applied to the INT32/FP32 accumulator
  *   P  = E4M3 codes: exp2((s-m)+8.807) then cvt.rn.satfinite, or ExpCast
- *                (VC Eq. 7: one FMA + RNE, no exp)
+ *                (VC Eq. 7: one FMA + RNE, no exp; its row sum of decoded
+ *                codes comes from an extra MMA against a ones column)
  *   O += P V     mma.sync m16n8k32 e4m3 (FP32 accumulate), a fresh partial
  *                per 128-key block (two-level), times the block's V scale,
  *                plus the V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6)
@@ -51,13 +52,6 @@ static __device__ __forceinline__ void cp_async_wait_all(void) {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
 }
 
-/* E4M3 byte -> float, exact (codes are never NaN here). */
-static __device__ __forceinline__ float e4m3_value(uint32_t c) {
-    uint32_t e = (c >> 3) & 15, m = c & 7;
-    float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
-    return (c & 0x80) ? -v : v;
-}
-
 /* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md. */
 static __device__ __forceinline__ uint32_t expcast_code(float u) {
     float t = __fmaf_rn(8.0f, u, 119.65f);
@@ -69,12 +63,8 @@ static __device__ __forceinline__ uint32_t expcast_code(float u) {
  * the row sum sees it (FP32 weights, or decoded codes for ExpCast). */
 static __device__ __forceinline__ uint32_t prob_codes2(float s0, float s1, float m,
                                                        int expcast, float *rowsum) {
-    if (expcast) {
-        uint32_t c0 = expcast_code(s0 - m), c1 = expcast_code(s1 - m);
-        *rowsum += e4m3_value(c0);
-        *rowsum += e4m3_value(c1);
-        return c0 | (c1 << 8);
-    }
+    if (expcast) /* the row sum comes from the ones column of the PV MMA */
+        return expcast_code(s0 - m) | (expcast_code(s1 - m) << 8);
     float p0 = exp2f((s0 - m) + 8.807f), p1 = exp2f((s1 - m) + 8.807f);
     *rowsum += p0;
     *rowsum += p1;
@@ -218,8 +208,19 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
             pa[c][2] = lo2 | (hi2 << 16);
             pa[c][3] = lo3 | (hi3 << 16);
         }
-        rs[0] = quad_sum(rs[0]);
-        rs[1] = quad_sum(rs[1]);
+        if (a.expcast) {
+            /* Row sum of the decoded codes (Prop. 3.1) from one extra MMA
+             * against a column of E4M3 ones (0x38): no per-element decode.
+             * Every column of the 16x8 tile holds the same sums. */
+            float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < KEYS / 32; ++c) mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
+            rs[0] = ones[0];
+            rs[1] = ones[2];
+        } else {
+            rs[0] = quad_sum(rs[0]);
+            rs[1] = quad_sum(rs[1]);
+        }
         l[0] += rs[0];
         l[1] += rs[1];
 
