@@ -96,6 +96,39 @@ qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
                            int seg_per_bh, int nseg, float *out,
                            cudaStream_t st);
 
+/* ---- DraftAttention2 router (src/cuda/draft_router.cu) ---------------- */
+/* The packing of the host partition (src/cpu/draft.h), uploaded once per
+ * (partition, T, prefix); the route lists are CSR rows
+ * i = (bh*R + a)*3 + phase (0: 4-bit, 1: 8-bit, 2: 16-bit) with ascending
+ * key regions cols[offsets[i] .. offsets[i+1]); prefix blocks are implicit
+ * (video queries take all of them in the 16-bit phase). */
+#define QVC_DRAFT_ROUTER_API 1
+struct qvi_partition;
+typedef struct qvc_draft_layout {
+    int64_t n, n_pack, prefix_pad;
+    int prefix, prefix_at_end, t, h, w, c, rf;
+    int regions;
+    int32_t *pack_to_orig, *orig_to_pack, *count; /* device */
+} qvc_draft_layout;
+qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t, int prefix,
+                                   int prefix_at_end, qvc_draft_layout *out);
+void qvc_draft_layout_free(qvc_draft_layout *l);
+typedef struct qvc_draft_route_buf {
+    int BH, R, D;
+    int64_t quota[4];   /* host: skip,4,8,16 of the last call */
+    int64_t retained;   /* host: T */
+    float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
+    float *A;           /* [BH][R][R] */
+    uint8_t *prec;      /* [BH][R][R] */
+    int32_t *offsets;   /* [BH*R*3+1] */
+    int32_t *cols;      /* [BH*R*R] capacity */
+    void *scratch;
+} qvc_draft_route_buf;
+qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
+void qvc_draft_route_free(qvc_draft_route_buf *b);
+qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k, const qva_config *cfg,
+                           const qvc_draft_layout *lay, qvc_draft_route_buf *b, cudaStream_t st);
+
 /* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
 typedef struct qvc_attn_args {
     float scale_log2;  /* sm_scale * log2(e)                           */

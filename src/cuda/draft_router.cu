@@ -29,7 +29,7 @@
  *     comp >= tau_2, else 0: the CPU's assignment of sorted positions;
  *   - lists: a warp per (head, query region) row writes each phase's key
  *     regions in ascending order with ballots; a per-head scan of the row
- *     counts gives the CSR offsets (layout in the LEAD block below).
+ *     counts gives the CSR offsets (layout in cuda_internal.h).
  * Quotas come from the CPU function (qvi_draft_quotas) on the host.
  */
 #include <cuda_fp16.h>
@@ -40,111 +40,6 @@
 #include "cuda_internal.h"
 #include "cpu/draft.h"
 
-/* ========================================================================
- * LEAD: add to cuda_internal.h (then this guarded copy, and the one in
- * tests/cuda_test_draft.c, are skipped because QVC_DRAFT_ROUTER_API is
- * defined).  Paste the block as is, inside the existing extern "C".
- *
- * #define QVC_DRAFT_ROUTER_API 1
- * struct qvi_partition;
- *
- * // Device copy of the packing of one (partition, T, P, prefix_at_end)
- * // (src/cpu/partition.c, qvi_draft_layout; docs/DRAFT.md §2).  Built on
- * // the host by the CPU code and uploaded once; cache it with the
- * // partition.  Packed slot s: prefix slots [0, prefix_pad), then video
- * // region r (frame-major, r = t*rf + a) at prefix_pad + r*c .. + c.
- * typedef struct qvc_draft_layout {
- *     int64_t n;            // sequence length P + T*H*W
- *     int64_t n_pack;       // prefix_pad + regions * c
- *     int64_t prefix_pad;   // ceil(P / c) * c
- *     int prefix, prefix_at_end, t, h, w, c, rf;
- *     int regions;          // R = T * rf video regions
- *     int32_t *pack_to_orig;// device [n_pack]: sequence index, -1 = padding
- *     int32_t *orig_to_pack;// device [n]: packed slot of each token
- *     int32_t *count;       // device [R]: valid tokens of each region
- * } qvc_draft_layout;
- * // qvi_draft_layout_build(part, t, prefix, prefix_at_end) on the host,
- * // then a synchronous upload.  *out is zeroed first.
- * qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t,
- *                                    int prefix, int prefix_at_end,
- *                                    qvc_draft_layout *out);
- * void qvc_draft_layout_free(qvc_draft_layout *l);
- *
- * // Router outputs (device) of one call.  M = R*R, T = T4 + T8 + T16.
- * //   qavg, qmax, kavg, kmax [BH][R][D] f32  pooled descriptors (Eq. 1)
- * //   A      [BH][R][R] f32    draft map (Eq. 2), row a = query region
- * //   prec   [BH][R][R] uint8  0 / 4 / 8 / 16 (Algorithm 1)
- * //   CSR:   row (bh, a, p), p = 0: NVFP4 (4-bit), 1: INT8, 2: 16-bit,
- * //          the order of the phased kernel.  Row index
- * //          i = (bh*R + a)*3 + p; its key regions are
- * //          cols[offsets[i] .. offsets[i+1]) in ascending order.
- * //          offsets has BH*R*3 + 1 entries, offsets[0] = 0; every head
- * //          holds exactly T entries, so head bh is
- * //          cols[bh*T .. (bh+1)*T) and offsets[(bh*R)*3] = bh*T.
- * //          An empty INT8 row (offsets equal) means no phase boundary
- * //          (Eq. 7).  Prefix key blocks are not listed: video queries
- * //          always take all of them first in the 16-bit phase.
- * //   cols   [BH*R*R] int32 capacity; the first BH*T entries are used.
- * // quota[] (skip, 4, 8, 16, as qvi_draft_quotas) and retained (= T) are
- * // host copies set by qvc_draft_route.  scratch: internal.
- * typedef struct qvc_draft_route_buf {
- *     int BH, R, D;
- *     int64_t quota[4];
- *     int64_t retained;
- *     float *qavg, *qmax, *kavg, *kmax;
- *     float *A;
- *     uint8_t *prec;
- *     int32_t *offsets;
- *     int32_t *cols;
- *     void *scratch;
- * } qvc_draft_route_buf;
- * // Fails with QVA_ERR_UNSUPPORTED when BH*R*R exceeds INT32_MAX.
- * qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
- * void qvc_draft_route_free(qvc_draft_route_buf *b);
- * // Pooling, Eq. 2, quotas and Algorithm 1, lists: q, k [B,H,N,D] views
- * // (same dtype, N = lay->n, D <= 128), cfg->draft fractions and lambda,
- * // cfg->sm_scale (0: 1/sqrt(D)).  b allocated for (B*H, lay->regions, D).
- * // Asynchronous on st (b->quota / b->retained are set on return).
- * qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
- *                            const qva_config *cfg, const qvc_draft_layout *lay,
- *                            qvc_draft_route_buf *b, cudaStream_t st);
- * ======================================================================== */
-#ifndef QVC_DRAFT_ROUTER_API
-#define QVC_DRAFT_ROUTER_API 1
-extern "C" {
-struct qvi_partition;
-typedef struct qvc_draft_layout {
-    int64_t n;
-    int64_t n_pack;
-    int64_t prefix_pad;
-    int prefix, prefix_at_end, t, h, w, c, rf;
-    int regions;
-    int32_t *pack_to_orig;
-    int32_t *orig_to_pack;
-    int32_t *count;
-} qvc_draft_layout;
-qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t,
-                                   int prefix, int prefix_at_end,
-                                   qvc_draft_layout *out);
-void qvc_draft_layout_free(qvc_draft_layout *l);
-typedef struct qvc_draft_route_buf {
-    int BH, R, D;
-    int64_t quota[4];
-    int64_t retained;
-    float *qavg, *qmax, *kavg, *kmax;
-    float *A;
-    uint8_t *prec;
-    int32_t *offsets;
-    int32_t *cols;
-    void *scratch;
-} qvc_draft_route_buf;
-qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
-void qvc_draft_route_free(qvc_draft_route_buf *b);
-qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
-                           const qva_config *cfg, const qvc_draft_layout *lay,
-                           qvc_draft_route_buf *b, cudaStream_t st);
-}
-#endif
 
 #define DR_MAX_D 128
 #define DR_FULL 0xffffffffu
@@ -595,9 +490,9 @@ extern "C" qva_status qvc_draft_layout_upload(const struct qvi_partition *part, 
     qvi_draft_layout lay;
     qva_status s = qvi_draft_layout_build(part, t, prefix, prefix_at_end, &lay);
     if (s != QVA_OK) return s;
-    if (lay.regions > 65535 || lay.c > QVI_BLOCK) {
+    if (lay.regions > 46340 || lay.c > QVI_BLOCK) { /* R^2 pairs must fit int32 */
         s = qvi_fail(QVA_ERR_UNSUPPORTED,
-                     "qvc_draft_layout_upload: %lld regions of capacity %d (at most 65535 of %d)",
+                     "qvc_draft_layout_upload: %lld regions of capacity %d (at most 46340 of %d)",
                      (long long)lay.regions, lay.c, QVI_BLOCK);
         qvi_draft_layout_free(&lay);
         return s;

@@ -1,0 +1,569 @@
+/*
+ * The DraftAttention2 router on the device (src/cuda/draft_router.cu)
+ * against the CPU reference (src/cpu/draft.h), bit for bit: pooled
+ * descriptors (Eq. 1), the draft map (Eq. 2), the quotas, the precision
+ * matrix (Algorithm 1) and the per-(head, query region, phase) key lists.
+ * The CPU side runs the pieces qvi_cpu_draft's route_head() runs, on the
+ * same stored inputs (bf16 / f16 / f32, HND or NHD).  Inputs: the "small"
+ * synthetic preset, synthetic and random 2x12x20 grids with and without
+ * prefix tokens (first or last), exact ties (zero Q, frame-periodic K),
+ * larger grids for the ranking, and edge quotas.  Needs a GPU; prints SKIP
+ * without one.
+ */
+#include <cuda_runtime.h>
+
+#define TEST_RNG_SEED 0xD7AF7A5EB0C1E2D3ull
+#include "check.h"
+#include "cuda_internal.h"
+#include "cpu/draft.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* ------------------------------------------------------------ helpers */
+
+static float rng_normal(void) {
+    double u1 = rng_unit(), u2 = rng_unit();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+static unsigned f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (unsigned)u;
+}
+
+static uint16_t bf16_bits(float x) { /* x already bf16-representable */
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return (uint16_t)(b >> 16);
+}
+
+/* Bits of a float that is exactly representable in binary16. */
+static uint16_t f16_bits(float x) {
+    uint16_t sign = signbit(x) ? 0x8000u : 0u;
+    float a = fabsf(x);
+    if (a == 0.0f) return sign;
+    int e;
+    (void)frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    e -= 1;              /* a in [2^e, 2^(e+1)) */
+    if (e < -14) return (uint16_t)(sign | (uint16_t)ldexpf(a, 24));
+    uint16_t m = (uint16_t)(ldexpf(a, 10 - e) - 1024.0f);
+    return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | m);
+}
+
+static const char *dtype_name(qva_dtype dt) {
+    return dt == QVA_F32 ? "f32" : dt == QVA_BF16 ? "bf16" : "f16";
+}
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+/* ------------------------------------------------------------ inputs */
+
+enum { SRC_RANDOM = 0, SRC_SYNTH, SRC_PRESET, SRC_ZERO_Q, SRC_TIED_K };
+
+typedef struct dcase {
+    const char *name;
+    int src;
+    int B, H, D, T, GH, GW, P, at_end;
+    qva_dtype dt;
+    int nhd;
+    float lambda, sm_scale;
+    const char *quotas; /* S0/S4/S8/S16 */
+} dcase;
+
+/* A host tensor holding the stored bytes and the same bytes on the device. */
+typedef struct host_dev {
+    qva_tensor t;
+    void *dev;
+    qvc_view view;
+} host_dev;
+
+static void free_tensor(host_dev *x) {
+    free(x->t.data);
+    if (x->dev) cudaFree(x->dev);
+    memset(x, 0, sizeof *x);
+}
+
+/* Stores f32 values x[B][H][N][D] (logical order) in the case's dtype and
+ * layout, and uploads them. */
+static int store_tensor(host_dev *x, const float *src, qva_dtype dt, int nhd, int B, int H,
+                        int N, int D) {
+    const size_t count = (size_t)B * H * N * D, es = qva_dtype_size(dt);
+    memset(x, 0, sizeof *x);
+    void *buf = malloc(count * es);
+    if (!buf) {
+        CHECK(0, "host allocation");
+        return 0;
+    }
+    x->t = nhd ? qva_tensor_nhd(buf, dt, QVA_DEVICE_CPU, B, H, N, D)
+               : qva_tensor_hnd(buf, dt, QVA_DEVICE_CPU, B, H, N, D);
+    size_t i = 0;
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+            for (int n = 0; n < N; ++n)
+                for (int c = 0; c < D; ++c, ++i) {
+                    const float v = src[i];
+                    const int64_t o = qvi_offset(&x->t, b, h, n, c);
+                    if (dt == QVA_F32) ((float *)buf)[o] = v;
+                    else if (dt == QVA_BF16) ((uint16_t *)buf)[o] = bf16_bits(qva_round_bf16(v));
+                    else ((uint16_t *)buf)[o] = f16_bits(qva_round_f16(v));
+                }
+    if (!cuda_ok(cudaMalloc(&x->dev, count * es), "cudaMalloc input") ||
+        !cuda_ok(cudaMemcpy(x->dev, buf, count * es, cudaMemcpyHostToDevice), "H2D input")) {
+        free(buf);
+        if (x->dev) cudaFree(x->dev);
+        memset(x, 0, sizeof *x);
+        return 0;
+    }
+    x->view.data = x->dev;
+    x->view.dtype = (int)dt;
+    x->view.B = B, x->view.H = H, x->view.N = N, x->view.D = D;
+    x->view.sb = x->t.stride[0], x->view.sh = x->t.stride[1], x->view.sn = x->t.stride[2];
+    return 1;
+}
+
+/* Random values: per-channel offset and gain, a few outliers, a few signed
+ * zeros (the max keeps the first of +-0) and, in f32, a few tiny values
+ * that make the FP64 sums round (so their order matters). */
+static void fill_random(float *x, size_t rows, int D, qva_dtype dt) {
+    float off[128], gain[128];
+    for (int c = 0; c < D; ++c) {
+        off[c] = 0.5f * rng_normal();
+        gain[c] = (float)(0.25 + 2.0 * rng_unit());
+    }
+    for (size_t r = 0; r < rows; ++r)
+        for (int c = 0; c < D; ++c) {
+            float v = off[c] + gain[c] * rng_normal();
+            const double u = rng_unit();
+            if (u < 0.01) v *= 8.0f;
+            else if (u < 0.012) v = 0.0f;
+            else if (u < 0.014) v = -0.0f;
+            else if (dt == QVA_F32 && u < 0.02) v = 1e-12f * rng_normal();
+            x[r * D + c] = v;
+        }
+}
+
+/* Builds q and k (logical f32 [B][H][N][D]) for a case; *spec_out gets the
+ * resolved shape. */
+static int make_inputs(const dcase *cs, dcase *rc, float **q, float **k) {
+    *rc = *cs;
+    qva_synthetic_spec spec;
+    memset(&spec, 0, sizeof spec);
+    if (cs->src == SRC_PRESET) {
+        if (qva_synthetic_preset(cs->name, &spec) != QVA_OK) {
+            CHECK(0, "preset %s", cs->name);
+            return 0;
+        }
+        rc->B = spec.B, rc->H = spec.H, rc->D = spec.D;
+        rc->T = spec.grid_t, rc->GH = spec.grid_h, rc->GW = spec.grid_w;
+        rc->P = spec.prefix_tokens;
+    }
+    const int N = rc->P + rc->T * rc->GH * rc->GW;
+    const size_t count = (size_t)rc->B * rc->H * N * rc->D;
+    *q = malloc(count * sizeof(float));
+    *k = malloc(count * sizeof(float));
+    float *v = NULL;
+    if (!*q || !*k) {
+        CHECK(0, "host allocation");
+        return 0;
+    }
+    if (cs->src == SRC_PRESET || cs->src == SRC_SYNTH) {
+        if (cs->src == SRC_SYNTH) {
+            snprintf(spec.name, sizeof spec.name, "router");
+            spec.B = rc->B, spec.H = rc->H, spec.D = rc->D;
+            spec.grid_t = rc->T, spec.grid_h = rc->GH, spec.grid_w = rc->GW;
+            spec.prefix_tokens = rc->P;
+            spec.seed = 0xD4AF7ull + (uint64_t)rc->D * 131u + (uint64_t)rc->P;
+        }
+        v = malloc(count * sizeof(float));
+        qva_status st = v ? qva_synthetic_generate(&spec, *q, *k, v) : QVA_ERR_OUT_OF_MEMORY;
+        free(v);
+        CHECK(st == QVA_OK, "synthetic generate: %s", qva_last_error());
+        return st == QVA_OK;
+    }
+    fill_random(*q, (size_t)rc->B * rc->H * N, rc->D, rc->dt);
+    fill_random(*k, (size_t)rc->B * rc->H * N, rc->D, rc->dt);
+    if (cs->src == SRC_ZERO_Q) {
+        memset(*q, 0, count * sizeof(float)); /* every logit 0: A constant */
+    } else if (cs->src == SRC_TIED_K) {
+        /* Video keys repeat frame 0 in every frame: key regions a and
+         * a + t*R_f have equal descriptors, so A has exact column ties. */
+        const int hw = rc->GH * rc->GW, v0 = rc->at_end ? 0 : rc->P;
+        for (int bh = 0; bh < rc->B * rc->H; ++bh)
+            for (int t = 1; t < rc->T; ++t)
+                memcpy(*k + ((size_t)bh * N + v0 + (size_t)t * hw) * rc->D,
+                       *k + ((size_t)bh * N + v0) * rc->D, (size_t)hw * rc->D * sizeof(float));
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ CPU side */
+
+typedef struct cpu_ref {
+    int BH, R, D;
+    float *qavg, *qmax, *kavg, *kmax, *A;
+    uint8_t *prec;
+    int32_t *offsets, *cols;
+    int64_t quota[4], T;
+} cpu_ref;
+
+static void cpu_ref_free(cpu_ref *r) {
+    free(r->qavg), free(r->qmax), free(r->kavg), free(r->kmax), free(r->A);
+    free(r->prec), free(r->offsets), free(r->cols);
+    memset(r, 0, sizeof *r);
+}
+
+/* Key lists of a precision matrix in the CSR layout of the router. */
+static void csr_from_prec(const uint8_t *prec, int BH, int R, int32_t *offsets, int32_t *cols) {
+    static const int pv[3] = {4, 8, 16};
+    int32_t o = 0;
+    for (int bh = 0; bh < BH; ++bh)
+        for (int a = 0; a < R; ++a)
+            for (int p = 0; p < 3; ++p) {
+                offsets[((size_t)bh * R + a) * 3 + p] = o;
+                const uint8_t *row = prec + ((size_t)bh * R + a) * R;
+                for (int b = 0; b < R; ++b)
+                    if (row[b] == pv[p]) cols[o++] = b;
+            }
+    offsets[(size_t)BH * R * 3] = o;
+}
+
+/* route_head() of src/cpu/draft.c for every head of the stored tensors. */
+static int cpu_route(const qva_tensor *q, const qva_tensor *k, const qvi_draft_layout *lay,
+                     const qva_config *cfg, cpu_ref *r) {
+    const int B = (int)q->shape[0], H = (int)q->shape[1], D = (int)q->shape[3];
+    const int64_t n = q->shape[2], R = lay->regions, M = R * R;
+    memset(r, 0, sizeof *r);
+    r->BH = B * H, r->R = (int)R, r->D = D;
+    const size_t bh = (size_t)r->BH, rd = (size_t)R * D;
+    r->qavg = malloc(bh * rd * 4), r->qmax = malloc(bh * rd * 4);
+    r->kavg = malloc(bh * rd * 4), r->kmax = malloc(bh * rd * 4);
+    r->A = malloc(bh * (size_t)M * 4);
+    r->prec = malloc(bh * (size_t)M);
+    r->offsets = malloc((bh * (size_t)R * 3 + 1) * 4);
+    r->cols = malloc(bh * (size_t)M * 4 + 4);
+    float *head = malloc((size_t)n * D * 4), *packed = malloc((size_t)lay->n_pack * D * 4);
+    int ok = r->qavg && r->qmax && r->kavg && r->kmax && r->A && r->prec && r->offsets &&
+             r->cols && head && packed;
+    CHECK(ok, "host allocation");
+    if (ok) ok = qvi_draft_quotas(&cfg->draft, M, r->quota) == QVA_OK;
+    r->T = r->quota[QVI_Q_4] + r->quota[QVI_Q_8] + r->quota[QVI_Q_16];
+    const size_t off = (size_t)lay->prefix_pad * D;
+    for (int b = 0; ok && b < B; ++b)
+        for (int h = 0; ok && h < H; ++h) {
+            const size_t i = (size_t)b * H + h;
+            qvi_load_head(q, b, h, head);
+            qvi_draft_pack(lay, head, D, packed);
+            qvi_draft_pool(packed + off, lay->count, R, lay->c, D, r->qavg + i * rd,
+                           r->qmax + i * rd);
+            qvi_load_head(k, b, h, head);
+            qvi_draft_pack(lay, head, D, packed);
+            qvi_draft_pool(packed + off, lay->count, R, lay->c, D, r->kavg + i * rd,
+                           r->kmax + i * rd);
+            ok = qvi_draft_map(r->qavg + i * rd, r->qmax + i * rd, r->kavg + i * rd,
+                               r->kmax + i * rd, R, D, qvi_sm_scale(cfg, D), cfg->draft.lambda,
+                               r->A + i * M) == QVA_OK &&
+                 qvi_draft_assign(r->A + i * M, R, r->quota, r->prec + i * M) == QVA_OK;
+        }
+    CHECK(ok, "CPU route: %s", qva_last_error());
+    if (ok) csr_from_prec(r->prec, r->BH, (int)R, r->offsets, r->cols);
+    free(head), free(packed);
+    return ok;
+}
+
+/* ------------------------------------------------------------ comparison */
+
+/* Counts bit mismatches of [BH][rows][cols] f32 arrays; prints the first. */
+static long cmp_f32(const char *tag, const char *what, const float *gpu, const float *cpu,
+                    int BH, int rows, int cols) {
+    long bad = 0;
+    for (int bh = 0; bh < BH; ++bh)
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < cols; ++j) {
+                const size_t o = ((size_t)bh * rows + i) * cols + j;
+                if (same_bits(gpu[o], cpu[o])) continue;
+                if (bad < 5)
+                    fprintf(stderr, "  [%s] %s bh %d [%d][%d]: gpu %.9g (0x%08x) cpu %.9g (0x%08x)\n",
+                            tag, what, bh, i, j, (double)gpu[o], f32_bits(gpu[o]),
+                            (double)cpu[o], f32_bits(cpu[o]));
+                ++bad;
+            }
+    return bad;
+}
+
+static long cmp_u8(const char *tag, const char *what, const uint8_t *gpu, const uint8_t *cpu,
+                   int BH, int R) {
+    long bad = 0;
+    for (int bh = 0; bh < BH; ++bh)
+        for (int i = 0; i < R * R; ++i) {
+            const size_t o = (size_t)bh * R * R + i;
+            if (gpu[o] == cpu[o]) continue;
+            if (bad < 5)
+                fprintf(stderr, "  [%s] %s bh %d pair (%d,%d): gpu %d cpu %d\n", tag, what, bh,
+                        i / R, i % R, gpu[o], cpu[o]);
+            ++bad;
+        }
+    return bad;
+}
+
+static long cmp_i32(const char *tag, const char *what, const int32_t *gpu, const int32_t *cpu,
+                    size_t n) {
+    long bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (gpu[i] == cpu[i]) continue;
+        if (bad < 5)
+            fprintf(stderr, "  [%s] %s [%zu]: gpu %d cpu %d\n", tag, what, i, gpu[i], cpu[i]);
+        ++bad;
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------ one case */
+
+static void run_case(const dcase *cs, cudaStream_t st) {
+    dcase c;
+    float *qf = NULL, *kf = NULL;
+    host_dev q, k;
+    memset(&q, 0, sizeof q);
+    memset(&k, 0, sizeof k);
+    qvi_partition part;
+    memset(&part, 0, sizeof part);
+    qvi_draft_layout lay;
+    memset(&lay, 0, sizeof lay);
+    qvc_draft_layout dl;
+    memset(&dl, 0, sizeof dl);
+    qvc_draft_route_buf buf;
+    memset(&buf, 0, sizeof buf);
+    cpu_ref ref;
+    memset(&ref, 0, sizeof ref);
+    float *g_f = NULL, *gA = NULL;
+    uint8_t *gprec = NULL, *prec_of_gA = NULL;
+    int32_t *goff = NULL, *gcols = NULL;
+
+    if (!make_inputs(cs, &c, &qf, &kf)) goto done;
+    const int N = c.P + c.T * c.GH * c.GW, BH = c.B * c.H, D = c.D;
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s %dx%dx%d P=%d%s D=%d %s %s draft@%s l=%g", cs->name, c.T, c.GH,
+             c.GW, c.P, c.at_end ? "(end)" : "", D, dtype_name(c.dt), c.nhd ? "NHD" : "HND",
+             c.quotas, (double)c.lambda);
+    if (!store_tensor(&q, qf, c.dt, c.nhd, c.B, c.H, N, D) ||
+        !store_tensor(&k, kf, c.dt, c.nhd, c.B, c.H, N, D))
+        goto done;
+
+    qva_config cfg;
+    qva_config_default(&cfg);
+    char method[64];
+    snprintf(method, sizeof method, "draft@%s", c.quotas);
+    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "[%s] method: %s", tag, qva_last_error());
+    cfg.draft.lambda = c.lambda;
+    cfg.sm_scale = c.sm_scale;
+    cfg.draft.grid_t = c.T, cfg.draft.grid_h = c.GH, cfg.draft.grid_w = c.GW;
+    cfg.draft.prefix_tokens = c.P, cfg.draft.prefix_at_end = c.at_end;
+
+    if (qvi_partition_build(c.GH, c.GW, QVI_BLOCK, &part) != QVA_OK ||
+        qvi_draft_layout_build(&part, c.T, c.P, c.at_end, &lay) != QVA_OK) {
+        CHECK(0, "[%s] partition/layout: %s", tag, qva_last_error());
+        goto done;
+    }
+    const int R = (int)lay.regions;
+    const size_t M = (size_t)R * R;
+    if (!cpu_route(&q.t, &k.t, &lay, &cfg, &ref)) goto done;
+
+    qva_status s = qvc_draft_layout_upload(&part, c.T, c.P, c.at_end, &dl);
+    CHECK(s == QVA_OK, "[%s] layout upload: %s", tag, qva_last_error());
+    if (s != QVA_OK) goto done;
+    CHECK(dl.regions == R && dl.n == N && dl.prefix_pad == lay.prefix_pad &&
+              dl.n_pack == lay.n_pack,
+          "[%s] device layout fields", tag);
+    s = qvc_draft_route_alloc(&buf, BH, R, D);
+    CHECK(s == QVA_OK, "[%s] alloc: %s", tag, qva_last_error());
+    if (s != QVA_OK) goto done;
+    s = qvc_draft_route(&q.view, &k.view, &cfg, &dl, &buf, st);
+    CHECK(s == QVA_OK, "[%s] route: %s", tag, qva_last_error());
+    if (s != QVA_OK) goto done;
+    if (!cuda_ok(cudaStreamSynchronize(st), "route sync")) goto done;
+
+    /* The packing the device read from. */
+    {
+        int32_t *p2o = malloc((size_t)lay.n_pack * 4), *cnt = malloc((size_t)R * 4);
+        if (p2o && cnt &&
+            cuda_ok(cudaMemcpy(p2o, dl.pack_to_orig, (size_t)lay.n_pack * 4, cudaMemcpyDeviceToHost), "D2H") &&
+            cuda_ok(cudaMemcpy(cnt, dl.count, (size_t)R * 4, cudaMemcpyDeviceToHost), "D2H")) {
+            CHECK(cmp_i32(tag, "pack_to_orig", p2o, lay.pack_to_orig, (size_t)lay.n_pack) == 0,
+                  "[%s] pack map differs", tag);
+            CHECK(cmp_i32(tag, "count", cnt, lay.count, (size_t)R) == 0, "[%s] counts differ", tag);
+        }
+        free(p2o), free(cnt);
+    }
+
+    CHECK(memcmp(buf.quota, ref.quota, sizeof ref.quota) == 0 && buf.retained == ref.T,
+          "[%s] quotas gpu %lld/%lld/%lld/%lld (T %lld) cpu %lld/%lld/%lld/%lld (T %lld)", tag,
+          (long long)buf.quota[0], (long long)buf.quota[1], (long long)buf.quota[2],
+          (long long)buf.quota[3], (long long)buf.retained, (long long)ref.quota[0],
+          (long long)ref.quota[1], (long long)ref.quota[2], (long long)ref.quota[3],
+          (long long)ref.T);
+
+    const size_t rd = (size_t)BH * R * D;
+    g_f = malloc(rd * 4);
+    gA = malloc((size_t)BH * M * 4);
+    gprec = malloc((size_t)BH * M);
+    prec_of_gA = malloc((size_t)BH * M);
+    goff = malloc(((size_t)BH * R * 3 + 1) * 4);
+    gcols = malloc((size_t)BH * M * 4 + 4);
+    if (!g_f || !gA || !gprec || !prec_of_gA || !goff || !gcols) {
+        CHECK(0, "host allocation");
+        goto done;
+    }
+    const struct { const char *name; const float *dev, *cpu; } pooled[4] = {
+        {"avg(Q)", buf.qavg, ref.qavg}, {"max(Q)", buf.qmax, ref.qmax},
+        {"avg(K)", buf.kavg, ref.kavg}, {"max(K)", buf.kmax, ref.kmax}};
+    for (int i = 0; i < 4; ++i) {
+        if (!cuda_ok(cudaMemcpy(g_f, pooled[i].dev, rd * 4, cudaMemcpyDeviceToHost), "D2H pooled"))
+            goto done;
+        long bad = cmp_f32(tag, pooled[i].name, g_f, pooled[i].cpu, BH, R, D);
+        CHECK(bad == 0, "[%s] %s: %ld of %zu differ", tag, pooled[i].name, bad, rd);
+    }
+    if (!cuda_ok(cudaMemcpy(gA, buf.A, (size_t)BH * M * 4, cudaMemcpyDeviceToHost), "D2H A") ||
+        !cuda_ok(cudaMemcpy(gprec, buf.prec, (size_t)BH * M, cudaMemcpyDeviceToHost), "D2H prec") ||
+        !cuda_ok(cudaMemcpy(goff, buf.offsets, ((size_t)BH * R * 3 + 1) * 4, cudaMemcpyDeviceToHost),
+                 "D2H offsets"))
+        goto done;
+    if (ref.T > 0 &&
+        !cuda_ok(cudaMemcpy(gcols, buf.cols, (size_t)BH * ref.T * 4, cudaMemcpyDeviceToHost),
+                 "D2H cols"))
+        goto done;
+
+    long bad = cmp_f32(tag, "A", gA, ref.A, BH, R, R);
+    CHECK(bad == 0,
+          "[%s] draft map: %ld of %zu differ (a 1-ulp difference can only come from "
+          "libm vs CUDA exp at an f32 rounding boundary, docs/DRAFT.md §3)",
+          tag, bad, (size_t)BH * M);
+    /* The ranking alone: the CPU's Algorithm 1 on the device's own A. */
+    for (int bh = 0; bh < BH; ++bh)
+        qvi_draft_assign(gA + (size_t)bh * M, R, ref.quota, prec_of_gA + (size_t)bh * M);
+    bad = cmp_u8(tag, "prec vs assign(gpu A)", gprec, prec_of_gA, BH, R);
+    CHECK(bad == 0, "[%s] ranking of the device map: %ld pairs differ", tag, bad);
+    bad = cmp_u8(tag, "prec", gprec, ref.prec, BH, R);
+    CHECK(bad == 0, "[%s] precision matrix: %ld of %zu differ", tag, bad, (size_t)BH * M);
+    bad = cmp_i32(tag, "offsets", goff, ref.offsets, (size_t)BH * R * 3 + 1);
+    CHECK(bad == 0, "[%s] CSR offsets: %ld differ", tag, bad);
+    bad = cmp_i32(tag, "cols", gcols, ref.cols, (size_t)BH * ref.T);
+    CHECK(bad == 0, "[%s] CSR key regions: %ld differ", tag, bad);
+    /* Every head keeps exactly T pairs. */
+    for (int bh = 0; bh < BH; ++bh) {
+        long kept = 0;
+        for (size_t i = 0; i < M; ++i) kept += gprec[(size_t)bh * M + i] != 0;
+        CHECK(kept == ref.T, "[%s] head %d keeps %ld pairs, quota %lld", tag, bh, kept,
+              (long long)ref.T);
+    }
+    printf("  %-72s R=%-4d T=%-6lld ok\n", tag, R, (long long)ref.T);
+
+done:
+    free(g_f), free(gA), free(gprec), free(prec_of_gA), free(goff), free(gcols);
+    cpu_ref_free(&ref);
+    qvc_draft_route_free(&buf);
+    qvc_draft_layout_free(&dl);
+    qvi_draft_layout_free(&lay);
+    qvi_partition_free(&part);
+    free_tensor(&q), free_tensor(&k);
+    free(qf), free(kf);
+}
+
+/* ------------------------------------------------------------ errors */
+
+static void test_errors(cudaStream_t st) {
+    qvi_partition part;
+    qvc_draft_layout dl;
+    qvc_draft_route_buf buf;
+    memset(&dl, 0, sizeof dl);
+    memset(&buf, 0, sizeof buf);
+    if (qvi_partition_build(12, 20, QVI_BLOCK, &part) != QVA_OK) {
+        CHECK(0, "partition");
+        return;
+    }
+    const int T = 2, N = T * 240, D = 64;
+    float *x = calloc((size_t)N * D, sizeof(float));
+    host_dev q;
+    memset(&q, 0, sizeof q);
+    if (x && store_tensor(&q, x, QVA_F32, 0, 1, 1, N, D) &&
+        qvc_draft_layout_upload(&part, T, 0, 0, &dl) == QVA_OK) {
+        qva_config cfg;
+        qva_config_default(&cfg);
+        qva_config_set_method(&cfg, "draft@85/0/7.5/7.5");
+        CHECK(qvc_draft_route_alloc(&buf, 1, dl.regions + 1, D) == QVA_OK, "alloc");
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_SHAPE,
+              "buffers for another R");
+        qvc_draft_route_free(&buf);
+        CHECK(qvc_draft_route_alloc(&buf, 1, dl.regions, D) == QVA_OK, "alloc");
+        cfg.draft.lambda = 1.5f;
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "lambda 1.5");
+        cfg.draft.lambda = 0.2f;
+        cfg.draft.frac_skip = 0.5f; /* fractions sum to 0.65 */
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "bad fractions");
+        CHECK(qvc_draft_route(NULL, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "NULL q");
+        qvc_view bad = q.view;
+        bad.N = N + 1;
+        CHECK(qvc_draft_route(&bad, &bad, &cfg, &dl, &buf, st) == QVA_ERR_SHAPE, "N mismatch");
+        qvc_draft_route_free(&buf);
+        CHECK(qvc_draft_route_alloc(&buf, 1, 1, 129) == QVA_ERR_SHAPE, "D 129");
+    }
+    qvc_draft_route_free(&buf);
+    qvc_draft_layout_free(&dl);
+    free_tensor(&q);
+    free(x);
+    qvi_partition_free(&part);
+    CHECK(cudaGetLastError() == cudaSuccess, "no sticky CUDA error after the error paths");
+}
+
+/* ------------------------------------------------------------ main */
+
+static const dcase CASES[] = {
+    /* name       src         B  H  D    T  GH  GW   P end dtype     nhd  lambda sm    quotas */
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "85/0/7.5/7.5"},
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "0/40/30/30"},
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F16, 0, 0.5f, 0.0f, "50/10/20/20"},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "50/10/20/20"},
+    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 0, 0, QVA_F32, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
+    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 77, 0, QVA_BF16, 1, 0.2f, 0.0f, "70/10/10/10"},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 77, 1, QVA_F32, 0, 0.2f, 0.0f, "40/20/20/20"},
+    {"synth", SRC_SYNTH, 2, 3, 64, 2, 12, 20, 128, 0, QVA_F32, 1, 0.0f, 0.0f, "60/0/0/40"},
+    {"random", SRC_RANDOM, 2, 3, 128, 2, 12, 20, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 130, 0, QVA_F32, 0, 0.0f, 0.3f, "40/20/20/20"},
+    {"random", SRC_RANDOM, 1, 2, 128, 2, 12, 20, 5, 1, QVA_F16, 1, 1.0f, 0.0f, "25/25/25/25"},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 33, 1, QVA_F32, 1, 0.2f, 0.0f, "0/0/0/100"},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "100/0/0/0"},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/100/0/0"},
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "60/10/15/15"},
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 128, 5, 30, 40, 17, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/5/5/5"},
+    {"tied-K", SRC_TIED_K, 1, 2, 128, 3, 12, 20, 20, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/7.5/7.5"},
+    {"tied-K", SRC_TIED_K, 1, 3, 64, 6, 16, 24, 0, 0, QVA_F32, 1, 0.3f, 0.0f, "50/10/20/20"},
+    {"random", SRC_RANDOM, 2, 2, 64, 4, 30, 40, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/5/5/5"},
+    {"synth", SRC_SYNTH, 1, 2, 128, 6, 45, 80, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
+    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/0/0/100"}, /* R=1 */
+    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 3, 0, QVA_F32, 0, 0.2f, 0.0f, "50/0/0/50"},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+int main(void) {
+    if (!qva_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        return 0;
+    }
+    cudaStream_t st;
+    if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_draft");
+    for (int i = 0; i < NCASES; ++i) run_case(&CASES[i], st);
+    test_errors(st);
+    cudaStreamDestroy(st);
+    return check_summary("cuda_test_draft");
+}
