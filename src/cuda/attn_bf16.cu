@@ -1,74 +1,10 @@
 /*
- * ======================================================================
- * LEAD: add to cuda_internal.h (inside its extern "C" block, after
- * qvc_attn_qk8_pv8); the QVC_HAVE_OPS16 define then disables the local
- * copies below and in prep16.cu, so nothing else needs to change:
- *
- *   #define QVC_HAVE_OPS16 1
- *   /-* 16-bit operands of the bf16 method (src/cuda/prep16.cu):
- *    *   q   [BH][nq_pad][D]     BF16 bits (FP16 if use_f16), rows >= nq 0
- *    *   k   [BH][nk_pad][D]     rows >= nk 0
- *    *   v_t [BH][nblk][D][128]  V transposed per 128-key block (plain
- *    *                           key order), keys >= nk 0          *-/
- *   typedef struct qvc_ops16 {
- *       int BH, nq, nk, nq_pad, nk_pad, nblk, D;
- *       uint16_t *q;
- *       uint16_t *k;
- *       uint16_t *v_t;
- *   } qvc_ops16;
- *   qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
- *   void qvc_ops16_free(qvc_ops16 *ops);
- *   /-* Rounds the views RNE to BF16 (FP16 if use_f16) into ops. *-/
- *   qva_status qvc_prep16(const qvc_view *q, const qvc_view *k,
- *                         const qvc_view *v, int use_f16, qvc_ops16 *ops,
- *                         cudaStream_t st);
- *   /-* bf16 method: mma.sync m16n8k16, FP32 online softmax (a->expcast
- *    * is ignored). *-/
- *   qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
- *                            const qvc_attn_args *a, cudaStream_t st);
- *
- * (write the "/-*" and "*-/" above as real comment delimiters)
- * ======================================================================
- *
- * attn_bf16_mma_64x128: the bf16 method (docs/NUMERICS.md §3, 16-bit path).
- *
- *   S  = Q K^T   mma.sync m16n8k16 bf16 (f16 for f16 inputs), FP32
- *                accumulate, times sm_scale * log2(e) (one rounding, as
- *                qvi_scores_f32); keys >= nk -> -inf
- *   m' = max(m, rowmax S) (quad shuffles), alpha = exp2(m - m') rescales
- *                l and O (qvi_row_raise_max)
- *   p  = exp2(s - m') FP32, l += sum p (FP32 weights), P rounded to
- *                bf16/f16 (qvi_pv_16)
- *   O += P V     mma.sync m16n8k16, a fresh FP32 partial per 128-key
- *                block added after the rescale
- *   out = O / l, LSE = ln2 (m + log2 l); zeros and -inf for a row with no
- *                key.
- *
- * CTA = 4 warps x 16 query rows = 64 rows; one 128-key block per
- * iteration.  Fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16; lane =
- * 4 g + t, g = lane / 4 in 0..7, t = lane % 4):
- *   A 16x16 (row): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
- *                  a3 = (g+8, 2t+8..)   [32-bit registers, low half first]
- *   B 16x8  (col): b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g)
- *   C 16x8  f32:   c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
- * so
- *   - Q (A of S) and K (B of S, k = channel, n = key) are 32-bit loads of
- *     two adjacent channels from row-major [token][D];
- *   - the S accumulators of n-tiles 2c and 2c+1 (keys 16c..16c+15) are,
- *     element for element, the A fragment of keys 16c.. of the PV MMA:
- *     a0 = S[2c].c0c1, a1 = S[2c].c2c3, a2 = S[2c+1].c0c1,
- *     a3 = S[2c+1].c2c3: pack two floats into bf16x2, no shuffles and no
- *     key permutation (unlike the 8-bit kernel's k32 layout);
- *   - V (B of PV, k = key, n = channel) needs two adjacent keys of one
- *     channel: the prep writes V^T per block, [D][128].
- * Shared tiles are padded by 8 halfwords per row: row strides of 68 (or
- * 36) words put the 8 rows g of a fragment load 4 banks apart, and t adds
- * 0..3, so the 32 lanes of every fragment load hit 32 distinct banks.
- *
- * Pipeline (cp.async, one K and one V tile): K(j+1) is fetched during the
- * PV of block j, V(j+1) during the S and softmax of block j+1; three
- * barriers per block.  This is mma.sync on Hopper: correct first, not the
- * wgmma kernel.
+ * attn_bf16_mma_64x128: the `bf16` method on the GPU (correct-first).
+ * BF16 (FP16 for f16 inputs) Q, K, V; mma.sync m16n8k16 with FP32
+ * accumulation; FP32 online softmax in the log2 domain per 128-key block,
+ * P rounded to 16 bits as the A operand of the PV MMA (the S accumulator
+ * fragment of two 8-key n-tiles is exactly that operand).  Numerics as the
+ * CPU reference (src/cpu/attention.c, PATH_16; docs/NUMERICS.md).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -77,23 +13,6 @@
 
 #include "cuda_internal.h"
 
-/* Local copy of the LEAD block above until it is in cuda_internal.h. */
-#ifndef QVC_HAVE_OPS16
-extern "C" {
-typedef struct qvc_ops16 {
-    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
-    uint16_t *q;   /* [BH][nq_pad][D] bf16 / f16 bits          */
-    uint16_t *k;   /* [BH][nk_pad][D]                          */
-    uint16_t *v_t; /* [BH][nblk][D][128], transposed per block */
-} qvc_ops16;
-qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
-void qvc_ops16_free(qvc_ops16 *ops);
-qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
-                      int use_f16, qvc_ops16 *ops, cudaStream_t st);
-qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16, const qvc_attn_args *a,
-                         cudaStream_t st);
-}
-#endif
 
 #define B16_ROWS 64    /* query rows per CTA            */
 #define B16_KEYS 128   /* keys per block (QVI_BLOCK)    */

@@ -143,6 +143,27 @@ typedef struct qvc_attn_args {
 qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
                             const qvc_attn_args *a, cudaStream_t st);
 
+/* ---- bf16 method (src/cuda/prep16.cu, src/cuda/attn_bf16.cu) ----------- */
+#define QVC_HAVE_OPS16 1
+/* 16-bit operands: BF16 bits, FP16 if use_f16 (the CPU takes the format
+ * from q's dtype), RNE from the input; padding is +0.
+ *   q   [BH][nq_pad][D]
+ *   k   [BH][nk_pad][D]
+ *   v_t [BH][nblk][D][128]  V transposed per 128-key block (key order) */
+typedef struct qvc_ops16 {
+    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    uint16_t *q;
+    uint16_t *k;
+    uint16_t *v_t;
+} qvc_ops16;
+qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
+void qvc_ops16_free(qvc_ops16 *ops);
+qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                      int use_f16, qvc_ops16 *ops, cudaStream_t st);
+/* mma.sync m16n8k16, FP32 online softmax; a->expcast is ignored. */
+qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
+                         const qvc_attn_args *a, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

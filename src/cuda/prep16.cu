@@ -29,24 +29,6 @@
 
 #include "cuda_internal.h"
 
-/* ---- LEAD: these declarations move to cuda_internal.h (see the block at
- * the top of attn_bf16.cu, identical); QVC_HAVE_OPS16 then hides this copy. */
-#ifndef QVC_HAVE_OPS16
-extern "C" {
-typedef struct qvc_ops16 {
-    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
-    uint16_t *q;   /* [BH][nq_pad][D] bf16 / f16 bits          */
-    uint16_t *k;   /* [BH][nk_pad][D]                          */
-    uint16_t *v_t; /* [BH][nblk][D][128], transposed per block */
-} qvc_ops16;
-qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, int D);
-void qvc_ops16_free(qvc_ops16 *ops);
-qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
-                      int use_f16, qvc_ops16 *ops, cudaStream_t st);
-qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16, const qvc_attn_args *a,
-                         cudaStream_t st);
-}
-#endif
 
 #define P16_THREADS 256
 #define P16_MAX_D 128
@@ -155,8 +137,8 @@ qk16_kernel(qvc_view x, int n, int n_pad, uint16_t *dst) {
 /* ------------------------------------------------------------ V */
 
 /* grid (nblk, BH), P16_THREADS threads.  Load phase: warp w takes key
- * 32 (w % 4) + lane and the chunks of 8 channels starting at 8 (w / 4),
- * every other chunk; it writes tile[c][key] (halfwords, consecutive lanes
+ * 32 (w % 4) + lane and channel half w / 4, 8 channels (16 or 32 bytes of
+ * its row) at a time; it writes tile[c][key] (halfwords, consecutive lanes
  * adjacent).
  * Store phase: 16-byte pieces of the tile rows to v_t, coalesced. */
 template <int DT, int F16, bool VEC>
@@ -168,7 +150,8 @@ v16_kernel(qvc_view v, int n, int nblk, uint16_t *v_t) {
     const int key = (warp & 3) * 32 + lane, i = blk * QVI_BLOCK + key;
     const bool valid = i < n;
     const int64_t row = p16_head_base(v, bh) + (int64_t)(valid ? i : 0) * v.sn;
-    for (int c = (warp >> 2) * 8; c < D; c += 16) {
+    const int c0 = (warp >> 2) * (D / 2); /* this warp's half of the channels */
+    for (int c = c0; c < c0 + D / 2; c += 8) {
         float x[8];
         if (valid) {
             load8<DT, VEC>(v.data, row + c, x);

@@ -30,6 +30,7 @@ extern "C" int qva_cuda_available(void) {
 /* ---------------------------------------------------------- capability */
 static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
     switch (cfg->method) {
+    case QVA_METHOD_BF16:
     case QVA_METHOD_SAGE8:
     case QVA_METHOD_VC8:
     case QVA_METHOD_FP8: return 1;
@@ -57,7 +58,9 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         return 0;
     }
     if (!method_on_gpu(cfg, why, len)) return 0;
-    snprintf(why, len, "cuda: mma.sync INT8/FP8 kernel (attn_qk8_pv8_mma_64x128)");
+    snprintf(why, len, cfg->method == QVA_METHOD_BF16
+                           ? "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)"
+                           : "cuda: mma.sync INT8/FP8 kernel (attn_qk8_pv8_mma_64x128)");
     return 1;
 }
 
@@ -70,6 +73,7 @@ typedef struct vs_dev {
 
 typedef struct cuda_state {
     qvc_ops ops;       /* grow-only workspace */
+    qvc_ops16 ops16;   /* bf16 method workspace */
     int ops_with_mu;
     float *signs;      /* [128] Hadamard signs */
     uint64_t signs_key;
@@ -83,6 +87,7 @@ static void cuda_state_free(void *p) {
     cuda_state *s = (cuda_state *)p;
     if (!s) return;
     qvc_ops_free(&s->ops);
+    qvc_ops16_free(&s->ops16);
     cudaFree(s->signs);
     for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
     free(s->vs);
@@ -107,6 +112,13 @@ static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int w
     qvc_ops_free(o);
     s->ops_with_mu = with_mu;
     return qvc_ops_alloc(o, BH, nq, nk, D, with_mu);
+}
+
+static qva_status ensure_ops16(cuda_state *s, int BH, int nq, int nk, int D) {
+    qvc_ops16 *o = &s->ops16;
+    if (o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D) return QVA_OK;
+    qvc_ops16_free(o);
+    return qvc_ops16_alloc(o, BH, nq, nk, D);
 }
 
 static qva_status ensure_signs(cuda_state *s, const qva_config *cfg, int D, cudaStream_t st) {
@@ -178,6 +190,21 @@ static qvc_view make_view(const qva_tensor *t) {
     return w;
 }
 
+static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
+                               const qva_tensor *out, const qva_tensor *lse) {
+    qvc_attn_args a;
+    a.scale_log2 = qvi_sm_scale(cfg, q->shape[3]) * QVI_LOG2E;
+    a.expcast = cfg->expcast;
+    a.out = out->data;
+    a.out_dtype = (int)out->dtype;
+    a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];
+    a.lse = lse ? (float *)lse->data : NULL;
+    a.lsb = lse ? lse->stride[0] : 0, a.lsh = lse ? lse->stride[1] : 0;
+    a.lsn = lse ? lse->stride[2] : 0;
+    a.H = (int)q->shape[1];
+    return a;
+}
+
 static qva_status record(cuda_state *s, int i, int on, cudaStream_t st) {
     if (!on) return QVA_OK;
     if (!s->have_events) {
@@ -216,6 +243,19 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = vsmooth_perm(s, cfg, &vv, &perm, &demean, NULL, st)) != QVA_OK) return r;
     if ((r = record(s, 1, prof, st)) != QVA_OK) return r;
 
+    if (cfg->method == QVA_METHOD_BF16) {
+        /* The CPU reference rounds Q, K and V to FP16 when q is f16, else
+         * to BF16 (prepare_head: use_f16 = q dtype == f16). */
+        const int use_f16 = q->dtype == QVA_F16;
+        if ((r = ensure_ops16(s, BH, (int)q->shape[2], (int)k->shape[2], D)) != QVA_OK) return r;
+        if ((r = qvc_prep16(&qv, &kv, &vv, use_f16, &s->ops16, st)) != QVA_OK) return r;
+        if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+        const qvc_attn_args a16 = make_args(cfg, q, out, lse);
+        if ((r = qvc_attn_bf16(&s->ops16, use_f16, &a16, st)) != QVA_OK) return r;
+        if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
+        return prof ? finish_profile(ctx, s, st) : QVA_OK;
+    }
+
     if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
     qvc_prep_args pa;
     pa.qk_format = cfg->method == QVA_METHOD_FP8 ? QVC_QK_E4M3 : QVC_QK_INT8;
@@ -234,16 +274,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, st)) != QVA_OK) return r;
     if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
 
-    qvc_attn_args a;
-    a.scale_log2 = qvi_sm_scale(cfg, D) * QVI_LOG2E;
-    a.expcast = cfg->expcast;
-    a.out = out->data;
-    a.out_dtype = (int)out->dtype;
-    a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];
-    a.lse = lse ? (float *)lse->data : NULL;
-    a.lsb = lse ? lse->stride[0] : 0, a.lsh = lse ? lse->stride[1] : 0;
-    a.lsn = lse ? lse->stride[2] : 0;
-    a.H = (int)q->shape[1];
+    const qvc_attn_args a = make_args(cfg, q, out, lse);
     if ((r = qvc_attn_qk8_pv8(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
     return prof ? finish_profile(ctx, s, st) : QVA_OK;
