@@ -196,12 +196,12 @@ check_json "eval file, default list skips draft without --grid" "
 assert 'skipped' in d['methods']['draft@85/0/0/15']"
 
 # ---------------------------------------------------------------- bench, sweep
-run bench --synthetic tiny --iters 2 --methods bf16,sage8 --json
+run bench --device cpu --synthetic tiny --iters 2 --methods bf16,sage8 --json
 check_json "bench --json" "
 for k in ('bf16', 'sage8'):
     assert d['methods'][k]['ms'] > 0 and d['methods'][k]['tops'] > 0, k
 assert d['iters'] == 2 and 'reference' in d['note']"
-expect_ok "bench --shape table" bench --shape 1,1,256,64 --iters 1 --methods bf16
+expect_ok "bench --shape table" bench --device cpu --shape 1,1,256,64 --iters 1 --methods bf16
 grep -q "TOPS" "$T/out" && grep -q "not product speed" "$T/out" \
     && ok "bench table content" || bad "bench table content"
 run sweep-vsmooth --synthetic small --clusters 4,8 --iters 1,2 --json

@@ -1,13 +1,15 @@
 """qvattn: 8-bit, sparse and mixed-precision attention for video DiTs.
 
-A thin Python front end over the C library (see _ffi.py for the binding):
+A Python front end over the C library (see _ffi.py for the binding):
 
     out = qvattn.attention(q, k, v, method="vc8+expcast")
 
 q, k, v are torch tensors (CUDA or CPU) or numpy float32/float16 arrays, all
 rank 4 in the given layout: "HND" = [B, H, N, D], "NHD" = [B, N, H, D].
-The output has q's dtype, device and layout.  The full PyTorch layer (autograd,
-modules, model patching) is a later issue; this is only the call.
+The output has q's dtype, device and layout.  On torch tensors the call is
+the custom op torch.ops.qvattn.attention (ops.py: torch.compile, CUDA
+streams and graphs).  Model integration: qvattn.diffusers (apply/remove),
+qvattn.comfyui, qvattn.capture.  docs/PYTHON.md has the whole story.
 """
 # torch must be imported before libqvattn.so is loaded: the library links
 # the system's OpenMP runtime, and loading it ahead of torch's own made
@@ -23,7 +25,7 @@ from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noq
 
 __all__ = ["attention", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
-           "default_context"]
+           "default_context", "supports", "capture"]
 
 __version__ = "0.1.0"
 
@@ -123,26 +125,76 @@ def _empty_like(x, dtype=None, shape=None):
     return _np.empty(shape, dtype=dtype)
 
 
-def attention(q, k, v, method="vc8+expcast", layout="HND", sm_scale=None,
-              layer=0, step=0, num_steps=0, grid=None, prefix=0, ctx=None,
-              return_lse=False):
+def supports(method, device="cuda", dtype="bfloat16", head_dim=128):
+    """(ok, reason): can `device` ("cpu"/"cuda") run `method` at this
+    dtype ("float32"/"bfloat16"/"float16") and head dim?  qva_supports."""
+    dev = {"cpu": _ffi.QVA_DEVICE_CPU, "cuda": _ffi.QVA_DEVICE_CUDA}[str(device).split(":")[0]]
+    dt = {"float32": _ffi.QVA_F32, "bfloat16": _ffi.QVA_BF16,
+          "float16": _ffi.QVA_F16}[str(dtype).replace("torch.", "")]
+    return _ffi.supports(dev, _ffi.make_config(method), dt, head_dim)
+
+
+def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+              attn_mask=None, return_lse=False, layer=None, step=None,
+              num_steps=None, grid=None, prefix=None, prefix_at_end=False,
+              ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
+              options=None):
     """softmax(q k^T * sm_scale) v with a qvattn method (non-causal).
 
     method    qvattn method string: exact | bf16 | fp8 | sage8 | vc8 | sage4 |
               vc4 | draft@S0/S4/S8/S16, with +expcast / +hadamard options.
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
+    attn_mask None, or (torch only) a boolean key-padding mask broadcastable
+              to [B,1,1,Nk], True = attend (SDPA's convention), whatever the
+              layout.  Other masks are unsupported (see fallback).
+    return_lse
+              also return lse, float32 [B, H, Nq] (natural-log sum-exp of the
+              scaled scores), in either layout.
     layer, step, num_steps
               key and schedule of the per-layer state (V-Smooth permutation,
-              draft partition) kept in ctx.
-    grid      (T, H, W) latent video grid (draft); prefix: text tokens first.
+              draft partition, draft dense warm-up) kept in ctx.  None = 0;
+              num_steps 0 = unknown (V-Smooth then regroups on every call).
+    grid      (T, H, W) latent video grid (draft).
+    prefix    tokens outside the grid (text); None = N - T*H*W when a grid
+              is given, else 0.  prefix_at_end: they follow the video tokens.
     ctx       a qvattn.Context on the tensors' device; None = a shared one.
-    Returns out (q's dtype and layout), or (out, lse) with lse float32
-    [B, H, N] (natural-log sum-exp of the scaled scores) if return_lse.
-    Raises ValueError for bad inputs (also NaN/Inf on the CPU), QvaError
-    (RuntimeError) otherwise, QvaUnsupportedError when the backend cannot
-    run the method.
+    fallback  False (default): anything qvattn cannot run (is_causal,
+              dropout_p > 0, a dense or additive mask, a method the device
+              backend lacks, an unsupported head dim) raises.  True: warn
+              once per reason (QvattnFallbackWarning) and run torch SDPA.
+    options   dict of config overrides, e.g. {"vsmooth.clusters": 16,
+              "draft.dense_warmup_steps": 2} (ops.options_string lists them).
+    Returns out (q's dtype, device and layout), or (out, lse).
+    Raises TypeError for non-tensors, ValueError for bad inputs (also NaN/Inf
+    on the CPU), QvaUnsupportedError (NotImplementedError) for valid requests
+    the backend cannot run, QvaError (RuntimeError) otherwise.
     """
+    if _is_torch(q) or _is_torch(k) or _is_torch(v):
+        from . import ops
+        return ops.attention_torch(
+            q, k, v, method=method, layout=layout, sm_scale=sm_scale,
+            attn_mask=attn_mask, return_lse=return_lse, layer=layer, step=step,
+            num_steps=num_steps, grid=grid, prefix=prefix,
+            prefix_at_end=prefix_at_end, ctx=ctx, fallback=fallback,
+            is_causal=is_causal, dropout_p=dropout_p, options=options)
+    return _attention_numpy(q, k, v, method=method, layout=layout,
+                            sm_scale=sm_scale, attn_mask=attn_mask,
+                            return_lse=return_lse, layer=layer, step=step,
+                            num_steps=num_steps, grid=grid, prefix=prefix,
+                            prefix_at_end=prefix_at_end, ctx=ctx,
+                            is_causal=is_causal, dropout_p=dropout_p,
+                            options=options)
+
+
+def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse,
+                     layer, step, num_steps, grid, prefix, prefix_at_end, ctx,
+                     is_causal, dropout_p, options):
+    """The numpy path (CPU only; no masks, no fallback)."""
+    if attn_mask is not None or is_causal or dropout_p:
+        raise QvaUnsupportedError(
+            _ffi.QVA_ERR_UNSUPPORTED, "masks, causal attention and dropout are not "
+            "supported on numpy inputs (masks: use torch tensors)", "qvattn.attention")
     kinds = {_is_torch(t) for t in (q, k, v)}
     if len(kinds) != 1:
         raise TypeError("qvattn: q, k and v must all be torch tensors or all numpy arrays")
@@ -151,20 +203,15 @@ def attention(q, k, v, method="vc8+expcast", layout="HND", sm_scale=None,
     tv, dev_v = describe(v, layout)
     if not dev == dev_k == dev_v:
         raise ValueError("qvattn: q, k and v must be on the same device")
-    cuda_index = 0
-    if _is_torch(q) and dev == _ffi.QVA_DEVICE_CUDA:
-        if not (q.device == k.device == v.device):
-            raise ValueError("qvattn: q, k and v must be on the same CUDA device")
-        cuda_index = q.device.index if q.device.index is not None else _torch.cuda.current_device()
 
-    cfg = _ffi.config_default()
-    _ffi.config_set_method(cfg, method)  # ValueError on a bad method string
-    cfg.sm_scale = 0.0 if sm_scale is None else float(sm_scale)
-    cfg.layer, cfg.step, cfg.num_steps = int(layer), int(step), int(num_steps)
-    if grid is not None:
-        t, h, w = (int(g) for g in grid)
-        cfg.draft.grid_t, cfg.draft.grid_h, cfg.draft.grid_w = t, h, w
-    cfg.draft.prefix_tokens = int(prefix)
+    from ._config import config_for, options_string
+    n_tokens = int(tk.shape[2])
+    if prefix is not None and int(prefix) < 0:
+        raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
+    cfg = config_for(method, options_string(options),  # ValueError on a bad method
+                     0.0 if sm_scale is None else sm_scale, layer or 0, step or 0,
+                     num_steps or 0, grid, -1 if prefix is None else int(prefix),
+                     prefix_at_end, n_tokens)
 
     # The CPU reference implements every method: if it declines, the request
     # itself is bad (config, dtype, head dim) -> ValueError.  If only the
@@ -173,13 +220,9 @@ def attention(q, k, v, method="vc8+expcast", layout="HND", sm_scale=None,
     ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, tq.dtype, head_dim)
     if not ok:
         raise QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why, "qva_supports")
-    if dev != _ffi.QVA_DEVICE_CPU:
-        ok, why = _ffi.supports(dev, cfg, tq.dtype, head_dim)
-        if not ok:
-            raise QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, why, "qva_supports")
 
     if ctx is None:
-        ctx = default_context(dev, cuda_index)
+        ctx = default_context(dev, 0)
     elif ctx.device != dev:
         raise ValueError("qvattn: ctx is on a different device than the tensors")
 
@@ -188,18 +231,14 @@ def attention(q, k, v, method="vc8+expcast", layout="HND", sm_scale=None,
     lse = tl = None
     if return_lse:
         B, H, N = (int(s) for s in tq.shape[:3])
-        if _is_torch(q):
-            lse = _empty_like(q, _torch.float32, (B, H, N))
-        else:
-            lse = _empty_like(q, _np.float32, (B, H, N))
-        tl = _ffi.make_tensor(lse.data_ptr() if _is_torch(lse) else lse.ctypes.data,
-                              _ffi.QVA_F32, dev, (B, H, N, 1), (H * N, N, 1, 1))
-
-    if dev == _ffi.QVA_DEVICE_CUDA:
-        with _torch.cuda.device(cuda_index):
-            ctx.set_stream(_torch.cuda.current_stream().cuda_stream)
-            _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
-    else:
-        _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
+        lse = _empty_like(q, _np.float32, (B, H, N))
+        tl = _ffi.make_tensor(lse.ctypes.data, _ffi.QVA_F32, dev, (B, H, N, 1),
+                              (H * N, N, 1, 1))
+    _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
     return (out, lse) if return_lse else out
 
+
+def capture(pipe, layers=None, steps=None, path="qvattn-capture", **kwargs):
+    """Save post-RoPE q/k/v of chosen layers and steps (see qvattn.capture)."""
+    from .capture import capture as _capture
+    return _capture(pipe, layers=layers, steps=steps, path=path, **kwargs)

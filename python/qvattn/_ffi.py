@@ -14,7 +14,9 @@ Every failing call raises QvaError (a RuntimeError) or QvaValueError (also a
 ValueError) carrying the status and qva_last_error().
 """
 import ctypes
+import itertools
 import os
+import weakref
 from ctypes import (POINTER, Structure, byref, c_char_p, c_float,
                     c_int, c_int64, c_size_t, c_uint64, c_void_p)
 
@@ -325,14 +327,27 @@ def device_synchronize():
     check(lib.qva_device_synchronize(), "qva_device_synchronize")
 
 
+_context_ids = itertools.count(1)
+# id -> Context, so the torch custom op (which takes only tensors, numbers
+# and strings) can name a context: see ops.py.  Weak: the registry never
+# keeps a context alive.
+contexts_by_id = weakref.WeakValueDictionary()
+
+
 class Context:
-    """Owns a qva_context_t (per-layer V-Smooth / draft state)."""
+    """Owns a qva_context_t (per-layer V-Smooth / draft state).
+
+    .id is a small positive integer naming the context in the
+    qvattn::attention torch op (contexts_by_id maps it back).
+    """
 
     def __init__(self, device=QVA_DEVICE_CPU):
         self._h = c_void_p()
         check(lib.qva_context_create(byref(self._h), device), "qva_context_create")
         self.device = device
         self._stream = None
+        self.id = next(_context_ids)
+        contexts_by_id[self.id] = self
 
     @property
     def handle(self):

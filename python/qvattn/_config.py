@@ -1,0 +1,133 @@
+"""Method configs for the Python layer (no torch needed).
+
+options_string() turns a dict of config overrides into the canonical string
+the torch op receives; _base_config() builds (and caches) the qva_config of
+a (method, options) pair.
+"""
+import math
+import threading
+
+from . import _ffi
+
+# Config fields a caller may override: name -> (struct path, python type).
+# "draft.dense_warmup_frac" is not a C field: it sets dense_warmup_steps to
+# ceil(frac * num_steps) when the step count is known (diffusers.apply).
+_OPTION_FIELDS = {
+    "vsmooth.clusters": (("vsmooth", "clusters"), int),
+    "vsmooth.iters": (("vsmooth", "iters"), int),
+    "vsmooth.warm_start": (("vsmooth", "warm_start"), int),
+    "vsmooth.schedule": (("vsmooth", "schedule"), "schedule"),
+    "vsmooth.refresh_every": (("vsmooth", "refresh_every"), int),
+    "draft.lambda": (("draft", "lambda_"), float),
+    "draft.capacity": (("draft", "capacity"), int),
+    "draft.dense_warmup_steps": (("draft", "dense_warmup_steps"), int),
+    "draft.dense_warmup_frac": (None, float),
+    "hadamard_signs": (("hadamard_signs",), int),
+    "hadamard_seed": (("hadamard_seed",), int),
+    "check_finite": (("check_finite",), int),
+}
+_SCHEDULES = {"paper": _ffi.QVA_SCHEDULE_PAPER, "always": _ffi.QVA_SCHEDULE_ALWAYS}
+
+
+def _option_value(name, value):
+    path, typ = _OPTION_FIELDS[name]
+    if typ == "schedule":
+        if isinstance(value, str):
+            if value not in _SCHEDULES:
+                raise ValueError(f"qvattn: option {name} must be one of "
+                                 f"{sorted(_SCHEDULES)}, not {value!r}")
+            return _SCHEDULES[value]
+        return int(value)
+    if typ is int:
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"qvattn: option {name} must be an integer, not {value!r}")
+        return int(value)
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"qvattn: option {name} must be finite")
+    return v
+
+
+def options_string(options):
+    """Canonical string form of an options dict (what the op receives).
+
+    Keys: %s.  Raises ValueError for an unknown key or a bad value.
+    """
+    if options is None or options == "":
+        return ""
+    if isinstance(options, str):
+        options = dict(kv.split("=", 1) for kv in options.split(";") if kv)
+    if not isinstance(options, dict):
+        raise TypeError("qvattn: options must be a dict, e.g. {'vsmooth.clusters': 16}")
+    parts = []
+    for name in sorted(options):
+        if name not in _OPTION_FIELDS:
+            raise ValueError(f"qvattn: unknown option {name!r}; known: "
+                             + ", ".join(sorted(_OPTION_FIELDS)))
+        val = _option_value(name, options[name])
+        parts.append(f"{name}={val!r}")
+    return ";".join(parts)
+
+
+options_string.__doc__ = options_string.__doc__ % ", ".join(sorted(_OPTION_FIELDS))
+
+_cfg_cache = {}
+_cfg_lock = threading.Lock()
+
+
+def _base_config(method, options):
+    """QvaConfig bytes for (method, options): parsed once, then copied."""
+    key = (method, options)
+    raw = _cfg_cache.get(key)
+    if raw is None:
+        cfg = _ffi.config_default()
+        _ffi.config_set_method(cfg, method)  # QvaValueError on a bad name
+        for kv in options.split(";") if options else ():
+            name, val = kv.split("=", 1)
+            path, typ = _OPTION_FIELDS[name]
+            if path is None:
+                continue
+            obj = cfg
+            for p in path[:-1]:
+                obj = getattr(obj, p)
+            setattr(obj, path[-1], float(val) if typ is float else int(val))
+        raw = bytes(cfg)
+        with _cfg_lock:
+            _cfg_cache[key] = raw
+    return _ffi.QvaConfig.from_buffer_copy(raw)
+
+
+def _option_float(options, name):
+    for kv in options.split(";") if options else ():
+        k, v = kv.split("=", 1)
+        if k == name:
+            return float(v)
+    return None
+
+
+def _method_enum(method):
+    return _base_config(method, "").method
+
+
+
+
+def config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
+               prefix_at_end, n_tokens):
+    """The qva_config of one call.  options: an options_string; sm_scale 0 =
+    1/sqrt(D); grid None or (T, H, W); prefix < 0 = n_tokens - T*H*W."""
+    cfg = _base_config(method, options)
+    cfg.sm_scale = float(sm_scale)
+    cfg.layer, cfg.step, cfg.num_steps = int(layer), int(step), max(0, int(num_steps))
+    if grid:
+        t, h, w = (int(g) for g in grid)
+        cfg.draft.grid_t, cfg.draft.grid_h, cfg.draft.grid_w = t, h, w
+        if prefix < 0:
+            prefix = n_tokens - t * h * w
+    cfg.draft.prefix_tokens = max(0, int(prefix))
+    cfg.draft.prefix_at_end = 1 if prefix_at_end else 0
+    frac = _option_float(options, "draft.dense_warmup_frac")
+    if frac is not None and cfg.num_steps > 0:
+        cfg.draft.dense_warmup_steps = int(math.ceil(frac * cfg.num_steps - 1e-9))
+    return cfg

@@ -1,0 +1,663 @@
+"""The PyTorch layer of qvattn: the ``qvattn::attention`` custom op.
+
+``qvattn.attention(q, k, v, ...)`` on torch tensors lands here.  The split:
+
+* ``attention_torch`` (the Python front) validates the call from shapes,
+  dtypes, devices and strides only, decides statically whether qvattn can
+  run it (``support_reason``) and otherwise raises or, if the caller opted
+  in with ``fallback=True``, warns and runs ``torch.nn.functional.
+  scaled_dot_product_attention``.  It reads no tensor data, so
+  ``torch.compile`` traces it without graph breaks.
+* ``torch.ops.qvattn.attention`` (``_attention_op``) is a
+  ``torch.library.custom_op`` with a fake (meta) implementation, opaque to
+  the compiler.  Its real implementation allocates the outputs with torch
+  (the caching allocator, so CUDA-graph capture sees ordinary allocations),
+  points the qvattn context at **the current CUDA stream** and calls
+  ``qva_attention`` through ctypes.  It does no host synchronization unless
+  a key-padding mask has to be read (see below).
+
+Per-call state that changes during a denoising run (the step index, the
+latent grid) is not passed as a Python number when a ``StepState`` drives
+the call: the op receives ``state_id`` and ``step=-1`` and reads the step
+at run time.  That keeps ``torch.compile`` from specializing (and
+recompiling) on every step.  Under CUDA-graph replay no Python runs, so a
+replayed graph repeats the step it was captured at (docs/PYTHON.md).
+
+Key-padding masks (``attn_mask`` boolean, broadcastable to [B,1,1,Nk],
+True = attend, SDPA's convention) are honoured by computing attention
+over the valid keys only.  The valid-key pattern has to be known on the
+host, so the real implementation copies the mask to the CPU: one device
+synchronization per distinct mask (cached per StepState forward pass), and
+not possible inside CUDA-graph capture unless cached.  Methods that need
+self-attention (vc8, vc4, draft) run on the valid tokens only; the
+query rows of padded tokens (whose outputs a model discards) are computed
+with torch over the valid keys.
+"""
+import itertools
+import math
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import _ffi
+from ._config import _base_config, _method_enum, config_for, options_string
+
+__all__ = ["attention_torch", "StepState", "support_reason", "options_string",
+           "QvattnFallbackWarning", "sdpa_reference"]
+
+_LAYOUTS = ("HND", "NHD")
+_TORCH_DTYPES = {torch.float32: _ffi.QVA_F32, torch.bfloat16: _ffi.QVA_BF16,
+                 torch.float16: _ffi.QVA_F16}
+_SELF_ONLY = {_ffi.QVA_METHOD_VC8, _ffi.QVA_METHOD_VC4, _ffi.QVA_METHOD_DRAFT}
+
+
+class QvattnFallbackWarning(UserWarning):
+    """qvattn could not run a call and used torch SDPA instead (fallback=True)."""
+
+
+# ------------------------------------------------------------------ static checks
+@torch.compiler.assume_constant_result
+def support_reason(device: int, method: str, options: str, dtype: int,
+                   head_dim: int) -> str:
+    """'' if qvattn runs (method, dtype, head_dim) on `device`, else a code:
+
+    'E:<msg>'  a bad request (bad method string or options): always ValueError;
+    'V:<msg>'  declined by the reference backend (e.g. head dim 96): a
+               ValueError, or the SDPA fallback where the caller opted in;
+    'U:<msg>'  valid, but the device backend cannot run it today (e.g. draft
+               on CUDA): QvaUnsupportedError, or the fallback.
+    Constant-folded under torch.compile (no ctypes call in a traced graph).
+    """
+    try:
+        cfg = _base_config(method, options)
+    except ValueError as e:
+        return "E:" + str(e)
+    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, dtype, head_dim)
+    if not ok:
+        return ("E:" if why.startswith("invalid config") else "V:") + why
+    if device != _ffi.QVA_DEVICE_CPU:
+        ok, why = _ffi.supports(device, cfg, dtype, head_dim)
+        if not ok:
+            return "U:cuda backend: " + why
+    return ""
+
+
+@torch.compiler.assume_constant_result
+def _self_only(method: str) -> bool:
+    return _method_enum(method) in _SELF_ONLY
+
+
+# ------------------------------------------------------------------ step state
+_state_ids = itertools.count(1)
+_states = {}  # id -> StepState (strong: removed by StepState.close)
+
+
+class StepState:
+    """Where a denoising run is, read by the op at run time.
+
+    step       0-based denoising step index of the current forward pass.
+    num_steps  steps in the run (0 = unknown: V-Smooth then regroups on
+               every call, the fractional draft warm-up is off).
+    grid       (T, H, W) latent token grid of the current forward (draft).
+    forward_index
+               counts forward passes (keys the per-forward mask cache).
+
+    observe(t) is called once per transformer forward with the timestep
+    value; it counts denoising *steps*, not forward calls: classifier-free
+    guidance runs the transformer two (or more) times per step with the
+    same timestep, and those passes share one step index.  A timestep that
+    rises (more noise than the previous pass) starts a new run (step 0).
+    pin(step) fixes the step (benchmarks, manual control); pin(None)
+    returns to counting.
+    """
+
+    def __init__(self, num_steps=None, device_contexts=True):
+        self.id = next(_state_ids)
+        self.step = 0
+        self.num_steps = int(num_steps or 0)
+        self.fixed_num_steps = num_steps is not None
+        self.grid = None
+        self.forward_index = 0
+        self.last_t = None
+        self.pinned = None
+        self.runs = 0
+        self.reset_on_new_run = True
+        self._pending_new_run = True
+        self._contexts = {}
+        self._mask_cache = {}
+        self._warned = set()
+        _states[self.id] = self
+
+    # -- counting
+    def begin_run(self, num_steps=None):
+        """Marks the start of a new run (next observe() is step 0)."""
+        self._pending_new_run = True
+        if num_steps is not None and not self.fixed_num_steps:
+            self.num_steps = int(num_steps)
+
+    def _new_run(self):
+        self.step = 0
+        self.runs += 1
+        self._pending_new_run = False
+        if self.reset_on_new_run:
+            for ctx in self._contexts.values():
+                ctx.reset()
+
+    def observe(self, t):
+        """Records one forward pass at timestep value t (a float)."""
+        self.forward_index += 1
+        self._mask_cache.clear()
+        if self.pinned is not None:
+            self.step = self.pinned
+            return self.step
+        t = float(t)
+        if self._pending_new_run or self.last_t is None:
+            self._new_run()
+        elif t > self.last_t:
+            self._new_run()
+        elif t < self.last_t:
+            self.step += 1
+            if self.num_steps > 0 and self.step >= self.num_steps:
+                if "overrun" not in self._warned:
+                    self._warned.add("overrun")
+                    warnings.warn(
+                        f"qvattn: more distinct timesteps than num_steps="
+                        f"{self.num_steps}; later steps use step "
+                        f"{self.num_steps - 1}", RuntimeWarning, stacklevel=3)
+                self.step = self.num_steps - 1
+        self.last_t = t
+        return self.step
+
+    def pin(self, step, num_steps=None):
+        if num_steps is not None:
+            self.num_steps = int(num_steps)
+            self.fixed_num_steps = True
+        self.pinned = None if step is None else int(step)
+        if self.pinned is not None:
+            self.step = self.pinned
+
+    # -- contexts
+    def context_for(self, device):
+        key = (device.type, device.index if device.type == "cuda" else None)
+        if device.type == "cuda" and key[1] is None:
+            key = ("cuda", torch.cuda.current_device())
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            kind = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
+            ctx = self._contexts[key] = _ffi.Context(kind)
+            ctx._cuda_index = key[1]
+        return ctx
+
+    def reset(self):
+        """Drops the per-layer state of every context (next call regroups)."""
+        for ctx in self._contexts.values():
+            ctx.reset()
+
+    def close(self):
+        _states.pop(self.id, None)
+        for ctx in self._contexts.values():
+            ctx.close()
+        self._contexts.clear()
+
+
+def get_state(state_id):
+    return _states.get(state_id)
+
+
+# ------------------------------------------------------------------ contexts
+_default_contexts = {}
+
+
+def _context(ctx_id, state, device):
+    if ctx_id > 0:
+        ctx = _ffi.contexts_by_id.get(ctx_id)
+        if ctx is None:
+            raise ValueError(f"qvattn: context {ctx_id} was closed or never existed")
+    elif state is not None:
+        ctx = state.context_for(device)
+    else:
+        key = (device.type, device.index if device.type == "cuda" else None)
+        if device.type == "cuda" and key[1] is None:
+            key = ("cuda", torch.cuda.current_device())
+        ctx = _default_contexts.get(key)
+        if ctx is None:
+            kind = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
+            ctx = _default_contexts[key] = _ffi.Context(kind)
+            ctx._cuda_index = key[1]
+    want = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
+    if ctx.device != want:
+        raise ValueError("qvattn: ctx is on a different device than the tensors")
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        bound = getattr(ctx, "_cuda_index", None)
+        if bound is None:
+            ctx._cuda_index = idx
+        elif bound != idx:
+            raise ValueError(f"qvattn: this context holds state on cuda:{bound}; "
+                             f"the tensors are on cuda:{idx} (use one context per GPU)")
+    return ctx
+
+
+# ------------------------------------------------------------------ the C call
+def _desc(t, layout):
+    dt = _TORCH_DTYPES[t.dtype] if t.dtype in _TORCH_DTYPES else _ffi.QVA_F32
+    dev = _ffi.QVA_DEVICE_CUDA if t.is_cuda else _ffi.QVA_DEVICE_CPU
+    s = t.stride()
+    if layout == "HND":
+        shape, stride = list(t.shape), list(s)
+    else:
+        b, n, h, d = t.shape
+        shape, stride = [b, h, n, d], [s[0], s[2], s[1], s[3]]
+    return _ffi.make_tensor(t.data_ptr(), dt, dev, shape, stride)
+
+
+def _lse_desc(lse):
+    # lse: f32 [B, H, N] (any strides) -> a [B,H,N,1] descriptor
+    s = lse.stride()
+    dev = _ffi.QVA_DEVICE_CUDA if lse.is_cuda else _ffi.QVA_DEVICE_CPU
+    return _ffi.make_tensor(lse.data_ptr(), _ffi.QVA_F32, dev, list(lse.shape) + [1],
+                            [s[0], s[1], s[2], 1])
+
+
+def _c_attention(ctx, cfg, q, k, v, out, lse, layout):
+    tq, tk, tv, to = (_desc(x, layout) for x in (q, k, v, out))
+    tl = _lse_desc(lse) if lse is not None else None
+    if q.is_cuda:
+        with torch.cuda.device(q.device):
+            ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+            _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
+    else:
+        _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
+
+
+def _tokdim(layout):
+    return 2 if layout == "HND" else 1
+
+
+def _config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
+                prefix_at_end, n_tokens, state):
+    """config_for with step = -1 / num_steps = -1 / empty grid taken from the
+    StepState at run time."""
+    if step < 0:
+        if state is None:
+            raise ValueError("qvattn: step=-1 (from the step state) needs a state")
+        step = state.step
+        if num_steps < 0:
+            num_steps = state.num_steps
+    if not grid and state is not None and state.grid is not None:
+        grid = state.grid
+    return config_for(method, options, sm_scale, layer, step, num_steps, grid,
+                      prefix, prefix_at_end, n_tokens)
+
+
+# ------------------------------------------------------------------ torch reference
+def sdpa_reference(q, k, v, layout="HND", sm_scale=None, want_lse=False,
+                   attn_mask=None, is_causal=False, dropout_p=0.0, rows_per_chunk=512):
+    """torch attention in q's layout: SDPA, or (want_lse) an exact chunked
+    float32 computation that also returns the log-sum-exp [B, H, Nq]."""
+    def hnd(x):
+        return x if layout == "HND" else x.transpose(1, 2)
+
+    qh, kh, vh = hnd(q), hnd(k), hnd(v)
+    scale = None if not sm_scale else float(sm_scale)
+    if not want_lse:
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
+                                           dropout_p=dropout_p, is_causal=is_causal,
+                                           scale=scale)
+        return hnd(o), None
+    if is_causal or dropout_p:
+        raise ValueError("qvattn: return_lse with the torch fallback needs "
+                         "is_causal=False and dropout_p=0")
+    scale = scale if scale is not None else 1.0 / math.sqrt(qh.shape[-1])
+    B, H, N, D = qh.shape
+    out = torch.empty(B, H, N, vh.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
+    kf, vf = kh.float(), vh.float()
+    bias = None
+    if attn_mask is not None:
+        m = attn_mask
+        if m.dtype == torch.bool:
+            bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
+            bias.masked_fill_(~m, float("-inf"))
+        else:
+            bias = m.float()
+    for r0 in range(0, N, rows_per_chunk):
+        r1 = min(N, r0 + rows_per_chunk)
+        s = (qh[:, :, r0:r1].float() @ kf.transpose(-1, -2)) * scale
+        if bias is not None:
+            bb = bias
+            if bb.dim() == 4 and bb.shape[2] != 1:
+                bb = bb[:, :, r0:r1]
+            s = s + bb
+        l = torch.logsumexp(s, dim=-1)
+        lse[:, :, r0:r1] = l
+        out[:, :, r0:r1] = (torch.exp(s - l[..., None]) @ vf).to(q.dtype)
+    o = out if layout == "HND" else out.transpose(1, 2).contiguous()
+    return o, lse
+
+
+# ------------------------------------------------------------------ masks
+def _mask_patterns(mask, state):
+    """[Bm, Nk] bool on the host (a device sync unless cached this forward)."""
+    key = None
+    if state is not None:
+        key = (state.forward_index, mask.data_ptr(), tuple(mask.shape),
+               mask._version, str(mask.device))
+        hit = state._mask_cache.get(key)
+        if hit is not None:
+            return hit
+    host = mask.reshape(mask.shape[0], mask.shape[-1]).to("cpu", torch.bool)
+    if key is not None:
+        state._mask_cache[key] = host
+    return host
+
+
+def _select_tokens(x, layout, idx, n, is_prefix):
+    d = _tokdim(layout)
+    if is_prefix:
+        return x.narrow(d, 0, n)
+    return x.index_select(d, idx.to(x.device))
+
+
+def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
+                prefix, prefix_at_end, q, k, v, mask, out, lse, layout, state):
+    d = _tokdim(layout)
+    B, Nk = q.shape[0], k.shape[d]
+    host = _mask_patterns(mask, state)
+    if host.shape[0] == 1 and B > 1:
+        host = host.expand(B, Nk)
+    groups = {}
+    for b in range(B):
+        groups.setdefault(host[b].numpy().tobytes(), []).append(b)
+    self_only = _self_only(method)
+    for _, bidx in groups.items():
+        pat = host[bidx[0]]
+        n = int(pat.sum())
+        if n == 0:
+            raise ValueError(f"qvattn: attn_mask masks every key of batch element "
+                             f"{bidx[0]} (softmax over no keys is undefined)")
+        contiguous = bidx == list(range(bidx[0], bidx[-1] + 1))
+        if contiguous:
+            sl = slice(bidx[0], bidx[-1] + 1)
+            qb, kb, vb, ob = q[sl], k[sl], v[sl], out[sl]
+            lb = lse[sl] if lse is not None else None
+        else:
+            bi = torch.tensor(bidx, device=q.device)
+            qb, kb, vb = q.index_select(0, bi), k.index_select(0, bi), v.index_select(0, bi)
+            ob = torch.empty_like(qb, memory_format=torch.contiguous_format)
+            lb = lse.index_select(0, bi) if lse is not None else None
+        idx = torch.nonzero(pat).flatten()
+        is_prefix = bool(idx[-1] == n - 1)
+        if n == Nk:
+            cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
+                              prefix, prefix_at_end, Nk, state)
+            _c_attention(ctx, cfg, qb, kb, vb, ob, lb, layout)
+        else:
+            ks = _select_tokens(kb, layout, idx, n, is_prefix)
+            vs = _select_tokens(vb, layout, idx, n, is_prefix)
+            cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
+                              prefix, prefix_at_end, n, state)
+            if not self_only:
+                _c_attention(ctx, cfg, qb, ks, vs, ob, lb, layout)
+            else:
+                # self-attention over the valid tokens; padded query rows
+                # (outputs a model discards) attend to the valid keys in torch
+                qs = _select_tokens(qb, layout, idx, n, is_prefix)
+                if is_prefix:
+                    os_ = ob.narrow(d, 0, n)
+                    ls_ = lb.narrow(2, 0, n) if lb is not None else None
+                else:
+                    os_ = torch.empty_like(qs, memory_format=torch.contiguous_format)
+                    ls_ = (torch.empty(qs.shape[0], lb.shape[1], n, dtype=torch.float32,
+                                       device=q.device) if lb is not None else None)
+                _c_attention(ctx, cfg, qs, ks, vs, os_, ls_, layout)
+                rest = torch.nonzero(~pat).flatten()
+                qr = qb.index_select(d, rest.to(q.device))
+                orr, lr = sdpa_reference(qr, ks, vs, layout, sm_scale, lb is not None)
+                if not is_prefix:
+                    ob.index_copy_(d, idx.to(q.device), os_)
+                    if lb is not None:
+                        lb.index_copy_(2, idx.to(q.device), ls_)
+                ob.index_copy_(d, rest.to(q.device), orr.to(ob.dtype))
+                if lb is not None:
+                    lb.index_copy_(2, rest.to(q.device), lr)
+        if not contiguous:
+            bi = torch.tensor(bidx, device=q.device)
+            out.index_copy_(0, bi, ob)
+            if lse is not None:
+                lse.index_copy_(0, bi, lb)
+
+
+# ------------------------------------------------------------------ the custom op
+def _out_shapes(q, layout, return_lse):
+    """Shape of the lse output: [B, H, Nq] in either layout, or [0]."""
+    if not return_lse:
+        return (0,)
+    if layout == "HND":
+        return (q.shape[0], q.shape[1], q.shape[2])
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("qvattn::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  attn_mask: Optional[torch.Tensor], method: str, layout: str,
+                  sm_scale: float, layer: int, step: int, num_steps: int,
+                  grid: List[int], prefix: int, prefix_at_end: bool, options: str,
+                  ctx_id: int, state_id: int,
+                  return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """qva_attention on torch tensors (see the module docstring).
+
+    step = -1 (and num_steps = -1): read from StepState `state_id` at run
+    time.  prefix = -1: all tokens outside the grid (after masking).
+    ctx_id = 0: the state's per-device context, else a shared default one.
+    Returns (out, lse); lse is an empty tensor unless return_lse.
+    """
+    state = _states.get(state_id) if state_id > 0 else None
+    ctx = _context(ctx_id, state, q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_out_shapes(q, layout, return_lse), dtype=torch.float32,
+                      device=q.device)
+    lse_hnd = lse if return_lse else None
+    if attn_mask is None:
+        d = _tokdim(layout)
+        cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
+                          prefix, prefix_at_end, k.shape[d], state)
+        _c_attention(ctx, cfg, q, k, v, out, lse_hnd, layout)
+    else:
+        _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
+                    prefix, prefix_at_end, q, k, v, attn_mask, out, lse_hnd, layout,
+                    state)
+    return out, lse
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, attn_mask, method, layout, sm_scale, layer, step,
+                    num_steps, grid, prefix, prefix_at_end, options, ctx_id,
+                    state_id, return_lse):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty(_out_shapes(q, layout, return_lse), dtype=torch.float32)
+    return out, lse
+
+
+def _no_autograd(ctx, grad_out, grad_lse):
+    raise NotImplementedError(
+        "qvattn::attention has no backward (inference only); run the model "
+        "under torch.no_grad() / torch.inference_mode(), or use SDPA for training")
+
+
+def _setup_ctx(ctx, inputs, output):
+    pass
+
+
+_attention_op.register_autograd(_no_autograd, setup_context=_setup_ctx)
+
+
+# ------------------------------------------------------------------ the front
+_warned = set()
+
+
+def _fallback_warn(reason):
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"qvattn: {reason}; falling back to torch SDPA "
+                      "(fallback=True)", QvattnFallbackWarning, stacklevel=4)
+
+
+def _check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"qvattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"qvattn: {name} must be rank 4 ([B,H,N,D] or [B,N,H,D]), "
+                         f"got shape {tuple(t.shape)}")
+    if t.dtype not in _TORCH_DTYPES:
+        raise ValueError(f"qvattn: {name} has dtype {t.dtype}; supported: float32, "
+                         "bfloat16, float16")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"qvattn: {name} is on {t.device}; supported: cpu, cuda")
+
+
+def _classify_mask(attn_mask, B, H, Nq, Nk, device):
+    """'' for no mask, 'pad' for a boolean key-padding mask, else a reason
+    ('U:...') the mask cannot be run by qvattn.  ValueError for a mask that
+    is not a mask of this call at all."""
+    if attn_mask is None:
+        return ""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"qvattn: attn_mask must be a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    if attn_mask.device != device:
+        raise ValueError(f"qvattn: attn_mask is on {attn_mask.device}, q on {device}")
+    shape = tuple(attn_mask.shape)
+    if len(shape) > 4 or len(shape) == 0:
+        raise ValueError(f"qvattn: attn_mask of shape {shape} is not broadcastable "
+                         f"to [B,H,Nq,Nk] = [{B},{H},{Nq},{Nk}]")
+    full = (1,) * (4 - len(shape)) + shape
+    for have, want in zip(full, (B, H, Nq, Nk)):
+        if have != 1 and have != want:
+            raise ValueError(f"qvattn: attn_mask of shape {shape} is not broadcastable "
+                             f"to [B,H,Nq,Nk] = [{B},{H},{Nq},{Nk}]")
+    if attn_mask.dtype != torch.bool:
+        return ("U:a non-boolean (additive) attn_mask is not supported; pass a "
+                "boolean key-padding mask [B,1,1,Nk] (True = attend)")
+    if full[1] != 1 or full[2] != 1:
+        return ("U:only boolean key-padding masks broadcastable to [B,1,1,Nk] are "
+                f"supported, got a dense mask of shape {shape}")
+    if full[3] != Nk:
+        return ""  # [.., 1] broadcast over keys: attends to all or none
+    return "pad"
+
+
+def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+                    attn_mask=None, return_lse=False, layer=None, step=None,
+                    num_steps=None, grid=None, prefix=None, prefix_at_end=False,
+                    ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
+                    options=None, state=None):
+    """qvattn.attention for torch tensors (see qvattn.attention)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if not isinstance(layout, str) or layout.upper() not in _LAYOUTS:
+        raise ValueError(f"qvattn: layout must be 'HND' or 'NHD', not {layout!r}")
+    layout = layout.upper()
+    if not isinstance(method, str):
+        raise TypeError(f"qvattn: method must be a string, got {type(method).__name__}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"qvattn: q, k and v must be on one device "
+                         f"(q {q.device}, k {k.device}, v {v.device})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"qvattn: q, k and v must have one dtype "
+                         f"(q {q.dtype}, k {k.dtype}, v {v.dtype})")
+    d = _tokdim(layout)
+    hdim = 2 if layout == "NHD" else 1
+    B, H, Nq, D = q.shape[0], q.shape[hdim], q.shape[d], q.shape[3]
+    Nk = k.shape[d]
+    if k.shape[0] != B or k.shape[hdim] != H or k.shape[3] != D:
+        raise ValueError(f"qvattn: q {tuple(q.shape)} and k {tuple(k.shape)} must agree "
+                         f"on B, H and D (layout {layout})")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"qvattn: k {tuple(k.shape)} and v {tuple(v.shape)} must have "
+                         "the same shape (value head dim = key head dim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            raise ValueError(f"qvattn: {name}'s head dimension is not contiguous "
+                             f"(stride {t.stride(3)}); call .contiguous() first")
+    if sm_scale is not None:
+        sm_scale = float(sm_scale)
+        if not (sm_scale > 0 and math.isfinite(sm_scale)):
+            raise ValueError(f"qvattn: sm_scale must be finite and > 0, got {sm_scale}")
+    if num_steps is not None and step is not None and num_steps > 0 and not (
+            0 <= step < num_steps):
+        raise ValueError(f"qvattn: step {step} is outside the {num_steps}-step schedule")
+    if step is not None and step < 0:
+        raise ValueError(f"qvattn: step must be >= 0, got {step}")
+    opts = options_string(options)
+    if ctx is not None and not isinstance(ctx, _ffi.Context):
+        raise TypeError(f"qvattn: ctx must be a qvattn.Context, got {type(ctx).__name__}")
+    if grid is not None:
+        grid = [int(g) for g in grid]
+        if len(grid) != 3 or min(grid) < 1:
+            raise ValueError(f"qvattn: grid must be (T, H, W) of positive ints, got {grid}")
+    if fallback not in (False, True, "sdpa", None):
+        raise ValueError(f"qvattn: fallback must be False, True or 'sdpa', not {fallback!r}")
+
+    reasons = []
+    if is_causal:
+        reasons.append("U:causal attention is not supported (video DiTs are non-causal)")
+    if dropout_p:
+        reasons.append(f"U:dropout (dropout_p={dropout_p}) is not supported")
+    mkind = _classify_mask(attn_mask, B, H, Nq, Nk, q.device)
+    if mkind.startswith("U:"):
+        reasons.append(mkind)
+    dev = _ffi.QVA_DEVICE_CUDA if q.device.type == "cuda" else _ffi.QVA_DEVICE_CPU
+    why = support_reason(dev, method, opts, _TORCH_DTYPES[q.dtype], int(D))
+    if why.startswith("E:"):
+        raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why[2:], "qvattn.attention")
+    if why:
+        reasons.append(why)
+    if not why and Nq != Nk and _self_only(method):
+        raise _ffi.QvaValueError(
+            _ffi.QVA_ERR_SHAPE, f"{method} needs self-attention (q and k with the same "
+            f"N; got {Nq} and {Nk}); use sage8 for cross-attention", "qvattn.attention")
+    if reasons:
+        reason = reasons[0][2:]
+        if fallback:
+            _fallback_warn(reason)
+            out, lse = sdpa_reference(q, k, v, layout, sm_scale, return_lse,
+                                      attn_mask=attn_mask, is_causal=is_causal,
+                                      dropout_p=dropout_p)
+            return (out, lse) if return_lse else out
+        code = reasons[0][0]
+        hint = " (pass fallback=True to run torch SDPA instead)"
+        if code == "V":
+            raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, reason + hint,
+                                     "qvattn.attention")
+        raise _ffi.QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, reason + hint,
+                                       "qvattn.attention")
+    if mkind != "pad":
+        if attn_mask is not None and attn_mask.shape[-1] == 1 and Nk != 1:
+            # a [.., 1] boolean mask broadcast over keys: all True is no mask;
+            # anything else cannot be checked without reading it
+            raise _ffi.QvaValueError(
+                _ffi.QVA_ERR_SHAPE, "attn_mask's last dimension must be Nk for a "
+                "key-padding mask", "qvattn.attention")
+        attn_mask = None
+
+    sid = 0
+    if state is not None:
+        sid = state.id if isinstance(state, StepState) else int(state)
+    if step is None:
+        step_i, nsteps_i = (-1, -1) if sid else (0, int(num_steps or 0))
+    else:
+        step_i, nsteps_i = int(step), int(num_steps or 0)
+    if prefix is None:
+        prefix_i = -1 if (grid is not None or sid) else 0
+    else:
+        prefix_i = int(prefix)
+        if prefix_i < 0:
+            raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
+    out, lse = torch.ops.qvattn.attention(
+        q, k, v, attn_mask, method, layout, float(sm_scale or 0.0),
+        int(layer or 0), step_i, nsteps_i, grid or [], prefix_i, bool(prefix_at_end),
+        opts, ctx.id if ctx is not None else 0, sid, bool(return_lse))
+    return (out, lse) if return_lse else out
