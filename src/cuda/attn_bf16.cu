@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
 
 #define B16_ROWS 64    /* query rows per CTA            */
@@ -44,10 +44,6 @@ static __device__ __forceinline__ void mma16(float *c, const uint32_t *a, uint32
         mma_bf16(c, a, b0, b1);
 }
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
 static __device__ __forceinline__ void cp_async_commit(void) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -111,7 +107,7 @@ static __device__ __forceinline__ void issue_k(tiles16<D> &t, const uint16_t *kg
     const uint16_t *gs = kg + (size_t)r * D + c;
 #pragma unroll
     for (int u = 0; u < B16_KEYS / RPP; ++u)
-        cp_async16(sd + u * RPP * (D + B16_PAD), gs + u * RPP * D);
+        qvc_cp_async16(sd + u * RPP * (D + B16_PAD), gs + u * RPP * D);
     cp_async_commit();
 }
 
@@ -124,7 +120,7 @@ static __device__ __forceinline__ void issue_v(tiles16<D> &t, const uint16_t *vg
     const uint16_t *gs = vg + (size_t)r * B16_KEYS + c;
 #pragma unroll
     for (int u = 0; u < D / RPP; ++u)
-        cp_async16(sd + u * RPP * (B16_KEYS + B16_PAD), gs + u * RPP * B16_KEYS);
+        qvc_cp_async16(sd + u * RPP * (B16_KEYS + B16_PAD), gs + u * RPP * B16_KEYS);
     cp_async_commit();
 }
 

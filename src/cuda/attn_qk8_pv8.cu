@@ -20,7 +20,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
 #define ROWS_PER_CTA 64
 #define KEYS 128
@@ -44,10 +44,6 @@ static __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
 static __device__ __forceinline__ void cp_async_wait_all(void) {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
 }
@@ -102,11 +98,11 @@ static __device__ __forceinline__ void load_block(tiles<D> &t, const qvc_ops &op
     const uint8_t *vg = ops.v_t + ((size_t)bh * ops.nblk + j) * (size_t)D * KEYS;
     for (int i = threadIdx.x; i < KEYS * D / 16; i += blockDim.x) {
         int r = i / (D / 16), c = (i % (D / 16)) * 16;
-        cp_async16(&t.k[r][c], kg + (size_t)r * D + c);
+        qvc_cp_async16(&t.k[r][c], kg + (size_t)r * D + c);
     }
     for (int i = threadIdx.x; i < D * KEYS / 16; i += blockDim.x) {
         int r = i / (KEYS / 16), c = (i % (KEYS / 16)) * 16;
-        cp_async16(&t.v[r][c], vg + (size_t)r * KEYS + c);
+        qvc_cp_async16(&t.v[r][c], vg + (size_t)r * KEYS + c);
     }
     cp_async_wait_all();
 }

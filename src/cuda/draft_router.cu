@@ -37,7 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 #include "cpu/draft.h"
 
 
@@ -48,42 +48,6 @@
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
 #define DR_MAP_SMEM_TARGET (99 * 1024) /* keeps two map CTAs per SM */
-
-static qva_status dr_fail(cudaError_t e, const char *what) {
-    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
-    if (e == cudaErrorMemoryAllocation)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
-    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
-static qva_status dr_launch_check(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? QVA_OK
-                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
-}
-
-/* ------------------------------------------------------------ helpers */
-
-/* One element of a user view; bf16 and f16 widen to f32 exactly, as the
- * CPU's qvi_load_head does. */
-template <int DT>
-static __device__ __forceinline__ float dr_ld(const void *p, int64_t off) {
-    if constexpr (DT == QVA_F32) {
-        return __ldg((const float *)p + off);
-    } else {
-        unsigned short u = __ldg((const unsigned short *)p + off);
-        if constexpr (DT == QVA_BF16)
-            return __uint_as_float((unsigned)u << 16);
-        else
-            return __half2float(__ushort_as_half(u));
-    }
-}
-
-static __device__ __forceinline__ int64_t dr_head_base(const qvc_view &v, int bh) {
-    const int H = (int)v.H, b = bh / H, h = bh - b * H;
-    return (int64_t)b * v.sb + (int64_t)h * v.sh;
-}
-
 /*
  * Orderable key of a draft-map value: larger A -> larger key; NaN -> 0,
  * below every number (the CPU sorts NaN last); -0 and +0 equal (the CPU
@@ -161,7 +125,7 @@ dr_pool_kernel(dr_pool_params p) {
     const int r = blockIdx.x, bh = blockIdx.y, D = p.D;
     const int n = p.count[r];
     const int64_t slot0 = p.prefix_pad + (int64_t)r * p.c;
-    const int64_t qb = dr_head_base(p.q, bh), kb = dr_head_base(p.k, bh);
+    const int64_t qb = qvc_head_base(p.q, bh), kb = qvc_head_base(p.k, bh);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int64_t o = p.pack[slot0 + i];
         rowoff[0][i] = qb + o * p.q.sn;
@@ -176,12 +140,12 @@ dr_pool_kernel(dr_pool_params p) {
     double s = 0.0;
     /* The CPU starts the max at the block's first row (a padding row of
      * zeros only if the region were empty, which no partition makes). */
-    float m = n > 0 ? dr_ld<DT>(data, ro[0] + ch) : 0.0f;
+    float m = n > 0 ? qvc_ld<DT>(data, ro[0] + ch) : 0.0f;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         float t[16];
 #pragma unroll
-        for (int u = 0; u < 16; ++u) t[u] = dr_ld<DT>(data, ro[i + u] + ch);
+        for (int u = 0; u < 16; ++u) t[u] = qvc_ld<DT>(data, ro[i + u] + ch);
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
             s = __dadd_rn(s, (double)t[u]);
@@ -189,7 +153,7 @@ dr_pool_kernel(dr_pool_params p) {
         }
     }
     for (; i < n; ++i) {
-        const float v = dr_ld<DT>(data, ro[i] + ch);
+        const float v = qvc_ld<DT>(data, ro[i] + ch);
         s = __dadd_rn(s, (double)v);
         m = v > m ? v : m;
     }
@@ -506,11 +470,11 @@ extern "C" qva_status qvc_draft_layout_upload(const struct qvi_partition *part, 
         cudaError_t e = cudaMalloc(req[i].p, req[i].bytes ? req[i].bytes : 4);
         if (e != cudaSuccess) {
             *req[i].p = NULL;
-            s = dr_fail(e, "qvc_draft_layout_upload: cudaMalloc");
+            s = qvc_cuda_fail(e, "qvc_draft_layout_upload: cudaMalloc");
         } else if (req[i].bytes &&
                    (e = cudaMemcpy(*req[i].p, req[i].src, req[i].bytes, cudaMemcpyHostToDevice)) !=
                        cudaSuccess) {
-            s = dr_fail(e, "qvc_draft_layout_upload: cudaMemcpy");
+            s = qvc_cuda_fail(e, "qvc_draft_layout_upload: cudaMemcpy");
         }
     }
     if (s == QVA_OK) {
@@ -577,7 +541,7 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
         cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
         if (e != cudaSuccess) {
             *req[i].p = NULL;
-            qva_status s = dr_fail(e, "qvc_draft_route_alloc: cudaMalloc");
+            qva_status s = qvc_cuda_fail(e, "qvc_draft_route_alloc: cudaMalloc");
             qvc_draft_route_free(b);
             return s;
         }
@@ -614,7 +578,7 @@ static qva_status dr_launch_map(const dr_map_params &mp0, int BH, cudaStream_t s
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
             cudaSuccess)
-        return dr_fail(e, "qvc_draft_route: device attributes");
+        return qvc_cuda_fail(e, "qvc_draft_route: device attributes");
     if (smem > (size_t)optin)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_draft_route: %d video regions need %zu bytes of shared memory "
@@ -622,11 +586,11 @@ static qva_status dr_launch_map(const dr_map_params &mp0, int BH, cudaStream_t s
                         mp.R, smem, optin);
     if ((e = cudaFuncSetAttribute(dr_map_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem)) != cudaSuccess)
-        return dr_fail(e, "qvc_draft_route: map shared memory");
+        return qvc_cuda_fail(e, "qvc_draft_route: map shared memory");
     mp.rows = rows;
     dim3 grid((unsigned)qvi_cdiv(mp.R, rows), (unsigned)BH);
     dr_map_kernel<<<grid, 32 * rows, smem, st>>>(mp);
-    return dr_launch_check("qvc_draft_route: draft map");
+    return qvc_launch_check("qvc_draft_route: draft map");
 }
 
 extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
@@ -695,7 +659,7 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     const int pool_threads = qvi_cdiv(2 * D, 32) * 32;
     DISPATCH_DR_DTYPE(q->dtype, (dr_pool_kernel<DT_><<<dim3((unsigned)R, (unsigned)BH),
                                                        pool_threads, 0, st>>>(pp)));
-    if ((s = dr_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
 
     /* b. draft map (Eq. 2) */
     dr_map_params mp;
@@ -721,11 +685,11 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     cudaError_t ce;
     dr_sel_init_kernel<<<(unsigned)qvi_cdiv(BH, 128), 128, 0, st>>>(
         sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
-    if ((s = dr_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
     if (findmask) {
         if ((ce = cudaMemsetAsync(hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st)) !=
             cudaSuccess)
-            return dr_fail(ce, "qvc_draft_route: cudaMemsetAsync");
+            return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
         /* Digits: the 32 value bits, then the index bits that M - 1 uses. */
         int shifts[8], np = 0;
         for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
@@ -737,21 +701,21 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
         for (int i = 0; i < np; ++i) {
             dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(b->A, M, shifts[i], findmask, sel,
                                                                hist);
-            if ((s = dr_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
+            if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
             dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
-            if ((s = dr_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
+            if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
         }
     }
 
     /* d. precision matrix, row counts, CSR offsets and lists */
     const dim3 rgrid((unsigned)qvi_cdiv(R, DR_ROWS_PER_CTA), (unsigned)BH);
     dr_assign_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->A, R, bd, sel, b->prec, cnt);
-    if ((s = dr_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
     dr_scan_kernel<<<(unsigned)BH, DR_SCAN_THREADS, 0, st>>>(cnt, 3 * R, BH, e[2], b->offsets);
-    if ((s = dr_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
     if (e[2] > 0) {
         dr_fill_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->prec, b->offsets, R, b->cols);
-        if ((s = dr_launch_check("qvc_draft_route: lists")) != QVA_OK) return s;
+        if ((s = qvc_launch_check("qvc_draft_route: lists")) != QVA_OK) return s;
     }
     return QVA_OK;
 }

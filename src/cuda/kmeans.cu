@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
 /* Defined in prep.cu: FP64 means of row lists equal to the CPU's
  * sequential sums; to move into cuda_internal.h. */
@@ -39,18 +39,6 @@
 #define KM_THREADS 128
 #define KM_MAX_D 128
 #define KM_TILE_STRIDE 33 /* 32 channels + 1: conflict-free row reads */
-
-static qva_status km_fail(cudaError_t e, const char *what) {
-    cudaGetLastError(); /* clear a non-sticky error */
-    if (e == cudaErrorMemoryAllocation)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
-    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
-static qva_status km_launch_check(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? QVA_OK : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
-}
 
 /* One element of a user view; bf16 and f16 widen to f32 exactly (the CPU
  * runs k-means on the same widened values).  DT < 0: the dtype is read at
@@ -275,10 +263,10 @@ static km_assign_fn km_assign_pick(const km_state *s) {
 
 static qva_status km_assign(const km_state *s, const float *cent) {
     cudaError_t e = cudaMemsetAsync(s->cnt, 0, (size_t)s->BH * s->k * sizeof(int), s->st);
-    if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
     dim3 grid(qvi_cdiv(s->n, KM_THREADS), s->BH);
     km_assign_pick(s)<<<grid, KM_THREADS, s->smem, s->st>>>(s->v, s->k, cent, s->keys, s->cnt);
-    return km_launch_check("qvc_kmeans_perm: assign");
+    return qvc_launch_check("qvc_kmeans_perm: assign");
 }
 
 static qva_status km_sort(km_state *s, int32_t *vals_out) {
@@ -286,8 +274,8 @@ static qva_status km_sort(km_state *s, int32_t *vals_out) {
     cudaError_t e = cub::DeviceRadixSort::SortPairs(s->cub_tmp, bytes, s->keys, s->keys_sorted,
                                                     s->iota, vals_out, s->BH * s->n, 0, s->end_bit,
                                                     s->st);
-    if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: radix sort");
-    return km_launch_check("qvc_kmeans_perm: radix sort");
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: radix sort");
+    return qvc_launch_check("qvc_kmeans_perm: radix sort");
 }
 
 /* Chooses the assign kernel: the shared-memory one when the centroids and
@@ -297,7 +285,7 @@ static qva_status km_smem_setup(km_state *s) {
     int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: device attributes");
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: device attributes");
     const size_t need = (size_t)s->k * (((s->D + 31) & ~31) + KM_THREADS) * sizeof(float);
     const size_t stat = (size_t)KM_THREADS * KM_TILE_STRIDE * sizeof(float);
     s->use_smem = need + stat + 1024 <= (size_t)optin;
@@ -308,7 +296,7 @@ static qva_status km_smem_setup(km_state *s) {
          * concurrent calls from other threads can never lower it. */
         e = cudaFuncSetAttribute((const void *)km_assign_pick(s),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)stat);
-        if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: cudaFuncSetAttribute");
+        if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaFuncSetAttribute");
     }
     return QVA_OK;
 }
@@ -350,13 +338,13 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, s.cub_bytes, (const uint32_t *)NULL,
                                                     (uint32_t *)NULL, (const int32_t *)NULL,
                                                     (int32_t *)NULL, (int)total, 0, s.end_bit, st);
-    if (e != cudaSuccess) return km_fail(e, "qvc_kmeans_perm: radix sort size");
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: radix sort size");
 
     const size_t nb = km_align((size_t)total * 4), kb = km_align((size_t)BH * k * sizeof(int));
     const size_t tmp_b = 4 * nb + 2 * kb + km_align(s.cub_bytes);
     char *tmp = NULL;
     if ((e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
-        return km_fail(e, "qvc_kmeans_perm: cudaMallocAsync");
+        return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMallocAsync");
     s.keys = (uint32_t *)tmp;
     s.keys_sorted = (uint32_t *)(tmp + nb);
     s.iota = (int32_t *)(tmp + 2 * nb);
@@ -366,17 +354,17 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.cub_tmp = tmp + 4 * nb + 2 * kb;
 
     km_iota_kernel<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(s.iota, s.n, total);
-    rs = km_launch_check("qvc_kmeans_perm: iota");
+    rs = qvc_launch_check("qvc_kmeans_perm: iota");
     if (rs == QVA_OK && !warm) {
         km_init_kernel<<<dim3(k, s.BH), KM_MAX_D, 0, st>>>(s.v, k, centroids);
-        rs = km_launch_check("qvc_kmeans_perm: init");
+        rs = qvc_launch_check("qvc_kmeans_perm: init");
     }
     for (int it = 0; it < iters && rs == QVA_OK; ++it) {
         rs = km_assign(&s, centroids);
         if (rs == QVA_OK) rs = km_sort(&s, s.members);
         if (rs == QVA_OK) {
             km_offsets_kernel<<<qvi_cdiv(s.BH, 128), 128, 0, st>>>(s.cnt, s.start, s.BH, k);
-            rs = km_launch_check("qvc_kmeans_perm: offsets");
+            rs = qvc_launch_check("qvc_kmeans_perm: offsets");
         }
         if (rs == QVA_OK) /* empty clusters (count 0) are left as they are */
             rs = qvc_colsum_mean(&s.v, s.members, s.keys_sorted, s.n, s.start, s.cnt, k, s.BH * k,
@@ -387,6 +375,6 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     if (rs == QVA_OK) rs = km_sort(&s, perm);
 
     if ((e = cudaFreeAsync(tmp, st)) != cudaSuccess && rs == QVA_OK)
-        rs = km_fail(e, "qvc_kmeans_perm: cudaFreeAsync");
+        rs = qvc_cuda_fail(e, "qvc_kmeans_perm: cudaFreeAsync");
     return rs;
 }

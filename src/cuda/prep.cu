@@ -44,7 +44,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
 #define PREP_THREADS 256
 #define PREP_WARPS (PREP_THREADS / 32)
@@ -52,44 +52,6 @@
 #define FULL_MASK 0xffffffffu
 #define MAX_D 128
 #define MAX_NC (MAX_D / 32)
-
-/* Row-list means, also used by kmeans.cu (see the column sums section;
- * the declaration is repeated there, to move into cuda_internal.h). */
-
-static qva_status dev_fail(cudaError_t e, const char *what) {
-    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
-    if (e == cudaErrorMemoryAllocation)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
-    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
-static qva_status launch_check(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? QVA_OK
-                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
-}
-
-/* ------------------------------------------------------------ device helpers */
-
-/* One element of a user view; bf16 and f16 widen to f32 exactly. */
-template <int DT>
-static __device__ __forceinline__ float ld(const void *p, int64_t off) {
-    if constexpr (DT == QVA_F32) {
-        return __ldg((const float *)p + off);
-    } else {
-        unsigned short u = __ldg((const unsigned short *)p + off);
-        if constexpr (DT == QVA_BF16)
-            return __uint_as_float((unsigned)u << 16);
-        else
-            return __half2float(__ushort_as_half(u));
-    }
-}
-
-/* Offset of row 0, channel 0 of head bh. */
-static __device__ __forceinline__ int64_t head_base(const qvc_view &v, int bh) {
-    const int H = (int)v.H, b = bh / H, h = bh - b * H; /* 32-bit: B*H < 2^16 */
-    return (int64_t)b * v.sb + (int64_t)h * v.sh;
-}
 
 /* Source row of logical row i (perm: [BH][n] or NULL). */
 static __device__ __forceinline__ int64_t src_row(const int32_t *perm, int bh,
@@ -178,7 +140,7 @@ static __device__ __forceinline__ void qk_row(const qk_params &p, int64_t base, 
 #pragma unroll
     for (int j = 0; j < NC; ++j) {
         const int c = lane + 32 * j;
-        x[j] = (valid && c < D) ? ld<DT>(p.x.data, row + c) : 0.0f;
+        x[j] = (valid && c < D) ? qvc_ld<DT>(p.x.data, row + c) : 0.0f;
     }
     if (!valid) return; /* padding rows stay +0 (a sign flip would give -0) */
     if (p.mean) {
@@ -225,7 +187,7 @@ qk_quant_kernel(qk_params p) {
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = (int)p.x.D;
-    const int64_t base = head_base(p.x, bh);
+    const int64_t base = qvc_head_base(p.x, bh);
     const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP;
 
     float mu[NC], sg[NC];
@@ -345,7 +307,7 @@ colsum_exact_kernel(colsum_params p) {
     const int p0 = (blockIdx.x * (CS_THREADS / 32) + warp) * XP_WARP_POS;
     if (p0 >= p.npos) return;
     const int p1 = min(p0 + XP_WARP_POS, p.npos);
-    const int64_t base = head_base(p.v, bh), lb = (int64_t)bh * p.npos;
+    const int64_t base = qvc_head_base(p.v, bh), lb = (int64_t)bh * p.npos;
     int cur = -1, q = XP_QNONE;
     double s = 0.0, a = 0.0;
     for (int pos = p0; pos < p1; pos += 8) {
@@ -361,7 +323,7 @@ colsum_exact_kernel(colsum_params p) {
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u)
-            x[u] = (ro[u] >= 0 && c < D) ? ld<DT>(p.v.data, base + ro[u] * p.v.sn + c) : 0.0f;
+            x[u] = (ro[u] >= 0 && c < D) ? qvc_ld<DT>(p.v.data, base + ro[u] * p.v.sn + c) : 0.0f;
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             if (g[u] < 0) continue;
@@ -414,7 +376,7 @@ static __device__ __forceinline__ void colsum_data(const colsum_params &p, const
     float vals[CS_PER_LOADER];
 #pragma unroll
     for (int m = 0; m < CS_PER_LOADER; ++m)
-        vals[m] = (ro[m] >= 0 && c < D) ? ld<DT>(p.v.data, base + ro[m] + c) : 0.0f;
+        vals[m] = (ro[m] >= 0 && c < D) ? qvc_ld<DT>(p.v.data, base + ro[m] + c) : 0.0f;
 #pragma unroll
     for (int m = 0; m < CS_PER_LOADER; ++m) {
         const int rr = loader + CS_LOADERS * m;
@@ -436,7 +398,7 @@ colsum_kernel(colsum_params p) {
     const bool need = c < D && len > 0 && !p.exact[(int64_t)seg * D + c];
     if (!__syncthreads_or(need)) return;
     const int ntiles = (len + CS_ROWS - 1) / CS_ROWS;
-    const int64_t base = head_base(p.v, bh);
+    const int64_t base = qvc_head_base(p.v, bh);
     const int32_t *rows = p.rows ? p.rows + (int64_t)bh * p.npos + start : NULL;
 
     /* Loaders keep the row offsets of the next tile in registers, fetched
@@ -485,7 +447,7 @@ extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
     const size_t b8 = (cells * 8 + 255) & ~(size_t)255, b4 = (cells * 4 + 255) & ~(size_t)255;
     char *tmp = NULL;
     cudaError_t e = cudaMallocAsync((void **)&tmp, 2 * b8 + 2 * b4, st);
-    if (e != cudaSuccess) return dev_fail(e, "column mean: cudaMallocAsync");
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "column mean: cudaMallocAsync");
     colsum_params p;
     p.v = *v;
     p.rows = rows;
@@ -503,24 +465,24 @@ extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
     qva_status s = QVA_OK;
     if ((e = cudaMemsetAsync(tmp, 0, 2 * b8, st)) != cudaSuccess ||
         (e = cudaMemsetAsync(p.qmin, 0x7F, b4, st)) != cudaSuccess)
-        s = dev_fail(e, "column mean: cudaMemsetAsync");
+        s = qvc_cuda_fail(e, "column mean: cudaMemsetAsync");
     if (s == QVA_OK) {
         const int per_cta = (CS_THREADS / 32) * XP_WARP_POS;
         dim3 grid((unsigned)qvi_cdiv(npos, per_cta), (unsigned)BH, (unsigned)ncg);
         DISPATCH_DTYPE(v->dtype, (colsum_exact_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
-        s = launch_check("column mean: exact pass");
+        s = qvc_launch_check("column mean: exact pass");
     }
     if (s == QVA_OK) {
         colsum_finalize_kernel<<<(unsigned)((cells + 255) / 256), 256, 0, st>>>(p);
-        s = launch_check("column mean: finalize");
+        s = qvc_launch_check("column mean: finalize");
     }
     if (s == QVA_OK) {
         dim3 grid((unsigned)nseg, (unsigned)ncg);
         DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
-        s = launch_check("column mean: sequential pass");
+        s = qvc_launch_check("column mean: sequential pass");
     }
     if ((e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
-        s = dev_fail(e, "column mean: cudaFreeAsync");
+        s = qvc_cuda_fail(e, "column mean: cudaFreeAsync");
     return s;
 }
 
@@ -536,7 +498,7 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean,
                float *bmu, float *bamax) {
     const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)v.D;
     if (c >= D) return;
-    const int64_t base = head_base(v, bh);
+    const int64_t base = qvc_head_base(v, bh);
     const int r0 = blk * QVI_BLOCK, len = min(QVI_BLOCK, n - r0);
     float m = 0.0f;
     if (demean) {
@@ -546,17 +508,17 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean,
             float t[16];
 #pragma unroll
             for (int u = 0; u < 16; ++u)
-                t[u] = ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i + u) * v.sn + c);
+                t[u] = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i + u) * v.sn + c);
 #pragma unroll
             for (int u = 0; u < 16; ++u) s += (double)t[u];
         }
-        for (; i < len; ++i) s += (double)ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        for (; i < len; ++i) s += (double)qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
         m = (float)(s / (double)len);
     }
     float amax = 0.0f;
 #pragma unroll 16
     for (int i = 0; i < len; ++i) {
-        float x = ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        float x = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
         if (demean) x = __fsub_rn(x, m);
         amax = fmaxf(amax, fabsf(x));
     }
@@ -611,7 +573,7 @@ v_encode_kernel(v_params p) {
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int D = (int)p.v.D;
-    const int64_t base = head_base(p.v, bh);
+    const int64_t base = qvc_head_base(p.v, bh);
 
     float bscale = 1.0f;
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
@@ -624,7 +586,7 @@ v_encode_kernel(v_params p) {
 #pragma unroll
             for (int j = 0; j < MAX_NC; ++j) {
                 const int c = lane + 32 * j;
-                if (c < D) amax = fmaxf(amax, fabsf(ld<DT>(p.v.data, row + c)));
+                if (c < D) amax = fmaxf(amax, fabsf(qvc_ld<DT>(p.v.data, row + c)));
             }
         }
         amax = block_max(amax, red);
@@ -654,7 +616,7 @@ v_encode_kernel(v_params p) {
             if (c >= D) continue;
             uint8_t code = 0; /* padding keys: code 0 */
             if (valid) {
-                const float x = ld<DT>(p.v.data, row + c);
+                const float x = qvc_ld<DT>(p.v.data, row + c);
                 float y;
                 if (p.mode == 1) {
                     y = __fdiv_rn(x, bscale);
@@ -721,7 +683,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
         cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
         if (e != cudaSuccess) {
             *req[i].p = NULL;
-            qva_status st = dev_fail(e, "qvc_ops_alloc: cudaMalloc");
+            qva_status st = qvc_cuda_fail(e, "qvc_ops_alloc: cudaMalloc");
             qvc_ops_free(ops);
             return st;
         }
@@ -762,7 +724,7 @@ static qva_status launch_qk(const qk_params &p, int BH, int D, cudaStream_t st,
                             const char *what) {
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
     DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
-    return launch_check(what);
+    return qvc_launch_check(what);
 }
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -800,7 +762,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
-        return dev_fail(e, "qvc_prep: cudaMallocAsync");
+        return qvc_cuda_fail(e, "qvc_prep: cudaMallocAsync");
     float *kmean = mean_b ? (float *)tmp : NULL;
     float *bmu = stat_b ? (float *)(tmp + mean_b) : NULL;
     float *bamax = stat_b ? (float *)(tmp + mean_b + stat_b) : NULL;
@@ -852,23 +814,23 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     if (s == QVA_OK && a->v_mode == 0) {
         DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
                                      *v, a->perm, nk, nblk, demean, bmu, bamax)));
-        s = launch_check("qvc_prep: V stats");
+        s = qvc_launch_check("qvc_prep: V stats");
         if (s == QVA_OK) {
             const int64_t t = (int64_t)BH * D;
             v_scale_kernel<<<(unsigned)((t + 127) / 128), 128, 0, st>>>(BH, D, nblk, demean, bmu, bamax,
                                                                          ops->v_chan, ops->v_mu);
-            s = launch_check("qvc_prep: V scale");
+            s = qvc_launch_check("qvc_prep: V scale");
         }
     } else if (s == QVA_OK && ops->v_mu) { /* fp8 has no means: keep them 0 */
         e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
-        if (e != cudaSuccess) s = dev_fail(e, "qvc_prep: cudaMemsetAsync");
+        if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK) {
         DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
-        s = launch_check("qvc_prep: V encode");
+        s = qvc_launch_check("qvc_prep: V encode");
     }
 
     if (tmp && (e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
-        s = dev_fail(e, "qvc_prep: cudaFreeAsync");
+        s = qvc_cuda_fail(e, "qvc_prep: cudaFreeAsync");
     return s;
 }

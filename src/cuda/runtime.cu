@@ -7,15 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
-static qva_status cuda_fail(cudaError_t e, const char *what) {
-    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
 #define CUDA_TRY(call, what)                                   \
     do {                                                       \
         cudaError_t e_ = (call);                               \
-        if (e_ != cudaSuccess) return cuda_fail(e_, what);     \
+        if (e_ != cudaSuccess) return qvc_cuda_fail(e_, what);     \
     } while (0)
 
 extern "C" int qva_cuda_available(void) {

@@ -1,0 +1,53 @@
+/* Device helpers shared by the CUDA backend's translation units. */
+#ifndef QVATTN_DEVICE_UTIL_CUH
+#define QVATTN_DEVICE_UTIL_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_internal.h"
+
+/* A CUDA error as a qva_status (out-of-memory kept apart); clears a
+ * non-sticky error so later checks are clean. */
+static inline qva_status qvc_cuda_fail(cudaError_t e, const char *what) {
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
+    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* The status of the last kernel launch. */
+static inline qva_status qvc_launch_check(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? QVA_OK
+                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
+}
+
+/* One element of a user view; bf16 and f16 widen to f32 exactly, as the
+ * CPU's qvi_load_head does. */
+template <int DT>
+static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
+    if constexpr (DT == QVA_F32) {
+        return __ldg((const float *)p + off);
+    } else {
+        unsigned short u = __ldg((const unsigned short *)p + off);
+        if constexpr (DT == QVA_BF16)
+            return __uint_as_float((unsigned)u << 16);
+        else
+            return __half2float(__ushort_as_half(u));
+    }
+}
+
+/* Offset of row 0, channel 0 of head bh (B*H < 2^16, so 32-bit split). */
+static __device__ __forceinline__ int64_t qvc_head_base(const qvc_view &v, int bh) {
+    const int H = (int)v.H, b = bh / H, h = bh - b * H;
+    return (int64_t)b * v.sb + (int64_t)h * v.sh;
+}
+
+/* 16-byte global -> shared asynchronous copy (cp.async.cg). */
+static __device__ __forceinline__ void qvc_cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+#endif
