@@ -357,6 +357,32 @@ static void test_schedule_state(qva_context_t *ctx) {
     free_io(&a);
 }
 
+/* LSE is that of the unsmoothed scores for every method: K smoothing's
+ * per-row shift is added back (it was off by up to ~3.5 before). */
+static void test_lse(qva_context_t *ctx) {
+    const int N = 200, D = 64;
+    io_bufs a = make_io(1, 2, N, D);
+    for (size_t i = 0; i < (size_t)2 * N * D; ++i) a.k[i] += 1.5f; /* common K */
+    float ref[400], got[400];
+    const char *methods[] = {"bf16", "fp8", "sage8", "vc8+expcast", "sage8+hadamard", "sage4"};
+    const double tol[] = {0.02, 0.25, 0.05, 0.05, 0.05, 0.2};
+    for (int m = -1; m < 6; ++m) {
+        qva_config c;
+        qva_config_default(&c);
+        qva_config_set_method(&c, m < 0 ? "exact" : methods[m]);
+        qva_tensor q = qva_tensor_hnd(a.q, QVA_F32, QVA_DEVICE_CPU, 1, 2, N, D);
+        qva_tensor k = q, v = q, o = q;
+        k.data = a.k, v.data = a.v, o.data = a.o;
+        qva_tensor l = qva_tensor_hnd(m < 0 ? ref : got, QVA_F32, QVA_DEVICE_CPU, 1, 2, N, 1);
+        CHECK(qva_attention(ctx, &c, &q, &k, &v, &o, &l) == QVA_OK, "lse run");
+        if (m < 0) continue;
+        double worst = 0;
+        for (int i = 0; i < 2 * N; ++i) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        CHECK(worst < tol[m], "%s: LSE off by %g (tol %g)", methods[m], worst, tol[m]);
+    }
+    free_io(&a);
+}
+
 int main(void) {
     qva_context_t *ctx = NULL;
     if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return 1;
@@ -367,6 +393,7 @@ int main(void) {
     test_demean_restore();
     test_layouts_dtypes(ctx);
     test_schedule_state(ctx);
+    test_lse(ctx);
     qva_context_free(ctx);
     return check_summary("test_core");
 }

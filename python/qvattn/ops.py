@@ -33,6 +33,7 @@ self-attention (vc8, vc4, draft) run on the valid tokens only; the
 query rows of padded tokens (whose outputs a model discards) are computed
 with torch over the valid keys.
 """
+import functools
 import itertools
 import math
 import warnings
@@ -68,8 +69,14 @@ def support_reason(device: int, method: str, options: str, dtype: int,
                ValueError, or the SDPA fallback where the caller opted in;
     'U:<msg>'  valid, but the device backend cannot run it today (e.g. draft
                on CUDA): QvaUnsupportedError, or the fallback.
-    Constant-folded under torch.compile (no ctypes call in a traced graph).
+    Constant-folded under torch.compile (no ctypes call in a traced graph)
+    and cached (one qva_supports query per distinct request).
     """
+    return _support_reason_cached(device, method, options, dtype, head_dim)
+
+
+@functools.lru_cache(maxsize=512)
+def _support_reason_cached(device, method, options, dtype, head_dim):
     try:
         cfg = _base_config(method, options)
     except ValueError as e:
@@ -103,6 +110,7 @@ class StepState:
     grid       (T, H, W) latent token grid of the current forward (draft).
     forward_index
                counts forward passes (keys the per-forward mask cache).
+    pass_index 0 for the first forward of a step, 1 for the second (CFG)...
 
     observe(t) is called once per transformer forward with the timestep
     value; it counts denoising *steps*, not forward calls: classifier-free
@@ -113,13 +121,14 @@ class StepState:
     returns to counting.
     """
 
-    def __init__(self, num_steps=None, device_contexts=True):
+    def __init__(self, num_steps=None):
         self.id = next(_state_ids)
         self.step = 0
         self.num_steps = int(num_steps or 0)
         self.fixed_num_steps = num_steps is not None
         self.grid = None
         self.forward_index = 0
+        self.pass_index = 0  # forward passes seen before this one in this step
         self.last_t = None
         self.pinned = None
         self.runs = 0
@@ -146,18 +155,22 @@ class StepState:
                 ctx.reset()
 
     def observe(self, t):
-        """Records one forward pass at timestep value t (a float)."""
+        """Records one forward pass at timestep value t (a float; None:
+        unknown, the step stays)."""
         self.forward_index += 1
         self._mask_cache.clear()
         if self.pinned is not None:
             self.step = self.pinned
             return self.step
+        if t is None:
+            return self.step
         t = float(t)
-        if self._pending_new_run or self.last_t is None:
+        self.pass_index += 1
+        if self._pending_new_run or self.last_t is None or t > self.last_t:
             self._new_run()
-        elif t > self.last_t:
-            self._new_run()
+            self.pass_index = 0
         elif t < self.last_t:
+            self.pass_index = 0
             self.step += 1
             if self.num_steps > 0 and self.step >= self.num_steps:
                 if "overrun" not in self._warned:
@@ -202,15 +215,10 @@ class StepState:
         self._contexts.clear()
 
 
-def get_state(state_id):
-    return _states.get(state_id)
-
-
 # ------------------------------------------------------------------ contexts
-_default_contexts = {}
-
-
 def _context(ctx_id, state, device):
+    """ctx_id > 0: that Context; else the StepState's context for the
+    device; else qvattn.default_context (one shared context per device)."""
     if ctx_id > 0:
         ctx = _ffi.contexts_by_id.get(ctx_id)
         if ctx is None:
@@ -218,14 +226,14 @@ def _context(ctx_id, state, device):
     elif state is not None:
         ctx = state.context_for(device)
     else:
-        key = (device.type, device.index if device.type == "cuda" else None)
-        if device.type == "cuda" and key[1] is None:
-            key = ("cuda", torch.cuda.current_device())
-        ctx = _default_contexts.get(key)
-        if ctx is None:
-            kind = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
-            ctx = _default_contexts[key] = _ffi.Context(kind)
-            ctx._cuda_index = key[1]
+        from . import default_context
+        if device.type == "cuda":
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            ctx = default_context(_ffi.QVA_DEVICE_CUDA, idx)
+            if getattr(ctx, "_cuda_index", None) is None:
+                ctx._cuda_index = idx
+        else:
+            ctx = default_context(_ffi.QVA_DEVICE_CPU)
     want = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
     if ctx.device != want:
         raise ValueError("qvattn: ctx is on a different device than the tensors")
@@ -372,7 +380,11 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
     for b in range(B):
         groups.setdefault(host[b].numpy().tobytes(), []).append(b)
     self_only = _self_only(method)
-    for _, bidx in groups.items():
+    for gi, bidx in enumerate(groups.values()):
+        # batch elements with different padding run as separate calls on
+        # different N: give each its own per-layer state key, so the
+        # V-Smooth schedule can reuse what it grouped
+        glayer = layer + (min(gi, 127) << 24) if len(groups) > 1 else layer
         pat = host[bidx[0]]
         n = int(pat.sum())
         if n == 0:
@@ -391,13 +403,13 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
         idx = torch.nonzero(pat).flatten()
         is_prefix = bool(idx[-1] == n - 1)
         if n == Nk:
-            cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
+            cfg = _config_for(method, options, sm_scale, glayer, step, num_steps, grid,
                               prefix, prefix_at_end, Nk, state)
             _c_attention(ctx, cfg, qb, kb, vb, ob, lb, layout)
         else:
             ks = _select_tokens(kb, layout, idx, n, is_prefix)
             vs = _select_tokens(vb, layout, idx, n, is_prefix)
-            cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
+            cfg = _config_for(method, options, sm_scale, glayer, step, num_steps, grid,
                               prefix, prefix_at_end, n, state)
             if not self_only:
                 _c_attention(ctx, cfg, qb, ks, vs, ob, lb, layout)
@@ -456,6 +468,10 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     state = _states.get(state_id) if state_id > 0 else None
     ctx = _context(ctx_id, state, q.device)
+    if state is not None and state.pass_index:
+        # the 2nd (3rd...) forward of a step (classifier-free guidance) keeps
+        # its own per-layer state: cond and uncond group their own values
+        layer = layer + (min(state.pass_index, 127) << 16)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_out_shapes(q, layout, return_lse), dtype=torch.float32,
                       device=q.device)
@@ -519,7 +535,7 @@ def _check_tensor(name, t):
 
 
 def _classify_mask(attn_mask, B, H, Nq, Nk, device):
-    """'' for no mask, 'pad' for a boolean key-padding mask, else a reason
+    """'' for no mask, 'pad:<4-d shape>' for a boolean key-padding mask, else a reason
     ('U:...') the mask cannot be run by qvattn.  ValueError for a mask that
     is not a mask of this call at all."""
     if attn_mask is None:
@@ -546,7 +562,7 @@ def _classify_mask(attn_mask, B, H, Nq, Nk, device):
                 f"supported, got a dense mask of shape {shape}")
     if full[3] != Nk:
         return ""  # [.., 1] broadcast over keys: attends to all or none
-    return "pad"
+    return "pad:" + ",".join(str(x) for x in full)
 
 
 def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
@@ -598,6 +614,9 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
         grid = [int(g) for g in grid]
         if len(grid) != 3 or min(grid) < 1:
             raise ValueError(f"qvattn: grid must be (T, H, W) of positive ints, got {grid}")
+        if grid[0] * grid[1] * grid[2] > Nk:
+            raise ValueError(f"qvattn: grid {tuple(grid)} has {grid[0] * grid[1] * grid[2]} "
+                             f"tokens, more than the {Nk} keys")
     if fallback not in (False, True, "sdpa", None):
         raise ValueError(f"qvattn: fallback must be False, True or 'sdpa', not {fallback!r}")
 
@@ -634,7 +653,9 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
                                      "qvattn.attention")
         raise _ffi.QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, reason + hint,
                                        "qvattn.attention")
-    if mkind != "pad":
+    if mkind.startswith("pad:"):
+        attn_mask = attn_mask.reshape([int(x) for x in mkind[4:].split(",")])
+    else:
         if attn_mask is not None and attn_mask.shape[-1] == 1 and Nk != 1:
             # a [.., 1] boolean mask broadcast over keys: all True is no mask;
             # anything else cannot be checked without reading it

@@ -271,6 +271,7 @@ typedef struct head_ops {
     qvi_i8 qi, ki;         /* PATH_I8                                  */
     qvi_f8 q8, k8, v8b;    /* PATH_FP8                                 */
     qvi_v8 v8;             /* PATH_I8 values                           */
+    float *lse_shift;      /* nq: LSE correction of K smoothing, or NULL */
 } head_ops;
 
 static void head_ops_free(head_ops *o) {
@@ -278,6 +279,7 @@ static void head_ops_free(head_ops *o) {
     free(o->kf);
     free(o->vf);
     free(o->mu4);
+    free(o->lse_shift);
     free(o->qi.codes);
     free(o->qi.scale);
     free(o->ki.codes);
@@ -299,11 +301,22 @@ static int smooths_k(qva_method m) {
            m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
 }
 
-static void subtract_channel_mean(float *x, int n, int d) {
+/* K smoothing (SageAttention): subtracting the channel mean of K shifts
+ * every score of query row i by the constant q_i . mean * sm_scale, which
+ * the softmax ignores but the LSE does not; lse_shift[i] receives that
+ * constant (FP64 dot, natural-log units) so the returned LSE is the one of
+ * the unsmoothed scores. */
+static void smooth_k(float *k, int nk, const float *q, int nq, int d,
+                     float sm_scale, float *lse_shift) {
     float mean[128];
-    qvi_channel_mean(x, n, d, mean);
-    for (int i = 0; i < n; ++i)
-        for (int c = 0; c < d; ++c) x[(size_t)i * d + c] -= mean[c];
+    qvi_channel_mean(k, nk, d, mean);
+    for (int i = 0; i < nk; ++i)
+        for (int c = 0; c < d; ++c) k[(size_t)i * d + c] -= mean[c];
+    for (int i = 0; i < nq; ++i) {
+        double dot = 0.0;
+        for (int c = 0; c < d; ++c) dot += (double)q[(size_t)i * d + c] * mean[c];
+        lse_shift[i] = (float)(dot * sm_scale);
+    }
 }
 
 static void hadamard_rows(float *x, int n, int d, const float *signs) {
@@ -466,7 +479,14 @@ static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
     qvi_load_head(kt, b, h, raw);
     gather_rows(raw, o->nk, d, perm, k);
     free(raw);
-    if (smooths_k(cfg->method)) subtract_channel_mean(k, o->nk, d);
+    if (smooths_k(cfg->method)) {
+        o->lse_shift = malloc((size_t)o->nq * sizeof(float));
+        if (!o->lse_shift) {
+            free(q), free(k), free(v);
+            return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "lse shift");
+        }
+        smooth_k(k, o->nk, q, o->nq, d, qvi_sm_scale(cfg, d), o->lse_shift);
+    }
     if (cfg->hadamard) {
         float signs[128];
         qvi_hadamard_signs(cfg, d, signs);
@@ -600,7 +620,10 @@ static qva_status quantized_head(qva_context_t *ctx, const qva_config *cfg,
     qva_status st = prepare_head(ctx, cfg, qt, kt, vt, b, h, &o);
     if (st == QVA_OK) {
 #pragma omp parallel for schedule(static)
-        for (int i = 0; i < o.nq; ++i) lb[i] = run_row(&o, i, ob + (size_t)i * o.d);
+        for (int i = 0; i < o.nq; ++i) {
+            lb[i] = run_row(&o, i, ob + (size_t)i * o.d);
+            if (o.lse_shift) lb[i] += o.lse_shift[i]; /* -inf stays -inf */
+        }
     }
     head_ops_free(&o);
     return st;

@@ -226,6 +226,10 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
                                          const qva_tensor *q, const qva_tensor *k,
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
+    if (lse && (cfg->method == QVA_METHOD_SAGE8 || cfg->method == QVA_METHOD_VC8))
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "LSE of the K-smoothed methods (sage8, vc8) is not on CUDA yet: "
+                        "the kernel does not add back the per-row smoothing shift");
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
     cuda_state *s = get_state(ctx);
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");

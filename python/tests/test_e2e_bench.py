@@ -1,0 +1,34 @@
+"""Smoke test of bench/e2e_dit.py: the --tiny config on the CPU (the H200
+run uses the same code with the Wan2.2-A14B config)."""
+import importlib.util
+import json
+import os
+
+import _torch_util  # skips without torch
+
+_torch_util.need_diffusers()
+
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_e2e_tiny(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "e2e_dit", os.path.join(ROOT, "bench", "e2e_dit.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--tiny", "--device", "cpu", "--iters", "1", "--warmup", "0",
+                     "--out", str(tmp_path)]) == 0
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0].endswith("-tiny.json") and files[1].endswith(".md")
+    res = json.load(open(tmp_path / files[0]))
+    cases = {c["method"]: c for c in res["cases"]}
+    assert set(cases) == {"sdpa", "sage8", "vc8+expcast", "draft@85/0/0/15"}
+    assert set(cases["vc8+expcast"]["steps"]) == {"group", "reuse", "plain"}
+    assert set(cases["draft@85/0/0/15"]["steps"]) == {"sparse", "dense"}
+    for c in cases.values():
+        assert c["schedule_ms"] > 0 and c["schedule_speedup_vs_sdpa"] > 0
+        for s in c["steps"].values():
+            assert s["ms"] > 0
+    assert cases["sage8"]["steps"]["step"]["rel_l2_vs_sdpa"] < 1e-2
+    assert res["meta"]["video_tokens"] == 256 and res["meta"]["num_steps"] == 8
