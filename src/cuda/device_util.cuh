@@ -23,6 +23,34 @@ static inline qva_status qvc_launch_check(const char *what) {
                             : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
 }
 
+/* A device allocation request; bytes == 0 leaves *p NULL. */
+typedef struct qvc_alloc {
+    void **p;
+    size_t bytes;
+} qvc_alloc;
+
+/* cudaMalloc of every request; on failure the failed pointer is NULL and
+ * the ones already made are left for the caller's free function. */
+static inline qva_status qvc_malloc_all(const qvc_alloc *req, size_t n, const char *what) {
+    for (size_t i = 0; i < n; ++i) {
+        if (!req[i].bytes) continue;
+        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
+        if (e != cudaSuccess) {
+            *req[i].p = NULL;
+            return qvc_cuda_fail(e, what);
+        }
+    }
+    return QVA_OK;
+}
+
+/* cudaFree of every non-NULL pointer.  An error (a sticky one from an
+ * earlier launch) cannot be acted on here; it is cleared so it does not
+ * leak into the next check, and the pointers are dropped either way. */
+static inline void qvc_free_all(void *const *ptrs, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+}
+
 /* One element of a user view; bf16 and f16 widen to f32 exactly, as the
  * CPU's qvi_load_head does. */
 template <int DT>

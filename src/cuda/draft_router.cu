@@ -499,8 +499,7 @@ extern "C" qva_status qvc_draft_layout_upload(const struct qvi_partition *part, 
 extern "C" void qvc_draft_layout_free(qvc_draft_layout *l) {
     if (!l) return;
     void *ptrs[] = {l->pack_to_orig, l->orig_to_pack, l->count};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
-        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(l, 0, sizeof *l);
 }
 
@@ -526,7 +525,7 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
     b->R = R;
     b->D = D;
     const size_t scratch = dr_scratch_hist(BH) + dr_scratch_sel(BH) + dr_scratch_cnt(BH, R);
-    struct { void **p; size_t bytes; } req[] = {
+    const qvc_alloc req[] = {
         {(void **)&b->qavg, bh * r * d * sizeof(float)},
         {(void **)&b->qmax, bh * r * d * sizeof(float)},
         {(void **)&b->kavg, bh * r * d * sizeof(float)},
@@ -537,24 +536,16 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
         {(void **)&b->cols, bh * M * sizeof(int32_t)},
         {&b->scratch, scratch},
     };
-    for (size_t i = 0; i < sizeof req / sizeof req[0]; ++i) {
-        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
-        if (e != cudaSuccess) {
-            *req[i].p = NULL;
-            qva_status s = qvc_cuda_fail(e, "qvc_draft_route_alloc: cudaMalloc");
-            qvc_draft_route_free(b);
-            return s;
-        }
-    }
-    return QVA_OK;
+    qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_draft_route_alloc: cudaMalloc");
+    if (st != QVA_OK) qvc_draft_route_free(b);
+    return st;
 }
 
 extern "C" void qvc_draft_route_free(qvc_draft_route_buf *b) {
     if (!b) return;
     void *ptrs[] = {b->qavg, b->qmax, b->kavg, b->kmax, b->A,
                     b->prec, b->offsets, b->cols, b->scratch};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
-        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(b, 0, sizeof *b);
 }
 

@@ -668,7 +668,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
     ops->nblk = ops->nk_pad / QVI_BLOCK;
     const size_t bh = (size_t)BH, d = (size_t)D, nqb = (size_t)ops->nq_pad / QVI_BLOCK,
                  nkb = (size_t)ops->nblk;
-    struct { void **p; size_t bytes; } req[] = {
+    const qvc_alloc req[] = {
         {(void **)&ops->q_i8, bh * (size_t)ops->nq_pad * d},
         {(void **)&ops->q_scale, bh * nqb * sizeof(float)},
         {(void **)&ops->k_i8, bh * (size_t)ops->nk_pad * d},
@@ -678,28 +678,16 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
         {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
         {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
     };
-    for (size_t i = 0; i < sizeof req / sizeof req[0]; ++i) {
-        if (!req[i].bytes) continue;
-        cudaError_t e = cudaMalloc(req[i].p, req[i].bytes);
-        if (e != cudaSuccess) {
-            *req[i].p = NULL;
-            qva_status st = qvc_cuda_fail(e, "qvc_ops_alloc: cudaMalloc");
-            qvc_ops_free(ops);
-            return st;
-        }
-    }
-    return QVA_OK;
+    qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_ops_alloc: cudaMalloc");
+    if (st != QVA_OK) qvc_ops_free(ops);
+    return st;
 }
 
 extern "C" void qvc_ops_free(qvc_ops *ops) {
     if (!ops) return;
-    /* cudaFree errors (a sticky error from an earlier launch) cannot be
-     * acted on here; they are cleared so they do not leak into the next
-     * check, and the pointers are dropped either way. */
     void *ptrs[] = {ops->q_i8, ops->q_scale, ops->k_i8, ops->k_scale,
                     ops->v_t, ops->v_chan, ops->v_blk, ops->v_mu};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
-        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(ops, 0, sizeof *ops);
 }
 

@@ -27,25 +27,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda_internal.h"
+#include "device_util.cuh"
 
 
 #define P16_THREADS 256
 #define P16_MAX_D 128
 #define VT_STRIDE (QVI_BLOCK + 8) /* halfwords per row of the transposed tile */
-
-static qva_status p16_fail(cudaError_t e, const char *what) {
-    cudaGetLastError(); /* clear a non-sticky error so later checks are clean */
-    if (e == cudaErrorMemoryAllocation)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "%s: %s", what, cudaGetErrorString(e));
-    return qvi_fail(QVA_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
-}
-
-static qva_status p16_launch_check(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? QVA_OK
-                            : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
-}
 
 /* ------------------------------------------------------------ device helpers */
 
@@ -186,28 +173,20 @@ extern "C" qva_status qvc_ops16_alloc(qvc_ops16 *ops, int BH, int nq, int nk, in
     ops->nk_pad = qvi_cdiv(nk, QVI_BLOCK) * QVI_BLOCK;
     ops->nblk = ops->nk_pad / QVI_BLOCK;
     const size_t bh = (size_t)BH, d = (size_t)D, e = sizeof(uint16_t);
-    struct { void **p; size_t bytes; } req[] = {
+    const qvc_alloc req[] = {
         {(void **)&ops->q, bh * (size_t)ops->nq_pad * d * e},
         {(void **)&ops->k, bh * (size_t)ops->nk_pad * d * e},
         {(void **)&ops->v_t, bh * (size_t)ops->nk_pad * d * e},
     };
-    for (size_t r = 0; r < sizeof req / sizeof req[0]; ++r) {
-        cudaError_t err = cudaMalloc(req[r].p, req[r].bytes);
-        if (err != cudaSuccess) {
-            *req[r].p = NULL;
-            qva_status st = p16_fail(err, "qvc_ops16_alloc: cudaMalloc");
-            qvc_ops16_free(ops);
-            return st;
-        }
-    }
-    return QVA_OK;
+    qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_ops16_alloc: cudaMalloc");
+    if (st != QVA_OK) qvc_ops16_free(ops);
+    return st;
 }
 
 extern "C" void qvc_ops16_free(qvc_ops16 *ops) {
     if (!ops) return;
     void *ptrs[] = {ops->q, ops->k, ops->v_t};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; ++i)
-        if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(ops, 0, sizeof *ops);
 }
 
@@ -278,9 +257,9 @@ extern "C" qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc
     const int f16 = use_f16 != 0;
 
     P16_DISPATCH(q->dtype, f16, launch_qk16_dt, *q, nq, ops->nq_pad, BH, ops->q, st);
-    if ((s = p16_launch_check("qvc_prep16: Q")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_prep16: Q")) != QVA_OK) return s;
     P16_DISPATCH(k->dtype, f16, launch_qk16_dt, *k, nk, ops->nk_pad, BH, ops->k, st);
-    if ((s = p16_launch_check("qvc_prep16: K")) != QVA_OK) return s;
+    if ((s = qvc_launch_check("qvc_prep16: K")) != QVA_OK) return s;
     P16_DISPATCH(v->dtype, f16, launch_v16_dt, *v, nk, ops->nblk, BH, ops->v_t, st);
-    return p16_launch_check("qvc_prep16: V");
+    return qvc_launch_check("qvc_prep16: V");
 }
