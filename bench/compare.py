@@ -34,13 +34,14 @@ import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import git_rev  # noqa: E402
 
 SHAPES = {  # name -> (B, H, N, D)
     "wan2.2-720p": (1, 40, 75600, 128),
@@ -126,17 +127,6 @@ def tops(fl, ms):
     return fl / (ms * 1e-3) / 1e12 if ms else None
 
 
-def git_rev():
-    try:
-        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=10)
-        if r.returncode == 0:
-            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"],
-                                   capture_output=True, text=True, timeout=10)
-            return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except Exception:
-        pass
-    return None
 
 
 class Timer:

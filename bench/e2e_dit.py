@@ -46,13 +46,14 @@ import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import git_rev  # noqa: E402
 
 A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
             in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
@@ -114,17 +115,6 @@ def load_qvattn():
     return qvattn
 
 
-def git_rev():
-    try:
-        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=10)
-        if r.returncode == 0:
-            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"],
-                                   capture_output=True, text=True, timeout=10)
-            return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except Exception:
-        pass
-    return None
 
 
 class Bench:

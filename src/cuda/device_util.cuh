@@ -51,6 +51,17 @@ static inline void qvc_free_all(void *const *ptrs, size_t n) {
         if (ptrs[i] && cudaFree(ptrs[i]) != cudaSuccess) cudaGetLastError();
 }
 
+/* Runs CALL with the constexpr int DT_ set to the runtime dtype of a view
+ * (f32, bf16, else f16), for kernels templated on the input dtype. */
+#define QVC_DISPATCH_DTYPE(dtype, CALL)                                        \
+    do {                                                                       \
+        switch (dtype) {                                                       \
+        case QVA_F32: { constexpr int DT_ = QVA_F32; CALL; } break;            \
+        case QVA_BF16: { constexpr int DT_ = QVA_BF16; CALL; } break;          \
+        default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
+        }                                                                      \
+    } while (0)
+
 /* One element of a user view; bf16 and f16 widen to f32 exactly, as the
  * CPU's qvi_load_head does. */
 template <int DT>

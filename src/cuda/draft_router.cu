@@ -93,15 +93,6 @@ static __device__ __forceinline__ int dr_phase(int p) {
     return p == 4 ? 0 : p == 8 ? 1 : p == 16 ? 2 : -1;
 }
 
-#define DISPATCH_DR_DTYPE(dtype, CALL)                                         \
-    do {                                                                       \
-        switch (dtype) {                                                       \
-        case QVA_F32: { constexpr int DT_ = QVA_F32; CALL; } break;            \
-        case QVA_BF16: { constexpr int DT_ = QVA_BF16; CALL; } break;          \
-        default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
-        }                                                                      \
-    } while (0)
-
 /* ------------------------------------------------------------ pooling */
 
 typedef struct dr_pool_params {
@@ -648,7 +639,7 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     pp.kavg = b->kavg;
     pp.kmax = b->kmax;
     const int pool_threads = qvi_cdiv(2 * D, 32) * 32;
-    DISPATCH_DR_DTYPE(q->dtype, (dr_pool_kernel<DT_><<<dim3((unsigned)R, (unsigned)BH),
+    QVC_DISPATCH_DTYPE(q->dtype, (dr_pool_kernel<DT_><<<dim3((unsigned)R, (unsigned)BH),
                                                        pool_threads, 0, st>>>(pp)));
     if ((s = qvc_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
 

@@ -94,16 +94,6 @@ static __device__ float block_max(float x, float *red /* [PREP_WARPS] */) {
     return m;
 }
 
-/* Calls f.template operator()<DT>() for the runtime dtype of a view. */
-#define DISPATCH_DTYPE(dtype, CALL)                                            \
-    do {                                                                       \
-        switch (dtype) {                                                       \
-        case QVA_F32: { constexpr int DT_ = QVA_F32; CALL; } break;            \
-        case QVA_BF16: { constexpr int DT_ = QVA_BF16; CALL; } break;          \
-        default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
-        }                                                                      \
-    } while (0)
-
 /* ------------------------------------------------------------ Q and K */
 
 typedef struct qk_params {
@@ -469,7 +459,7 @@ extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
     if (s == QVA_OK) {
         const int per_cta = (CS_THREADS / 32) * XP_WARP_POS;
         dim3 grid((unsigned)qvi_cdiv(npos, per_cta), (unsigned)BH, (unsigned)ncg);
-        DISPATCH_DTYPE(v->dtype, (colsum_exact_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
+        QVC_DISPATCH_DTYPE(v->dtype, (colsum_exact_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
         s = qvc_launch_check("column mean: exact pass");
     }
     if (s == QVA_OK) {
@@ -478,7 +468,7 @@ extern "C" qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
     }
     if (s == QVA_OK) {
         dim3 grid((unsigned)nseg, (unsigned)ncg);
-        DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
+        QVC_DISPATCH_DTYPE(v->dtype, (colsum_kernel<DT_><<<grid, CS_THREADS, 0, st>>>(p)));
         s = qvc_launch_check("column mean: sequential pass");
     }
     if ((e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
@@ -711,7 +701,7 @@ static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) 
 static qva_status launch_qk(const qk_params &p, int BH, int D, cudaStream_t st,
                             const char *what) {
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
-    DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
+    QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
     return qvc_launch_check(what);
 }
 
@@ -800,7 +790,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     vp.v_blk = ops->v_blk;
     vp.v_chan = ops->v_chan;
     if (s == QVA_OK && a->v_mode == 0) {
-        DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
+        QVC_DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
                                      *v, a->perm, nk, nblk, demean, bmu, bamax)));
         s = qvc_launch_check("qvc_prep: V stats");
         if (s == QVA_OK) {
@@ -814,7 +804,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK) {
-        DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
         s = qvc_launch_check("qvc_prep: V encode");
     }
 

@@ -1,0 +1,21 @@
+"""Helpers shared by the benchmark scripts in bench/."""
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git_rev():
+    """Short commit of the checkout, "+dirty" if it has local changes, or
+    None where git or the repository is not there (the GPU machine gets a
+    copy of the tree without .git)."""
+    try:
+        r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"],
+                                   capture_output=True, text=True, timeout=10)
+            return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except Exception:
+        pass
+    return None
