@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from _torch_util import F, make_qkv, ops, rel_l2, torch
+from _torch_util import F, make_qkv, rel_l2, torch
 
 from qvattn import comfyui  # noqa: E402
 
@@ -49,24 +49,6 @@ def flat(x):  # [B, H, N, D] -> [B, N, H*D]
     b, h, n, d = x.shape
     return x.transpose(1, 2).reshape(b, n, h * d)
 
-
-@pytest.fixture
-def spy(monkeypatch):
-    class Calls(list):
-        passes = []
-
-    calls = Calls()
-    passes = calls.passes = []
-    real = ops._config_for
-
-    def rec(*a, **kw):
-        cfg = real(*a, **kw)
-        calls.append((cfg.layer & 0xFFFF, cfg.step, cfg.num_steps))
-        passes.append(cfg.layer >> 16)
-        return cfg
-
-    monkeypatch.setattr(ops, "_config_for", rec)
-    return calls
 
 
 def test_override_protocol_and_layouts():

@@ -53,25 +53,6 @@ def hunyuan_inputs(valid=(7, 12), seed=1):
     return x, enc, emask, torch.randn(B, 16, generator=g), torch.full((B,), 6000.0)
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """Records (layer, step, num_steps) of every qvattn call."""
-    class Calls(list):
-        passes = []
-
-    calls = Calls()
-    passes = calls.passes = []
-    real = ops._config_for
-
-    def rec(*a, **kw):
-        cfg = real(*a, **kw)
-        calls.append((cfg.layer & 0xFFFF, cfg.step, cfg.num_steps))
-        passes.append(cfg.layer >> 16)
-        return cfg
-
-    monkeypatch.setattr(ops, "_config_for", rec)
-    return calls
-
 
 # ------------------------------------------------------------------ install / remove
 def test_apply_and_remove_wan():
