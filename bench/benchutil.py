@@ -1,6 +1,7 @@
 """Helpers shared by the benchmark scripts in bench/."""
 import os
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,3 +20,15 @@ def git_rev():
     except Exception:
         pass
     return None
+
+
+def use_checkout_package():
+    """Makes `import qvattn` find this checkout's python/ package and, unless
+    QVATTN_LIB is set, the library of build/ or build-gpu/."""
+    if "QVATTN_LIB" not in os.environ:
+        for cand in ("build/libqvattn.so", "build-gpu/libqvattn.so"):
+            path = os.path.join(ROOT, cand)
+            if os.path.exists(path):
+                os.environ["QVATTN_LIB"] = path
+                break
+    sys.path.insert(0, os.path.join(ROOT, "python"))

@@ -41,7 +41,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import git_rev  # noqa: E402
+from benchutil import git_rev, use_checkout_package  # noqa: E402
 
 SHAPES = {  # name -> (B, H, N, D)
     "wan2.2-720p": (1, 40, 75600, 128),
@@ -103,13 +103,7 @@ def log(*a):
 # ------------------------------------------------------------------ qvattn
 def load_qvattn():
     """(qvattn module, _ffi module, error string)."""
-    if "QVATTN_LIB" not in os.environ:
-        for cand in ("build/libqvattn.so", "build-gpu/libqvattn.so"):
-            path = os.path.join(ROOT, cand)
-            if os.path.exists(path):
-                os.environ["QVATTN_LIB"] = path
-                break
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    use_checkout_package()
     try:
         import qvattn
         from qvattn import _ffi

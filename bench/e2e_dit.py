@@ -53,7 +53,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import git_rev  # noqa: E402
+from benchutil import git_rev, use_checkout_package  # noqa: E402
 
 A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
             in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
@@ -101,13 +101,7 @@ def parse_args(argv):
 
 
 def load_qvattn():
-    if "QVATTN_LIB" not in os.environ:
-        for cand in ("build/libqvattn.so", "build-gpu/libqvattn.so"):
-            path = os.path.join(ROOT, cand)
-            if os.path.exists(path):
-                os.environ["QVATTN_LIB"] = path
-                break
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    use_checkout_package()
     import torch  # before libqvattn: see qvattn/__init__.py
     import qvattn
     del torch

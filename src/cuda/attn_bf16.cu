@@ -53,21 +53,6 @@ static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* Two floats -> two 16-bit values, RNE, a in the low half (the lower
- * column of a fragment register). */
-template <int F16>
-static __device__ __forceinline__ uint32_t pack2(float a, float b) {
-    uint32_t u;
-    if constexpr (F16) {
-        const __half2 h = __floats2half2_rn(a, b);
-        memcpy(&u, &h, sizeof u);
-    } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        memcpy(&u, &h, sizeof u);
-    }
-    return u;
-}
-
 static __device__ __forceinline__ uint32_t lds32(const uint16_t *p) {
     return *(const uint32_t *)p;
 }
@@ -219,10 +204,10 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
             const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
             rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
             rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
-            pa[c][0] = pack2<F16>(p0, p1); /* row g,     keys 16c + 2t     */
-            pa[c][1] = pack2<F16>(p2, p3); /* row g + 8, keys 16c + 2t     */
-            pa[c][2] = pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
-            pa[c][3] = pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
+            pa[c][0] = qvc_pack2<F16>(p0, p1); /* row g,     keys 16c + 2t     */
+            pa[c][1] = qvc_pack2<F16>(p2, p3); /* row g + 8, keys 16c + 2t     */
+            pa[c][2] = qvc_pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
+            pa[c][3] = qvc_pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
         }
         l[0] = __fadd_rn(l[0], quad_sum(rs[0]));
         l[1] = __fadd_rn(l[1], quad_sum(rs[1]));

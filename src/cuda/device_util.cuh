@@ -2,7 +2,9 @@
 #ifndef QVATTN_DEVICE_UTIL_CUH
 #define QVATTN_DEVICE_UTIL_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <string.h>
 #include <cuda_runtime.h>
 
 #include "cuda_internal.h"
@@ -61,6 +63,29 @@ static inline void qvc_free_all(void *const *ptrs, size_t n) {
         default: { constexpr int DT_ = QVA_F16; CALL; } break;                 \
         }                                                                      \
     } while (0)
+
+/* A user view is present and of a supported dtype (who: the caller). */
+static inline qva_status qvc_check_view(const char *who, const qvc_view *x, const char *name) {
+    if (!x || !x->data) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, name);
+    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, "%s: %s has dtype %d", who, name, x->dtype);
+    return QVA_OK;
+}
+
+/* Two floats -> two 16-bit values (FP16 if F16, else BF16), RNE, a in the
+ * low half (the lower column of an MMA fragment register). */
+template <int F16>
+static __device__ __forceinline__ uint32_t qvc_pack2(float a, float b) {
+    uint32_t u;
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        memcpy(&u, &h, sizeof u);
+    }
+    return u;
+}
 
 /* One element of a user view; bf16 and f16 widen to f32 exactly, as the
  * CPU's qvi_load_head does. */

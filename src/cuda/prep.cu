@@ -681,13 +681,6 @@ extern "C" void qvc_ops_free(qvc_ops *ops) {
     memset(ops, 0, sizeof *ops);
 }
 
-static qva_status check_view(const qvc_view *x, const char *name) {
-    if (!x || !x->data) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: %s is NULL", name);
-    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
-        return qvi_fail(QVA_ERR_DTYPE, "qvc_prep: %s has dtype %d", name, x->dtype);
-    return QVA_OK;
-}
-
 template <int DT>
 static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
     switch (qvi_cdiv(D, 32)) {
@@ -711,7 +704,8 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                                const qvc_view *v, const qvc_prep_args *a,
                                qvc_ops *ops, cudaStream_t st) {
     qva_status s;
-    if ((s = check_view(q, "q")) || (s = check_view(k, "k")) || (s = check_view(v, "v")))
+    if ((s = qvc_check_view("qvc_prep", q, "q")) || (s = qvc_check_view("qvc_prep", k, "k")) ||
+        (s = qvc_check_view("qvc_prep", v, "v")))
         return s;
     if (!a || !ops || !ops->q_i8)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL args or unallocated ops");

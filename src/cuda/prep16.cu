@@ -71,20 +71,6 @@ static __device__ __forceinline__ void load8(const void *p, int64_t off, float *
     }
 }
 
-/* Two floats -> two 16-bit values, RNE, a in the low half. */
-template <int F16>
-static __device__ __forceinline__ uint32_t pack2(float a, float b) {
-    uint32_t u;
-    if constexpr (F16) {
-        const __half2 h = __floats2half2_rn(a, b);
-        memcpy(&u, &h, sizeof u);
-    } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        memcpy(&u, &h, sizeof u);
-    }
-    return u;
-}
-
 template <int F16>
 static __device__ __forceinline__ unsigned short round16(float a) {
     if constexpr (F16)
@@ -113,10 +99,10 @@ qk16_kernel(qvc_view x, int n, int n_pad, uint16_t *dst) {
     if (row < n) {
         float v[8];
         load8<DT, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
-        w.x = pack2<F16>(v[0], v[1]);
-        w.y = pack2<F16>(v[2], v[3]);
-        w.z = pack2<F16>(v[4], v[5]);
-        w.w = pack2<F16>(v[6], v[7]);
+        w.x = qvc_pack2<F16>(v[0], v[1]);
+        w.y = qvc_pack2<F16>(v[2], v[3]);
+        w.z = qvc_pack2<F16>(v[4], v[5]);
+        w.w = qvc_pack2<F16>(v[6], v[7]);
     }
     *(uint4 *)(dst + ((size_t)bh * n_pad + row) * D + c) = w;
 }
@@ -190,13 +176,6 @@ extern "C" void qvc_ops16_free(qvc_ops16 *ops) {
     memset(ops, 0, sizeof *ops);
 }
 
-static qva_status check_view16(const qvc_view *x, const char *name) {
-    if (!x || !x->data) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep16: %s is NULL", name);
-    if (x->dtype != QVA_F32 && x->dtype != QVA_BF16 && x->dtype != QVA_F16)
-        return qvi_fail(QVA_ERR_DTYPE, "qvc_prep16: %s has dtype %d", name, x->dtype);
-    return QVA_OK;
-}
-
 /* 16-byte loads are legal when the base and every row start are 16-byte
  * aligned (channel chunks start at multiples of 8 elements). */
 static bool vec_ok(const qvc_view *x) {
@@ -240,7 +219,8 @@ static void launch_v16_dt(const qvc_view &x, int n, int nblk, int BH, uint16_t *
 extern "C" qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                                  int use_f16, qvc_ops16 *ops, cudaStream_t st) {
     qva_status s;
-    if ((s = check_view16(q, "q")) || (s = check_view16(k, "k")) || (s = check_view16(v, "v")))
+    if ((s = qvc_check_view("qvc_prep16", q, "q")) || (s = qvc_check_view("qvc_prep16", k, "k")) ||
+        (s = qvc_check_view("qvc_prep16", v, "v")))
         return s;
     if (!ops || !ops->q || !ops->k || !ops->v_t)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep16: NULL or unallocated ops");
