@@ -73,6 +73,9 @@ def parse_args(argv):
     p.add_argument("--q-scale", type=float, default=2.0,
                    help="std of q (k, v are N(0,1) plus per-head channel offsets); "
                         "larger = sharper softmax")
+    p.add_argument("--kernels", default="",
+                   help="comma list of 8-bit kernel versions to time side by side "
+                        "(QVA_ATTN_KERNEL: mma, ws0, ws1); empty = the library default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=30.0,
                    help="max seconds of timed calls per case; a slower case runs "
@@ -313,17 +316,25 @@ class Bench:
                      "status": f"unsupported: qvattn not loadable ({self.qva_err})"}
                     for m in methods]
         qv, ffi = self.qvattn, self.ffi
-        for method in methods:
+        kernels = [k.strip() for k in self.args.kernels.split(",") if k.strip()] or [None]
+        for method, kern in [(m, k) for m in methods for k in kernels]:
+            if kern is None:
+                os.environ.pop("QVA_ATTN_KERNEL", None)
+            else:
+                os.environ["QVA_ATTN_KERNEL"] = kern
+            label = method if kern is None or method.startswith("bf16") else f"{method}@{kern}"
+            if kern is not None and method.startswith("bf16") and kern != kernels[0]:
+                continue  # the kernel versions are 8-bit ones: time bf16 once
             try:
                 base = ffi.make_config(method)
             except qv.QvaError as ex:
-                entries.append({"impl": method, "label": f"qvattn {method}",
+                entries.append({"impl": label, "label": f"qvattn {label}",
                                 "status": f"error: {ex}"})
                 continue
             ok, why = ffi.supports(ffi.QVA_DEVICE_CUDA, base, ffi.QVA_BF16, D)
             if not ok:
-                log(f"  {method:<22} unsupported: {why}")
-                entries.append({"impl": method, "label": f"qvattn {method}",
+                log(f"  {label:<22} unsupported: {why}")
+                entries.append({"impl": label, "label": f"qvattn {label}",
                                 "status": f"unsupported: {why}"})
                 continue
             vc = base.method in (ffi.QVA_METHOD_VC8, ffi.QVA_METHOD_VC4)
@@ -336,7 +347,7 @@ class Bench:
                 t_out, _ = qv.describe(out)
                 descs = [tuple(qv.describe(x)[0] for x in s) for s in sets]
                 for mode, step in modes:
-                    e = {"impl": method, "label": f"qvattn {method}", "mode": mode}
+                    e = {"impl": label, "label": f"qvattn {label}", "mode": mode}
                     entries.append(e)
                     if self.out_of_time():
                         e["status"] = "skipped: time limit"
@@ -348,18 +359,19 @@ class Bench:
                         e["status"] = f"error: {type(ex).__name__}: {ex}"
                         if not isinstance(ex, qv.QvaError):
                             traceback.print_exc()
-                    log(f"  {method + (' ' + mode if vc else ''):<22} {fmt_ms(e.get('ms'))} ms"
+                    log(f"  {label + (' ' + mode if vc else ''):<22} {fmt_ms(e.get('ms'))} ms"
                         f"  kernel {fmt_ms(e.get('kernel_ms'))} ms  {e['status']}")
                 del out
             except Exception as ex:  # context / allocation failures
-                entries.append({"impl": method, "label": f"qvattn {method}",
+                entries.append({"impl": label, "label": f"qvattn {label}",
                                 "status": f"error: {type(ex).__name__}: {ex}"})
-                log(f"  {method}: error: {ex}")
+                log(f"  {label}: error: {ex}")
             finally:
                 if ctx is not None:
                     ctx.close()
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+        os.environ.pop("QVA_ATTN_KERNEL", None)
         return entries
 
     def qvattn_case(self, e, ctx, method, vc, step, descs, t_out, out, ref, fl, nsets):

@@ -147,7 +147,11 @@ if [ $have_build -eq 1 ]; then
         tail -n +3 "$(printf '%s/%02d-cuda.log' "$OUT" "$N")" | sed 's/^/   /'
     fi
     # ctest --test-dir needs CMake >= 3.20; running inside the build dir does not.
-    run_step ctest 900 bash -c "cd '$BUILD' && ctest --output-on-failure -j ${CTEST_JOBS:-4}"
+    run_step ctest 900 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout ${CTEST_TIMEOUT:-600} -j ${CTEST_JOBS:-4}"
+    # The 8-bit kernel versions that are not the default, against the same reference.
+    for kv in mma ws0; do
+        run_step "backend-$kv" "${CTEST_TIMEOUT:-600}" env QVA_ATTN_KERNEL=$kv "$BUILD/test_backend"
+    done
     run_step perf 300 "$BUILD/test_backend" perf
     if python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
         run_step pytest 300 env QVATTN_LIB="$LIB" python3 -m pytest -q -p no:cacheprovider -rs python/tests

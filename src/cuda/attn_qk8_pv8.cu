@@ -16,11 +16,7 @@
  * matching key order (qvc_pv_slot_key, DA2 Eq. 22), so no shuffles.
  * This is mma.sync on Hopper: a stepping stone, not the fast kernel.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
-#include "device_util.cuh"
+#include "attn_common.cuh"
 
 #define ROWS_PER_CTA 64
 #define KEYS 128
@@ -46,43 +42,6 @@ static __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, uin
 
 static __device__ __forceinline__ void cp_async_wait_all(void) {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
-
-/* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md. */
-static __device__ __forceinline__ uint32_t expcast_code(float u) {
-    float t = __fmaf_rn(8.0f, u, 119.65f);
-    if (!(t >= 0.0f)) return 0;
-    return (uint32_t)rintf(fminf(t, 120.0f));
-}
-
-/* Two probabilities -> two E4M3 codes (low byte first), and their sum as
- * the row sum sees it (FP32 weights, or decoded codes for ExpCast). */
-static __device__ __forceinline__ uint32_t prob_codes2(float s0, float s1, float m,
-                                                       int expcast, float *rowsum) {
-    if (expcast) /* the row sum comes from the ones column of the PV MMA */
-        return expcast_code(s0 - m) | (expcast_code(s1 - m) << 8);
-    float p0 = exp2f((s0 - m) + 8.807f), p1 = exp2f((s1 - m) + 8.807f);
-    *rowsum += p0;
-    *rowsum += p1;
-    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
-}
-
-static __device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-static __device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
-    if (a.out_dtype == QVA_F32)
-        ((float *)a.out)[off] = x;
-    else if (a.out_dtype == QVA_BF16)
-        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
-    else
-        ((__half *)a.out)[off] = __float2half_rn(x);
 }
 
 template <int D>
@@ -172,8 +131,8 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
             mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
             mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
         }
-        mx[0] = quad_max(mx[0]);
-        mx[1] = quad_max(mx[1]);
+        mx[0] = qvc_quad_max(mx[0]);
+        mx[1] = qvc_quad_max(mx[1]);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (mx[r] > m[r]) {
@@ -190,20 +149,8 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         float rs[2] = {0.0f, 0.0f};
         const float mr0 = m[0] == -INFINITY ? 0.0f : m[0], mr1 = m[1] == -INFINITY ? 0.0f : m[1];
 #pragma unroll
-        for (int c = 0; c < KEYS / 32; ++c) {
-            uint32_t lo0 = prob_codes2(s[4 * c][0], s[4 * c][1], mr0, a.expcast, &rs[0]);
-            uint32_t hi0 = prob_codes2(s[4 * c + 1][0], s[4 * c + 1][1], mr0, a.expcast, &rs[0]);
-            uint32_t lo1 = prob_codes2(s[4 * c][2], s[4 * c][3], mr1, a.expcast, &rs[1]);
-            uint32_t hi1 = prob_codes2(s[4 * c + 1][2], s[4 * c + 1][3], mr1, a.expcast, &rs[1]);
-            uint32_t lo2 = prob_codes2(s[4 * c + 2][0], s[4 * c + 2][1], mr0, a.expcast, &rs[0]);
-            uint32_t hi2 = prob_codes2(s[4 * c + 3][0], s[4 * c + 3][1], mr0, a.expcast, &rs[0]);
-            uint32_t lo3 = prob_codes2(s[4 * c + 2][2], s[4 * c + 2][3], mr1, a.expcast, &rs[1]);
-            uint32_t hi3 = prob_codes2(s[4 * c + 3][2], s[4 * c + 3][3], mr1, a.expcast, &rs[1]);
-            pa[c][0] = lo0 | (hi0 << 16);
-            pa[c][1] = lo1 | (hi1 << 16);
-            pa[c][2] = lo2 | (hi2 << 16);
-            pa[c][3] = lo3 | (hi3 << 16);
-        }
+        for (int c = 0; c < KEYS / 32; ++c)
+            qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, rs, pa[c]);
         if (a.expcast) {
             /* Row sum of the decoded codes (Prop. 3.1) from one extra MMA
              * against a column of E4M3 ones (0x38): no per-element decode.
@@ -214,8 +161,8 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
             rs[0] = ones[0];
             rs[1] = ones[2];
         } else {
-            rs[0] = quad_sum(rs[0]);
-            rs[1] = quad_sum(rs[1]);
+            rs[0] = qvc_quad_sum(rs[0]);
+            rs[1] = qvc_quad_sum(rs[1]);
         }
         l[0] += rs[0];
         l[1] += rs[1];
@@ -248,7 +195,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 
     /* ---- epilogue: out = O * chan_scale / l, LSE ---- */
     const int b = bh / a.H, h = bh % a.H;
-    const float amp = a.expcast ? 8.0f : 8.807f;
+    const float amp = a.expcast ? 8.0f : QVC_P_AMP;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
@@ -259,8 +206,8 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
             const float *cs = ops.v_chan + (size_t)bh * D;
-            store_out(a, base + col, empty ? 0.0f : (o[n][2 * r] * cs[col]) / l[r]);
-            store_out(a, base + col + 1, empty ? 0.0f : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
+            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : (o[n][2 * r] * cs[col]) / l[r]);
+            qvc_store_out(a.out, a.out_dtype, base + col + 1, empty ? 0.0f : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
         }
         if (a.lse && tig == 0)
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =

@@ -142,6 +142,10 @@ typedef struct qvc_attn_args {
 } qvc_attn_args;
 qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
                             const qvc_attn_args *a, cudaStream_t st);
+/* The Hopper kernel (attn_qk8_pv8_ws.cu): wgmma + TMA, warp-specialized,
+ * head dim 128 only; overlap = 1 pipelines QK(j+1) under softmax(j). */
+qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
+                               const qvc_attn_args *a, int overlap, cudaStream_t st);
 
 /* ---- bf16 method (src/cuda/prep16.cu, src/cuda/attn_bf16.cu) ----------- */
 #define QVC_HAVE_OPS16 1

@@ -43,6 +43,29 @@ static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
     }
 }
 
+/* Which 8-bit kernel runs.  The default is the fastest correct one for the
+ * head dim; QVA_ATTN_KERNEL=mma|ws0|ws1 pins a version so that
+ * bench/compare.py can time the kernel versions side by side. */
+typedef enum attn8_kernel { K8_MMA = 0, K8_WS0 = 1, K8_WS1 = 2 } attn8_kernel;
+static attn8_kernel attn8_choice(int D) {
+    const char *e = getenv("QVA_ATTN_KERNEL");
+    if (e && !strcmp(e, "mma")) return K8_MMA;
+    if (D != 128) return K8_MMA;
+    if (e && !strcmp(e, "ws0")) return K8_WS0;
+    return K8_WS1;
+}
+static const char *attn8_name(attn8_kernel k) {
+    return k == K8_MMA ? "attn_qk8_pv8_mma_64x128"
+                       : k == K8_WS0 ? "attn_qk8_pv8_ws_128x128 (sequential)"
+                                     : "attn_qk8_pv8_ws_128x128 (QK/softmax overlap)";
+}
+static qva_status attn_8bit(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                            cudaStream_t st) {
+    const attn8_kernel k = attn8_choice(ops->D);
+    if (k == K8_MMA) return qvc_attn_qk8_pv8(ops, fmt, a, st);
+    return qvc_attn_qk8_pv8_ws(ops, fmt, a, k == K8_WS1, st);
+}
+
 extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
                                  char *why, size_t len) {
     (void)dt;
@@ -55,9 +78,10 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         return 0;
     }
     if (!method_on_gpu(cfg, why, len)) return 0;
-    snprintf(why, len, cfg->method == QVA_METHOD_BF16
-                           ? "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)"
-                           : "cuda: mma.sync INT8/FP8 kernel (attn_qk8_pv8_mma_64x128)");
+    if (cfg->method == QVA_METHOD_BF16)
+        snprintf(why, len, "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)");
+    else
+        snprintf(why, len, "cuda: %s", attn8_name(attn8_choice((int)d)));
     return 1;
 }
 
@@ -276,7 +300,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
 
     const qvc_attn_args a = make_args(cfg, q, out, lse);
-    if ((r = qvc_attn_qk8_pv8(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
+    if ((r = attn_8bit(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
     return prof ? finish_profile(ctx, s, st) : QVA_OK;
 }
