@@ -422,6 +422,14 @@ def test_cuda_graph_vc8_schedule(step):
         captured = qvattn.attention(q, k, v, **kw)
     g.replay()
     torch.cuda.synchronize()
+    if step == 0:
+        # A grouping step refines the stored centroids (k-means warm start),
+        # so the replay is the third grouping of this history, not the second:
+        # replay the same history on a fresh context.
+        ctx2 = qvattn.Context(_ffi.QVA_DEVICE_CUDA)
+        for _ in range(2):
+            qvattn.attention(q, k, v, **dict(kw, ctx=ctx2))
+        eager = qvattn.attention(q, k, v, **dict(kw, ctx=ctx2))
     torch.testing.assert_close(captured, eager, rtol=0, atol=0)
 
 
