@@ -23,10 +23,19 @@
  * of qvc_pv_slot_key(), so the S accumulator fragment is the PV A fragment
  * (the wgmma register fragments match mma.sync's m16n8k32 per warp).
  *
- * OVERLAP = 1 issues the QK product of block j+1 before the softmax of
- * block j (two S accumulators), so the tensor cores work while the CUDA
- * cores make P; OVERLAP = 0 is the plain sequence.  Both versions are kept:
- * QVA_ATTN_KERNEL selects one for benchmarking (runtime.cu).
+ * Versions, kept side by side (QVA_ATTN_KERNEL=wsN selects one; runtime.cu),
+ * each timed by bench/compare.py --kernels (bench/NOTES.md has the numbers):
+ *   ws0  2 stages; per block: QK, softmax, PV in sequence
+ *   ws1  ws0 + QK of block j+1 issued before the softmax of block j
+ *   ws2  4 stages; V-Smooth means arrive by bulk copy with the tile; no
+ *        I2F / F2I / FRND on the softmax path (those share the 16/clk/SM
+ *        pipe with MUFU): INT32 -> FP32 by the 1.5*2^23 magic add, the row
+ *        max on the integers, ExpCast rounded by the magic add and packed
+ *        with PRMT, exp2 by ex2.approx.ftz; O is rescaled only when a row
+ *        max of the warp rose
+ *   ws3  ws2 + the QK/softmax overlap of ws1, with PV in two halves of 64
+ *        channels so the second S accumulator fits in registers
+ * ws2/ws3 are INT8-QK only (sage8/vc8); the fp8 method runs ws0.
  */
 #include <cuda.h>
 
@@ -36,19 +45,20 @@
 
 #define WS_ROWS 128   /* query rows per CTA: two consumer warpgroups x 64 */
 #define WS_KEYS 128   /* keys per block */
-#define WS_STAGES 2
 #define WS_THREADS 384
 #define WS_TILE 16384 /* 128 rows x 128 bytes */
 #define WS_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
-#define WS_STAGE_BYTES (2 * WS_TILE + WS_ONES)
+#define WS_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
+#define WS_STAGE_BYTES (2 * WS_TILE + WS_ONES + WS_MU)
 /* Shared memory, from a 1024-byte aligned base:
- *   Q | stage 0: V^T, ones, K | stage 1 ... | mbarriers */
+ *   Q | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers */
 #define WS_Q_OFF 0
 #define WS_V_OFF(s) (WS_TILE + (s) * WS_STAGE_BYTES)
 #define WS_ONES_OFF(s) (WS_V_OFF(s) + WS_TILE)
 #define WS_K_OFF(s) (WS_ONES_OFF(s) + WS_ONES)
-#define WS_BAR_OFF (WS_TILE + WS_STAGES * WS_STAGE_BYTES)
-#define WS_SMEM_BYTES (WS_BAR_OFF + 8 * (1 + 2 * WS_STAGES) + 1024)
+#define WS_MU_OFF(s) (WS_K_OFF(s) + WS_TILE)
+#define WS_BAR_OFF(S) (WS_TILE + (S) * WS_STAGE_BYTES)
+#define WS_SMEM_BYTES(S) (WS_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
 #define WS_CONSUMER_REGS 240
 #define WS_PRODUCER_REGS 24
 
@@ -168,13 +178,59 @@ static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+/* The PV product for one half of the channels (64) and, for the high half
+ * with ExpCast, the eight ones rows after it (n72). */
+#define ACC32                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define ACC36                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+#define F32(d) F8(d, 0), F8(d, 8), F8(d, 16), F8(d, 24)
+static __device__ __forceinline__ void wgmma_pv64(float (&d)[36], const uint32_t *a, uint64_t db,
+                                                  int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32
+        ", {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+        : F32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wgmma_pv72(float (&d)[36], const uint32_t *a, uint64_t db,
+                                                  int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " ACC36
+        ", {%36,%37,%38,%39}, %40, p, 1, 1;\n}\n"
+        : F32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                                 uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+
+/* ------------------------------------------------------------ versions */
+template <int VER>
+struct ws_ver {
+    enum {
+        STAGES = VER >= 2 ? 4 : 2,
+        OVERLAP = VER == 1 || VER == 3,
+        FAST = VER >= 2, /* the conversion-free softmax, mu in shared memory */
+    };
+};
+
 /* ------------------------------------------------------------ consumer */
 typedef struct ws_params {
     qvc_ops ops;
     qvc_attn_args a;
 } ws_params;
 
-/* Issue S = Q K^T of the tile at k_off (4 k-steps of 32 channels). */
+/* Issue S = Q K^T of the tile at k_addr (4 k-steps of 32 channels). */
 template <int FMT, typename SACC>
 static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint32_t k_addr) {
     const uint64_t kd = sw128_desc(k_addr);
@@ -190,7 +246,7 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
     wg_commit();
 }
 
-/* Scores in the log2 domain with the padding keys masked. */
+/* ---- ws0/ws1 softmax: float scores, then float max ---- */
 template <int FMT, typename SACC>
 static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float (&s)[16][4],
                                                     float f, int key0, int nk, int tig) {
@@ -208,7 +264,26 @@ static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float
     }
 }
 
-/* Raise the running max of both rows; rescale O and l (VC Eq. 1). */
+/* Raise the running max of both rows to mx; rescale O and l (VC Eq. 1).
+ * skip_same: leave O alone when no row of the warp moved (alpha == 1
+ * exactly, so the result is the same). */
+static __device__ __forceinline__ void raise_max(float *mx, float *m, float *l, float (&o)[64],
+                                                 int skip_same) {
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        alpha[r] = (mx[r] > m[r] && m[r] != -INFINITY) ? exp2f(m[r] - mx[r]) : 1.0f;
+        l[r] *= alpha[r];
+        m[r] = fmaxf(m[r], mx[r]);
+    }
+    if (skip_same && !__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n * 4 + 0] *= alpha[0], o[n * 4 + 1] *= alpha[0];
+        o[n * 4 + 2] *= alpha[1], o[n * 4 + 3] *= alpha[1];
+    }
+}
+
 static __device__ __forceinline__ void online_max(const float (&s)[16][4], float *m, float *l,
                                                   float (&o)[64]) {
     float mx[2] = {m[0], m[1]};
@@ -219,36 +294,158 @@ static __device__ __forceinline__ void online_max(const float (&s)[16][4], float
     }
     mx[0] = qvc_quad_max(mx[0]);
     mx[1] = qvc_quad_max(mx[1]);
+    raise_max(mx, m, l, o, 0);
+}
+
+/* ---- ws2/ws3 softmax: integers until the max is known ---- */
+#define WS_MAGIC 12582912.0f /* 1.5 * 2^23 */
+/* Exact int -> float for |x| < 2^22 (a QK dot of 128 INT8 products is
+ * below 128 * 127^2 < 2^21) without the conversion pipe. */
+static __device__ __forceinline__ float i2f_small(int x) {
+    return __fsub_rn(__int_as_float(x + 0x4B400000), WS_MAGIC);
+}
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* ExpCast (VC Eq. 7) as float bits whose low byte is the E4M3 code: the
+ * same t = fma(8, u, 119.65) as qvc_expcast_code, rounded to an integer by
+ * the magic add (RNE, like rintf) and clamped below at 0 (u <= 0, so t <=
+ * 119.65 and the upper clamp at 120 never acts). */
+static __device__ __forceinline__ uint32_t expcast_bits(float u) {
+    const float t = __fmaf_rn(8.0f, u, 119.65f);
+    return __float_as_uint(fmaxf(__fadd_rn(t, WS_MAGIC), WS_MAGIC));
+}
+/* Low bytes of four words -> one word (3 PRMT). */
+static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c,
+                                                          uint32_t d) {
+    return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+/* Row max of the raw INT32 scores (masked keys pushed below any real
+ * score), times f: equal to the max of the scaled floats, since x -> x*f is
+ * monotone for f > 0. */
+static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int key0, int nk,
+                                                   int tig, float *mx) {
+    if (key0 + WS_KEYS > nk) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float alpha = (mx[r] > m[r] && m[r] != -INFINITY) ? exp2f(m[r] - mx[r]) : 1.0f;
-        l[r] *= alpha;
+        for (int nt = 0; nt < 16; ++nt) {
+            const int key = key0 + nt * 8 + 2 * tig;
+            if (key >= nk) acc[nt * 4 + 0] = acc[nt * 4 + 2] = -(1 << 22) + 1;
+            if (key + 1 >= nk) acc[nt * 4 + 1] = acc[nt * 4 + 3] = -(1 << 22) + 1;
+        }
+    }
+    int m0 = acc[0], m1 = acc[2];
 #pragma unroll
-        for (int n = 0; n < 16; ++n) o[n * 4 + 2 * r] *= alpha, o[n * 4 + 2 * r + 1] *= alpha;
-        m[r] = fmaxf(m[r], mx[r]);
+    for (int nt = 0; nt < 16; ++nt) {
+        m0 = max(m0, max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
+        m1 = max(m1, max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+    }
+    m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    mx[0] = (float)m0 * f;
+    mx[1] = (float)m1 * f;
+}
+
+/* P codes of one block from the raw scores: pa[c] is the A fragment of
+ * keys 32c..32c+31 (qvc_pack_p32's order). */
+template <int EXPCAST>
+static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, float m0, float m1,
+                                              int key0, int nk, int tig, float *rs,
+                                              uint32_t (&pa)[4][4]) {
+    const int masked = key0 + WS_KEYS > nk;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float sv[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nt = 4 * c + i;
+                float x = __fmul_rn(i2f_small(acc[nt * 4 + e]), f);
+                if (masked && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                sv[i][e] = __fsub_rn(x, (e < 2) ? m0 : m1);
+            }
+        if (EXPCAST) {
+            pa[c][0] = pack_low_bytes(expcast_bits(sv[0][0]), expcast_bits(sv[0][1]),
+                                      expcast_bits(sv[1][0]), expcast_bits(sv[1][1]));
+            pa[c][1] = pack_low_bytes(expcast_bits(sv[0][2]), expcast_bits(sv[0][3]),
+                                      expcast_bits(sv[1][2]), expcast_bits(sv[1][3]));
+            pa[c][2] = pack_low_bytes(expcast_bits(sv[2][0]), expcast_bits(sv[2][1]),
+                                      expcast_bits(sv[3][0]), expcast_bits(sv[3][1]));
+            pa[c][3] = pack_low_bytes(expcast_bits(sv[2][2]), expcast_bits(sv[2][3]),
+                                      expcast_bits(sv[3][2]), expcast_bits(sv[3][3]));
+        } else {
+            float p[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    p[i][e] = ex2_ftz(__fadd_rn(sv[i][e], QVC_P_AMP));
+                    rs[e >> 1] += p[i][e];
+                }
+#define CVT2(x, y) \
+    ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
+            pa[c][0] = CVT2(p[0][0], p[0][1]) | (CVT2(p[1][0], p[1][1]) << 16);
+            pa[c][1] = CVT2(p[0][2], p[0][3]) | (CVT2(p[1][2], p[1][3]) << 16);
+            pa[c][2] = CVT2(p[2][0], p[2][1]) | (CVT2(p[3][0], p[3][1]) << 16);
+            pa[c][3] = CVT2(p[2][2], p[2][3]) | (CVT2(p[3][2], p[3][3]) << 16);
+#undef CVT2
+        }
     }
 }
 
-template <int FMT, int EXPCAST, int OVERLAP>
+/* O += part * vb for the 16-column slice n0..n0+NN of O. */
+template <int NN, int N>
+static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], int n0,
+                                                float vb) {
+#pragma unroll
+    for (int n = 0; n < NN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[(n0 + n) * 4 + e] = __fmaf_rn(part[n * 4 + e], vb, o[(n0 + n) * 4 + e]);
+}
+
+/* V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6), mu from the stage in
+ * shared memory (a quad reads 4 distinct float2: no bank conflict). */
+static __device__ __forceinline__ void restore_mu(float (&o)[64], const float *rs,
+                                                  const float *mu, int tig) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        const float2 mu2 = *(const float2 *)(mu + n * 8 + 2 * tig);
+        o[n * 4 + 0] = __fmaf_rn(rs[0], mu2.x, o[n * 4 + 0]);
+        o[n * 4 + 1] = __fmaf_rn(rs[0], mu2.y, o[n * 4 + 1]);
+        o[n * 4 + 2] = __fmaf_rn(rs[1], mu2.x, o[n * 4 + 2]);
+        o[n * 4 + 3] = __fmaf_rn(rs[1], mu2.y, o[n * 4 + 3]);
+    }
+}
+
+template <int FMT, int EXPCAST, int VER>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, const ws_params p) {
+    typedef ws_ver<VER> V;
+    const int STAGES = V::STAGES;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
-    const uint32_t bar_q = base + WS_BAR_OFF;
-    const uint32_t bar_full = bar_q + 8, bar_empty = bar_q + 8 + 8 * WS_STAGES;
+    const uint32_t bar_q = base + WS_BAR_OFF(STAGES);
+    const uint32_t bar_full = bar_q + 8, bar_empty = bar_q + 8 + 8 * STAGES;
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
+    const float *vmu = ops.v_mu ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
+    const int mu_smem = V::FAST && vmu;
 
     /* The ones rows after each V tile never change: write them once. */
-    for (int i = threadIdx.x; i < WS_STAGES * WS_ONES / 4; i += WS_THREADS)
+    for (int i = threadIdx.x; i < STAGES * WS_ONES / 4; i += WS_THREADS)
         *(uint32_t *)(sm + WS_ONES_OFF(i / (WS_ONES / 4)) + 4 * (i % (WS_ONES / 4))) = 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
-        for (int s = 0; s < WS_STAGES; ++s) {
+        for (int s = 0; s < STAGES; ++s) {
             mbar_init(bar_full + 8 * s, 1);
             mbar_init(bar_empty + 8 * s, 2 * 128); /* every consumer thread */
         }
@@ -264,12 +461,13 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             mbar_expect_tx(bar_q, WS_TILE);
             tma_load_2d(base + WS_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * WS_ROWS, bar_q);
             for (int j = 0; j < nblk; ++j) {
-                const int s = j % WS_STAGES;
-                mbar_wait(bar_empty + 8 * s, ((j / WS_STAGES) & 1) ^ 1);
-                mbar_expect_tx(bar_full + 8 * s, 2 * WS_TILE);
-                tma_load_2d(base + WS_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS,
-                            bar_full + 8 * s);
-                tma_load_2d(base + WS_V_OFF(s), &tv, 0, (bh * nblk + j) * 128, bar_full + 8 * s);
+                const int s = j % STAGES;
+                const uint32_t full = bar_full + 8 * s;
+                mbar_wait(bar_empty + 8 * s, ((j / STAGES) & 1) ^ 1);
+                mbar_expect_tx(full, 2 * WS_TILE + (mu_smem ? 512 : 0));
+                tma_load_2d(base + WS_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+                tma_load_2d(base + WS_V_OFF(s), &tv, 0, (bh * nblk + j) * 128, full);
+                if (mu_smem) bulk_load(base + WS_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
             }
         }
         return;
@@ -285,14 +483,12 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     const float dq = ops.q_scale[(size_t)bh * (ops.nq_pad / WS_ROWS) + tile];
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
-    const float *vmu = ops.v_mu ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
 
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    sacc_t sacc[64], snext[64];
-    float part[EXPCAST ? 68 : 64];
+    sacc_t sacc[64], snext[V::OVERLAP ? 64 : 1];
 
     mbar_wait(bar_q, 0);
     mbar_wait(bar_full, 0);
@@ -301,71 +497,117 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     reg_fence(sacc);
 
     for (int j = 0; j < nblk; ++j) {
-        const int s = j % WS_STAGES;
-        const int sn = (j + 1) % WS_STAGES;
-        if (OVERLAP && j + 1 < nblk) {
+        const int s = j % STAGES;
+        const int sn = (j + 1) % STAGES;
+        if (V::OVERLAP && j + 1 < nblk) {
             /* QK of the next block runs while this block's P is made */
-            mbar_wait(bar_full + 8 * sn, ((j + 1) / WS_STAGES) & 1);
-            issue_qk<FMT>(snext, qd, base + WS_K_OFF(sn));
+            mbar_wait(bar_full + 8 * sn, ((j + 1) / STAGES) & 1);
+            issue_qk<FMT>(*(sacc_t(*)[64])snext, qd, base + WS_K_OFF(sn));
         }
-
-        float sc[16][4];
-        scale_scores<FMT>(sacc, sc, (dq * kscale[j]) * a.scale_log2, j * WS_KEYS, ops.nk, tig);
-        online_max(sc, m, l, o);
-
+        const float f = (dq * kscale[j]) * a.scale_log2;
+        const float vb = vblk[j];
         uint32_t pa[4][4];
         float rs[2] = {0.0f, 0.0f};
-        const float mr0 = m[0] == -INFINITY ? 0.0f : m[0];
-        const float mr1 = m[1] == -INFINITY ? 0.0f : m[1];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, rs, pa[c]);
-
-        const uint64_t vd = sw128_desc(base + WS_V_OFF(s));
-        wg_fence();
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            if (EXPCAST)
-                wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
-            else
-                wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
-        }
-        wg_commit();
-        wg_wait<0>(); /* PV of this block, and QK of the next if issued */
-        reg_fence(part);
-        mbar_arrive(bar_empty + 8 * s);
-
-        if (EXPCAST) {
-            rs[0] = part[64]; /* row g, column 128 + 2 tig: every column the same sum */
-            rs[1] = part[66];
+        if (V::FAST && FMT == QVC_QK_INT8) {
+            float mx[2];
+            int_row_max(*(int(*)[64])sacc, f, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], m[0]);
+            mx[1] = fmaxf(mx[1], m[1]);
+            raise_max(mx, m, l, o, 1);
+            make_p<EXPCAST>(*(int(*)[64])sacc, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
         } else {
+            float sc[16][4];
+            scale_scores<FMT>(sacc, sc, f, j * WS_KEYS, ops.nk, tig);
+            online_max(sc, m, l, o);
+            const float mr0 = m[0] == -INFINITY ? 0.0f : m[0];
+            const float mr1 = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, rs, pa[c]);
+        }
+
+        if (!EXPCAST) {
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
         }
+        const uint32_t v_addr = base + WS_V_OFF(s);
+        const float *mu_s = (const float *)(sm + WS_MU_OFF(s));
+        if (VER == 3) {
+            /* PV in two channel halves: 36 accumulators live, not 68 */
+            float part[36];
+            const uint64_t vlo = sw128_desc(v_addr), vhi = sw128_desc(v_addr + 64 * 128);
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; ++c) wgmma_pv64(part, pa[c], vlo + 2 * c, c);
+            wg_commit();
+            wg_wait<0>(); /* this half, and QK of the next block */
+            reg_fence(part);
+            add_part<8>(o, part, 0, vb);
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                if (EXPCAST)
+                    wgmma_pv72(part, pa[c], vhi + 2 * c, c);
+                else
+                    wgmma_pv64(part, pa[c], vhi + 2 * c, c);
+            }
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(part);
+            if (EXPCAST) rs[0] = part[32], rs[1] = part[34];
+            add_part<8>(o, part, 8, vb);
+            if (mu_smem) restore_mu(o, rs, mu_s, tig);
+            /* mu and the tiles are read: the producer may refill the stage */
+            mbar_arrive(bar_empty + 8 * s);
+        } else {
+            float part[EXPCAST ? 68 : 64];
+            const uint64_t vd = sw128_desc(v_addr);
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                if (EXPCAST)
+                    wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+                else
+                    wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
+            }
+            wg_commit();
+            wg_wait<0>(); /* PV of this block, and QK of the next if issued */
+            reg_fence(part);
+            if (EXPCAST) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
+            if (V::FAST) {
+                add_part<16>(o, part, 0, vb);
+                if (mu_smem) restore_mu(o, rs, mu_s, tig);
+                mbar_arrive(bar_empty + 8 * s);
+            } else {
+                mbar_arrive(bar_empty + 8 * s);
+                const float *mu = vmu ? vmu + (size_t)j * 128 : NULL;
+#pragma unroll
+                for (int n = 0; n < 16; ++n) {
+                    const int col = n * 8 + 2 * tig;
+                    const float mu0 = mu ? __ldg(mu + col) : 0.0f;
+                    const float mu1 = mu ? __ldg(mu + col + 1) : 0.0f;
+                    o[n * 4 + 0] += part[n * 4 + 0] * vb;
+                    o[n * 4 + 1] += part[n * 4 + 1] * vb;
+                    o[n * 4 + 2] += part[n * 4 + 2] * vb;
+                    o[n * 4 + 3] += part[n * 4 + 3] * vb;
+                    if (mu) {
+                        o[n * 4 + 0] += rs[0] * mu0;
+                        o[n * 4 + 1] += rs[0] * mu1;
+                        o[n * 4 + 2] += rs[1] * mu0;
+                        o[n * 4 + 3] += rs[1] * mu1;
+                    }
+                }
+            }
+        }
         l[0] += rs[0];
         l[1] += rs[1];
-        const float vb = vblk[j];
-        if (vmu) {
-            const float *mu = vmu + (size_t)j * 128;
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                const float2 mu2 = __ldg((const float2 *)(mu + n * 8 + 2 * tig));
-                o[n * 4 + 0] += part[n * 4 + 0] * vb + rs[0] * mu2.x;
-                o[n * 4 + 1] += part[n * 4 + 1] * vb + rs[0] * mu2.y;
-                o[n * 4 + 2] += part[n * 4 + 2] * vb + rs[1] * mu2.x;
-                o[n * 4 + 3] += part[n * 4 + 3] * vb + rs[1] * mu2.y;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 64; ++i) o[i] += part[i] * vb;
-        }
 
         if (j + 1 < nblk) {
-            if (OVERLAP) {
+            if (V::OVERLAP) {
                 reg_fence(snext);
 #pragma unroll
-                for (int i = 0; i < 64; ++i) sacc[i] = snext[i];
+                for (int i = 0; i < 64; ++i) sacc[i] = snext[V::OVERLAP ? i : 0];
             } else {
-                mbar_wait(bar_full + 8 * sn, ((j + 1) / WS_STAGES) & 1);
+                mbar_wait(bar_full + 8 * sn, ((j + 1) / STAGES) & 1);
                 issue_qk<FMT>(sacc, qd, base + WS_K_OFF(sn));
                 wg_wait<0>();
                 reg_fence(sacc);
@@ -431,21 +673,31 @@ static qva_status make_map(CUtensorMap *map, const void *data, uint64_t rows, ui
                              : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
 }
 
-template <int FMT, int EXPCAST, int OVERLAP>
+template <int FMT, int EXPCAST, int VER>
 static qva_status launch_ws(const CUtensorMap *m, const ws_params *p, cudaStream_t st) {
+    const int smem = WS_SMEM_BYTES(ws_ver<VER>::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ws_params) =
-        attn_qk8_pv8_ws_128x128<FMT, EXPCAST, OVERLAP>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES);
+        attn_qk8_pv8_ws_128x128<FMT, EXPCAST, VER>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_qk8_pv8_ws smem attribute");
     dim3 grid((unsigned)(p->ops.nq_pad / WS_ROWS), (unsigned)p->ops.BH);
-    k<<<grid, WS_THREADS, WS_SMEM_BYTES, st>>>(m[0], m[1], m[2], *p);
+    k<<<grid, WS_THREADS, smem, st>>>(m[0], m[1], m[2], *p);
     return qvc_launch_check("attn_qk8_pv8_ws");
 }
 
+template <int VER>
+static qva_status launch_int8(const CUtensorMap *m, const ws_params *p, int expcast,
+                              cudaStream_t st) {
+    return expcast ? launch_ws<QVC_QK_INT8, 1, VER>(m, p, st)
+                   : launch_ws<QVC_QK_INT8, 0, VER>(m, p, st);
+}
+
 extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
-                                          const qvc_attn_args *a, int overlap, cudaStream_t st) {
+                                          const qvc_attn_args *a, int version, cudaStream_t st) {
     if (ops->D != 128)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8_ws: head dim %d (128 only)", ops->D);
+    if (version < 0 || version > 3)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_qk8_pv8_ws: no version %d", version);
     CUtensorMap maps[3];
     qva_status r;
     if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, 128)) != QVA_OK ||
@@ -456,16 +708,13 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
     p.ops = *ops;
     p.a = *a;
     const int ec = a->expcast != 0;
-#define QVC_WS_CASE(F, E, O)                                                   \
-    if (fmt == F && ec == E && (overlap != 0) == O) return launch_ws<F, E, O>(maps, &p, st);
-    QVC_WS_CASE(QVC_QK_INT8, 0, 0)
-    QVC_WS_CASE(QVC_QK_INT8, 0, 1)
-    QVC_WS_CASE(QVC_QK_INT8, 1, 0)
-    QVC_WS_CASE(QVC_QK_INT8, 1, 1)
-    QVC_WS_CASE(QVC_QK_E4M3, 0, 0)
-    QVC_WS_CASE(QVC_QK_E4M3, 0, 1)
-    QVC_WS_CASE(QVC_QK_E4M3, 1, 0)
-    QVC_WS_CASE(QVC_QK_E4M3, 1, 1)
-#undef QVC_WS_CASE
-    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8_ws: no variant");
+    if (fmt == QVC_QK_E4M3) /* the fp8 method: ws0 only */
+        return ec ? launch_ws<QVC_QK_E4M3, 1, 0>(maps, &p, st)
+                  : launch_ws<QVC_QK_E4M3, 0, 0>(maps, &p, st);
+    switch (version) {
+    case 0: return launch_int8<0>(maps, &p, ec, st);
+    case 1: return launch_int8<1>(maps, &p, ec, st);
+    case 2: return launch_int8<2>(maps, &p, ec, st);
+    default: return launch_int8<3>(maps, &p, ec, st);
+    }
 }
