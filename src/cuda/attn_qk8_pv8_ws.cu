@@ -35,6 +35,16 @@
  *        max of the warp rose
  *   ws3  ws2 + the QK/softmax overlap of ws1, with PV in two halves of 64
  *        channels so the second S accumulator fits in registers
+ *   ws4  ws2 with the score arithmetic fused: the ExpCast argument is one
+ *        FMA from the integer score, t = x * 8f + (119.65 - 8m), and the
+ *        exp2 argument x * f + (8.807 - m); the last (masked) block has its
+ *        own copy, so full blocks pay no mask test.  Fusing changes the
+ *        rounding of t by about 1e-4 of a code step, so a code can differ
+ *        by one step from the reference's three-rounding form.
+ *   ws5  ws4 with the two consumer warpgroups in ping-pong: named barriers
+ *        make one warpgroup issue its GEMMs (PV of block j, then QK of
+ *        j+1) while the other makes its P codes; the O update of block j
+ *        runs under the QK of j+1.
  * ws2/ws3 are INT8-QK only (sage8/vc8); the fp8 method runs ws0.
  */
 #include <cuda.h>
@@ -104,6 +114,14 @@ static __device__ __forceinline__ void wg_commit(void) {
 template <int N>
 static __device__ __forceinline__ void wg_wait(void) {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Named barriers between the two consumer warpgroups (ids 1, 2; 0 is
+ * __syncthreads). */
+static __device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void named_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 /* Keep the compiler from moving accumulator registers across the
  * asynchronous wgmma window. */
@@ -221,6 +239,7 @@ struct ws_ver {
         STAGES = VER >= 2 ? 4 : 2,
         OVERLAP = VER == 1 || VER == 3,
         FAST = VER >= 2, /* the conversion-free softmax, mu in shared memory */
+        FUSED = VER >= 4, /* one FMA per score before the rounding */
     };
 };
 
@@ -398,6 +417,53 @@ static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, flo
     }
 }
 
+/* ws4: the same codes from one FMA per score (see the header).  MASK: the
+ * block holds padding keys (only the last one can). */
+template <int EXPCAST, int MASK>
+static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f, float m0,
+                                                    float m1, int key0, int nk, int tig,
+                                                    float *rs, uint32_t (&pa)[4][4]) {
+    const float fm = EXPCAST ? 8.0f * f : f;
+    const float c0 = EXPCAST ? __fmaf_rn(-8.0f, m0, 119.65f) : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST ? __fmaf_rn(-8.0f, m1, 119.65f) : __fsub_rn(QVC_P_AMP, m1);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float t[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nt = 4 * c + i;
+                float x = i2f_small(acc[nt * 4 + e]);
+                if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                t[i][e] = __fmaf_rn(x, fm, (e < 2) ? c0 : c1);
+            }
+        if (EXPCAST) {
+#define EB(i, e) __float_as_uint(fmaxf(__fadd_rn(t[i][e], WS_MAGIC), WS_MAGIC))
+            pa[c][0] = pack_low_bytes(EB(0, 0), EB(0, 1), EB(1, 0), EB(1, 1));
+            pa[c][1] = pack_low_bytes(EB(0, 2), EB(0, 3), EB(1, 2), EB(1, 3));
+            pa[c][2] = pack_low_bytes(EB(2, 0), EB(2, 1), EB(3, 0), EB(3, 1));
+            pa[c][3] = pack_low_bytes(EB(2, 2), EB(2, 3), EB(3, 2), EB(3, 3));
+#undef EB
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    t[i][e] = ex2_ftz(t[i][e]);
+                    rs[e >> 1] += t[i][e];
+                }
+#define CVT2(x, y) \
+    ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
+            pa[c][0] = CVT2(t[0][0], t[0][1]) | (CVT2(t[1][0], t[1][1]) << 16);
+            pa[c][1] = CVT2(t[0][2], t[0][3]) | (CVT2(t[1][2], t[1][3]) << 16);
+            pa[c][2] = CVT2(t[2][0], t[2][1]) | (CVT2(t[3][0], t[3][1]) << 16);
+            pa[c][3] = CVT2(t[2][2], t[2][3]) | (CVT2(t[3][2], t[3][3]) << 16);
+#undef CVT2
+        }
+    }
+}
+
 /* O += part * vb for the 16-column slice n0..n0+NN of O. */
 template <int NN, int N>
 static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], int n0,
@@ -496,6 +562,63 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     wg_wait<0>();
     reg_fence(sacc);
 
+    if (VER == 5 && FMT == QVC_QK_INT8) {
+        /* ping-pong: warpgroup cw issues its GEMMs after barrier 1 + cw and
+         * then lets the other one go (barrier 2 - cw); warpgroup 0 first */
+        if (cw == 1) named_arrive(1, 256);
+        for (int j = 0; j < nblk; ++j) {
+            const int s = j % STAGES, sn = (j + 1) % STAGES, more = j + 1 < nblk;
+            const float f = (dq * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
+            int(&ia)[64] = *(int(*)[64])sacc;
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float mx[2];
+            int_row_max(ia, f, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], m[0]);
+            mx[1] = fmaxf(mx[1], m[1]);
+            raise_max(mx, m, l, o, 1);
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            if (!EXPCAST) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            if (more) mbar_wait(bar_full + 8 * sn, ((j + 1) / STAGES) & 1);
+
+            named_sync(1 + cw, 256);
+            float part[EXPCAST ? 68 : 64];
+            const uint64_t vd = sw128_desc(base + WS_V_OFF(s));
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                if (EXPCAST)
+                    wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+                else
+                    wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
+            }
+            wg_commit();
+            /* Always issued, so that no wgmma sits on a divergent path (ptxas
+             * would serialize them); after the last block it re-reads this
+             * block's K tile and the result is dropped. */
+            issue_qk<FMT>(sacc, qd, base + WS_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+
+            wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+            reg_fence(part);
+            if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(o, part, 0, vb);
+            if (mu_smem) restore_mu(o, rs, (const float *)(sm + WS_MU_OFF(s)), tig);
+            mbar_arrive(bar_empty + 8 * s);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    } else
     for (int j = 0; j < nblk; ++j) {
         const int s = j % STAGES;
         const int sn = (j + 1) % STAGES;
@@ -514,7 +637,13 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             mx[0] = fmaxf(mx[0], m[0]);
             mx[1] = fmaxf(mx[1], m[1]);
             raise_max(mx, m, l, o, 1);
-            make_p<EXPCAST>(*(int(*)[64])sacc, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            int(&ia)[64] = *(int(*)[64])sacc;
+            if (!V::FUSED)
+                make_p<EXPCAST>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            else if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
         } else {
             float sc[16][4];
             scale_scores<FMT>(sacc, sc, f, j * WS_KEYS, ops.nk, tig);
@@ -696,7 +825,7 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                           const qvc_attn_args *a, int version, cudaStream_t st) {
     if (ops->D != 128)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8_ws: head dim %d (128 only)", ops->D);
-    if (version < 0 || version > 3)
+    if (version < 0 || version > 5)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_qk8_pv8_ws: no version %d", version);
     CUtensorMap maps[3];
     qva_status r;
@@ -715,6 +844,8 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
     case 0: return launch_int8<0>(maps, &p, ec, st);
     case 1: return launch_int8<1>(maps, &p, ec, st);
     case 2: return launch_int8<2>(maps, &p, ec, st);
-    default: return launch_int8<3>(maps, &p, ec, st);
+    case 3: return launch_int8<3>(maps, &p, ec, st);
+    case 4: return launch_int8<4>(maps, &p, ec, st);
+    default: return launch_int8<5>(maps, &p, ec, st);
     }
 }
