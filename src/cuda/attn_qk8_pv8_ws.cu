@@ -45,6 +45,10 @@
  *        make one warpgroup issue its GEMMs (PV of block j, then QK of
  *        j+1) while the other makes its P codes; the O update of block j
  *        runs under the QK of j+1.
+ *   ws6  ws5 with shorter dependency chains in the softmax (profile of ws5:
+ *        issue slots 48% busy, tensor pipe 34%, 0.7 eligible warps per
+ *        scheduler: latency-bound): the row max as a 4-way tree and the
+ *        exp2 row sum in 4 partial sums (FP32 order differs from ws5).
  * ws2/ws3 are INT8-QK only (sage8/vc8); the fp8 method runs ws0.
  */
 #include <cuda.h>
@@ -240,6 +244,8 @@ struct ws_ver {
         OVERLAP = VER == 1 || VER == 3,
         FAST = VER >= 2, /* the conversion-free softmax, mu in shared memory */
         FUSED = VER >= 4, /* one FMA per score before the rounding */
+        PINGPONG = VER >= 5,
+        SHORT_CHAINS = VER >= 6,
     };
 };
 
@@ -345,6 +351,7 @@ static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b
 /* Row max of the raw INT32 scores (masked keys pushed below any real
  * score), times f: equal to the max of the scaled floats, since x -> x*f is
  * monotone for f > 0. */
+template <int TREE>
 static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int key0, int nk,
                                                    int tig, float *mx) {
     if (key0 + WS_KEYS > nk) {
@@ -355,11 +362,28 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int 
             if (key + 1 >= nk) acc[nt * 4 + 1] = acc[nt * 4 + 3] = -(1 << 22) + 1;
         }
     }
-    int m0 = acc[0], m1 = acc[2];
+    int m0, m1;
+    if (TREE) {
+        int a0[4], a1[4];
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-        m0 = max(m0, max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
-        m1 = max(m1, max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+        for (int q = 0; q < 4; ++q) {
+            a0[q] = max(acc[q * 4 + 0], acc[q * 4 + 1]);
+            a1[q] = max(acc[q * 4 + 2], acc[q * 4 + 3]);
+        }
+#pragma unroll
+        for (int nt = 4; nt < 16; ++nt) {
+            a0[nt & 3] = max(a0[nt & 3], max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
+            a1[nt & 3] = max(a1[nt & 3], max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+        }
+        m0 = max(max(a0[0], a0[1]), max(a0[2], a0[3]));
+        m1 = max(max(a1[0], a1[1]), max(a1[2], a1[3]));
+    } else {
+        m0 = acc[0], m1 = acc[2];
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+            m0 = max(m0, max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
+            m1 = max(m1, max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+        }
     }
     m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
     m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
@@ -419,7 +443,7 @@ static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, flo
 
 /* ws4: the same codes from one FMA per score (see the header).  MASK: the
  * block holds padding keys (only the last one can). */
-template <int EXPCAST, int MASK>
+template <int EXPCAST, int MASK, int SPLIT_SUM>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f, float m0,
                                                     float m1, int key0, int nk, int tig,
                                                     float *rs, uint32_t (&pa)[4][4]) {
@@ -449,10 +473,18 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    t[i][e] = ex2_ftz(t[i][e]);
-                    rs[e >> 1] += t[i][e];
-                }
+                for (int e = 0; e < 4; ++e) t[i][e] = ex2_ftz(t[i][e]);
+            if (SPLIT_SUM) { /* 4 independent adds per row, then 2 levels */
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    rs[r] += (t[0][2 * r] + t[0][2 * r + 1]) + (t[1][2 * r] + t[1][2 * r + 1]) +
+                             ((t[2][2 * r] + t[2][2 * r + 1]) + (t[3][2 * r] + t[3][2 * r + 1]));
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rs[e >> 1] += t[i][e];
+            }
 #define CVT2(x, y) \
     ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
             pa[c][0] = CVT2(t[0][0], t[0][1]) | (CVT2(t[1][0], t[1][1]) << 16);
@@ -562,7 +594,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     wg_wait<0>();
     reg_fence(sacc);
 
-    if (VER == 5 && FMT == QVC_QK_INT8) {
+    if (V::PINGPONG && FMT == QVC_QK_INT8) {
         /* ping-pong: warpgroup cw issues its GEMMs after barrier 1 + cw and
          * then lets the other one go (barrier 2 - cw); warpgroup 0 first */
         if (cw == 1) named_arrive(1, 256);
@@ -574,14 +606,14 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
             float mx[2];
-            int_row_max(ia, f, j * WS_KEYS, ops.nk, tig, mx);
+            int_row_max<V::SHORT_CHAINS>(ia, f, j * WS_KEYS, ops.nk, tig, mx);
             mx[0] = fmaxf(mx[0], m[0]);
             mx[1] = fmaxf(mx[1], m[1]);
             raise_max(mx, m, l, o, 1);
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 1, V::SHORT_CHAINS>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 0, V::SHORT_CHAINS>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
             if (!EXPCAST) {
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);
@@ -633,7 +665,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
         float rs[2] = {0.0f, 0.0f};
         if (V::FAST && FMT == QVC_QK_INT8) {
             float mx[2];
-            int_row_max(*(int(*)[64])sacc, f, j * WS_KEYS, ops.nk, tig, mx);
+            int_row_max<0>(*(int(*)[64])sacc, f, j * WS_KEYS, ops.nk, tig, mx);
             mx[0] = fmaxf(mx[0], m[0]);
             mx[1] = fmaxf(mx[1], m[1]);
             raise_max(mx, m, l, o, 1);
@@ -641,9 +673,9 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             if (!V::FUSED)
                 make_p<EXPCAST>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
             else if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 1, V::SHORT_CHAINS>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 0, V::SHORT_CHAINS>(ia, f, m[0], m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
         } else {
             float sc[16][4];
             scale_scores<FMT>(sacc, sc, f, j * WS_KEYS, ops.nk, tig);
@@ -825,7 +857,7 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                           const qvc_attn_args *a, int version, cudaStream_t st) {
     if (ops->D != 128)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8_ws: head dim %d (128 only)", ops->D);
-    if (version < 0 || version > 5)
+    if (version < 0 || version > 6)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_qk8_pv8_ws: no version %d", version);
     CUtensorMap maps[3];
     qva_status r;
@@ -846,6 +878,7 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
     case 2: return launch_int8<2>(maps, &p, ec, st);
     case 3: return launch_int8<3>(maps, &p, ec, st);
     case 4: return launch_int8<4>(maps, &p, ec, st);
-    default: return launch_int8<5>(maps, &p, ec, st);
+    case 5: return launch_int8<5>(maps, &p, ec, st);
+    default: return launch_int8<6>(maps, &p, ec, st);
     }
 }
