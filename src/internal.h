@@ -54,7 +54,12 @@ float qvi_sm_scale(const qva_config *cfg, int64_t d);
 static inline int qvi_cdiv(int a, int b) { return (a + b - 1) / b; }
 
 /* ------------------------------------------------------------ context */
-typedef enum qvi_slot { QVI_SLOT_DRAFT = 0, QVI_SLOT_CUDA = 1, QVI_SLOT_COUNT_ } qvi_slot;
+typedef enum qvi_slot {
+    QVI_SLOT_DRAFT = 0,      /* host partition cache (src/cpu/partition.c)      */
+    QVI_SLOT_CUDA = 1,       /* CUDA workspace (src/cuda/runtime.cu)             */
+    QVI_SLOT_CUDA_DRAFT = 2, /* CUDA draft layout/route/operands (attn_draft.cu) */
+    QVI_SLOT_COUNT_
+} qvi_slot;
 /* A per-context slot that a module owns.  If dtor points to a non-NULL
  * function it is registered as the slot's destructor (run on context free
  * and reset); if it points to NULL it receives the registered one. */

@@ -22,38 +22,76 @@ typedef struct tol {
     const char *method;
     double ceiling_vs_exact; /* CPU reference: rel-L2 vs exact must be below */
     double atol, rtol, rel_l2; /* other backend vs CPU reference            */
+    int draft_warmup;          /* draft: run step 0 of a 1-step dense warm-up */
 } tol;
 
 /* Ceilings are sanity bounds on random data (not fidelity claims); the
- * GPU-vs-CPU tolerances are docs/NUMERICS.md §Tolerances. */
+ * GPU-vs-CPU tolerances are docs/NUMERICS.md §Tolerances.  Draft configs
+ * that skip pairs are far from exact on random inputs (no locality:
+ * docs/DRAFT.md §7), so their ceiling only catches garbage. */
 static const tol TOLS[] = {
-    {"bf16", 0.02, 2e-3, 2e-2, 2e-3},
-    {"fp8", 0.25, 2e-2, 5e-2, 2e-2},
-    {"fp8+expcast", 0.25, 2e-2, 5e-2, 2e-2},
-    {"sage8", 0.12, 1e-2, 5e-2, 1e-2},
-    {"sage8+hadamard", 0.12, 1e-2, 5e-2, 1e-2},
-    {"vc8", 0.12, 1e-2, 5e-2, 1e-2},
-    {"vc8+expcast", 0.12, 1e-2, 5e-2, 1e-2},
-    {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2},
-    {"sage4", 0.5, 5e-2, 1e-1, 5e-2},
-    {"vc4", 0.5, 5e-2, 1e-1, 5e-2},
+    {"bf16", 0.02, 2e-3, 2e-2, 2e-3, 0},
+    {"fp8", 0.25, 2e-2, 5e-2, 2e-2, 0},
+    {"fp8+expcast", 0.25, 2e-2, 5e-2, 2e-2, 0},
+    {"sage8", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"sage8+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"vc8", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"vc8+expcast", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0},
+    {"vc4", 0.5, 5e-2, 1e-1, 5e-2, 0},
+    /* draft: the tolerance of the lowest precision phase the config uses */
+    {"draft@0/0/0/100", 0.02, 2e-3, 2e-2, 2e-3, 0},
+    {"draft@85/0/0/15", 10.0, 2e-3, 2e-2, 2e-3, 0},
+    {"draft@85/0/0/15", 0.02, 2e-3, 2e-2, 2e-3, 1}, /* dense warm-up = bf16 */
+    {"draft@85/0/7.5/7.5", 10.0, 1e-2, 5e-2, 1e-2, 0},
+    {"draft@85/0/7.5/7.5+expcast", 10.0, 1e-2, 5e-2, 1e-2, 0},
+    {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0},
+    {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0},
 };
 #define NTOLS (int)(sizeof TOLS / sizeof *TOLS)
+/* LSE of the draft methods (natural log; -inf rows must match exactly). */
+#define LSE_ATOL 1e-3
+#define LSE_RTOL 1e-3
 
 typedef struct tcase {
     int B, H, Nq, Nk, D;
     qva_dtype dt;
     int nhd;
+    int T, GH, GW, P, at_end; /* draft video grid + prefix (T = 0: no draft) */
+    int draft_only;           /* the dense methods skip this case           */
 } tcase;
 
 static const tcase CASES[] = {
-    {1, 2, 200, 200, 64, QVA_F32, 0},  /* N not a multiple of 128 */
-    {1, 1, 77, 77, 128, QVA_BF16, 1},  /* N < 128, NHD, bf16       */
-    {2, 2, 256, 256, 64, QVA_F16, 0},  /* B > 1, f16               */
-    {1, 2, 130, 130, 128, QVA_BF16, 0},/* one valid key in a block */
-    {1, 1, 64, 320, 64, QVA_F32, 1},   /* cross attention Nq < Nk  */
+    {1, 2, 200, 200, 64, QVA_F32, 0, 2, 10, 10, 0, 0, 0},   /* N not a multiple of 128 */
+    {1, 1, 77, 77, 128, QVA_BF16, 1, 1, 7, 10, 7, 0, 0},    /* N < 128, NHD, bf16       */
+    {2, 2, 256, 256, 64, QVA_F16, 0, 1, 16, 15, 16, 1, 0},  /* B > 1, f16, prefix last  */
+    {1, 2, 130, 130, 128, QVA_BF16, 0, 1, 10, 13, 0, 0, 0}, /* one valid key in a block */
+    {1, 1, 64, 320, 64, QVA_F32, 1, 0, 0, 0, 0, 0, 0},      /* cross attention Nq < Nk  */
+    /* draft only: more regions (R = 12, 6, 20) */
+    {1, 1, 1536, 1536, 128, QVA_BF16, 1, 4, 16, 24, 0, 0, 1},
+    {2, 1, 700, 700, 64, QVA_F16, 1, 3, 13, 17, 37, 0, 1},
+    {1, 1, 2464, 2464, 64, QVA_F32, 0, 5, 20, 24, 64, 1, 1},
 };
 #define NCASES (int)(sizeof CASES / sizeof *CASES)
+
+static int is_draft(const char *method) { return !strncmp(method, "draft", 5); }
+
+/* The config of one (case, method): the method string, and for draft the
+ * case's grid and prefix (and the warm-up step if asked). */
+static qva_status make_config(const tcase *c, const tol *t, qva_config *cfg) {
+    qva_config_default(cfg);
+    qva_status st = qva_config_set_method(cfg, t->method);
+    if (st != QVA_OK || !is_draft(t->method)) return st;
+    cfg->draft.grid_t = c->T;
+    cfg->draft.grid_h = c->GH;
+    cfg->draft.grid_w = c->GW;
+    cfg->draft.prefix_tokens = c->P;
+    cfg->draft.prefix_at_end = c->at_end;
+    cfg->draft.dense_warmup_steps = t->draft_warmup ? 1 : 0;
+    cfg->step = 0;
+    return QVA_OK;
+}
 
 static uint64_t rs = 88172645463325252ull;
 static float frand(void) {
@@ -97,21 +135,28 @@ static host_io make_case(const tcase *c) {
 
 static void free_case(host_io *h) { free(h->q), free(h->k), free(h->v), free(h->o); }
 
-/* Output as f32 in storage order, poisoned before the run. */
-static qva_status run_cpu(const tcase *c, host_io *h, const char *method, float *res,
+static qva_tensor lse_desc(void *p, const tcase *c, qva_device dev) {
+    return qva_tensor_hnd(p, QVA_F32, dev, c->B, c->H, c->Nq, 1);
+}
+
+/* Output as f32 in storage order, poisoned before the run; lse (if not
+ * NULL) receives [B,H,Nq] f32, poisoned too. */
+static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, float *lse,
                           double *ms) {
     qva_context_t *ctx;
     qva_config cfg;
-    qva_config_default(&cfg);
-    qva_status st = qva_config_set_method(&cfg, method);
+    qva_status st = make_config(c, t, &cfg);
     if (st != QVA_OK) return st;
     if ((st = qva_context_create(&ctx, QVA_DEVICE_CPU)) != QVA_OK) return st;
     qva_tensor q = desc(h->q, c, c->Nq, QVA_DEVICE_CPU), k = desc(h->k, c, c->Nk, QVA_DEVICE_CPU),
                v = desc(h->v, c, c->Nk, QVA_DEVICE_CPU), o = desc(h->o, c, c->Nq, QVA_DEVICE_CPU);
+    qva_tensor l = lse_desc(lse, c, QVA_DEVICE_CPU);
     for (size_t i = 0; i < h->nq; ++i) qvi_store_elem(&o, (int64_t)i, NAN);
+    const size_t nl = (size_t)c->B * c->H * c->Nq;
+    for (size_t i = 0; lse && i < nl; ++i) lse[i] = NAN;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    st = qva_attention(ctx, &cfg, &q, &k, &v, &o, NULL);
+    st = qva_attention(ctx, &cfg, &q, &k, &v, &o, lse ? &l : NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (ms) *ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
     for (size_t i = 0; i < h->nq; ++i) res[i] = qvi_load_elem(&o, (int64_t)i);
@@ -119,34 +164,40 @@ static qva_status run_cpu(const tcase *c, host_io *h, const char *method, float 
     return st;
 }
 
-static qva_status run_cuda(const tcase *c, host_io *h, const char *method, float *res) {
+static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res, float *lse) {
     qva_config cfg;
-    qva_config_default(&cfg);
-    qva_status st = qva_config_set_method(&cfg, method);
+    qva_status st = make_config(c, t, &cfg);
     if (st != QVA_OK) return st;
     size_t es = qva_dtype_size(c->dt);
-    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+    const size_t nl = (size_t)c->B * c->H * c->Nq;
+    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dlse = NULL;
     qva_context_t *ctx = NULL;
     if ((st = qva_device_malloc(&dq, h->nq * es)) || (st = qva_device_malloc(&dk, h->nk * es)) ||
-        (st = qva_device_malloc(&dv, h->nk * es)) || (st = qva_device_malloc(&dout, h->nq * es)))
+        (st = qva_device_malloc(&dv, h->nk * es)) || (st = qva_device_malloc(&dout, h->nq * es)) ||
+        (lse && (st = qva_device_malloc(&dlse, nl * sizeof(float)))))
         goto done;
     qva_tensor o = desc(h->o, c, c->Nq, QVA_DEVICE_CPU);
     for (size_t i = 0; i < h->nq; ++i) qvi_store_elem(&o, (int64_t)i, NAN); /* poison */
+    for (size_t i = 0; lse && i < nl; ++i) lse[i] = NAN;
     if ((st = qva_memcpy_to_device(dq, h->q, h->nq * es)) ||
         (st = qva_memcpy_to_device(dk, h->k, h->nk * es)) ||
         (st = qva_memcpy_to_device(dv, h->v, h->nk * es)) ||
         (st = qva_memcpy_to_device(dout, h->o, h->nq * es)) ||
+        (lse && (st = qva_memcpy_to_device(dlse, lse, nl * sizeof(float)))) ||
         (st = qva_context_create(&ctx, QVA_DEVICE_CUDA)))
         goto done;
     qva_tensor q = desc(dq, c, c->Nq, QVA_DEVICE_CUDA), k = desc(dk, c, c->Nk, QVA_DEVICE_CUDA),
                v = desc(dv, c, c->Nk, QVA_DEVICE_CUDA), od = desc(dout, c, c->Nq, QVA_DEVICE_CUDA);
-    if ((st = qva_attention(ctx, &cfg, &q, &k, &v, &od, NULL)) ||
-        (st = qva_device_synchronize()) || (st = qva_memcpy_to_host(h->o, dout, h->nq * es)))
+    qva_tensor ld = lse_desc(dlse, c, QVA_DEVICE_CUDA);
+    if ((st = qva_attention(ctx, &cfg, &q, &k, &v, &od, lse ? &ld : NULL)) ||
+        (st = qva_device_synchronize()) || (st = qva_memcpy_to_host(h->o, dout, h->nq * es)) ||
+        (lse && (st = qva_memcpy_to_host(lse, dlse, nl * sizeof(float)))))
         goto done;
     for (size_t i = 0; i < h->nq; ++i) res[i] = qvi_load_elem(&o, (int64_t)i);
 done:
     qva_context_free(ctx);
     qva_device_free(dq), qva_device_free(dk), qva_device_free(dv), qva_device_free(dout);
+    if (dlse) qva_device_free(dlse);
     return st;
 }
 
@@ -166,44 +217,80 @@ static int all_finite(const float *a, size_t n) {
 }
 
 /* A backend's output against the CPU reference of the same method. */
-static void compare_backend(const char *label, const tol *t, const float *got,
+/* Token row of a storage index of an output [B,H,Nq,D] of case c. */
+static long row_of(const tcase *c, size_t i) {
+    return c->nhd ? (long)((i / ((size_t)c->H * c->D)) % (size_t)c->Nq)
+                  : (long)((i / (size_t)c->D) % (size_t)c->Nq);
+}
+
+static void compare_backend(const char *label, const tcase *c, const tol *t, const float *got,
                             const float *ref, size_t n) {
     CHECK(all_finite(got, n), "%s: NaN/Inf or unwritten output", label);
-    size_t bad = 0;
+    size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; ++i)
-        if (!(fabs((double)got[i] - ref[i]) <= t->atol + t->rtol * fabs(ref[i]))) ++bad;
-    CHECK(bad == 0, "%s: %zu elements outside atol %g + rtol %g", label, bad, t->atol, t->rtol);
+        if (!(fabs((double)got[i] - ref[i]) <= t->atol + t->rtol * fabs(ref[i])) && bad++ == 0)
+            first = i;
+    CHECK(bad == 0,
+          "%s: %zu elements outside atol %g + rtol %g (first: storage index %zu, token row %ld, "
+          "%g vs %g)",
+          label, bad, t->atol, t->rtol, first, row_of(c, first), bad ? (double)got[first] : 0.0,
+          bad ? (double)ref[first] : 0.0);
     double e = rel_l2(got, ref, n);
     CHECK(e <= t->rel_l2, "%s: rel-L2 %g vs CPU reference (limit %g)", label, e, t->rel_l2);
 }
 
+/* LSE against the CPU's: -inf (a row with no retained key) exactly, the
+ * rest within LSE_ATOL + LSE_RTOL |ref|; NaN (unwritten) fails. */
+static void compare_lse(const char *label, const float *got, const float *ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; ++i) {
+        const int ok = isinf(ref[i]) ? got[i] == ref[i]
+                                     : fabs((double)got[i] - ref[i]) <= LSE_ATOL + LSE_RTOL * fabs(ref[i]);
+        if (!ok && bad++ == 0) first = i;
+    }
+    CHECK(bad == 0, "%s: %zu LSE values off (first: [b*H+h]*N + row = %zu, %g vs %g)", label, bad, first,
+          bad ? (double)got[first] : 0.0, bad ? (double)ref[first] : 0.0);
+}
+
 static void run_case(int ci, int perf) {
     const tcase *c = &CASES[ci];
+    /* The draft-only cases exist for the GPU kernel at larger R; without a
+     * device they would only re-test the CPU reference (test_draft does),
+     * slowly under the sanitizers. */
+    if (c->draft_only && !qva_cuda_available()) return;
     host_io h = make_case(c);
+    const size_t nl = (size_t)c->B * c->H * c->Nq;
     float *exact = malloc(h.nq * 4), *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4);
+    float *lref = malloc(nl * 4), *lgot = malloc(nl * 4);
     double ms = 0;
-    CHECK(run_cpu(c, &h, "exact", exact, NULL) == QVA_OK, "case %d exact: %s", ci, qva_last_error());
+    CHECK(run_cpu(c, &h, &(tol){"exact", 0, 0, 0, 0, 0}, exact, NULL, NULL) == QVA_OK,
+          "case %d exact: %s", ci, qva_last_error());
     const int cuda = qva_cuda_available();
     for (int m = 0; m < NTOLS; ++m) {
         const tol *t = &TOLS[m];
+        const int draft = is_draft(t->method);
         char label[96];
-        snprintf(label, sizeof label, "case %d %s", ci, t->method);
+        snprintf(label, sizeof label, "case %d %s%s", ci, t->method,
+                 t->draft_warmup ? " (warm-up)" : "");
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue; /* self-attn only */
-        qva_status st = run_cpu(c, &h, t->method, ref, &ms);
+        if (draft ? c->T == 0 : c->draft_only) continue;
+        if (t->draft_warmup && c->draft_only) continue; /* = bf16, covered by cases 0-3 */
+        float *lse_ref = draft ? lref : NULL, *lse_got = draft ? lgot : NULL;
+        qva_status st = run_cpu(c, &h, t, ref, lse_ref, &ms);
         CHECK(st == QVA_OK, "%s cpu: %s", label, qva_last_error());
         CHECK(all_finite(ref, h.nq), "%s cpu: NaN/Inf or unwritten output", label);
         double e = rel_l2(ref, exact, h.nq);
         CHECK(e < t->ceiling_vs_exact, "%s cpu: rel-L2 %g vs exact (ceiling %g)", label, e,
               t->ceiling_vs_exact);
-        if (perf) printf("%-28s cpu  %8.2f ms  rel-L2 vs exact %.3e\n", label, ms, e);
+        if (perf) printf("%-40s cpu  %8.2f ms  rel-L2 vs exact %.3e\n", label, ms, e);
         qva_config cfg;
-        qva_config_default(&cfg);
-        qva_config_set_method(&cfg, t->method);
+        make_config(c, t, &cfg);
         if (!cuda || !qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
-        CHECK(run_cuda(c, &h, t->method, got) == QVA_OK, "%s cuda: %s", label, qva_last_error());
-        compare_backend(label, t, got, ref, h.nq);
+        CHECK(run_cuda(c, &h, t, got, lse_got) == QVA_OK, "%s cuda: %s", label, qva_last_error());
+        compare_backend(label, c, t, got, ref, h.nq);
+        if (draft) compare_lse(label, lse_got, lse_ref, nl);
     }
-    free(exact), free(ref), free(got);
+    free(exact), free(ref), free(got), free(lref), free(lgot);
     free_case(&h);
 }
 

@@ -793,6 +793,101 @@ static void test_validation(qva_context_t *ctx) {
     free_problem(&p);
 }
 
+/* The call plan shared by the CPU reference and the CUDA backend
+ * (qvi_draft_plan_make): regions equal the partition's, quotas the
+ * quota function's, the dense rows and the low-bit flags follow the
+ * config, and every invalid config fails as qva_attention does. */
+static void test_plan(void) {
+    static const struct { int T, gh, gw, P, at_end, D; qva_dtype dt; const char *m; int warm, step; } C[] = {
+        {2, 10, 10, 0, 0, 64, QVA_F32, "draft@85/0/0/15", 0, 0},
+        {1, 7, 10, 7, 0, 128, QVA_BF16, "draft@0/40/30/30", 0, 0},
+        {1, 16, 15, 16, 1, 64, QVA_F16, "draft@85/0/7.5/7.5+expcast", 0, 0},
+        {5, 20, 24, 64, 1, 64, QVA_F32, "draft@50/20/15/15", 0, 0},
+        {3, 45, 80, 3, 0, 128, QVA_BF16, "draft@85/0/7.5/7.5", 2, 1}, /* warm-up */
+        {3, 45, 80, 3, 1, 128, QVA_BF16, "draft@85/0/7.5/7.5", 2, 2}, /* after it */
+        {1, 1, 1, 0, 0, 64, QVA_F16, "draft@0/0/0/100", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
+        qva_config cfg;
+        qva_config_default(&cfg);
+        CHECK(qva_config_set_method(&cfg, C[i].m) == QVA_OK, "%s", C[i].m);
+        cfg.draft.grid_t = C[i].T, cfg.draft.grid_h = C[i].gh, cfg.draft.grid_w = C[i].gw;
+        cfg.draft.prefix_tokens = C[i].P, cfg.draft.prefix_at_end = C[i].at_end;
+        cfg.draft.dense_warmup_steps = C[i].warm;
+        cfg.step = C[i].step;
+        const int N = C[i].P + C[i].T * C[i].gh * C[i].gw;
+        float dummy = 0.0f;
+        qva_tensor q = qva_tensor_hnd(&dummy, C[i].dt, QVA_DEVICE_CPU, 1, 1, N, C[i].D);
+        qvi_draft_plan pl;
+        CHECK(qvi_draft_plan_make(&cfg, &q, &pl) == QVA_OK, "plan %zu: %s", i, qva_last_error());
+        qvi_partition part;
+        CHECK(qvi_partition_build(C[i].gh, C[i].gw, 128, &part) == QVA_OK, "partition");
+        qvi_draft_layout lay;
+        CHECK(qvi_draft_layout_build(&part, C[i].T, C[i].P, C[i].at_end, &lay) == QVA_OK, "layout");
+        CHECK(pl.rf == part.regions && pl.regions == lay.regions, "plan %zu: R_f %d / R %lld vs %d / %lld",
+              i, pl.rf, (long long)pl.regions, part.regions, (long long)lay.regions);
+        int64_t quota[4];
+        CHECK(qvi_draft_quotas(&cfg.draft, lay.regions * lay.regions, quota) == QVA_OK, "quotas");
+        CHECK(!memcmp(quota, pl.quota, sizeof quota), "plan %zu: quotas", i);
+        const int warm = C[i].step < C[i].warm;
+        CHECK(pl.warmup == warm, "plan %zu: warm-up %d", i, pl.warmup);
+        CHECK(pl.with4 == (!warm && quota[QVI_Q_4] > 0) && pl.with8 == (!warm && quota[QVI_Q_8] > 0),
+              "plan %zu: low-bit flags %d %d", i, pl.with4, pl.with8);
+        const int64_t r0 = warm ? 0 : C[i].at_end ? N - C[i].P : 0, nr = warm ? N : C[i].P;
+        CHECK(pl.dense_row0 == r0 && pl.dense_rows == nr, "plan %zu: dense rows %lld+%lld", i,
+              (long long)pl.dense_row0, (long long)pl.dense_rows);
+        /* the prefix rows are exactly the unmapped-to-video sequence indices */
+        for (int64_t j = 0; !warm && j < N; ++j) {
+            const int in_dense = j >= pl.dense_row0 && j < pl.dense_row0 + pl.dense_rows;
+            const int32_t slot = lay.orig_to_pack[j];
+            CHECK(in_dense == (slot < lay.prefix_pad), "plan %zu: row %lld dense %d slot %d", i,
+                  (long long)j, in_dense, (int)slot);
+            if (in_dense != (slot < lay.prefix_pad)) break;
+        }
+        CHECK(pl.use_f16 == (C[i].dt == QVA_F16), "plan %zu: use_f16", i);
+        CHECK(pl.expcast == (cfg.expcast != 0) && pl.eta == qvi_draft_eta(cfg.expcast), "plan %zu: eta", i);
+        CHECK(pl.scale_log2 == qvi_sm_scale(&cfg, C[i].D) * QVI_LOG2E && pl.n == N && pl.d == C[i].D,
+              "plan %zu: scale / shape", i);
+        qvi_draft_layout_free(&lay);
+        qvi_partition_free(&part);
+    }
+    /* invalid configs: the plan fails with qva_attention's status */
+    problem p = make_problem(1, 12, 20, 5, 0, 64);
+    size_t n = problem_size(&p);
+    float *o = malloc(n * 4);
+    qva_tensor q = qva_tensor_hnd(p.q, QVA_F32, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor k = qva_tensor_hnd(p.k, QVA_F32, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor v = qva_tensor_hnd(p.v, QVA_F32, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_tensor ot = qva_tensor_hnd(o, QVA_F32, QVA_DEVICE_CPU, p.B, p.H, p.N, p.D);
+    qva_context_t *ctx = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
+    qva_config base;
+    qva_config_default(&base);
+    CHECK(qva_config_set_method(&base, "draft@85/0/7.5/7.5") == QVA_OK, "method");
+    base.draft.grid_t = 1, base.draft.grid_h = 12, base.draft.grid_w = 20;
+    base.draft.prefix_tokens = 5;
+    for (int i = 0; i < 7; ++i) {
+        qva_config c = base;
+        switch (i) {
+        case 0: c.draft.grid_w = 21; break;
+        case 1: c.draft.prefix_tokens = 4; break;
+        case 2: c.draft.capacity = 64; break;
+        case 3: c.draft.frac16 = 0.2f; break;
+        case 4: c.draft.lambda = 1.5f; break;
+        case 5: c.draft.grid_t = 0; break;
+        default: c.draft.prefix_tokens = p.N; break;
+        }
+        qvi_draft_plan pl;
+        const qva_status a = qvi_draft_plan_make(&c, &q, &pl);
+        const qva_status b = qva_attention(ctx, &c, &q, &k, &v, &ot, NULL);
+        CHECK(a != QVA_OK && a == b, "bad config %d: plan %s, attention %s", i,
+              qva_status_string(a), qva_status_string(b));
+    }
+    qva_context_free(ctx);
+    free(o);
+    free_problem(&p);
+}
+
 int main(void) {
     test_partition();
     test_layout();
@@ -812,5 +907,6 @@ int main(void) {
         test_validation(ctx);
         qva_context_free(ctx);
     }
+    test_plan(); /* last: it draws from the RNG */
     return check_summary("test_draft");
 }

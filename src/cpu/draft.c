@@ -522,7 +522,7 @@ static void compute_head(const draft_job *J, draft_head *H) {
 
 /* ---- validation ---- */
 
-static qva_status validate(const qva_config *cfg, const qva_tensor *q) {
+qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
     const qva_draft_params *p = &cfg->draft;
     int64_t n = q->shape[2];
     if (p->grid_t < 1 || p->grid_h < 1 || p->grid_w < 1)
@@ -555,27 +555,64 @@ static qva_status validate(const qva_config *cfg, const qva_tensor *q) {
     return QVA_OK;
 }
 
-/* Fills the call settings; quotas over R^2 video-region pairs. */
-static qva_status job_init(draft_job *J, const qva_config *cfg,
-                           const qva_tensor *q, const qvi_draft_layout *lay) {
-    memset(J, 0, sizeof(*J));
-    J->lay = lay;
-    J->n = q->shape[2];
-    J->d = (int)q->shape[3];
-    J->c = lay->c;
-    J->R = lay->regions;
-    J->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
-    J->scale_log2 = J->sm_scale * QVI_LOG2E;
-    J->expcast = cfg->expcast ? 1 : 0;
-    J->eta = qvi_draft_eta(J->expcast);
-    J->use_f16 = q->dtype == QVA_F16;
-    J->warmup = cfg->step < cfg->draft.dense_warmup_steps;
-    qva_status st = qvi_draft_quotas(&cfg->draft, J->R * J->R, J->quota);
+qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
+                               qvi_draft_plan *p) {
+    memset(p, 0, sizeof(*p));
+    qva_status st = qvi_draft_validate(cfg, q);
     if (st != QVA_OK)
         return st;
-    if (!J->warmup && J->quota[QVI_Q_4] > 0 && J->d % 16 != 0)
+    const qva_draft_params *dp = &cfg->draft;
+    p->n = q->shape[2];
+    p->d = (int)q->shape[3];
+    p->warmup = cfg->step < dp->dense_warmup_steps;
+    /* Eq. 20; validate() bounded C = 128 and the grid by N. */
+    int64_t hw = (int64_t)dp->grid_h * dp->grid_w;
+    p->rf = (int)((hw + dp->capacity - 1) / dp->capacity);
+    p->regions = (int64_t)dp->grid_t * p->rf;
+    st = qvi_draft_quotas(dp, p->regions * p->regions, p->quota);
+    if (st != QVA_OK)
+        return st;
+    p->with4 = !p->warmup && p->quota[QVI_Q_4] > 0;
+    p->with8 = !p->warmup && p->quota[QVI_Q_8] > 0;
+    if (p->with4 && p->d % 16 != 0)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", J->d);
+                        "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", p->d);
+    if (p->warmup) {
+        p->dense_row0 = 0;
+        p->dense_rows = p->n;
+    } else {
+        p->dense_row0 = dp->prefix_at_end ? p->n - dp->prefix_tokens : 0;
+        p->dense_rows = dp->prefix_tokens;
+    }
+    p->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
+    p->scale_log2 = p->sm_scale * QVI_LOG2E;
+    p->expcast = cfg->expcast ? 1 : 0;
+    p->eta = qvi_draft_eta(p->expcast);
+    p->use_f16 = q->dtype == QVA_F16;
+    return QVA_OK;
+}
+
+/* Fills the call settings from the plan (quotas over R^2 video-region
+ * pairs of the layout). */
+static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
+                           const qvi_draft_layout *lay) {
+    memset(J, 0, sizeof(*J));
+    if (lay->regions != P->regions)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "draft: layout has %lld regions, plan %lld",
+                        (long long)lay->regions, (long long)P->regions);
+    J->lay = lay;
+    J->n = P->n;
+    J->d = P->d;
+    J->c = lay->c;
+    J->R = lay->regions;
+    J->sm_scale = P->sm_scale;
+    J->scale_log2 = P->scale_log2;
+    J->expcast = P->expcast;
+    J->eta = P->eta;
+    J->use_f16 = P->use_f16;
+    J->warmup = P->warmup;
+    memcpy(J->quota, P->quota, sizeof(J->quota));
     return QVA_OK;
 }
 
@@ -607,7 +644,8 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,
                          const qva_tensor *lse) {
-    qva_status st = validate(cfg, q);
+    qvi_draft_plan plan;
+    qva_status st = qvi_draft_plan_make(cfg, q, &plan);
     if (st != QVA_OK)
         return st;
     const qva_draft_params *p = &cfg->draft;
@@ -622,7 +660,7 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                                 p->prefix_at_end, &lay);
     if (st == QVA_OK) {
         draft_job J;
-        st = job_init(&J, cfg, q, &lay);
+        st = job_init(&J, &plan, &lay);
         if (st == QVA_OK)
             st = run_heads(&J, cfg, q, k, v, out, lse);
         qvi_draft_layout_free(&lay);

@@ -127,6 +127,41 @@ void qvi_draft_phase_exit_f64(double *acc, double *l, int d, double eta,
 /* eta of the INT8 phase: 2^-8 with ExpCast, QVI_SAGE_ETA otherwise. */
 float qvi_draft_eta(int expcast);
 
+/* ------------------------------------------------------------ the call */
+/*
+ * Call-level checks of docs/DRAFT.md ("Validation"): grid, prefix, N,
+ * capacity, lambda.  Shapes, dtypes and D were checked by the dispatcher.
+ */
+qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
+/*
+ * What one draft call computes, shared by the CPU reference and the CUDA
+ * backend so both take the same decisions:
+ *   warmup      cfg->step < dense_warmup_steps: every row dense (bf16 path)
+ *   rf, regions R_f = ceil(H*W / C) and R = T * R_f (the partition's counts)
+ *   quota       skip/4/8/16 over R^2 video-region pairs (qvi_draft_quotas)
+ *   with4/with8 the NVFP4 / INT8 operands are needed (not in warm-up and a
+ *               non-zero quota)
+ *   dense_row0, dense_rows   the rows computed by the dense 16-bit path in
+ *               sequence order: all N in warm-up, else the prefix queries
+ *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
+ *               16-bit format is FP16 iff q is f16, else BF16), expcast.
+ * Runs qvi_draft_validate and the quota checks; p is zeroed first.
+ */
+typedef struct qvi_draft_plan {
+    int64_t n;
+    int d;
+    int warmup;
+    int rf;
+    int64_t regions;
+    int64_t quota[4];
+    int with4, with8;
+    int64_t dense_row0, dense_rows;
+    float sm_scale, scale_log2, eta;
+    int use_f16, expcast;
+} qvi_draft_plan;
+qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
+                               qvi_draft_plan *p);
+
 /* Context cache: the partition of (h, w, c), built on first use and kept
  * in QVI_SLOT_DRAFT (ctx may be NULL: *owned receives a fresh partition
  * the caller frees). */

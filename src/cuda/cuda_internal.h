@@ -169,6 +169,14 @@ qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
 qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
                          const qvc_attn_args *a, cudaStream_t st);
 
+/* ---- DraftAttention2 phased attention (src/cuda/attn_draft.cu) -------- */
+/* The whole `draft@...` call on the device (validated by the dispatcher):
+ * plan, router, prep, the phased kernel and the dense rows (prefix queries,
+ * or every row during the dense warm-up), on the context's stream. */
+qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
+                               const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
+                               const qva_tensor *lse);
+
 #ifdef __cplusplus
 }
 #endif

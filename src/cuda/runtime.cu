@@ -25,6 +25,19 @@ extern "C" int qva_cuda_available(void) {
 }
 
 /* ---------------------------------------------------------- capability */
+/* The draft method (src/cuda/attn_draft.cu): every quota mix, the dense
+ * warm-up, prefix tokens first or last, LSE; no Hadamard variant exists. */
+static int draft_on_gpu(const qva_config *cfg, char *why, size_t len) {
+    if (cfg->hadamard) {
+        snprintf(why, len, "draft has no +hadamard variant");
+        return 0;
+    }
+    snprintf(why, len,
+             "cuda: draft phased mma.sync kernel (attn_draft_mma_64x128: BF16/FP16 and INT8/E4M3 "
+             "phases native, NVFP4 phase emulated with exact BF16 MMAs)");
+    return 1;
+}
+
 static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
     switch (cfg->method) {
     case QVA_METHOD_BF16:
@@ -34,6 +47,7 @@ static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
     case QVA_METHOD_EXACT:
         snprintf(why, len, "exact (FP64) is the CPU ground truth only");
         return 0;
+    case QVA_METHOD_DRAFT: return draft_on_gpu(cfg, why, len);
     default: {
         char name[64] = "?";
         qva_config_method_name(cfg, name, sizeof name);
@@ -85,6 +99,7 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         return 0;
     }
     if (!method_on_gpu(cfg, why, len)) return 0;
+    if (cfg->method == QVA_METHOD_DRAFT) return 1; /* draft_on_gpu said why */
     if (cfg->method == QVA_METHOD_BF16)
         snprintf(why, len, "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)");
     else
@@ -257,6 +272,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
                                          const qva_tensor *q, const qva_tensor *k,
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
+    if (cfg->method == QVA_METHOD_DRAFT) return qvc_draft_attention(ctx, cfg, q, k, v, out, lse);
     if (lse && (cfg->method == QVA_METHOD_SAGE8 || cfg->method == QVA_METHOD_VC8))
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "LSE of the K-smoothed methods (sage8, vc8) is not on CUDA yet: "

@@ -1,0 +1,1200 @@
+/*
+ * DraftAttention2 on the GPU (DA2 §3.3, C.3, C.4; docs/DRAFT.md §4-5):
+ * operand preparation in the packed region order and the phased kernel
+ * attn_draft_mma_64x128, correct-first (mma.sync, no pipelining).
+ *
+ * One call (qvc_draft_attention):
+ *   1. plan (qvi_draft_plan_make, shared with the CPU reference): warm-up,
+ *      quotas, which low-bit operands are needed, the dense rows;
+ *   2. warm-up: the bf16 method's prep16 + attn_bf16 over every row, which
+ *      is exactly what the CPU computes then (docs/DRAFT.md §5);
+ *   3. else: the device layout (host partition from the context cache,
+ *      uploaded once per (grid, prefix)), the router (draft_router.cu:
+ *      CSR key lists per (head, query region, phase)), the prep kernels
+ *      below, one CTA of 64 query rows per (half region, head) walking the
+ *      phases 4 -> 8 -> 16 with ONE online-softmax state, and the prefix
+ *      query rows through the bf16 method on a row sub-view of Q (the CPU
+ *      computes them exactly like `bf16`, in sequence order).
+ *
+ * Operands (all per bh; nv = R*128 video slots; "packed" = the layout's
+ * slot order, prefix blocks first):
+ *   q16, k16 [n_pack][D], v16t [n_pack/128][D][128]   16-bit (FP16 iff q is
+ *            f16, else BF16), RNE of the input; padding slots +0
+ *   q4, k4   [nv][D] BF16 bits of the unscaled NVFP4 reconstruction
+ *            sigma*e2m1 (groups of 16 channels); v4t [R][D][128] the same
+ *            for V (groups of 16 keys per channel), transposed; g4 [3] the
+ *            tensor scales g_Q, g_K, g_V.  sigma*e2m1 has at most 6
+ *            significant bits, so BF16 holds it exactly.
+ *   q8, k8   [nv][D] INT8, q8s/k8s [R] one delta per region block;
+ *            v8t [R][D][128] E4M3 of V/delta_c in the PV slot order
+ *            (qvc_pv_slot_key), dv [D] the channel scales delta_c.
+ * Low-bit scales come from the video tokens only (padding is zero).
+ *
+ * Numerics against the CPU reference (src/cpu/draft.c):
+ *   - every quantizer is the CPU's expression with explicit _rn
+ *     intrinsics (no FMA contraction), so codes and scales are bit-exact;
+ *   - 16-bit phase: the bf16 kernel's math (P rounded to 16 bits, FP32
+ *     partial per block);
+ *   - INT8 phase: the dense 8-bit kernel's math (exact INT32 QK, E4M3 P
+ *     and V, partial per block rounded to FP16 with saturation, Table 6),
+ *     entered and left by Eq. 8;
+ *   - NVFP4 phase, emulated (Hopper has no FP4 MMA): QK on the exact BF16
+ *     reconstructions (products exact, FP32 accumulation), scores times
+ *     (g_Q g_K) scale_log2; p = exp2(s - m) in FP32, l += sum p before the
+ *     conversion; P coded per 16 keys by DA2 Eq. 24 with the CPU's
+ *     expressions; the FP32 value of each coded p is split exactly into
+ *     three BF16 terms (8 + 8 + 8 significant bits) and PV runs as three
+ *     BF16 MMAs into one FP32 partial, so the partial is sum p*v with exact
+ *     products; U += partial * g_V.
+ *   The GPU therefore differs from the CPU only in summation order (MMA
+ *   accumulation, row sums) and exp2f/log2f ulps.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_util.cuh"
+#include "cpu/draft.h"
+
+#define DG_ROWS 64       /* query rows per CTA (half a region)  */
+#define DG_KEYS 128      /* keys per block (= region capacity)  */
+#define DG_THREADS 128   /* 4 warps x 16 rows                   */
+#define DG_PAD16 8       /* halfwords of row padding            */
+#define DG_PAD8 16       /* bytes of row padding                */
+#define DG_PREP_THREADS 256
+#define DG_FULL 0xffffffffu
+
+/* ================================================================ device helpers */
+
+static __device__ __forceinline__ void dg_mma_bf16(float *c, const uint32_t *a, uint32_t b0,
+                                                   uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void dg_mma_f16(float *c, const uint32_t *a, uint32_t b0,
+                                                  uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int F16>
+static __device__ __forceinline__ void dg_mma16(float *c, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1) {
+    if constexpr (F16)
+        dg_mma_f16(c, a, b0, b1);
+    else
+        dg_mma_bf16(c, a, b0, b1);
+}
+
+static __device__ __forceinline__ void dg_mma_s8(int *c, const uint32_t *a, uint32_t b0,
+                                                 uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void dg_mma_e4m3(float *c, const uint32_t *a, uint32_t b0,
+                                                   uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void dg_cp_async_wait_all(void) {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ uint32_t dg_lds32(const void *p) {
+    return *(const uint32_t *)p;
+}
+
+static __device__ __forceinline__ float dg_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(DG_FULL, x, 1));
+    return fmaxf(x, __shfl_xor_sync(DG_FULL, x, 2));
+}
+static __device__ __forceinline__ float dg_quad_sum(float x) {
+    x = __fadd_rn(x, __shfl_xor_sync(DG_FULL, x, 1));
+    return __fadd_rn(x, __shfl_xor_sync(DG_FULL, x, 2));
+}
+
+/* qva_e4m3_encode for the finite values used here: RNE, saturating. */
+static __device__ __forceinline__ uint32_t dg_e4m3(float y) {
+    return (uint32_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* qva_e4m3_decode (exact). */
+static __device__ __forceinline__ float dg_e4m3_decode(uint32_t code) {
+    const uint32_t e = (code >> 3) & 15u, m = code & 7u;
+    float mag;
+    if (e == 15u && m == 7u)
+        mag = __int_as_float(0x7fc00000);
+    else if (e == 0u)
+        mag = ldexpf((float)m, -9);
+    else
+        mag = ldexpf((float)(8u + m), (int)e - 10);
+    return (code & 0x80u) ? -mag : mag;
+}
+
+/* qva_e2m1_encode: nearest of {0, .5, 1, 1.5, 2, 3, 4, 6}, a tie to the
+ * even code; the walk over the midpoints as one count (the conditions hold
+ * for a prefix of them).  NaN gives 0, the sign is kept. */
+static __device__ __forceinline__ uint32_t dg_e2m1(float x) {
+    if (isnan(x)) return 0u;
+    const uint32_t sign = signbit(x) ? 8u : 0u;
+    const float a = fabsf(x);
+    const uint32_t c = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) +
+                       (uint32_t)(a >= 1.75f) + (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) +
+                       (uint32_t)(a > 5.0f);
+    return sign | c;
+}
+
+static __device__ __forceinline__ float dg_e2m1_decode(uint32_t code) {
+    const uint32_t c = code & 7u;
+    const float mag = c < 4u ? 0.5f * (float)c : c == 4u ? 2.0f : c == 5u ? 3.0f : c == 6u ? 4.0f : 6.0f;
+    return (code & 8u) ? -mag : mag;
+}
+
+/* qva_int8_round. */
+static __device__ __forceinline__ int8_t dg_int8_round(float y) {
+    if (isnan(y)) return 0;
+    if (y >= 127.0f) return 127;
+    if (y <= -127.0f) return -127;
+    return (int8_t)(int)roundf(y);
+}
+
+/* qva_nvfp4_tensor_scale. */
+static __device__ __forceinline__ float dg_tensor_scale(float amax) {
+    if (!isfinite(amax)) return 1.0f;
+    const float g = __fdiv_rn(amax, 2688.0f);
+    return g > 0.0f ? g : 1.0f;
+}
+
+/* nvfp4_group + nvfp4_group_unscaled of src/cpu/formats.c on 16 values:
+ * out = sigma * e2m1(x / (g * sigma)). */
+static __device__ __forceinline__ void dg_nvfp4_group(float *x, float g) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 16; ++u) amax = fmaxf(amax, fabsf(x[u]));
+    const float sigma = dg_e4m3_decode(dg_e4m3(__fdiv_rn(amax, __fmul_rn(6.0f, g))));
+    const float denom = __fmul_rn(g, sigma);
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+        const uint32_t code = sigma == 0.0f ? 0u : dg_e2m1(__fdiv_rn(x[u], denom));
+        x[u] = __fmul_rn(sigma, dg_e2m1_decode(code));
+    }
+}
+
+template <int F16>
+static __device__ __forceinline__ uint16_t dg_round16(float a) {
+    if constexpr (F16)
+        return __half_as_ushort(__float2half_rn(a));
+    else
+        return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+
+/* BF16 bits of a value BF16 holds exactly. */
+static __device__ __forceinline__ uint16_t dg_bf16_bits(float a) {
+    return (uint16_t)(__float_as_uint(a) >> 16);
+}
+
+/* ================================================================ operands */
+
+typedef struct dg_ops {
+    int BH, R, D, with4, with8;
+    int64_t n_pack;
+    uint16_t *q16, *k16, *v16t;
+    uint16_t *q4, *k4, *v4t;
+    float *g4;
+    int8_t *q8, *k8;
+    float *q8s, *k8s;
+    uint8_t *v8t;
+    float *dv;
+    float *amax; /* [3][BH][R][D] scratch: channel amax of each region, Q K V */
+} dg_ops;
+
+/* ---- prep kernels: one CTA per (block, bh) ---- */
+
+/* The 16-bit packed operands: TRANS 0 rows [slot][D], TRANS 1 [blk][D][128]. */
+template <int DT, int F16, int TRANS>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, uint16_t *dst) {
+    const int blk = blockIdx.x, bh = blockIdx.y, D = (int)x.D;
+    const int64_t base = qvc_head_base(x, bh);
+    for (int idx = threadIdx.x; idx < DG_KEYS * D; idx += DG_PREP_THREADS) {
+        const int i = TRANS ? idx % DG_KEYS : idx / D, c = TRANS ? idx / DG_KEYS : idx % D;
+        const int64_t slot = (int64_t)blk * DG_KEYS + i;
+        const int32_t orig = __ldg(pack + slot);
+        const float v = orig >= 0 ? qvc_ld<DT>(x.data, base + (int64_t)orig * x.sn + c) : 0.0f;
+        const int64_t o = TRANS ? ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS) * D +
+                                      (int64_t)c * DG_KEYS + i
+                                : ((int64_t)bh * n_pack + slot) * D + c;
+        dst[o] = dg_round16<F16>(v);
+    }
+}
+
+/* Channel amax of the valid tokens of each video region (thread = channel). */
+template <int DT>
+__global__ void dg_amax_kernel(qvc_view x, const int32_t *pack, const int32_t *count,
+                               int64_t prefix_pad, int R, float *amax) {
+    const int a = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)x.D;
+    if (c >= D) return;
+    const int n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    float m = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const int64_t orig = __ldg(pack + slot0 + i);
+        m = fmaxf(m, fabsf(qvc_ld<DT>(x.data, base + orig * x.sn + c)));
+    }
+    amax[((int64_t)bh * R + a) * D + c] = m;
+}
+
+/* Per head: V channel scales (amax/2.25, 1 if zero), the INT8 deltas of
+ * every region block (amax/127 + 1e-7) and the NVFP4 tensor scales. */
+__global__ void __launch_bounds__(128)
+dg_scale_kernel(const float *amax, int BH, int R, int D, int with4, int with8, float *g4,
+                float *q8s, float *k8s, float *dv) {
+    __shared__ float red[3][128];
+    const int bh = blockIdx.x, t = threadIdx.x;
+    for (int w = 0; w < 3; ++w) {
+        float cm = 0.0f;
+        if (t < D)
+            for (int a = 0; a < R; ++a)
+                cm = fmaxf(cm, amax[(((int64_t)w * BH + bh) * R + a) * D + t]);
+        red[w][t] = cm;
+        if (w == 2 && with8 && t < D) {
+            const float s = __fdiv_rn(cm, 2.25f); /* v_channel_scale, no means */
+            dv[(int64_t)bh * D + t] = s > 0.0f ? s : 1.0f;
+        }
+    }
+    __syncthreads();
+    if (with4 && t < 3) {
+        float tm = 0.0f;
+        for (int c = 0; c < D; ++c) tm = fmaxf(tm, red[t][c]);
+        g4[(int64_t)bh * 3 + t] = dg_tensor_scale(tm);
+    }
+    if (with8)
+        for (int a = t; a < R; a += blockDim.x)
+            for (int w = 0; w < 2; ++w) {
+                const float *am = amax + (((int64_t)w * BH + bh) * R + a) * D;
+                float bm = 0.0f;
+                for (int c = 0; c < D; ++c) bm = fmaxf(bm, am[c]);
+                (w ? k8s : q8s)[(int64_t)bh * R + a] = __fadd_rn(__fdiv_rn(bm, 127.0f), 1e-7f);
+            }
+}
+
+/* INT8 codes of Q or K for one region block. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
+               const float *delta, int8_t *codes) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const float dl = delta[(int64_t)bh * R + a];
+    for (int idx = threadIdx.x; idx < DG_KEYS * D; idx += DG_PREP_THREADS) {
+        const int i = idx / D, c = idx % D;
+        float v = 0.0f;
+        if (i < n) v = qvc_ld<DT>(x.data, base + (int64_t)__ldg(pack + slot0 + i) * x.sn + c);
+        codes[(((int64_t)bh * R + a) * DG_KEYS + i) * D + c] = dg_int8_round(__fdiv_rn(v, dl));
+    }
+}
+
+/* E4M3 codes of V / delta_c for one region block, transposed, PV slot order. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
+             const float *dv, uint8_t *v8t) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    for (int idx = threadIdx.x; idx < DG_KEYS * D; idx += DG_PREP_THREADS) {
+        const int c = idx / DG_KEYS, s = idx % DG_KEYS;
+        const int key = (s & ~31) + qvc_pv_slot_key(s & 31);
+        float v = 0.0f;
+        if (key < n) v = qvc_ld<DT>(x.data, base + (int64_t)__ldg(pack + slot0 + key) * x.sn + c);
+        v8t[(((int64_t)bh * R + a) * D + c) * DG_KEYS + s] =
+            (uint8_t)dg_e4m3(__fdiv_rn(v, dv[(int64_t)bh * D + c]));
+    }
+}
+
+/* NVFP4 of Q or K (groups of 16 channels of a row), BF16 reconstructions. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_fp4_rows_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad,
+                   int R, const float *g4, int which, uint16_t *dst) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, G = D / 16, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const float g = g4[(int64_t)bh * 3 + which];
+    for (int idx = threadIdx.x; idx < DG_KEYS * G; idx += DG_PREP_THREADS) {
+        const int i = idx / G, grp = idx % G;
+        float v[16];
+        const int64_t row = i < n ? base + (int64_t)__ldg(pack + slot0 + i) * x.sn : -1;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) v[u] = row >= 0 ? qvc_ld<DT>(x.data, row + grp * 16 + u) : 0.0f;
+        dg_nvfp4_group(v, g);
+        uint16_t *o = dst + (((int64_t)bh * R + a) * DG_KEYS + i) * D + grp * 16;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) o[u] = dg_bf16_bits(v[u]);
+    }
+}
+
+/* NVFP4 of V (groups of 16 keys of a channel), transposed [D][128]. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad,
+                   int R, const float *g4, uint16_t *dst) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const float g = g4[(int64_t)bh * 3 + 2];
+    for (int idx = threadIdx.x; idx < D * (DG_KEYS / 16); idx += DG_PREP_THREADS) {
+        const int c = idx % D, grp = idx / D;
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+            const int key = grp * 16 + u;
+            v[u] = key < n ? qvc_ld<DT>(x.data, base + (int64_t)__ldg(pack + slot0 + key) * x.sn + c)
+                           : 0.0f;
+        }
+        dg_nvfp4_group(v, g);
+        uint16_t *o = dst + (((int64_t)bh * R + a) * D + c) * DG_KEYS + grp * 16;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) o[u] = dg_bf16_bits(v[u]);
+    }
+}
+
+/* ================================================================ the phased kernel */
+
+typedef struct dg_params {
+    dg_ops ops;
+    int R;
+    int64_t n_pack, prefix_pad;
+    int prefix;
+    const int32_t *count, *pack, *offsets, *cols;
+    float scale_log2, eta;
+    int expcast;
+    qvc_attn_args a;
+} dg_params;
+
+/* One online-softmax state of the thread's two rows (g and g + 8). */
+template <int D>
+struct dg_acc {
+    float o[D / 8][4];
+    float m[2], l[2];
+};
+
+/* Shared tiles: 16-bit (K [128][D+8], V^T [D][136]) or 8-bit (K
+ * [128][D+16], V^T [D][144]) in one dynamic buffer. */
+template <int D>
+static constexpr int dg_smem16_k(void) { return DG_KEYS * (D + DG_PAD16) * 2; }
+template <int D>
+static constexpr int dg_smem_bytes(void) {
+    return dg_smem16_k<D>() + D * (DG_KEYS + DG_PAD16) * 2;
+}
+
+/* Loads a 16-bit K block [128][D] and V^T block [D][128] into the tiles. */
+template <int D>
+static __device__ __forceinline__ void dg_load16(unsigned char *smem, const uint16_t *kg,
+                                                 const uint16_t *vg) {
+    uint16_t *kt = (uint16_t *)smem, *vt = (uint16_t *)(smem + dg_smem16_k<D>());
+    __syncthreads(); /* every warp is done with the previous tiles */
+    for (int i = threadIdx.x; i < DG_KEYS * D / 8; i += DG_THREADS) {
+        const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+        qvc_cp_async16(kt + r * (D + DG_PAD16) + c, kg + (size_t)r * D + c);
+    }
+    for (int i = threadIdx.x; i < D * DG_KEYS / 8; i += DG_THREADS) {
+        const int r = i / (DG_KEYS / 8), c = (i % (DG_KEYS / 8)) * 8;
+        qvc_cp_async16(vt + r * (DG_KEYS + DG_PAD16) + c, vg + (size_t)r * DG_KEYS + c);
+    }
+    dg_cp_async_wait_all();
+    __syncthreads();
+}
+
+/* Loads an INT8 K block [128][D] and E4M3 V^T block [D][128]. */
+template <int D>
+static __device__ __forceinline__ void dg_load8(unsigned char *smem, const int8_t *kg,
+                                                const uint8_t *vg) {
+    uint8_t *kt = smem, *vt = smem + DG_KEYS * (D + DG_PAD8);
+    __syncthreads();
+    for (int i = threadIdx.x; i < DG_KEYS * D / 16; i += DG_THREADS) {
+        const int r = i / (D / 16), c = (i % (D / 16)) * 16;
+        qvc_cp_async16(kt + r * (D + DG_PAD8) + c, (const uint8_t *)kg + (size_t)r * D + c);
+    }
+    for (int i = threadIdx.x; i < D * DG_KEYS / 16; i += DG_THREADS) {
+        const int r = i / (DG_KEYS / 16), c = (i % (DG_KEYS / 16)) * 16;
+        qvc_cp_async16(vt + r * (DG_KEYS + DG_PAD8) + c, vg + (size_t)r * DG_KEYS + c);
+    }
+    dg_cp_async_wait_all();
+    __syncthreads();
+}
+
+/* Keys at or past `valid` of the block score -inf (padding slots). */
+static __device__ __forceinline__ void dg_mask(float (&s)[DG_KEYS / 8][4], int valid) {
+    if (valid >= DG_KEYS) return;
+    const int tig = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < DG_KEYS / 8; ++nt) {
+        const int key = nt * 8 + 2 * tig;
+        if (key >= valid) s[nt][0] = s[nt][2] = -INFINITY;
+        if (key + 1 >= valid) s[nt][1] = s[nt][3] = -INFINITY;
+    }
+}
+
+/* qvi_row_raise_max for both rows. */
+template <int D>
+static __device__ __forceinline__ void dg_raise(dg_acc<D> &r, const float (&s)[DG_KEYS / 8][4]) {
+    float mx[2] = {r.m[0], r.m[1]};
+#pragma unroll
+    for (int nt = 0; nt < DG_KEYS / 8; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx[0] = dg_quad_max(mx[0]);
+    mx[1] = dg_quad_max(mx[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const bool rise = mx[h] > r.m[h];
+        const float alpha = (rise && r.m[h] != -INFINITY) ? exp2f(__fsub_rn(r.m[h], mx[h])) : 1.0f;
+        r.l[h] = __fmul_rn(r.l[h], alpha);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            r.o[n][2 * h] = __fmul_rn(r.o[n][2 * h], alpha);
+            r.o[n][2 * h + 1] = __fmul_rn(r.o[n][2 * h + 1], alpha);
+        }
+        if (rise) r.m[h] = mx[h];
+    }
+}
+
+/* Q rows (g, g+8) of a 16-bit [rows][D] operand as m16n8k16 A fragments. */
+template <int D>
+static __device__ __forceinline__ void dg_qfrag16(uint32_t (&qf)[D / 16][4], const uint16_t *rowg) {
+    const int tig = threadIdx.x & 3;
+    const uint16_t *qg = rowg + 2 * tig;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+        qf[kc][0] = __ldg((const uint32_t *)(qg + kc * 16));
+        qf[kc][1] = __ldg((const uint32_t *)(qg + 8 * D + kc * 16));
+        qf[kc][2] = __ldg((const uint32_t *)(qg + kc * 16 + 8));
+        qf[kc][3] = __ldg((const uint32_t *)(qg + 8 * D + kc * 16 + 8));
+    }
+}
+
+/* S = (Q K^T) * f on a 16-bit K tile, padding masked. */
+template <int D, int F16>
+static __device__ __forceinline__ void dg_scores16(float (&s)[DG_KEYS / 8][4],
+                                                   const uint32_t (&qf)[D / 16][4],
+                                                   const unsigned char *smem, float f, int valid) {
+    const uint16_t *kt = (const uint16_t *)smem;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < DG_KEYS / 8; ++nt) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint16_t *kr = kt + (nt * 8 + g) * (D + DG_PAD16) + 2 * tig;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc)
+            dg_mma16<F16>(acc, qf[kc], dg_lds32(kr + kc * 16), dg_lds32(kr + kc * 16 + 8));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn(acc[e], f);
+    }
+    dg_mask(s, valid);
+}
+
+/* ---- 16-bit phase: one block (qvi_pv_16) ---- */
+template <int D, int F16>
+static __device__ __forceinline__ void dg_block16(dg_acc<D> &r, const uint32_t (&qf)[D / 16][4],
+                                                  unsigned char *smem, const uint16_t *kg,
+                                                  const uint16_t *vg, int valid, float f) {
+    dg_load16<D>(smem, kg, vg);
+    float s[DG_KEYS / 8][4];
+    dg_scores16<D, F16>(s, qf, smem, f, valid);
+    dg_raise<D>(r, s);
+    const float mr0 = r.m[0] == -INFINITY ? 0.0f : r.m[0];
+    const float mr1 = r.m[1] == -INFINITY ? 0.0f : r.m[1];
+    uint32_t pa[DG_KEYS / 16][4];
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < DG_KEYS / 16; ++c) {
+        const float *lo = s[2 * c], *hi = s[2 * c + 1];
+        const float p0 = exp2f(__fsub_rn(lo[0], mr0)), p1 = exp2f(__fsub_rn(lo[1], mr0));
+        const float p2 = exp2f(__fsub_rn(lo[2], mr1)), p3 = exp2f(__fsub_rn(lo[3], mr1));
+        const float p4 = exp2f(__fsub_rn(hi[0], mr0)), p5 = exp2f(__fsub_rn(hi[1], mr0));
+        const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
+        rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
+        rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
+        pa[c][0] = qvc_pack2<F16>(p0, p1);
+        pa[c][1] = qvc_pack2<F16>(p2, p3);
+        pa[c][2] = qvc_pack2<F16>(p4, p5);
+        pa[c][3] = qvc_pack2<F16>(p6, p7);
+    }
+    r.l[0] = __fadd_rn(r.l[0], dg_quad_sum(rs[0]));
+    r.l[1] = __fadd_rn(r.l[1], dg_quad_sum(rs[1]));
+    const uint16_t *vt = (const uint16_t *)(smem + dg_smem16_k<D>());
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint16_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD16) + 2 * tig;
+#pragma unroll
+        for (int c = 0; c < DG_KEYS / 16; ++c)
+            dg_mma16<F16>(part, pa[c], dg_lds32(vr + c * 16), dg_lds32(vr + c * 16 + 8));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], part[e]);
+    }
+}
+
+/* ---- NVFP4 phase: one block (qvi_scores_f32 on the reconstructions,
+ * qvi_pv_nvfp4 with vscale = g_V) ---- */
+
+/* Piece k (0, 1, 2) of the exact split x = hi + mid + lo into BF16 values
+ * (truncations: each piece carries the next 8 significant bits). */
+static __device__ __forceinline__ float dg_split(float x, int k) {
+    const float hi = __uint_as_float(__float_as_uint(x) & 0xFFFF0000u);
+    if (k == 0) return hi;
+    const float r = __fsub_rn(x, hi); /* exact */
+    const float mid = __uint_as_float(__float_as_uint(r) & 0xFFFF0000u);
+    return k == 1 ? mid : __fsub_rn(r, mid); /* exact, <= 8 bits */
+}
+static __device__ __forceinline__ uint32_t dg_pack_split(float a, float b, int k) {
+    return (__float_as_uint(dg_split(a, k)) >> 16) | (__float_as_uint(dg_split(b, k)) & 0xFFFF0000u);
+}
+
+/* DA2 Eq. 24 on one 16-key group of one row held by a quad (4 values per
+ * thread): sigma = e4m3(448 max p), p = (sigma/2688) e2m1(2688 p / sigma). */
+static __device__ __forceinline__ float dg_prob4(float p, float sigma, float step) {
+    return sigma == 0.0f
+               ? 0.0f
+               : __fmul_rn(step, dg_e2m1_decode(dg_e2m1(__fdiv_rn(__fmul_rn(2688.0f, p), sigma))));
+}
+static __device__ __forceinline__ void dg_probs16(float &p0, float &p1, float &p2, float &p3) {
+    const float pm = dg_quad_max(fmaxf(fmaxf(p0, p1), fmaxf(p2, p3))); /* p >= 0 */
+    const float sigma = dg_e4m3_decode(dg_e4m3(__fmul_rn(448.0f, pm)));
+    const float step = __fdiv_rn(sigma, 2688.0f);
+    p0 = dg_prob4(p0, sigma, step);
+    p1 = dg_prob4(p1, sigma, step);
+    p2 = dg_prob4(p2, sigma, step);
+    p3 = dg_prob4(p3, sigma, step);
+}
+
+template <int D>
+static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&qf)[D / 16][4],
+                                                 unsigned char *smem, const uint16_t *kg,
+                                                 const uint16_t *vg, int valid, float f, float gv) {
+    dg_load16<D>(smem, kg, vg);
+    float s[DG_KEYS / 8][4];
+    dg_scores16<D, 0>(s, qf, smem, f, valid);
+    dg_raise<D>(r, s);
+    const float mr[2] = {r.m[0] == -INFINITY ? 0.0f : r.m[0], r.m[1] == -INFINITY ? 0.0f : r.m[1]};
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < DG_KEYS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[nt][e] = exp2f(__fsub_rn(s[nt][e], mr[e >> 1])); /* -inf -> 0 */
+            rs[e >> 1] = __fadd_rn(rs[e >> 1], s[nt][e]);
+        }
+    r.l[0] = __fadd_rn(r.l[0], dg_quad_sum(rs[0])); /* before the conversion */
+    r.l[1] = __fadd_rn(r.l[1], dg_quad_sum(rs[1]));
+#pragma unroll
+    for (int c = 0; c < DG_KEYS / 16; ++c) {
+        dg_probs16(s[2 * c][0], s[2 * c][1], s[2 * c + 1][0], s[2 * c + 1][1]); /* row g */
+        dg_probs16(s[2 * c][2], s[2 * c][3], s[2 * c + 1][2], s[2 * c + 1][3]); /* row g + 8 */
+    }
+    uint32_t pa[3][DG_KEYS / 16][4];
+#pragma unroll
+    for (int k = 0; k < 3; ++k)
+#pragma unroll
+        for (int c = 0; c < DG_KEYS / 16; ++c) {
+            const float *lo = s[2 * c], *hi = s[2 * c + 1];
+            pa[k][c][0] = dg_pack_split(lo[0], lo[1], k);
+            pa[k][c][1] = dg_pack_split(lo[2], lo[3], k);
+            pa[k][c][2] = dg_pack_split(hi[0], hi[1], k);
+            pa[k][c][3] = dg_pack_split(hi[2], hi[3], k);
+        }
+    const uint16_t *vt = (const uint16_t *)(smem + dg_smem16_k<D>());
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const uint16_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD16) + 2 * tig;
+#pragma unroll
+        for (int c = 0; c < DG_KEYS / 16; ++c) {
+            const uint32_t b0 = dg_lds32(vr + c * 16), b1 = dg_lds32(vr + c * 16 + 8);
+#pragma unroll
+            for (int k = 0; k < 3; ++k) dg_mma_bf16(part, pa[k][c], b0, b1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], __fmul_rn(part[e], gv));
+    }
+}
+
+/* ---- INT8 phase: one block (qvi_scores_i8, qvi_pv_e4m3 with FP16
+ * partials) ---- */
+
+/* VC Eq. 7 (qva_expcast_e4m3). */
+static __device__ __forceinline__ uint32_t dg_expcast(float u) {
+    float t = __fmaf_rn(8.0f, u, 119.65f);
+    if (!(t >= 0.0f)) return 0;
+    return (uint32_t)rintf(fminf(t, 120.0f));
+}
+
+/* Two scores -> two E4M3 P codes (low byte first); the exp path adds the
+ * FP32 amplified weights to *rowsum. */
+static __device__ __forceinline__ uint32_t dg_pcodes2(float s0, float s1, float m, int expcast,
+                                                      float *rowsum) {
+    if (expcast) return dg_expcast(__fsub_rn(s0, m)) | (dg_expcast(__fsub_rn(s1, m)) << 8);
+    const float p0 = exp2f(__fadd_rn(__fsub_rn(s0, m), QVI_SAGE_P_OFFSET));
+    const float p1 = exp2f(__fadd_rn(__fsub_rn(s1, m), QVI_SAGE_P_OFFSET));
+    *rowsum = __fadd_rn(__fadd_rn(*rowsum, p0), p1);
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
+}
+
+/* round_f16_sat of src/cpu/attention.c. */
+static __device__ __forceinline__ float dg_f16_sat(float x) {
+    const float h = __half2float(__float2half_rn(x));
+    return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
+}
+
+template <int D>
+static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&qf)[D / 32][4],
+                                                 unsigned char *smem, const int8_t *kg,
+                                                 const uint8_t *vg, int valid, float f,
+                                                 int expcast) {
+    dg_load8<D>(smem, kg, vg);
+    const uint8_t *kt = smem, *vt = smem + DG_KEYS * (D + DG_PAD8);
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    float s[DG_KEYS / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DG_KEYS / 8; ++nt) {
+        int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int kc = 0; kc < D / 32; ++kc) {
+            const uint8_t *kr = kt + (nt * 8 + g) * (D + DG_PAD8) + kc * 32 + tig * 4;
+            dg_mma_s8(acc, qf[kc], dg_lds32(kr), dg_lds32(kr + 16));
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn((float)acc[e], f);
+    }
+    dg_mask(s, valid);
+    dg_raise<D>(r, s);
+    const float mr0 = r.m[0] == -INFINITY ? 0.0f : r.m[0];
+    const float mr1 = r.m[1] == -INFINITY ? 0.0f : r.m[1];
+    uint32_t pa[DG_KEYS / 32][4];
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < DG_KEYS / 32; ++c) {
+        const uint32_t lo0 = dg_pcodes2(s[4 * c][0], s[4 * c][1], mr0, expcast, &rs[0]);
+        const uint32_t hi0 = dg_pcodes2(s[4 * c + 1][0], s[4 * c + 1][1], mr0, expcast, &rs[0]);
+        const uint32_t lo1 = dg_pcodes2(s[4 * c][2], s[4 * c][3], mr1, expcast, &rs[1]);
+        const uint32_t hi1 = dg_pcodes2(s[4 * c + 1][2], s[4 * c + 1][3], mr1, expcast, &rs[1]);
+        const uint32_t lo2 = dg_pcodes2(s[4 * c + 2][0], s[4 * c + 2][1], mr0, expcast, &rs[0]);
+        const uint32_t hi2 = dg_pcodes2(s[4 * c + 3][0], s[4 * c + 3][1], mr0, expcast, &rs[0]);
+        const uint32_t lo3 = dg_pcodes2(s[4 * c + 2][2], s[4 * c + 2][3], mr1, expcast, &rs[1]);
+        const uint32_t hi3 = dg_pcodes2(s[4 * c + 3][2], s[4 * c + 3][3], mr1, expcast, &rs[1]);
+        pa[c][0] = lo0 | (hi0 << 16);
+        pa[c][1] = lo1 | (hi1 << 16);
+        pa[c][2] = lo2 | (hi2 << 16);
+        pa[c][3] = lo3 | (hi3 << 16);
+    }
+    if (expcast) { /* the row sum of the decoded codes, from a ones column */
+        float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < DG_KEYS / 32; ++c) dg_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
+        rs[0] = ones[0];
+        rs[1] = ones[2];
+    } else {
+        rs[0] = dg_quad_sum(rs[0]);
+        rs[1] = dg_quad_sum(rs[1]);
+    }
+    r.l[0] = __fadd_rn(r.l[0], rs[0]);
+    r.l[1] = __fadd_rn(r.l[1], rs[1]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < DG_KEYS / 32; ++c) {
+            const uint8_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD8) + c * 32 + tig * 4;
+            dg_mma_e4m3(part, pa[c], dg_lds32(vr), dg_lds32(vr + 16));
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], dg_f16_sat(part[e]));
+    }
+}
+
+/* Eq. 8 unit change: enter (dir 0) divides by eta*delta_c, exit multiplies. */
+template <int D>
+static __device__ __forceinline__ void dg_phase_scale(dg_acc<D> &r, const float *dv, float eta,
+                                                      int enter) {
+    const int tig = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float sc = __fmul_rn(eta, dv[n * 8 + 2 * tig + (e & 1)]);
+            r.o[n][e] = enter ? __fdiv_rn(r.o[n][e], sc) : __fmul_rn(r.o[n][e], sc);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.l[h] = enter ? __fdiv_rn(r.l[h], eta) : __fmul_rn(r.l[h], eta);
+}
+
+static __device__ __forceinline__ void dg_store_out(const qvc_attn_args &a, int64_t off, float x) {
+    if (a.out_dtype == QVA_F32)
+        ((float *)a.out)[off] = x;
+    else if (a.out_dtype == QVA_BF16)
+        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
+    else
+        ((__half *)a.out)[off] = __float2half_rn(x);
+}
+
+/*
+ * grid (2 R, BH): CTA x covers rows [64 (x & 1), +64) of video region
+ * a = x >> 1 of head bh; warp w rows 16 w + g and + 8 of that half.
+ */
+template <int D, int F16>
+__global__ void __launch_bounds__(DG_THREADS)
+attn_draft_mma_64x128(dg_params p) {
+    extern __shared__ __align__(16) unsigned char dg_smem[];
+    const int bh = blockIdx.y, a = blockIdx.x >> 1, half = blockIdx.x & 1;
+    const int cnt = p.count[a];
+    if (half * DG_ROWS >= cnt) return; /* only padding rows: uniform exit */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const int lr0 = half * DG_ROWS + warp * 16 + g; /* row in the region; and lr0 + 8 */
+    const dg_ops &op = p.ops;
+    const int R = p.R;
+    const int64_t nv = (int64_t)R * DG_KEYS, hr = (int64_t)bh * R;
+
+    dg_acc<D> r;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) r.o[n][0] = r.o[n][1] = r.o[n][2] = r.o[n][3] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+
+    const int32_t *off = p.offsets + (hr + a) * 3;
+    const int32_t e0 = off[0], e1 = off[1], e2 = off[2], e3 = off[3];
+
+    /* 1. NVFP4 blocks */
+    if (e1 > e0) {
+        uint32_t qf[D / 16][4];
+        dg_qfrag16<D>(qf, op.q4 + ((int64_t)bh * nv + (int64_t)a * DG_KEYS + lr0) * D);
+        const float f = __fmul_rn(__fmul_rn(op.g4[bh * 3 + 0], op.g4[bh * 3 + 1]), p.scale_log2);
+        const float gv = op.g4[bh * 3 + 2];
+        for (int i = e0; i < e1; ++i) {
+            const int b = p.cols[i];
+            dg_block4<D>(r, qf, dg_smem, op.k4 + ((int64_t)bh * nv + (int64_t)b * DG_KEYS) * D,
+                         op.v4t + (hr + b) * D * DG_KEYS, p.count[b], f, gv);
+        }
+    }
+
+    /* 2. INT8 blocks, inside the Eq. 8 unit change (an empty phase has none) */
+    if (e2 > e1) {
+        const float *dv = op.dv + (int64_t)bh * D;
+        dg_phase_scale<D>(r, dv, p.eta, 1);
+        uint32_t qf[D / 32][4];
+        const uint8_t *qg = (const uint8_t *)op.q8 + ((int64_t)bh * nv + (int64_t)a * DG_KEYS) * D;
+#pragma unroll
+        for (int kc = 0; kc < D / 32; ++kc) {
+            qf[kc][0] = __ldg((const uint32_t *)(qg + (size_t)lr0 * D + kc * 32 + tig * 4));
+            qf[kc][1] = __ldg((const uint32_t *)(qg + (size_t)(lr0 + 8) * D + kc * 32 + tig * 4));
+            qf[kc][2] = __ldg((const uint32_t *)(qg + (size_t)lr0 * D + kc * 32 + 16 + tig * 4));
+            qf[kc][3] = __ldg((const uint32_t *)(qg + (size_t)(lr0 + 8) * D + kc * 32 + 16 + tig * 4));
+        }
+        const float dq = op.q8s[hr + a];
+        for (int i = e1; i < e2; ++i) {
+            const int b = p.cols[i];
+            const float f = __fmul_rn(__fmul_rn(dq, op.k8s[hr + b]), p.scale_log2);
+            dg_block8<D>(r, qf, dg_smem, op.k8 + ((int64_t)bh * nv + (int64_t)b * DG_KEYS) * D,
+                         op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast);
+        }
+        dg_phase_scale<D>(r, dv, p.eta, 0);
+    }
+
+    /* 3. 16-bit: every prefix block, then the 16-bit video blocks */
+    {
+        uint32_t qf[D / 16][4];
+        const int64_t hp = (int64_t)bh * p.n_pack;
+        dg_qfrag16<D>(qf, op.q16 + (hp + p.prefix_pad + (int64_t)a * DG_KEYS + lr0) * D);
+        for (int64_t k0 = 0; k0 < p.prefix_pad; k0 += DG_KEYS) {
+            const int64_t left = (int64_t)p.prefix - k0;
+            dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
+                               (int)(left < DG_KEYS ? left : DG_KEYS), p.scale_log2);
+        }
+        for (int i = e2; i < e3; ++i) {
+            const int b = p.cols[i];
+            const int64_t k0 = p.prefix_pad + (int64_t)b * DG_KEYS;
+            dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
+                               p.count[b], p.scale_log2);
+        }
+    }
+
+    /* qvi_row_finish, scattered back to the sequence order */
+    const qvc_attn_args &A = p.a;
+    const int b = bh / A.H, h = bh % A.H;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int lr = lr0 + 8 * rr;
+        if (lr >= cnt) continue;
+        const int64_t orig = p.pack[p.prefix_pad + (int64_t)a * DG_KEYS + lr];
+        const bool empty = r.m[rr] == -INFINITY || !(r.l[rr] > 0.0f);
+        const int64_t base = b * A.osb + h * A.osh + orig * A.osn;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int col = n * 8 + 2 * tig;
+            dg_store_out(A, base + col, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr], r.l[rr]));
+            dg_store_out(A, base + col + 1, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr + 1], r.l[rr]));
+        }
+        if (A.lse && tig == 0)
+            A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
+                empty ? -INFINITY
+                      : __fmul_rn(__fadd_rn(r.m[rr], log2f(r.l[rr])), 0.69314718055994531f);
+    }
+}
+
+/* ================================================================ host side */
+
+typedef struct dg_state {
+    int lay_key[6];          /* h, w, c, t, prefix, prefix_at_end */
+    qvc_draft_layout lay;    /* device layout, valid if lay.pack_to_orig */
+    qvc_draft_route_buf route;
+    dg_ops ops;
+    qvc_ops16 ops16;         /* the dense rows (prefix queries, warm-up) */
+    cudaEvent_t ev[4];
+    int have_events;
+} dg_state;
+
+static void dg_ops_free(dg_ops *o) {
+    void *ptrs[] = {o->q16, o->k16, o->v16t, o->q4, o->k4, o->v4t, o->g4,
+                    o->q8,  o->k8,  o->q8s,  o->k8s, o->v8t, o->dv, o->amax};
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
+    memset(o, 0, sizeof *o);
+}
+
+static void dg_state_free(void *ptr) {
+    dg_state *s = (dg_state *)ptr;
+    if (!s) return;
+    qvc_draft_layout_free(&s->lay);
+    qvc_draft_route_free(&s->route);
+    dg_ops_free(&s->ops);
+    qvc_ops16_free(&s->ops16);
+    if (s->have_events)
+        for (int i = 0; i < 4; ++i) cudaEventDestroy(s->ev[i]);
+    free(s);
+}
+
+static dg_state *dg_get_state(qva_context_t *ctx) {
+    void (*dtor)(void *) = dg_state_free;
+    void **slot = qvi_context_slot(ctx, QVI_SLOT_CUDA_DRAFT, &dtor);
+    if (!*slot) *slot = calloc(1, sizeof(dg_state));
+    return (dg_state *)*slot;
+}
+
+static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack, int with4,
+                                int with8) {
+    if (o->q16 && o->BH == BH && o->R == R && o->D == D && o->n_pack == n_pack &&
+        (o->with4 || !with4) && (o->with8 || !with8))
+        return QVA_OK;
+    dg_ops_free(o);
+    o->BH = BH, o->R = R, o->D = D, o->n_pack = n_pack, o->with4 = with4, o->with8 = with8;
+    const size_t bh = (size_t)BH, d = (size_t)D, np = (size_t)n_pack, nv = (size_t)R * DG_KEYS;
+    const size_t lowbit = (with4 || with8) ? 1 : 0;
+    const qvc_alloc req[] = {
+        {(void **)&o->q16, bh * np * d * 2},
+        {(void **)&o->k16, bh * np * d * 2},
+        {(void **)&o->v16t, bh * np * d * 2},
+        {(void **)&o->q4, with4 ? bh * nv * d * 2 : 0},
+        {(void **)&o->k4, with4 ? bh * nv * d * 2 : 0},
+        {(void **)&o->v4t, with4 ? bh * nv * d * 2 : 0},
+        {(void **)&o->g4, with4 ? bh * 3 * sizeof(float) : 0},
+        {(void **)&o->q8, with8 ? bh * nv * d : 0},
+        {(void **)&o->k8, with8 ? bh * nv * d : 0},
+        {(void **)&o->q8s, with8 ? bh * (size_t)R * sizeof(float) : 0},
+        {(void **)&o->k8s, with8 ? bh * (size_t)R * sizeof(float) : 0},
+        {(void **)&o->v8t, with8 ? bh * nv * d : 0},
+        {(void **)&o->dv, with8 ? bh * d * sizeof(float) : 0},
+        {(void **)&o->amax, lowbit * 3 * bh * (size_t)R * d * sizeof(float)},
+    };
+    qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "draft operands: cudaMalloc");
+    if (st != QVA_OK) dg_ops_free(o);
+    return st;
+}
+
+static qvc_view dg_view(const qva_tensor *t) {
+    qvc_view w;
+    w.data = t->data;
+    w.dtype = (int)t->dtype;
+    w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
+    w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
+    return w;
+}
+
+static qvc_attn_args dg_args(float scale_log2, const qva_tensor *q, const qva_tensor *out,
+                             const qva_tensor *lse, int64_t row0) {
+    qvc_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.scale_log2 = scale_log2;
+    a.expcast = 0;
+    a.out = (char *)out->data + (size_t)(row0 * out->stride[2]) * qva_dtype_size(out->dtype);
+    a.out_dtype = (int)out->dtype;
+    a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];
+    a.lse = lse ? (float *)lse->data + row0 * lse->stride[2] : NULL;
+    a.lsb = lse ? lse->stride[0] : 0, a.lsh = lse ? lse->stride[1] : 0;
+    a.lsn = lse ? lse->stride[2] : 0;
+    a.H = (int)q->shape[1];
+    return a;
+}
+
+/* Rows [row0, row0 + rows) of Q against every key, exactly the bf16
+ * method (prep16 + attn_bf16 on a row sub-view of Q and of the outputs). */
+static qva_status dg_dense_rows(dg_state *s, const qvi_draft_plan *pl, const qva_tensor *q,
+                                const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
+                                const qva_tensor *lse, cudaStream_t st) {
+    if (pl->dense_rows <= 0) return QVA_OK;
+    const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
+    const int nq = (int)pl->dense_rows, nk = (int)k->shape[2];
+    qvc_view qv = dg_view(q);
+    qv.data = (const char *)q->data +
+              (size_t)(pl->dense_row0 * q->stride[2]) * qva_dtype_size(q->dtype);
+    qv.N = nq;
+    const qvc_view kv = dg_view(k), vv = dg_view(v);
+    qvc_ops16 *o = &s->ops16;
+    qva_status r;
+    if (!(o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D)) {
+        qvc_ops16_free(o);
+        if ((r = qvc_ops16_alloc(o, BH, nq, nk, D)) != QVA_OK) return r;
+    }
+    if ((r = qvc_prep16(&qv, &kv, &vv, pl->use_f16, o, st)) != QVA_OK) return r;
+    const qvc_attn_args a = dg_args(pl->scale_log2, q, out, lse, pl->dense_row0);
+    return qvc_attn_bf16(o, pl->use_f16, &a, st);
+}
+
+/* The device layout of this call's grid and prefix (uploaded once). */
+static qva_status dg_layout(dg_state *s, qva_context_t *ctx, const qva_config *cfg,
+                            const qvi_draft_plan *pl) {
+    const qva_draft_params *dp = &cfg->draft;
+    const int key[6] = {dp->grid_h, dp->grid_w, dp->capacity, dp->grid_t, dp->prefix_tokens,
+                        dp->prefix_at_end ? 1 : 0};
+    if (s->lay.pack_to_orig && !memcmp(key, s->lay_key, sizeof key)) return QVA_OK;
+    qvc_draft_layout_free(&s->lay);
+    const qvi_partition *part = NULL;
+    qvi_partition *owned = NULL;
+    qva_status r = qvi_draft_partition_get(ctx, dp->grid_h, dp->grid_w, dp->capacity, &part, &owned);
+    if (r != QVA_OK) return r;
+    r = qvc_draft_layout_upload(part, dp->grid_t, dp->prefix_tokens, dp->prefix_at_end, &s->lay);
+    if (owned) qvi_draft_partition_release(owned);
+    if (r != QVA_OK) return r;
+    /* The upload copies from pageable memory; make it visible to every
+     * stream before the first kernel reads it. */
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        qvc_draft_layout_free(&s->lay);
+        return qvc_cuda_fail(e, "draft: layout upload");
+    }
+    const qvc_draft_layout *L = &s->lay;
+    /* Host self-check of what the kernels index by. */
+    if (L->regions != pl->regions || L->n != pl->n || L->c != DG_KEYS ||
+        L->prefix_pad % DG_KEYS != 0 || L->n_pack != L->prefix_pad + (int64_t)L->regions * DG_KEYS ||
+        L->prefix_pad < L->prefix || L->prefix_pad - L->prefix >= DG_KEYS) {
+        qva_status bad = qvi_fail(QVA_ERR_SHAPE,
+                                  "draft: device layout (R = %d, N = %lld, C = %d, prefix_pad = "
+                                  "%lld, n_pack = %lld) disagrees with the plan (R = %lld, N = %lld)",
+                                  L->regions, (long long)L->n, L->c, (long long)L->prefix_pad,
+                                  (long long)L->n_pack, (long long)pl->regions, (long long)pl->n);
+        qvc_draft_layout_free(&s->lay);
+        return bad;
+    }
+    memcpy(s->lay_key, key, sizeof key);
+    return QVA_OK;
+}
+
+template <int DT, int F16>
+static void dg_launch_pack16(const qvc_view &x, const int32_t *pack, int64_t n_pack, int BH,
+                             uint16_t *dst, int trans, cudaStream_t st) {
+    const dim3 grid((unsigned)(n_pack / DG_KEYS), (unsigned)BH);
+    if (trans)
+        dg_pack16_kernel<DT, F16, 1><<<grid, DG_PREP_THREADS, 0, st>>>(x, pack, n_pack, dst);
+    else
+        dg_pack16_kernel<DT, F16, 0><<<grid, DG_PREP_THREADS, 0, st>>>(x, pack, n_pack, dst);
+}
+
+/* All operands of the phased kernel. */
+static qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
+                          const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+    const int BH = o->BH, R = o->R, D = o->D;
+    const qvc_view *xs[3] = {qv, kv, vv};
+    uint16_t *d16[3] = {o->q16, o->k16, o->v16t};
+    qva_status r;
+    for (int w = 0; w < 3; ++w) {
+        const qvc_view &x = *xs[w];
+        if (pl->use_f16)
+            QVC_DISPATCH_DTYPE(x.dtype, (dg_launch_pack16<DT_, 1>(x, L->pack_to_orig, L->n_pack, BH,
+                                                                  d16[w], w == 2, st)));
+        else
+            QVC_DISPATCH_DTYPE(x.dtype, (dg_launch_pack16<DT_, 0>(x, L->pack_to_orig, L->n_pack, BH,
+                                                                  d16[w], w == 2, st)));
+        if ((r = qvc_launch_check("draft prep: 16-bit operands")) != QVA_OK) return r;
+    }
+    if (!pl->with4 && !pl->with8) return QVA_OK;
+    const dim3 grid((unsigned)R, (unsigned)BH);
+    const size_t plane = (size_t)BH * R * D;
+    for (int w = 0; w < 3; ++w) {
+        const qvc_view &x = *xs[w];
+        QVC_DISPATCH_DTYPE(x.dtype, (dg_amax_kernel<DT_><<<grid, D, 0, st>>>(
+                                        x, L->pack_to_orig, L->count, L->prefix_pad, R,
+                                        o->amax + w * plane)));
+        if ((r = qvc_launch_check("draft prep: amax")) != QVA_OK) return r;
+    }
+    dg_scale_kernel<<<(unsigned)BH, 128, 0, st>>>(o->amax, BH, R, D, pl->with4, pl->with8, o->g4,
+                                                   o->q8s, o->k8s, o->dv);
+    if ((r = qvc_launch_check("draft prep: scales")) != QVA_OK) return r;
+    if (pl->with8) {
+        QVC_DISPATCH_DTYPE(qv->dtype, (dg_int8_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *qv, L->pack_to_orig, L->count, L->prefix_pad, R, o->q8s,
+                                          o->q8)));
+        if ((r = qvc_launch_check("draft prep: Q int8")) != QVA_OK) return r;
+        QVC_DISPATCH_DTYPE(kv->dtype, (dg_int8_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *kv, L->pack_to_orig, L->count, L->prefix_pad, R, o->k8s,
+                                          o->k8)));
+        if ((r = qvc_launch_check("draft prep: K int8")) != QVA_OK) return r;
+        QVC_DISPATCH_DTYPE(vv->dtype, (dg_v8_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *vv, L->pack_to_orig, L->count, L->prefix_pad, R, o->dv,
+                                          o->v8t)));
+        if ((r = qvc_launch_check("draft prep: V e4m3")) != QVA_OK) return r;
+    }
+    if (pl->with4) {
+        QVC_DISPATCH_DTYPE(qv->dtype, (dg_fp4_rows_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *qv, L->pack_to_orig, L->count, L->prefix_pad, R, o->g4,
+                                          0, o->q4)));
+        if ((r = qvc_launch_check("draft prep: Q nvfp4")) != QVA_OK) return r;
+        QVC_DISPATCH_DTYPE(kv->dtype, (dg_fp4_rows_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *kv, L->pack_to_orig, L->count, L->prefix_pad, R, o->g4,
+                                          1, o->k4)));
+        if ((r = qvc_launch_check("draft prep: K nvfp4")) != QVA_OK) return r;
+        QVC_DISPATCH_DTYPE(vv->dtype, (dg_fp4_cols_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                          *vv, L->pack_to_orig, L->count, L->prefix_pad, R, o->g4,
+                                          o->v4t)));
+        if ((r = qvc_launch_check("draft prep: V nvfp4")) != QVA_OK) return r;
+    }
+    return QVA_OK;
+}
+
+template <int D, int F16>
+static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
+    const int smem = dg_smem_bytes<D>(); /* 69632 (D 128) or 35840 (D 64) bytes */
+    cudaError_t e = cudaFuncSetAttribute(attn_draft_mma_64x128<D, F16>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft: shared memory attribute");
+    const dim3 grid((unsigned)(2 * p.R), (unsigned)BH);
+    attn_draft_mma_64x128<D, F16><<<grid, DG_THREADS, smem, st>>>(p);
+    return qvc_launch_check("attn_draft");
+}
+
+static qva_status dg_record(dg_state *s, int i, int on, cudaStream_t st) {
+    if (!on) return QVA_OK;
+    cudaError_t e;
+    if (!s->have_events) {
+        for (int j = 0; j < 4; ++j)
+            if ((e = cudaEventCreate(&s->ev[j])) != cudaSuccess) {
+                for (int k = 0; k < j; ++k) cudaEventDestroy(s->ev[k]);
+                return qvc_cuda_fail(e, "draft: cudaEventCreate");
+            }
+        s->have_events = 1;
+    }
+    if ((e = cudaEventRecord(s->ev[i], st)) != cudaSuccess) return qvc_cuda_fail(e, "draft: event");
+    return QVA_OK;
+}
+
+/* grouping_ms: the router; prep_ms: operand preparation; kernel_ms: the
+ * phased kernel and the dense rows. */
+static qva_status dg_finish_profile(qva_context_t *ctx, dg_state *s, cudaStream_t st) {
+    cudaError_t e;
+    qva_timings t;
+    if ((e = cudaStreamSynchronize(st)) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&t.grouping_ms, s->ev[0], s->ev[1])) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&t.prep_ms, s->ev[1], s->ev[2])) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&t.kernel_ms, s->ev[2], s->ev[3])) != cudaSuccess)
+        return qvc_cuda_fail(e, "draft: timings");
+    qvi_context_set_timings(ctx, &t);
+    return QVA_OK;
+}
+
+extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg,
+                                          const qva_tensor *q, const qva_tensor *k,
+                                          const qva_tensor *v, const qva_tensor *out,
+                                          const qva_tensor *lse) {
+    qvi_draft_plan pl;
+    qva_status r = qvi_draft_plan_make(cfg, q, &pl);
+    if (r != QVA_OK) return r;
+    const int64_t BH64 = q->shape[0] * q->shape[1];
+    const int D = (int)q->shape[3];
+    if (D != 64 && D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): head dim %d (64 or 128)", D);
+    if (BH64 > 65535)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): B*H = %lld exceeds 65535",
+                        (long long)BH64);
+    if (pl.n > INT32_MAX - DG_KEYS)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): N = %lld too large", (long long)pl.n);
+    const int BH = (int)BH64;
+    cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
+    dg_state *s = dg_get_state(ctx);
+    if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft (cuda): state");
+    const int prof = qvi_context_profiling(ctx);
+    const qvc_view qv = dg_view(q), kv = dg_view(k), vv = dg_view(v);
+    if ((r = qvc_check_view("draft", &qv, "q")) || (r = qvc_check_view("draft", &kv, "k")) ||
+        (r = qvc_check_view("draft", &vv, "v")))
+        return r;
+
+    if ((r = dg_record(s, 0, prof, st)) != QVA_OK) return r;
+    if (pl.warmup) { /* docs/DRAFT.md §5: exactly the bf16 method */
+        if ((r = dg_record(s, 1, prof, st)) || (r = dg_record(s, 2, prof, st))) return r;
+        if ((r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
+        if ((r = dg_record(s, 3, prof, st)) != QVA_OK) return r;
+        return prof ? dg_finish_profile(ctx, s, st) : QVA_OK;
+    }
+
+    if ((r = dg_layout(s, ctx, cfg, &pl)) != QVA_OK) return r;
+    const qvc_draft_layout *L = &s->lay;
+    const int R = L->regions;
+    if (!(s->route.A && s->route.BH == BH && s->route.R == R && s->route.D == D)) {
+        qvc_draft_route_free(&s->route);
+        if ((r = qvc_draft_route_alloc(&s->route, BH, R, D)) != QVA_OK) return r;
+    }
+    if ((r = qvc_draft_route(&qv, &kv, cfg, L, &s->route, st)) != QVA_OK) return r;
+    if (memcmp(s->route.quota, pl.quota, sizeof pl.quota))
+        return qvi_fail(QVA_ERR_SHAPE, "draft (cuda): router quotas differ from the plan's");
+    if ((r = dg_record(s, 1, prof, st)) != QVA_OK) return r;
+
+    if ((r = dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl.with4, pl.with8)) != QVA_OK) return r;
+    if ((r = dg_prep(&pl, L, &qv, &kv, &vv, &s->ops, st)) != QVA_OK) return r;
+    if ((r = dg_record(s, 2, prof, st)) != QVA_OK) return r;
+
+    dg_params p;
+    memset(&p, 0, sizeof p);
+    p.ops = s->ops;
+    p.R = R;
+    p.n_pack = L->n_pack;
+    p.prefix_pad = L->prefix_pad;
+    p.prefix = L->prefix;
+    p.count = L->count;
+    p.pack = L->pack_to_orig;
+    p.offsets = s->route.offsets;
+    p.cols = s->route.cols;
+    p.scale_log2 = pl.scale_log2;
+    p.eta = pl.eta;
+    p.expcast = pl.expcast;
+    p.a = dg_args(pl.scale_log2, q, out, lse, 0);
+    if (D == 128)
+        r = pl.use_f16 ? dg_launch_attn<128, 1>(p, BH, st) : dg_launch_attn<128, 0>(p, BH, st);
+    else
+        r = pl.use_f16 ? dg_launch_attn<64, 1>(p, BH, st) : dg_launch_attn<64, 0>(p, BH, st);
+    if (r != QVA_OK) return r;
+    /* The prefix queries: dense over every key, as the bf16 method. */
+    if ((r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
+    if ((r = dg_record(s, 3, prof, st)) != QVA_OK) return r;
+    return prof ? dg_finish_profile(ctx, s, st) : QVA_OK;
+}
