@@ -50,6 +50,10 @@ SHAPES = {  # name -> (B, H, N, D)
     "small": (1, 8, 8192, 128),
 }
 DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
+# Latent grids (T, H, W) for the draft@ methods, which need the video layout;
+# a shape without one reports draft as unsupported.  Wan2.2 720p x 81 frames:
+# latent 21 x 90 x 160 patchified 1x2x2 -> 21 x 45 x 80 tokens, no prefix.
+GRIDS = {"wan2.2-720p": (21, 45, 80), "small": (8, 32, 32)}
 DEFAULT_METHODS = "sage8,vc8,vc8+expcast,fp8,sage8+hadamard"
 VSMOOTH_NUM_STEPS = 40
 
@@ -116,6 +120,10 @@ def load_qvattn():
 
 
 # ------------------------------------------------------------------ helpers
+def base_is_draft(ffi, cfg):
+    return cfg.method == getattr(ffi, "QVA_METHOD_DRAFT", -1)
+
+
 def flops(B, H, N, D):
     return 4.0 * B * H * N * N * D
 
@@ -337,6 +345,11 @@ class Bench:
                 entries.append({"impl": label, "label": f"qvattn {label}",
                                 "status": f"unsupported: {why}"})
                 continue
+            if base_is_draft(ffi, base) and self.cur_grid is None:
+                log(f"  {label:<22} unsupported: no latent grid known for this shape")
+                entries.append({"impl": label, "label": f"qvattn {label}",
+                                "status": "unsupported: no latent grid known for this shape"})
+                continue
             vc = base.method in (ffi.QVA_METHOD_VC8, ffi.QVA_METHOD_VC4)
             modes = [("group", 0), ("reuse", 1)] if vc else [("-", 0)]
             ctx = None
@@ -380,6 +393,12 @@ class Bench:
         cfgs = [ffi.make_config(method, layer=i, step=step,  # one layer per input set
                                 num_steps=VSMOOTH_NUM_STEPS if vc else 0)
                 for i in range(nsets)]
+        if base_is_draft(ffi, cfgs[0]):
+            for c in cfgs:  # a sparse step (after the dense warm-up) on the shape's grid
+                c.draft.grid_t, c.draft.grid_h, c.draft.grid_w = self.cur_grid
+                c.step = max(c.draft.dense_warmup_steps, 0)
+                c.num_steps = 40
+            e["step"] = cfgs[0].step
         if vc:
             e["schedule_action"] = ffi.schedule_action(cfgs[0], step, VSMOOTH_NUM_STEPS)
             e["step"], e["num_steps"] = step, VSMOOTH_NUM_STEPS
@@ -421,6 +440,7 @@ class Bench:
         sets = self.make_inputs(B, H, N, D)
         ref = self.reference(*sets[0], H, N, D)
         rec["entries"] += self.sdpa_entries(sets, ref, fl)
+        self.cur_grid = GRIDS.get(name)
         rec["entries"] += self.qvattn_entries(sets, ref, fl, B, H, N, D)
         cudnn = next((e for e in rec["entries"]
                       if e["impl"] == "sdpa-cudnn" and e.get("ms")), None)
