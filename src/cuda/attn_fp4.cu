@@ -316,7 +316,7 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
 
 template <int D>
 static qva_status launch4(const qvc_ops4 *ops, const qvc_attn_args *a, cudaStream_t st) {
-    const int smem = (int)sizeof(f4_smem<D>); /* 135168 (D 128) or 83456 (D 64) bytes */
+    const int smem = (int)sizeof(f4_smem<D>); /* 135168 (D 128) or 85760 (D 64) bytes */
     cudaError_t e = cudaFuncSetAttribute(attn_fp4_simt_64x128<D>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) {
