@@ -169,9 +169,9 @@ qva_status qva_device_synchronize(void);
  * device; out may have its own dtype and strides.  lse (may be NULL): f32
  * [B,H,N,1]-shaped descriptor receiving the natural-log sum-exp of the
  * scaled scores q.k * sm_scale over the keys the method retained (for the
- * K-smoothed methods the smoothing shift is added back, so it is the LSE
- * of the original scores; the CUDA backend does not return it for sage8
- * and vc8 yet and says so).  Rows with no retained key get -inf.
+ * K-smoothed methods the smoothing shift is added back, on every backend,
+ * so it is the LSE of the original scores).  Rows with no retained key get
+ * -inf.
  */
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,

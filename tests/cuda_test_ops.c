@@ -1,8 +1,10 @@
 /*
  * Device operands against the CPU reference, bit for bit: qvc_prep (Q, K,
  * V codes and scales for sage8 / vc8 / fp8, with and without the
- * permutation, the Hadamard rotation and V demeaning) and qvc_kmeans_perm
- * (permutation and centroids).  The CPU side is assembled from the same
+ * permutation, the Hadamard rotation and V demeaning, and the K-smoothing
+ * LSE shift), qvc_prep4 (NVFP4 codes, scale codes, tensor scales, vc4
+ * means and LSE shift of sage4 / vc4) and qvc_kmeans_perm (permutation
+ * and centroids).  The CPU side is assembled from the same
  * internal pieces prepare_head() uses (src/cpu/attention.c), so a mismatch
  * points at the device kernels.  Needs a GPU; prints SKIP without one.
  */
@@ -206,10 +208,35 @@ static void gather(const float *raw, int n, int d, const int32_t *perm, float *d
         memcpy(dst + (size_t)i * d, raw + (size_t)(perm ? perm[i] : i) * d, (size_t)d * sizeof *dst);
 }
 
+/* smooth_k() of the CPU: (float)(FP64 dot(q_i, mean) * sm_scale). */
+static float cpu_lse_shift(const float *q_row, const float *mean, int d, float sm_scale) {
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += (double)q_row[c] * mean[c];
+    return (float)(dot * sm_scale);
+}
+
+/* Checks the device LSE shift of one head (gshift: the head's nq values). */
+static void check_lse_shift(const char *tag, int bh, const float *q, const float *mean, int nq,
+                            int d, float sm_scale, const float *gshift) {
+    long bad = 0;
+    for (int i = 0; i < nq; ++i) {
+        const float want = cpu_lse_shift(q + (size_t)i * d, mean, d, sm_scale);
+        if (same_bits(gshift[i], want)) continue;
+        if (bad < 5)
+            fprintf(stderr, "  [%s] lse_shift bh %d row %d: gpu %.9g cpu %.9g\n", tag, bh, i,
+                    (double)gshift[i], (double)want);
+        ++bad;
+    }
+    CHECK(bad == 0, "[%s] bh %d: %ld LSE shift mismatches", tag, bh, bad);
+}
+
+#define SHIFT_SM_SCALE 0.1f /* any float: the shift is linear in it */
+
 /* One head: the CPU reference of prepare_head, compared with the device. */
 static void check_head(const variant *va, const shape *sh, const char *tag, const host_dev *Q,
                        const host_dev *K, const host_dev *V, const int32_t *perm_all,
-                       const float *signs, const qvc_ops *o, const host_ops *g, int bh) {
+                       const float *signs, const qvc_ops *o, const host_ops *g,
+                       const float *gshift, int bh) {
     const int d = sh->D, nq = sh->nq, nk = sh->nk, nq_pad = o->nq_pad, nk_pad = o->nk_pad,
               nblk = o->nblk;
     const int b = bh / sh->H, h = bh % sh->H;
@@ -231,6 +258,8 @@ static void check_head(const variant *va, const shape *sh, const char *tag, cons
         qvi_channel_mean(k, nk, d, mean);
         for (int i = 0; i < nk; ++i)
             for (int c = 0; c < d; ++c) k[(size_t)i * d + c] -= mean[c];
+        if (gshift)
+            check_lse_shift(tag, bh, q, mean, nq, d, SHIFT_SM_SCALE, gshift + (size_t)bh * nq);
     }
     if (va->hadamard) {
         for (int i = 0; i < nq; ++i) qva_hadamard(q + (size_t)i * d, d, signs);
@@ -399,16 +428,32 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         a.perm = va->use_perm ? dperm : NULL;
         a.v_mode = va->v_mode;
         a.demean = va->demean;
+        /* The LSE shift comes with K smoothing (poisoned first). */
+        const size_t nshift = (size_t)BH * sh->nq;
+        float *dshift = NULL, *gshift = NULL;
+        if (va->smooth_k && cuda_ok(cudaMalloc((void **)&dshift, nshift * 4), "cudaMalloc shift") &&
+            cuda_ok(cudaMemset(dshift, 0xFF, nshift * 4), "poison")) {
+            a.lse_shift = dshift;
+            a.sm_scale = SHIFT_SM_SCALE;
+            gshift = malloc(nshift * 4);
+        }
         s = qvc_prep(&Q.view, &K.view, &V.view, &a, &ops, st);
         CHECK(s == QVA_OK, "[%s] qvc_prep: %s", tag, qva_last_error());
         if (s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "qvc_prep sync")) {
             host_ops g;
+            if (gshift && !cuda_ok(cudaMemcpy(gshift, dshift, nshift * 4, cudaMemcpyDeviceToHost),
+                                   "D2H shift")) {
+                free(gshift);
+                gshift = NULL;
+            }
             if (fetch_ops(&ops, &g))
                 for (int bh = 0; bh < BH; ++bh)
                     check_head(va, sh, tag, &Q, &K, &V, perm, va->signs ? signs : NULL, &ops, &g,
-                               bh);
+                               gshift, bh);
             host_ops_free(&g);
         }
+        free(gshift);
+        if (dshift) cudaFree(dshift);
         qvc_ops_free(&ops);
     }
 out:
@@ -438,6 +483,306 @@ static void test_prep(cudaStream_t st) {
                     sh.nhd = nhd;
                     test_prep_shape(&sh, st);
                 }
+}
+
+/* ------------------------------------------------------------ qvc_prep4 */
+
+typedef struct variant4 {
+    const char *name;
+    int hadamard, signs, use_perm, demean;
+} variant4;
+
+static const variant4 VARIANTS4[] = {
+    {"sage4", 0, 0, 0, 0},
+    {"sage4+had(signs)", 1, 1, 0, 0},
+    {"vc4", 0, 0, 1, 1},
+    {"vc4+had", 1, 0, 1, 1},
+    {"vc4 plain step", 0, 0, 1, 0},
+};
+#define NVARIANTS4 ((int)(sizeof VARIANTS4 / sizeof VARIANTS4[0]))
+
+/* Device NVFP4 operands copied back to the host. */
+typedef struct host_ops4 {
+    uint8_t *q, *q_sc, *k, *k_sc, *v, *v_sc;
+    float *g, *mu, *shift;
+} host_ops4;
+
+static void host_ops4_free(host_ops4 *h) {
+    free(h->q), free(h->q_sc), free(h->k), free(h->k_sc), free(h->v), free(h->v_sc);
+    free(h->g), free(h->mu), free(h->shift);
+}
+
+static int fetch_ops4(const qvc_ops4 *o, const float *dshift, host_ops4 *h) {
+    const size_t bh = (size_t)o->BH, d = (size_t)o->D, nqp = (size_t)o->nq_pad,
+                 nkp = (size_t)o->nk_pad;
+    const size_t bytes[] = {bh * nqp * d / 2, bh * nqp * d / 16, bh * nkp * d / 2,
+                            bh * nkp * d / 16, bh * nkp * d / 2, bh * (nkp / 16) * d};
+    uint8_t **dst[] = {&h->q, &h->q_sc, &h->k, &h->k_sc, &h->v, &h->v_sc};
+    const uint8_t *src[] = {o->q, o->q_sc, o->k, o->k_sc, o->v, o->v_sc};
+    memset(h, 0, sizeof *h);
+    int ok = 1;
+    for (int i = 0; i < 6 && ok; ++i) {
+        *dst[i] = malloc(bytes[i]);
+        ok = *dst[i] && cuda_ok(cudaMemcpy(*dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost), "D2H ops4");
+    }
+    h->g = malloc(bh * 3 * 4);
+    ok = ok && h->g && cuda_ok(cudaMemcpy(h->g, o->g, bh * 3 * 4, cudaMemcpyDeviceToHost), "D2H g");
+    if (ok && o->mu) {
+        const size_t n = bh * (size_t)o->nblk * d * 4;
+        h->mu = malloc(n);
+        ok = h->mu && cuda_ok(cudaMemcpy(h->mu, o->mu, n, cudaMemcpyDeviceToHost), "D2H mu");
+    }
+    if (ok && dshift) {
+        h->shift = malloc(bh * (size_t)o->nq * 4);
+        ok = h->shift &&
+             cuda_ok(cudaMemcpy(h->shift, dshift, bh * (size_t)o->nq * 4, cudaMemcpyDeviceToHost),
+                     "D2H shift");
+    }
+    CHECK(ok, "fetch_ops4");
+    return ok;
+}
+
+/* Nibble c of a row of packed E2M1 codes (channel 2i low, 2i+1 high). */
+static uint8_t nib(const uint8_t *row, int c) { return (uint8_t)((row[c >> 1] >> (4 * (c & 1))) & 15u); }
+
+/* Q or K of one head (x: [n_pad][d], prepared as the CPU has it) against
+ * the device: g, codes and scale codes of qva_nvfp4_quantize, and the
+ * device codes decoded as sigma * e2m1 against qvi_quant_nvfp4_rows. */
+static void check_nvfp4_rows(const char *what, const char *tag, int bh, const float *x, int n_pad,
+                             int d, const uint8_t *gcodes, const uint8_t *gsc, float gg) {
+    float *recon = malloc((size_t)n_pad * d * 4);
+    if (!recon) {
+        CHECK(0, "host allocation");
+        return;
+    }
+    const float g = qvi_quant_nvfp4_rows(x, n_pad, d, recon);
+    CHECK(same_bits(gg, g), "[%s] %s bh %d: tensor scale gpu %.9g cpu %.9g", tag, what, bh,
+          (double)gg, (double)g);
+    long bc = 0, bs = 0, br = 0;
+    for (int r = 0; r < n_pad; ++r) {
+        uint8_t codes[128], sc[8];
+        qva_nvfp4_quantize(x + (size_t)r * d, (size_t)d, g, codes, sc);
+        const uint8_t *grow = gcodes + (size_t)r * (d / 2), *gs = gsc + (size_t)r * (d / 16);
+        for (int c = 0; c < d; ++c) {
+            const uint8_t gc = nib(grow, c);
+            if (gc != codes[c] && bc++ < 5)
+                fprintf(stderr, "  [%s] %s code bh %d row %d ch %d: gpu 0x%x cpu 0x%x\n", tag, what,
+                        bh, r, c, gc, codes[c]);
+            const float dec = qva_e4m3_decode(gs[c / 16]) * qva_e2m1_decode(gc);
+            if (!same_bits(dec, recon[(size_t)r * d + c]) && br++ < 5)
+                fprintf(stderr, "  [%s] %s value bh %d row %d ch %d: gpu %.9g cpu %.9g\n", tag,
+                        what, bh, r, c, (double)dec, (double)recon[(size_t)r * d + c]);
+        }
+        for (int t = 0; t < d / 16; ++t)
+            if (gs[t] != sc[t] && bs++ < 5)
+                fprintf(stderr, "  [%s] %s scale bh %d row %d group %d: gpu 0x%02x cpu 0x%02x\n",
+                        tag, what, bh, r, t, gs[t], sc[t]);
+    }
+    CHECK(bc == 0 && bs == 0 && br == 0, "[%s] %s bh %d: %ld code, %ld scale, %ld value mismatches",
+          tag, what, bh, bc, bs, br);
+    free(recon);
+}
+
+/* V of one head (x: [n_pad][d]; groups of 16 keys per channel) against
+ * qva_nvfp4_quantize of each column and qvi_quant_nvfp4_cols. */
+static void check_nvfp4_cols(const char *tag, int bh, const float *x, int n_pad, int d,
+                             const uint8_t *gcodes, const uint8_t *gsc, float gg) {
+    float *recon = malloc((size_t)n_pad * d * 4), *col = malloc((size_t)n_pad * 4);
+    uint8_t *codes = malloc((size_t)n_pad), *sc = malloc((size_t)n_pad / 16);
+    if (!recon || !col || !codes || !sc) {
+        CHECK(0, "host allocation");
+        free(recon), free(col), free(codes), free(sc);
+        return;
+    }
+    const float g = qvi_quant_nvfp4_cols(x, n_pad, d, recon);
+    CHECK(same_bits(gg, g), "[%s] V bh %d: tensor scale gpu %.9g cpu %.9g", tag, bh, (double)gg,
+          (double)g);
+    long bc = 0, bs = 0, br = 0;
+    for (int c = 0; c < d; ++c) {
+        for (int r = 0; r < n_pad; ++r) col[r] = x[(size_t)r * d + c];
+        qva_nvfp4_quantize(col, (size_t)n_pad, g, codes, sc);
+        for (int r = 0; r < n_pad; ++r) {
+            const uint8_t gc = nib(gcodes + (size_t)r * (d / 2), c);
+            if (gc != codes[r] && bc++ < 5)
+                fprintf(stderr, "  [%s] V code bh %d key %d ch %d: gpu 0x%x cpu 0x%x\n", tag, bh, r,
+                        c, gc, codes[r]);
+            const float dec = qva_e4m3_decode(gsc[(size_t)(r / 16) * d + c]) * qva_e2m1_decode(gc);
+            if (!same_bits(dec, recon[(size_t)r * d + c]) && br++ < 5)
+                fprintf(stderr, "  [%s] V value bh %d key %d ch %d: gpu %.9g cpu %.9g\n", tag, bh,
+                        r, c, (double)dec, (double)recon[(size_t)r * d + c]);
+        }
+        for (int t = 0; t < n_pad / 16; ++t)
+            if (gsc[(size_t)t * d + c] != sc[t] && bs++ < 5)
+                fprintf(stderr, "  [%s] V scale bh %d group %d ch %d: gpu 0x%02x cpu 0x%02x\n", tag,
+                        bh, t, c, gsc[(size_t)t * d + c], sc[t]);
+    }
+    CHECK(bc == 0 && bs == 0 && br == 0, "[%s] V bh %d: %ld code, %ld scale, %ld value mismatches",
+          tag, bh, bc, bs, br);
+    free(recon), free(col), free(codes), free(sc);
+}
+
+/* One head through the CPU's prepare_head / quantize_fp4, against the device. */
+static void check_head4(const variant4 *va, const shape *sh, const char *tag, const host_dev *Q,
+                        const host_dev *K, const host_dev *V, const int32_t *perm_all,
+                        const float *signs, const qvc_ops4 *o, const host_ops4 *g, int bh) {
+    const int d = sh->D, nq = sh->nq, nk = sh->nk, nq_pad = o->nq_pad, nk_pad = o->nk_pad,
+              nblk = o->nblk;
+    const int b = bh / sh->H, h = bh % sh->H;
+    const int32_t *perm = va->use_perm ? perm_all + (size_t)bh * nk : NULL;
+    float *q = calloc((size_t)nq_pad * d, 4), *k = calloc((size_t)nk_pad * d, 4),
+          *v = calloc((size_t)nk_pad * d, 4), *raw = malloc((size_t)nk * d * 4);
+    if (!q || !k || !v || !raw) {
+        CHECK(0, "host allocation");
+        free(q), free(k), free(v), free(raw);
+        return;
+    }
+    qvi_load_head(&Q->t, b, h, q);
+    qvi_load_head(&V->t, b, h, raw);
+    gather(raw, nk, d, perm, v);
+    qvi_load_head(&K->t, b, h, raw);
+    gather(raw, nk, d, perm, k);
+    float mean[128];
+    qvi_channel_mean(k, nk, d, mean);
+    for (int i = 0; i < nk; ++i)
+        for (int c = 0; c < d; ++c) k[(size_t)i * d + c] -= mean[c];
+    check_lse_shift(tag, bh, q, mean, nq, d, SHIFT_SM_SCALE, g->shift + (size_t)bh * nq);
+    if (va->hadamard) {
+        for (int i = 0; i < nq; ++i) qva_hadamard(q + (size_t)i * d, d, signs);
+        for (int i = 0; i < nk; ++i) qva_hadamard(k + (size_t)i * d, d, signs);
+    }
+    if (va->demean) { /* block_demean of the CPU; means stored fp16(mu), unscaled */
+        long bm = 0;
+        for (int j = 0; j < nblk; ++j) {
+            const int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < nk ? r0 + QVI_BLOCK : nk;
+            for (int c = 0; c < d; ++c) {
+                double sum = 0.0;
+                for (int i = r0; i < r1; ++i) sum += v[(size_t)i * d + c];
+                const float m = (float)(sum / (r1 - r0));
+                for (int i = r0; i < r1; ++i) v[(size_t)i * d + c] -= m;
+                const float want = qva_round_f16(m), got = g->mu[((size_t)bh * nblk + j) * d + c];
+                if (!same_bits(got, want) && bm++ < 5)
+                    fprintf(stderr, "  [%s] mu bh %d blk %d ch %d: gpu %.9g cpu %.9g\n", tag, bh, j,
+                            c, (double)got, (double)want);
+            }
+        }
+        CHECK(bm == 0, "[%s] bh %d: %ld vc4 mean mismatches", tag, bh, bm);
+    }
+    check_nvfp4_rows("Q", tag, bh, q, nq_pad, d, g->q + (size_t)bh * nq_pad * (d / 2),
+                     g->q_sc + (size_t)bh * nq_pad * (d / 16), g->g[bh * 3 + 0]);
+    check_nvfp4_rows("K", tag, bh, k, nk_pad, d, g->k + (size_t)bh * nk_pad * (d / 2),
+                     g->k_sc + (size_t)bh * nk_pad * (d / 16), g->g[bh * 3 + 1]);
+    check_nvfp4_cols(tag, bh, v, nk_pad, d, g->v + (size_t)bh * nk_pad * (d / 2),
+                     g->v_sc + (size_t)bh * (nk_pad / 16) * d, g->g[bh * 3 + 2]);
+    free(q), free(k), free(v), free(raw);
+}
+
+static void test_prep4_shape(const shape *sh, cudaStream_t st) {
+    host_dev Q, K, V;
+    memset(&Q, 0, sizeof Q), memset(&K, 0, sizeof K), memset(&V, 0, sizeof V);
+    const int BH = sh->B * sh->H, d = sh->D;
+    if (!make_tensor(&Q, sh->dt, sh->nhd, sh->B, sh->H, sh->nq, d, 0.5f) ||
+        !make_tensor(&K, sh->dt, sh->nhd, sh->B, sh->H, sh->nk, d, 3.0f) ||
+        !make_tensor(&V, sh->dt, sh->nhd, sh->B, sh->H, sh->nk, d, 1.5f)) {
+        free_tensor(&Q), free_tensor(&K), free_tensor(&V);
+        return;
+    }
+    int32_t *perm = malloc((size_t)BH * sh->nk * sizeof *perm), *dperm = NULL;
+    float signs[128], *dsigns = NULL, *dshift = NULL;
+    qva_config cfg;
+    qva_config_default(&cfg);
+    cfg.hadamard_signs = 1;
+    cfg.hadamard_seed = 7654321 + (uint64_t)sh->nk;
+    qvi_hadamard_signs(&cfg, d, signs);
+    if (!perm) {
+        CHECK(0, "host allocation");
+        goto out;
+    }
+    for (int bh = 0; bh < BH; ++bh) {
+        int32_t *p = perm + (size_t)bh * sh->nk;
+        for (int i = 0; i < sh->nk; ++i) p[i] = i;
+        for (int i = sh->nk - 1; i > 0; --i) {
+            int j = (int)(rng_u64() % (uint64_t)(i + 1));
+            int32_t t = p[i];
+            p[i] = p[j], p[j] = t;
+        }
+    }
+    const size_t nshift = (size_t)BH * sh->nq;
+    if (!cuda_ok(cudaMalloc((void **)&dperm, (size_t)BH * sh->nk * 4), "cudaMalloc perm") ||
+        !cuda_ok(cudaMemcpy(dperm, perm, (size_t)BH * sh->nk * 4, cudaMemcpyHostToDevice), "H2D perm") ||
+        !cuda_ok(cudaMalloc((void **)&dsigns, (size_t)d * 4), "cudaMalloc signs") ||
+        !cuda_ok(cudaMemcpy(dsigns, signs, (size_t)d * 4, cudaMemcpyHostToDevice), "H2D signs") ||
+        !cuda_ok(cudaMalloc((void **)&dshift, nshift * 4), "cudaMalloc shift"))
+        goto out;
+
+    for (int vi = 0; vi < NVARIANTS4; ++vi) {
+        const variant4 *va = &VARIANTS4[vi];
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s nq=%d nk=%d D=%d B=%d H=%d %s %s", va->name, sh->nq, sh->nk,
+                 d, sh->B, sh->H, dtype_name(sh->dt), sh->nhd ? "NHD" : "HND");
+        qvc_ops4 ops;
+        qva_status s = qvc_ops4_alloc(&ops, BH, sh->nq, sh->nk, d, 1);
+        CHECK(s == QVA_OK, "[%s] qvc_ops4_alloc: %s", tag, qva_last_error());
+        if (s != QVA_OK) continue;
+        /* Poison everything so an entry the kernels forget shows up. */
+        const size_t nqp = (size_t)ops.nq_pad, nkp = (size_t)ops.nk_pad;
+        cuda_ok(cudaMemset(ops.q, 0xA5, (size_t)BH * nqp * d / 2), "poison");
+        cuda_ok(cudaMemset(ops.q_sc, 0xA5, (size_t)BH * nqp * d / 16), "poison");
+        cuda_ok(cudaMemset(ops.k, 0xA5, (size_t)BH * nkp * d / 2), "poison");
+        cuda_ok(cudaMemset(ops.k_sc, 0xA5, (size_t)BH * nkp * d / 16), "poison");
+        cuda_ok(cudaMemset(ops.v, 0xA5, (size_t)BH * nkp * d / 2), "poison");
+        cuda_ok(cudaMemset(ops.v_sc, 0xA5, (size_t)BH * (nkp / 16) * d), "poison");
+        cuda_ok(cudaMemset(ops.g, 0xFF, (size_t)BH * 3 * 4), "poison");
+        cuda_ok(cudaMemset(ops.mu, 0xFF, (size_t)BH * ops.nblk * d * 4), "poison");
+        cuda_ok(cudaMemset(dshift, 0xFF, nshift * 4), "poison");
+
+        qvc_prep_args a;
+        memset(&a, 0, sizeof a);
+        a.smooth_k = 1;
+        a.hadamard = va->hadamard;
+        a.had_signs = va->signs ? dsigns : NULL;
+        a.perm = va->use_perm ? dperm : NULL;
+        a.demean = va->demean;
+        a.lse_shift = dshift;
+        a.sm_scale = SHIFT_SM_SCALE;
+        qvc_ops4 call = ops;
+        if (!va->demean) call.mu = NULL;
+        s = qvc_prep4(&Q.view, &K.view, &V.view, &a, &call, st);
+        CHECK(s == QVA_OK, "[%s] qvc_prep4: %s", tag, qva_last_error());
+        if (s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "qvc_prep4 sync")) {
+            host_ops4 g;
+            if (fetch_ops4(&call, dshift, &g))
+                for (int bh = 0; bh < BH; ++bh)
+                    check_head4(va, sh, tag, &Q, &K, &V, perm, va->signs ? signs : NULL, &call, &g,
+                                bh);
+            host_ops4_free(&g);
+        }
+        qvc_ops4_free(&ops);
+    }
+out:
+    free(perm);
+    if (dperm) cudaFree(dperm);
+    if (dsigns) cudaFree(dsigns);
+    if (dshift) cudaFree(dshift);
+    free_tensor(&Q), free_tensor(&K), free_tensor(&V);
+}
+
+static void test_prep4(cudaStream_t st) {
+    const int ns[] = {77, 200, 384}, ds[] = {64, 128};
+    const qva_dtype dts[] = {QVA_F32, QVA_BF16, QVA_F16};
+    int idx = 0;
+    for (int ni = 0; ni < 3; ++ni)
+        for (int di = 0; di < 2; ++di)
+            for (int ti = 0; ti < 3; ++ti, ++idx) {
+                shape sh;
+                sh.nk = ns[ni];
+                sh.nq = idx % 3 == 2 ? ns[ni] + 53 : ns[ni];
+                sh.D = ds[di];
+                sh.B = idx % 2 ? 2 : 1;
+                sh.H = idx % 2 ? 1 : 2;
+                sh.dt = dts[ti];
+                sh.nhd = idx % 2;
+                test_prep4_shape(&sh, st);
+            }
 }
 
 /* ------------------------------------------------------------ k-means */
@@ -575,6 +920,7 @@ int main(void) {
     cudaStream_t st;
     if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_ops");
     test_prep(st);
+    test_prep4(st);
     test_kmeans(st);
     cudaStreamDestroy(st);
     return check_summary("cuda_test_ops");

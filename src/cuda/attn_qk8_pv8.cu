@@ -209,9 +209,13 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
             qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : (o[n][2 * r] * cs[col]) / l[r]);
             qvc_store_out(a.out, a.out_dtype, base + col + 1, empty ? 0.0f : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
         }
-        if (a.lse && tig == 0)
-            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =
-                empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+        if (a.lse && tig == 0) {
+            float lse = empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+            /* K smoothing shifted every score of the row by q.mean(K) sm_scale:
+             * add it back (the CPU's lb[i] += lse_shift[i]; -inf stays -inf). */
+            if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
+            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
+        }
     }
 }
 

@@ -794,9 +794,13 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             qvc_store_out2(a.out, a.out_dtype, ob + col, o[n * 4 + 2 * r] * c2.x * inv,
                            o[n * 4 + 2 * r + 1] * c2.y * inv);
         }
-        if (a.lse && tig == 0)
-            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =
-                empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+        if (a.lse && tig == 0) {
+            float lse = empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+            /* K smoothing shifted every score of the row by q.kmean*sm_scale:
+             * add it back, as the CPU does (-inf stays -inf) */
+            if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
+            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
+        }
     }
 }
 

@@ -72,6 +72,11 @@ typedef struct qvc_prep_args {
     int v_mode;              /* 0: E4M3 per-channel amax/2.25 (sage/vc);
                                 1: E4M3 per-block amax/448 (fp8)         */
     int demean;              /* V-Smooth block demeaning (v_mode 0)      */
+    /* LSE correction of K smoothing (needs smooth_k), or NULL: receives
+     * lse_shift[bh*nq + i] = (float)(FP64 dot(q_i, mean(K')) * sm_scale),
+     * q_i unrotated, exactly as smooth_k() of the CPU reference. */
+    float *lse_shift;        /* device [BH][nq] f32, or NULL             */
+    float sm_scale;          /* used only with lse_shift                 */
 } qvc_prep_args;
 /* Fills ops (allocated by the caller with qvc_ops_alloc). */
 qva_status qvc_prep(const qvc_view *q, const qvc_view *k, const qvc_view *v,
@@ -139,6 +144,14 @@ typedef struct qvc_attn_args {
     float *lse;        /* [B,H,N,1] f32 strided, or NULL               */
     int64_t lsb, lsh, lsn;
     int H;             /* heads, to split bh                           */
+    /* K-smoothing LSE shift, device [BH][nq] f32 (row i of head bh at
+     * bh*nq + i, nq = the call's query count, not padded), or NULL.  A
+     * kernel that writes the LSE adds it last, as one FP32 add:
+     *   lse = ln2*(m + log2(l) - a) + lse_shift[bh*nq + i]
+     * (-inf stays -inf).  Filled by qvc_prep / qvc_prep4 (their
+     * qvc_prep_args.lse_shift); NULL when no LSE is requested or the
+     * method does not smooth K. */
+    const float *lse_shift;
 } qvc_attn_args;
 qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
                             const qvc_attn_args *a, cudaStream_t st);
@@ -147,6 +160,42 @@ qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
  * the fp8 method always runs version 0). */
 qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                const qvc_attn_args *a, int version, cudaStream_t st);
+
+/* ---- 4-bit methods sage4 / vc4 (src/cuda/prep.cu, src/cuda/attn_fp4.cu) -- */
+/*
+ * NVFP4 operands (DA2 Eq. 23), codes and scales bit-exact with the CPU
+ * quantizers qvi_quant_nvfp4_rows / _cols (src/cpu/formats.c):
+ *   q, k   [BH][n_pad][D/2]  E2M1 codes, two per byte: channel 2i in the
+ *          low nibble, 2i+1 in the high nibble (bit 3 of a nibble = sign)
+ *   q_sc, k_sc [BH][n_pad][D/16] E4M3 scale codes, groups of 16 channels
+ *   v      [BH][nk_pad][D/2]  E2M1 codes of V[pi] (the residual when
+ *          demeaned), row-major like k
+ *   v_sc   [BH][nk_pad/16][D] E4M3 scale codes, groups of 16 consecutive
+ *          keys of one channel
+ *   g      [BH][3] f32 tensor scales gq, gk, gv of each head
+ *   mu     [BH][nblk][D] f32 FP16-rounded raw block means (vc4; not
+ *          divided by any scale, VC App. B), or NULL
+ * Element value = g * e4m3(sc) * e2m1(code), the product e4m3*e2m1 first
+ * (it is exact).  K rows are smoothed and rotated as for sage8.
+ */
+typedef struct qvc_ops4 {
+    int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    uint8_t *q, *q_sc;
+    uint8_t *k, *k_sc;
+    uint8_t *v, *v_sc;
+    float *g;
+    float *mu;
+} qvc_ops4;
+qva_status qvc_ops4_alloc(qvc_ops4 *ops, int BH, int nq, int nk, int D, int with_mu);
+void qvc_ops4_free(qvc_ops4 *ops);
+/* Fills ops from the views; uses a->smooth_k, hadamard, had_signs, perm,
+ * demean, lse_shift, sm_scale (qk_format and v_mode are ignored).  A
+ * demean request needs ops->mu. */
+qva_status qvc_prep4(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                     const qvc_prep_args *a, qvc_ops4 *ops, cudaStream_t st);
+/* Emulated NVFP4 attention (Hopper has no FP4 tensor cores): decoded
+ * operands, FP32 FMAs in the CPU's order; a->expcast is ignored. */
+qva_status qvc_attn_fp4(const qvc_ops4 *ops, const qvc_attn_args *a, cudaStream_t st);
 
 /* ---- bf16 method (src/cuda/prep16.cu, src/cuda/attn_bf16.cu) ----------- */
 #define QVC_HAVE_OPS16 1

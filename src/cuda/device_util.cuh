@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <string.h>
 #include <cuda_runtime.h>
 
@@ -106,6 +107,56 @@ static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
 static __device__ __forceinline__ int64_t qvc_head_base(const qvc_view &v, int bh) {
     const int H = (int)v.H, b = bh / H, h = bh - b * H;
     return (int64_t)b * v.sb + (int64_t)h * v.sh;
+}
+
+/* ---- NVFP4 pieces (E4M3 scales, E2M1 codes), as src/cpu/formats.c ---- */
+
+/* qva_e4m3_encode: RNE, saturating to +-448, NaN -> 0x7F (the hardware
+ * cvt.rn.satfinite.e4m3x2.f32, sm_89+). */
+static __device__ __forceinline__ uint32_t qvc_e4m3_code(float y) {
+    return (uint32_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* qva_e4m3_decode (exact): (1 + m/8) 2^(e-7), subnormals m 2^-9, 0x7F/0xFF NaN. */
+static __device__ __forceinline__ float qvc_e4m3_value(uint32_t code) {
+    const uint32_t e = (code >> 3) & 15u, m = code & 7u;
+    float mag;
+    if (e == 15u && m == 7u)
+        mag = __uint_as_float(0x7FC00000u);
+    else if (e == 0u)
+        mag = (float)m * 0x1p-9f;
+    else
+        mag = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (code & 0x80u) ? -mag : mag;
+}
+
+/* qva_e2m1_encode: nearest of {0,.5,1,1.5,2,3,4,6}, a tie going to the
+ * even code (so the thresholds alternate > and >=), saturating; the sign
+ * is kept for a magnitude that rounds to 0; NaN -> 0.  Software: FP4
+ * conversions (cvt ... e2m1x2) are sm_100+ only. */
+static __device__ __forceinline__ uint32_t qvc_e2m1_code(float x) {
+    if (isnan(x)) return 0u;
+    const float a = fabsf(x);
+    const uint32_t c = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) +
+                       (uint32_t)(a >= 1.75f) + (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) +
+                       (uint32_t)(a > 5.0f);
+    return (signbit(x) ? 8u : 0u) | c;
+}
+
+/* qva_e2m1_decode of the low 4 bits (code 8 is -0). */
+static __device__ __forceinline__ float qvc_e2m1_value(uint32_t code) {
+    const uint32_t m = code & 7u;
+    /* 0, .5, 1, 1.5 = m/2; 2, 3, 4, 6 = (m - 2) * (1 or 2) */
+    const float mag = m < 4u ? 0.5f * (float)m : (m < 6u ? (float)(m - 2u) : (float)(2u * (m - 4u)));
+    return (code & 8u) ? -mag : mag;
+}
+
+/* qva_nvfp4_tensor_scale: amax/2688, or 1 where that is not a positive
+ * finite float. */
+static __device__ __forceinline__ float qvc_nvfp4_tensor_scale(float amax) {
+    if (!isfinite(amax)) return 1.0f;
+    const float g = __fdiv_rn(amax, 2688.0f);
+    return g > 0.0f ? g : 1.0f;
 }
 
 /* 16-byte global -> shared asynchronous copy (cp.async.cg). */

@@ -38,12 +38,20 @@ static int draft_on_gpu(const qva_config *cfg, char *why, size_t len) {
     return 1;
 }
 
+static int is_fp4(qva_method m) { return m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4; }
+/* Methods whose K is smoothed: their LSE needs the per-row shift. */
+static int smooths_k(qva_method m) {
+    return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8 || is_fp4(m);
+}
+
 static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
     switch (cfg->method) {
     case QVA_METHOD_BF16:
     case QVA_METHOD_SAGE8:
     case QVA_METHOD_VC8:
-    case QVA_METHOD_FP8: return 1;
+    case QVA_METHOD_FP8:
+    case QVA_METHOD_SAGE4: /* NVFP4 emulated in FP32 (no FP4 tensor cores on sm_90) */
+    case QVA_METHOD_VC4: return 1;
     case QVA_METHOD_EXACT:
         snprintf(why, len, "exact (FP64) is the CPU ground truth only");
         return 0;
@@ -102,6 +110,9 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
     if (cfg->method == QVA_METHOD_DRAFT) return 1; /* draft_on_gpu said why */
     if (cfg->method == QVA_METHOD_BF16)
         snprintf(why, len, "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)");
+    else if (is_fp4(cfg->method))
+        snprintf(why, len, "cuda: NVFP4 emulated in FP32, no FP4 tensor cores on sm_90 "
+                           "(attn_fp4_simt_64x128)");
     else
         snprintf(why, len, "cuda: %s", attn8_name(attn8_choice((int)d)));
     return 1;
@@ -117,7 +128,10 @@ typedef struct vs_dev {
 typedef struct cuda_state {
     qvc_ops ops;       /* grow-only workspace */
     qvc_ops16 ops16;   /* bf16 method workspace */
+    qvc_ops4 ops4;     /* sage4/vc4 workspace */
     int ops_with_mu;
+    float *lse_shift;  /* [BH][nq] K-smoothing LSE shift (grow-only) */
+    size_t lse_shift_n;
     float *signs;      /* [128] Hadamard signs */
     uint64_t signs_key;
     vs_dev *vs;
@@ -131,6 +145,8 @@ static void cuda_state_free(void *p) {
     if (!s) return;
     qvc_ops_free(&s->ops);
     qvc_ops16_free(&s->ops16);
+    qvc_ops4_free(&s->ops4);
+    cudaFree(s->lse_shift);
     cudaFree(s->signs);
     for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
     free(s->vs);
@@ -162,6 +178,31 @@ static qva_status ensure_ops16(cuda_state *s, int BH, int nq, int nk, int D) {
     if (o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D) return QVA_OK;
     qvc_ops16_free(o);
     return qvc_ops16_alloc(o, BH, nq, nk, D);
+}
+
+static qva_status ensure_ops4(cuda_state *s, int BH, int nq, int nk, int D) {
+    qvc_ops4 *o = &s->ops4;
+    if (o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D) return QVA_OK;
+    qvc_ops4_free(o);
+    return qvc_ops4_alloc(o, BH, nq, nk, D, 1);
+}
+
+/* The LSE shift array of a K-smoothed method when an LSE is requested,
+ * else NULL. */
+static qva_status ensure_lse_shift(cuda_state *s, const qva_config *cfg, const qva_tensor *q,
+                                   const qva_tensor *lse, float **out) {
+    *out = NULL;
+    if (!lse || !smooths_k(cfg->method)) return QVA_OK;
+    const size_t n = (size_t)(q->shape[0] * q->shape[1] * q->shape[2]);
+    if (n > s->lse_shift_n) {
+        cudaFree(s->lse_shift);
+        s->lse_shift = NULL;
+        s->lse_shift_n = 0;
+        CUDA_TRY(cudaMalloc(&s->lse_shift, n * sizeof(float)), "cudaMalloc lse shift");
+        s->lse_shift_n = n;
+    }
+    *out = s->lse_shift;
+    return QVA_OK;
 }
 
 static qva_status ensure_signs(cuda_state *s, const qva_config *cfg, int D, cudaStream_t st) {
@@ -196,7 +237,7 @@ static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_v
                                cudaStream_t st) {
     *perm = NULL;
     *demean = 0;
-    if (cfg->method != QVA_METHOD_VC8) return QVA_OK;
+    if (cfg->method != QVA_METHOD_VC8 && cfg->method != QVA_METHOD_VC4) return QVA_OK;
     const int BH = (int)(v->B * v->H), N = (int)v->N, D = (int)v->D, k = cfg->vsmooth.clusters;
     qva_step_action act = qva_schedule_action(&cfg->vsmooth, cfg->step, cfg->num_steps);
     vs_dev *e = find_vs(s, cfg->layer);
@@ -245,6 +286,7 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     a.lsb = lse ? lse->stride[0] : 0, a.lsh = lse ? lse->stride[1] : 0;
     a.lsn = lse ? lse->stride[2] : 0;
     a.H = (int)q->shape[1];
+    a.lse_shift = NULL;
     return a;
 }
 
@@ -268,15 +310,46 @@ static qva_status finish_profile(qva_context_t *ctx, cuda_state *s, cudaStream_t
     return QVA_OK;
 }
 
+/* sage4 / vc4: NVFP4 prep (bit-exact with the CPU quantizers) and the
+ * emulated 4-bit kernel.  perm/demean come from vsmooth_perm (vc4). */
+static qva_status run_fp4(qva_context_t *ctx, cuda_state *s, const qva_config *cfg,
+                          const qva_tensor *q, const qva_tensor *k, const qva_tensor *out,
+                          const qva_tensor *lse, const qvc_view *qv, const qvc_view *kv,
+                          const qvc_view *vv, const int32_t *perm, int demean, int prof,
+                          cudaStream_t st) {
+    const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
+    qva_status r;
+    float *shift;
+    if ((r = ensure_ops4(s, BH, (int)q->shape[2], (int)k->shape[2], D)) != QVA_OK) return r;
+    if ((r = ensure_lse_shift(s, cfg, q, lse, &shift)) != QVA_OK) return r;
+    qvc_prep_args pa;
+    memset(&pa, 0, sizeof pa);
+    pa.smooth_k = 1;
+    pa.hadamard = cfg->hadamard;
+    if (cfg->hadamard) {
+        if ((r = ensure_signs(s, cfg, D, st)) != QVA_OK) return r;
+        pa.had_signs = s->signs;
+    }
+    pa.perm = perm;
+    pa.demean = demean;
+    pa.lse_shift = shift;
+    pa.sm_scale = qvi_sm_scale(cfg, D);
+    qvc_ops4 ops = s->ops4;
+    if (!demean) ops.mu = NULL;
+    if ((r = qvc_prep4(qv, kv, vv, &pa, &ops, st)) != QVA_OK) return r;
+    if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+    qvc_attn_args a = make_args(cfg, q, out, lse);
+    a.lse_shift = shift;
+    if ((r = qvc_attn_fp4(&ops, &a, st)) != QVA_OK) return r;
+    if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
+    return prof ? finish_profile(ctx, s, st) : QVA_OK;
+}
+
 extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
                                          const qva_tensor *q, const qva_tensor *k,
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
     if (cfg->method == QVA_METHOD_DRAFT) return qvc_draft_attention(ctx, cfg, q, k, v, out, lse);
-    if (lse && (cfg->method == QVA_METHOD_SAGE8 || cfg->method == QVA_METHOD_VC8))
-        return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "LSE of the K-smoothed methods (sage8, vc8) is not on CUDA yet: "
-                        "the kernel does not add back the per-row smoothing shift");
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
     cuda_state *s = get_state(ctx);
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
@@ -291,6 +364,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = vsmooth_perm(s, cfg, &vv, &perm, &demean, NULL, st)) != QVA_OK) return r;
     if ((r = record(s, 1, prof, st)) != QVA_OK) return r;
 
+    if (is_fp4(cfg->method))
+        return run_fp4(ctx, s, cfg, q, k, out, lse, &qv, &kv, &vv, perm, demean, prof, st);
     if (cfg->method == QVA_METHOD_BF16) {
         /* The CPU reference rounds Q, K and V to FP16 when q is f16, else
          * to BF16 (prepare_head: use_f16 = q dtype == f16). */
@@ -305,7 +380,10 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     }
 
     if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
+    float *shift; /* K-smoothing LSE shift (sage8/vc8 with an LSE), or NULL */
+    if ((r = ensure_lse_shift(s, cfg, q, lse, &shift)) != QVA_OK) return r;
     qvc_prep_args pa;
+    memset(&pa, 0, sizeof pa);
     pa.qk_format = cfg->method == QVA_METHOD_FP8 ? QVC_QK_E4M3 : QVC_QK_INT8;
     pa.smooth_k = cfg->method != QVA_METHOD_FP8;
     pa.hadamard = cfg->hadamard;
@@ -317,12 +395,15 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.perm = perm;
     pa.v_mode = cfg->method == QVA_METHOD_FP8 ? 1 : 0;
     pa.demean = demean;
+    pa.lse_shift = shift;
+    pa.sm_scale = qvi_sm_scale(cfg, D);
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL;
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, st)) != QVA_OK) return r;
     if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
 
-    const qvc_attn_args a = make_args(cfg, q, out, lse);
+    qvc_attn_args a = make_args(cfg, q, out, lse);
+    a.lse_shift = shift;
     if ((r = attn_8bit(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
     return prof ? finish_profile(ctx, s, st) : QVA_OK;
