@@ -12,59 +12,13 @@
 #include <string.h>
 
 #include "device_util.cuh"
+#include "mma_sync.cuh"
 
 
 #define B16_ROWS 64    /* query rows per CTA            */
 #define B16_KEYS 128   /* keys per block (QVI_BLOCK)    */
 #define B16_PAD 8      /* halfwords of row padding      */
 #define B16_THREADS 128
-
-static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0,
-                                               uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <int F16>
-static __device__ __forceinline__ void mma16(float *c, const uint32_t *a, uint32_t b0,
-                                             uint32_t b1) {
-    if constexpr (F16)
-        mma_f16(c, a, b0, b1);
-    else
-        mma_bf16(c, a, b0, b1);
-}
-
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits until at most N of this thread's committed groups are pending. */
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ uint32_t lds32(const uint16_t *p) {
-    return *(const uint32_t *)p;
-}
-
-static __device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-static __device__ __forceinline__ float quad_sum(float x) {
-    x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
 
 static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
     if (a.out_dtype == QVA_F32)
@@ -93,7 +47,7 @@ static __device__ __forceinline__ void issue_k(tiles16<D> &t, const uint16_t *kg
 #pragma unroll
     for (int u = 0; u < B16_KEYS / RPP; ++u)
         qvc_cp_async16(sd + u * RPP * (D + B16_PAD), gs + u * RPP * D);
-    cp_async_commit();
+    qvc_cp_async_commit();
 }
 
 /* Issues (and commits as one group) the copies of a V^T block. */
@@ -106,7 +60,7 @@ static __device__ __forceinline__ void issue_v(tiles16<D> &t, const uint16_t *vg
 #pragma unroll
     for (int u = 0; u < D / RPP; ++u)
         qvc_cp_async16(sd + u * RPP * (B16_KEYS + B16_PAD), gs + u * RPP * B16_KEYS);
-    cp_async_commit();
+    qvc_cp_async_commit();
 }
 
 template <int D, int F16>
@@ -141,7 +95,7 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int j = 0; j < ops.nblk; ++j) {
-        cp_async_wait<1>(); /* K(j) landed; V(j) may still be in flight */
+        qvc_cp_async_wait<1>(); /* K(j) landed; V(j) may still be in flight */
         __syncthreads();
 
         /* ---- S = Q K^T, FP32, times sm_scale log2(e) ---- */
@@ -152,7 +106,7 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
             const uint16_t *kr = &t.k[nt * 8 + g][2 * tig];
 #pragma unroll
             for (int kc = 0; kc < D / 16; ++kc)
-                mma16<F16>(acc, qf[kc], lds32(kr + kc * 16), lds32(kr + kc * 16 + 8));
+                qvc_mma16<F16>(acc, qf[kc], qvc_lds32(kr + kc * 16), qvc_lds32(kr + kc * 16 + 8));
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn(acc[e], a.scale_log2);
         }
@@ -172,8 +126,8 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
             mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
             mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
         }
-        mx[0] = quad_max(mx[0]);
-        mx[1] = quad_max(mx[1]);
+        mx[0] = qvc_quad_max(mx[0]);
+        mx[1] = qvc_quad_max(mx[1]);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             /* qvi_row_raise_max: no rescale before the first key or when
@@ -209,10 +163,10 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
             pa[c][2] = qvc_pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
             pa[c][3] = qvc_pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
         }
-        l[0] = __fadd_rn(l[0], quad_sum(rs[0]));
-        l[1] = __fadd_rn(l[1], quad_sum(rs[1]));
+        l[0] = __fadd_rn(l[0], qvc_quad_sum(rs[0]));
+        l[1] = __fadd_rn(l[1], qvc_quad_sum(rs[1]));
 
-        cp_async_wait<0>(); /* V(j) landed */
+        qvc_cp_async_wait<0>(); /* V(j) landed */
         __syncthreads();    /* ... for every thread; and every warp is past S(j) */
         if (j + 1 < ops.nblk) issue_k<D>(t, kg + (size_t)(j + 1) * B16_KEYS * D);
 
@@ -223,7 +177,7 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
             const uint16_t *vr = &t.v[n * 8 + g][2 * tig];
 #pragma unroll
             for (int c = 0; c < B16_KEYS / 16; ++c)
-                mma16<F16>(part, pa[c], lds32(vr + c * 16), lds32(vr + c * 16 + 8));
+                qvc_mma16<F16>(part, pa[c], qvc_lds32(vr + c * 16), qvc_lds32(vr + c * 16 + 8));
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[n][e] = __fadd_rn(o[n][e], part[e]);
         }

@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 
 #include "device_util.cuh"
+#include "mma_sync.cuh"
 
 /* Offset that puts the row max at the top of E4M3's range: p = 2^(s-m+8.807)
  * so the largest probability encodes as 448 (VC §3.3, NUMERICS §3). */
@@ -35,16 +36,6 @@ static __device__ __forceinline__ uint32_t qvc_prob_codes2(float s0, float s1, f
     *rowsum += p0;
     *rowsum += p1;
     return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
-}
-
-/* Reductions over the 4 threads of a quad (one accumulator row). */
-static __device__ __forceinline__ float qvc_quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-static __device__ __forceinline__ float qvc_quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 /* Pack the P codes of 32 keys (four 8-key accumulator chunks c4..c4+3,

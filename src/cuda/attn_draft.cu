@@ -58,6 +58,7 @@
 #include <string.h>
 
 #include "device_util.cuh"
+#include "mma_sync.cuh"
 #include "cpu/draft.h"
 
 #define DG_ROWS 64       /* query rows per CTA (half a region)  */
@@ -69,64 +70,6 @@
 #define DG_FULL 0xffffffffu
 
 /* ================================================================ device helpers */
-
-static __device__ __forceinline__ void dg_mma_bf16(float *c, const uint32_t *a, uint32_t b0,
-                                                   uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void dg_mma_f16(float *c, const uint32_t *a, uint32_t b0,
-                                                  uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <int F16>
-static __device__ __forceinline__ void dg_mma16(float *c, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1) {
-    if constexpr (F16)
-        dg_mma_f16(c, a, b0, b1);
-    else
-        dg_mma_bf16(c, a, b0, b1);
-}
-
-static __device__ __forceinline__ void dg_mma_s8(int *c, const uint32_t *a, uint32_t b0,
-                                                 uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void dg_mma_e4m3(float *c, const uint32_t *a, uint32_t b0,
-                                                   uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void dg_cp_async_wait_all(void) {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
-
-static __device__ __forceinline__ uint32_t dg_lds32(const void *p) {
-    return *(const uint32_t *)p;
-}
-
-static __device__ __forceinline__ float dg_quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(DG_FULL, x, 1));
-    return fmaxf(x, __shfl_xor_sync(DG_FULL, x, 2));
-}
-static __device__ __forceinline__ float dg_quad_sum(float x) {
-    x = __fadd_rn(x, __shfl_xor_sync(DG_FULL, x, 1));
-    return __fadd_rn(x, __shfl_xor_sync(DG_FULL, x, 2));
-}
 
 /* qva_e4m3_encode for the finite values used here: RNE, saturating. */
 static __device__ __forceinline__ uint32_t dg_e4m3(float y) {
@@ -414,7 +357,7 @@ static __device__ __forceinline__ void dg_load16(unsigned char *smem, const uint
         const int r = i / (DG_KEYS / 8), c = (i % (DG_KEYS / 8)) * 8;
         qvc_cp_async16(vt + r * (DG_KEYS + DG_PAD16) + c, vg + (size_t)r * DG_KEYS + c);
     }
-    dg_cp_async_wait_all();
+    qvc_cp_async_wait_all();
     __syncthreads();
 }
 
@@ -432,7 +375,7 @@ static __device__ __forceinline__ void dg_load8(unsigned char *smem, const int8_
         const int r = i / (DG_KEYS / 16), c = (i % (DG_KEYS / 16)) * 16;
         qvc_cp_async16(vt + r * (DG_KEYS + DG_PAD8) + c, vg + (size_t)r * DG_KEYS + c);
     }
-    dg_cp_async_wait_all();
+    qvc_cp_async_wait_all();
     __syncthreads();
 }
 
@@ -457,8 +400,8 @@ static __device__ __forceinline__ void dg_raise(dg_acc<D> &r, const float (&s)[D
         mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
     }
-    mx[0] = dg_quad_max(mx[0]);
-    mx[1] = dg_quad_max(mx[1]);
+    mx[0] = qvc_quad_max(mx[0]);
+    mx[1] = qvc_quad_max(mx[1]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const bool rise = mx[h] > r.m[h];
@@ -500,7 +443,7 @@ static __device__ __forceinline__ void dg_scores16(float (&s)[DG_KEYS / 8][4],
         const uint16_t *kr = kt + (nt * 8 + g) * (D + DG_PAD16) + 2 * tig;
 #pragma unroll
         for (int kc = 0; kc < D / 16; ++kc)
-            dg_mma16<F16>(acc, qf[kc], dg_lds32(kr + kc * 16), dg_lds32(kr + kc * 16 + 8));
+            qvc_mma16<F16>(acc, qf[kc], qvc_lds32(kr + kc * 16), qvc_lds32(kr + kc * 16 + 8));
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn(acc[e], f);
     }
@@ -534,8 +477,8 @@ static __device__ __forceinline__ void dg_block16(dg_acc<D> &r, const uint32_t (
         pa[c][2] = qvc_pack2<F16>(p4, p5);
         pa[c][3] = qvc_pack2<F16>(p6, p7);
     }
-    r.l[0] = __fadd_rn(r.l[0], dg_quad_sum(rs[0]));
-    r.l[1] = __fadd_rn(r.l[1], dg_quad_sum(rs[1]));
+    r.l[0] = __fadd_rn(r.l[0], qvc_quad_sum(rs[0]));
+    r.l[1] = __fadd_rn(r.l[1], qvc_quad_sum(rs[1]));
     const uint16_t *vt = (const uint16_t *)(smem + dg_smem16_k<D>());
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
@@ -544,7 +487,7 @@ static __device__ __forceinline__ void dg_block16(dg_acc<D> &r, const uint32_t (
         const uint16_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD16) + 2 * tig;
 #pragma unroll
         for (int c = 0; c < DG_KEYS / 16; ++c)
-            dg_mma16<F16>(part, pa[c], dg_lds32(vr + c * 16), dg_lds32(vr + c * 16 + 8));
+            qvc_mma16<F16>(part, pa[c], qvc_lds32(vr + c * 16), qvc_lds32(vr + c * 16 + 8));
 #pragma unroll
         for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], part[e]);
     }
@@ -574,7 +517,7 @@ static __device__ __forceinline__ float dg_prob4(float p, float sigma, float ste
                : __fmul_rn(step, dg_e2m1_decode(dg_e2m1(__fdiv_rn(__fmul_rn(2688.0f, p), sigma))));
 }
 static __device__ __forceinline__ void dg_probs16(float &p0, float &p1, float &p2, float &p3) {
-    const float pm = dg_quad_max(fmaxf(fmaxf(p0, p1), fmaxf(p2, p3))); /* p >= 0 */
+    const float pm = qvc_quad_max(fmaxf(fmaxf(p0, p1), fmaxf(p2, p3))); /* p >= 0 */
     const float sigma = dg_e4m3_decode(dg_e4m3(__fmul_rn(448.0f, pm)));
     const float step = __fdiv_rn(sigma, 2688.0f);
     p0 = dg_prob4(p0, sigma, step);
@@ -600,8 +543,8 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
             s[nt][e] = exp2f(__fsub_rn(s[nt][e], mr[e >> 1])); /* -inf -> 0 */
             rs[e >> 1] = __fadd_rn(rs[e >> 1], s[nt][e]);
         }
-    r.l[0] = __fadd_rn(r.l[0], dg_quad_sum(rs[0])); /* before the conversion */
-    r.l[1] = __fadd_rn(r.l[1], dg_quad_sum(rs[1]));
+    r.l[0] = __fadd_rn(r.l[0], qvc_quad_sum(rs[0])); /* before the conversion */
+    r.l[1] = __fadd_rn(r.l[1], qvc_quad_sum(rs[1]));
 #pragma unroll
     for (int c = 0; c < DG_KEYS / 16; ++c) {
         dg_probs16(s[2 * c][0], s[2 * c][1], s[2 * c + 1][0], s[2 * c + 1][1]); /* row g */
@@ -626,9 +569,9 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
         const uint16_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD16) + 2 * tig;
 #pragma unroll
         for (int c = 0; c < DG_KEYS / 16; ++c) {
-            const uint32_t b0 = dg_lds32(vr + c * 16), b1 = dg_lds32(vr + c * 16 + 8);
+            const uint32_t b0 = qvc_lds32(vr + c * 16), b1 = qvc_lds32(vr + c * 16 + 8);
 #pragma unroll
-            for (int k = 0; k < 3; ++k) dg_mma_bf16(part, pa[k][c], b0, b1);
+            for (int k = 0; k < 3; ++k) qvc_mma_bf16(part, pa[k][c], b0, b1);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], __fmul_rn(part[e], gv));
@@ -677,7 +620,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
 #pragma unroll
         for (int kc = 0; kc < D / 32; ++kc) {
             const uint8_t *kr = kt + (nt * 8 + g) * (D + DG_PAD8) + kc * 32 + tig * 4;
-            dg_mma_s8(acc, qf[kc], dg_lds32(kr), dg_lds32(kr + 16));
+            qvc_mma_s8(acc, qf[kc], qvc_lds32(kr), qvc_lds32(kr + 16));
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn((float)acc[e], f);
@@ -706,12 +649,12 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
     if (expcast) { /* the row sum of the decoded codes, from a ones column */
         float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int c = 0; c < DG_KEYS / 32; ++c) dg_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
+        for (int c = 0; c < DG_KEYS / 32; ++c) qvc_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
         rs[0] = ones[0];
         rs[1] = ones[2];
     } else {
-        rs[0] = dg_quad_sum(rs[0]);
-        rs[1] = dg_quad_sum(rs[1]);
+        rs[0] = qvc_quad_sum(rs[0]);
+        rs[1] = qvc_quad_sum(rs[1]);
     }
     r.l[0] = __fadd_rn(r.l[0], rs[0]);
     r.l[1] = __fadd_rn(r.l[1], rs[1]);
@@ -721,7 +664,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
 #pragma unroll
         for (int c = 0; c < DG_KEYS / 32; ++c) {
             const uint8_t *vr = vt + (n * 8 + g) * (DG_KEYS + DG_PAD8) + c * 32 + tig * 4;
-            dg_mma_e4m3(part, pa[c], dg_lds32(vr), dg_lds32(vr + 16));
+            qvc_mma_e4m3(part, pa[c], qvc_lds32(vr), qvc_lds32(vr + 16));
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], dg_f16_sat(part[e]));

@@ -22,28 +22,6 @@
 #define KEYS 128
 #define SMEM_PAD 16
 
-static __device__ __forceinline__ void mma_s8(int *c, const uint32_t *a, uint32_t b0,
-                                              uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void cp_async_wait_all(void) {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
-
 template <int D>
 struct tiles {
     uint8_t k[KEYS][D + SMEM_PAD];
@@ -63,7 +41,7 @@ static __device__ __forceinline__ void load_block(tiles<D> &t, const qvc_ops &op
         int r = i / (KEYS / 16), c = (i % (KEYS / 16)) * 16;
         qvc_cp_async16(&t.v[r][c], vg + (size_t)r * KEYS + c);
     }
-    cp_async_wait_all();
+    qvc_cp_async_wait_all();
 }
 
 template <int D, int FMT>
@@ -105,7 +83,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 #pragma unroll
                 for (int kc = 0; kc < D / 32; ++kc) {
                     const uint8_t *kr = &t.k[nt * 8 + g][kc * 32 + tig * 4];
-                    mma_s8(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
+                    qvc_mma_s8(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[e] * f;
@@ -114,7 +92,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 #pragma unroll
                 for (int kc = 0; kc < D / 32; ++kc) {
                     const uint8_t *kr = &t.k[nt * 8 + g][kc * 32 + tig * 4];
-                    mma_e4m3(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
+                    qvc_mma_e4m3(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = acc[e] * f;
@@ -157,7 +135,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
              * Every column of the 16x8 tile holds the same sums. */
             float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int c = 0; c < KEYS / 32; ++c) mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
+            for (int c = 0; c < KEYS / 32; ++c) qvc_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
             rs[0] = ones[0];
             rs[1] = ones[2];
         } else {
@@ -176,7 +154,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 #pragma unroll
             for (int c = 0; c < KEYS / 32; ++c) {
                 const uint8_t *vr = &t.v[n * 8 + g][c * 32 + tig * 4];
-                mma_e4m3(part, pa[c], *(const uint32_t *)vr, *(const uint32_t *)(vr + 16));
+                qvc_mma_e4m3(part, pa[c], *(const uint32_t *)vr, *(const uint32_t *)(vr + 16));
             }
             const int col = n * 8 + 2 * tig;
             const float mu0 = mu ? mu[col] : 0.0f, mu1 = mu ? mu[col + 1] : 0.0f;
