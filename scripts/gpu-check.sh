@@ -149,7 +149,7 @@ if [ $have_build -eq 1 ]; then
     # ctest --test-dir needs CMake >= 3.20; running inside the build dir does not.
     run_step ctest 900 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout ${CTEST_TIMEOUT:-600} -j ${CTEST_JOBS:-4}"
     # The 8-bit kernel versions that are not the default, against the same reference.
-    for kv in mma ws0 ws1 ws2 ws3 ws4 ws5; do  # ws6, the default, ran in ctest
+    for kv in mma ws0 ws1 ws2 ws3 ws4 ws5 ws7; do  # ws6, the default, ran in ctest
         run_step "backend-$kv" "${CTEST_TIMEOUT:-600}" env QVA_ATTN_KERNEL=$kv "$BUILD/test_backend"
     done
     run_step perf 300 "$BUILD/test_backend" perf

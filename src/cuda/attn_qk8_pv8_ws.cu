@@ -49,6 +49,12 @@
  *        issue slots 48% busy, tensor pipe 34%, 0.7 eligible warps per
  *        scheduler: latency-bound): the row max as a 4-way tree and the
  *        exp2 row sum in 4 partial sums (FP32 order differs from ws5).
+ *   ws7  three consumer warpgroups (192-row tiles: more warps per scheduler
+ *        to hide latency, 1.5x less K/V traffic per FLOP) at 160 registers
+ *        each, ws4's fused softmax, PV in halves, no ping-pong.  At 160
+ *        registers ptxas spills ~600 B per thread (o and the S tile alone
+ *        are 128).  Written after the last H200 run of its session: not
+ *        yet measured or checked on the GPU.
  * ws2/ws3 are INT8-QK only (sage8/vc8); the fp8 method runs ws0.
  */
 #include <cuda.h>
@@ -57,23 +63,22 @@
 
 #include "attn_common.cuh"
 
-#define WS_ROWS 128   /* query rows per CTA: two consumer warpgroups x 64 */
 #define WS_KEYS 128   /* keys per block */
-#define WS_THREADS 384
 #define WS_TILE 16384 /* 128 rows x 128 bytes */
 #define WS_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
 #define WS_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
 #define WS_STAGE_BYTES (2 * WS_TILE + WS_ONES + WS_MU)
-/* Shared memory, from a 1024-byte aligned base:
- *   Q | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers */
+/* Shared memory, from a 1024-byte aligned base, for n consumer warpgroups
+ * (64 query rows each) and S stages:
+ *   Q (n x 64 rows) | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers */
 #define WS_Q_OFF 0
-#define WS_V_OFF(s) (WS_TILE + (s) * WS_STAGE_BYTES)
-#define WS_ONES_OFF(s) (WS_V_OFF(s) + WS_TILE)
-#define WS_K_OFF(s) (WS_ONES_OFF(s) + WS_ONES)
-#define WS_MU_OFF(s) (WS_K_OFF(s) + WS_TILE)
-#define WS_BAR_OFF(S) (WS_TILE + (S) * WS_STAGE_BYTES)
-#define WS_SMEM_BYTES(S) (WS_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
-#define WS_CONSUMER_REGS 240
+#define WS_QB(n) ((n) * 64 * 128)
+#define WS_V_OFF(n, s) (WS_QB(n) + (s) * WS_STAGE_BYTES)
+#define WS_ONES_OFF(n, s) (WS_V_OFF(n, s) + WS_TILE)
+#define WS_K_OFF(n, s) (WS_ONES_OFF(n, s) + WS_ONES)
+#define WS_MU_OFF(n, s) (WS_K_OFF(n, s) + WS_TILE)
+#define WS_BAR_OFF(n, S) (WS_QB(n) + (S) * WS_STAGE_BYTES)
+#define WS_SMEM_BYTES(n, S) (WS_BAR_OFF(n, S) + 8 * (1 + 2 * (S)) + 1024)
 #define WS_PRODUCER_REGS 24
 
 /* ------------------------------------------------------------ PTX wrappers */
@@ -244,8 +249,15 @@ struct ws_ver {
         OVERLAP = VER == 1 || VER == 3,
         FAST = VER >= 2, /* the conversion-free softmax, mu in shared memory */
         FUSED = VER >= 4, /* one FMA per score before the rounding */
-        PINGPONG = VER >= 5,
+        PINGPONG = VER == 5 || VER == 6,
         SHORT_CHAINS = VER >= 6,
+        NCW = VER == 7 ? 3 : 2, /* consumer warpgroups of 64 query rows */
+        HALVES = VER == 3 || VER == 7, /* PV in two 64-channel halves */
+        ROWS = 64 * NCW,
+        THREADS = 128 * (NCW + 1),
+        /* registers per consumer thread after setmaxnreg: all of the file
+         * (64K) minus the producer's 128 x 24, in multiples of 8 */
+        CREGS = NCW == 2 ? 240 : 160,
     };
 };
 
@@ -521,16 +533,16 @@ static __device__ __forceinline__ void restore_mu(float (&o)[64], const float *r
 }
 
 template <int FMT, int EXPCAST, int VER>
-__global__ void __launch_bounds__(WS_THREADS, 1)
+__global__ void __launch_bounds__(ws_ver<VER>::THREADS, 1)
 attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, const ws_params p) {
     typedef ws_ver<VER> V;
-    const int STAGES = V::STAGES;
+    const int STAGES = V::STAGES, NCW = V::NCW, ROWS = V::ROWS;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
-    const uint32_t bar_q = base + WS_BAR_OFF(STAGES);
+    const uint32_t bar_q = base + WS_BAR_OFF(NCW, STAGES);
     const uint32_t bar_full = bar_q + 8, bar_empty = bar_q + 8 + 8 * STAGES;
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
@@ -539,13 +551,13 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     const int mu_smem = V::FAST && vmu;
 
     /* The ones rows after each V tile never change: write them once. */
-    for (int i = threadIdx.x; i < STAGES * WS_ONES / 4; i += WS_THREADS)
-        *(uint32_t *)(sm + WS_ONES_OFF(i / (WS_ONES / 4)) + 4 * (i % (WS_ONES / 4))) = 0x38383838u;
+    for (int i = threadIdx.x; i < STAGES * WS_ONES / 4; i += V::THREADS)
+        *(uint32_t *)(sm + WS_ONES_OFF(NCW, i / (WS_ONES / 4)) + 4 * (i % (WS_ONES / 4))) = 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bar_full + 8 * s, 1);
-            mbar_init(bar_empty + 8 * s, 2 * 128); /* every consumer thread */
+            mbar_init(bar_empty + 8 * s, NCW * 128); /* every consumer thread */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -556,29 +568,32 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
         /* ---- producer ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
         if (threadIdx.x == 0) {
-            mbar_expect_tx(bar_q, WS_TILE);
-            tma_load_2d(base + WS_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * WS_ROWS, bar_q);
+            mbar_expect_tx(bar_q, WS_QB(NCW));
+            tma_load_2d(base + WS_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * ROWS, bar_q);
             for (int j = 0; j < nblk; ++j) {
                 const int s = j % STAGES;
                 const uint32_t full = bar_full + 8 * s;
                 mbar_wait(bar_empty + 8 * s, ((j / STAGES) & 1) ^ 1);
                 mbar_expect_tx(full, 2 * WS_TILE + (mu_smem ? 512 : 0));
-                tma_load_2d(base + WS_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
-                tma_load_2d(base + WS_V_OFF(s), &tv, 0, (bh * nblk + j) * 128, full);
-                if (mu_smem) bulk_load(base + WS_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
+                tma_load_2d(base + WS_K_OFF(NCW, s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+                tma_load_2d(base + WS_V_OFF(NCW, s), &tv, 0, (bh * nblk + j) * 128, full);
+                if (mu_smem) bulk_load(base + WS_MU_OFF(NCW, s), vmu + (size_t)j * 128, 512, full);
             }
         }
         return;
     }
 
     /* ---- consumers ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)ws_ver<VER>::CREGS));
     typedef typename std::conditional<FMT == QVC_QK_INT8, int, float>::type sacc_t;
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7; /* consumer warpgroup 0/1 */
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7; /* consumer warpgroup 0..NCW-1 */
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
     const qvc_attn_args &a = p.a;
     const uint64_t qd = sw128_desc(base + WS_Q_OFF + cw * 64 * 128);
-    const float dq = ops.q_scale[(size_t)bh * (ops.nq_pad / WS_ROWS) + tile];
+    /* INT8 Q scales are per 128 rows; a 192-row tile spans two blocks, and
+     * its last warpgroup can lie past nq_pad (computed, never stored) */
+    const int qblocks = ops.nq_pad / 128;
+    const float dq = ops.q_scale[(size_t)bh * qblocks + min((tile * ROWS + cw * 64) / 128, qblocks - 1)];
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
@@ -590,7 +605,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
 
     mbar_wait(bar_q, 0);
     mbar_wait(bar_full, 0);
-    issue_qk<FMT>(sacc, qd, base + WS_K_OFF(0));
+    issue_qk<FMT>(sacc, qd, base + WS_K_OFF(NCW, 0));
     wg_wait<0>();
     reg_fence(sacc);
 
@@ -622,7 +637,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
 
             named_sync(1 + cw, 256);
             float part[EXPCAST ? 68 : 64];
-            const uint64_t vd = sw128_desc(base + WS_V_OFF(s));
+            const uint64_t vd = sw128_desc(base + WS_V_OFF(NCW, s));
             wg_fence();
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
@@ -635,14 +650,14 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
-            issue_qk<FMT>(sacc, qd, base + WS_K_OFF(more ? sn : s));
+            issue_qk<FMT>(sacc, qd, base + WS_K_OFF(NCW, more ? sn : s));
             named_arrive(2 - cw, 256);
 
             wg_wait<1>(); /* PV of block j; QK of j+1 still running */
             reg_fence(part);
             if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(o, part, 0, vb);
-            if (mu_smem) restore_mu(o, rs, (const float *)(sm + WS_MU_OFF(s)), tig);
+            if (mu_smem) restore_mu(o, rs, (const float *)(sm + WS_MU_OFF(NCW, s)), tig);
             mbar_arrive(bar_empty + 8 * s);
             l[0] += rs[0];
             l[1] += rs[1];
@@ -657,7 +672,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
         if (V::OVERLAP && j + 1 < nblk) {
             /* QK of the next block runs while this block's P is made */
             mbar_wait(bar_full + 8 * sn, ((j + 1) / STAGES) & 1);
-            issue_qk<FMT>(*(sacc_t(*)[64])snext, qd, base + WS_K_OFF(sn));
+            issue_qk<FMT>(*(sacc_t(*)[64])snext, qd, base + WS_K_OFF(NCW, sn));
         }
         const float f = (dq * kscale[j]) * a.scale_log2;
         const float vb = vblk[j];
@@ -690,9 +705,9 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
         }
-        const uint32_t v_addr = base + WS_V_OFF(s);
-        const float *mu_s = (const float *)(sm + WS_MU_OFF(s));
-        if (VER == 3) {
+        const uint32_t v_addr = base + WS_V_OFF(NCW, s);
+        const float *mu_s = (const float *)(sm + WS_MU_OFF(NCW, s));
+        if (V::HALVES) {
             /* PV in two channel halves: 36 accumulators live, not 68 */
             float part[36];
             const uint64_t vlo = sw128_desc(v_addr), vhi = sw128_desc(v_addr + 64 * 128);
@@ -769,7 +784,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
                 for (int i = 0; i < 64; ++i) sacc[i] = snext[V::OVERLAP ? i : 0];
             } else {
                 mbar_wait(bar_full + 8 * sn, ((j + 1) / STAGES) & 1);
-                issue_qk<FMT>(sacc, qd, base + WS_K_OFF(sn));
+                issue_qk<FMT>(sacc, qd, base + WS_K_OFF(NCW, sn));
                 wg_wait<0>();
                 reg_fence(sacc);
             }
@@ -782,7 +797,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
     const float *cs = ops.v_chan + (size_t)bh * 128;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int row = tile * WS_ROWS + cw * 64 + warp * 16 + g + 8 * r;
+        const int row = tile * ROWS + cw * 64 + warp * 16 + g + 8 * r;
         if (row >= ops.nq) continue;
         const int empty = m[r] == -INFINITY || !(l[r] > 0.0f);
         const float inv = empty ? 0.0f : 1.0f / l[r];
@@ -840,13 +855,14 @@ static qva_status make_map(CUtensorMap *map, const void *data, uint64_t rows, ui
 
 template <int FMT, int EXPCAST, int VER>
 static qva_status launch_ws(const CUtensorMap *m, const ws_params *p, cudaStream_t st) {
-    const int smem = WS_SMEM_BYTES(ws_ver<VER>::STAGES);
+    typedef ws_ver<VER> V;
+    const int smem = WS_SMEM_BYTES(V::NCW, V::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ws_params) =
         attn_qk8_pv8_ws_128x128<FMT, EXPCAST, VER>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_qk8_pv8_ws smem attribute");
-    dim3 grid((unsigned)(p->ops.nq_pad / WS_ROWS), (unsigned)p->ops.BH);
-    k<<<grid, WS_THREADS, smem, st>>>(m[0], m[1], m[2], *p);
+    dim3 grid((unsigned)((p->ops.nq_pad + V::ROWS - 1) / V::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, V::THREADS, smem, st>>>(m[0], m[1], m[2], *p);
     return qvc_launch_check("attn_qk8_pv8_ws");
 }
 
@@ -861,11 +877,12 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                           const qvc_attn_args *a, int version, cudaStream_t st) {
     if (ops->D != 128)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8_ws: head dim %d (128 only)", ops->D);
-    if (version < 0 || version > 6)
+    if (version < 0 || version > 7)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_qk8_pv8_ws: no version %d", version);
     CUtensorMap maps[3];
     qva_status r;
-    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, 128)) != QVA_OK ||
+    const uint32_t q_box = fmt == QVC_QK_INT8 && version == 7 ? 192 : 128; /* ws_ver::ROWS */
+    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, q_box)) != QVA_OK ||
         (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
         (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
         return r;
@@ -883,6 +900,7 @@ extern "C" qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
     case 3: return launch_int8<3>(maps, &p, ec, st);
     case 4: return launch_int8<4>(maps, &p, ec, st);
     case 5: return launch_int8<5>(maps, &p, ec, st);
-    default: return launch_int8<6>(maps, &p, ec, st);
+    case 6: return launch_int8<6>(maps, &p, ec, st);
+    default: return launch_int8<7>(maps, &p, ec, st);
     }
 }

@@ -156,7 +156,7 @@ typedef struct qvc_attn_args {
 qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
                             const qvc_attn_args *a, cudaStream_t st);
 /* The Hopper kernel (attn_qk8_pv8_ws.cu): wgmma + TMA, warp-specialized,
- * head dim 128 only; version 0..6 (the file's header says what each is;
+ * head dim 128 only; version 0..7 (the file's header says what each is;
  * the fp8 method always runs version 0). */
 qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                const qvc_attn_args *a, int version, cudaStream_t st);

@@ -66,15 +66,15 @@ static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
 }
 
 /* Which 8-bit kernel runs.  The default is the fastest correct one for the
- * head dim; QVA_ATTN_KERNEL=mma|ws0..ws6 pins a version so that
+ * head dim; QVA_ATTN_KERNEL=mma|ws0..ws7 pins a version so that
  * bench/compare.py can time the kernel versions side by side. */
-typedef enum attn8_kernel { K8_MMA = -1, K8_WS0 = 0, K8_WS1, K8_WS2, K8_WS3, K8_WS4, K8_WS5, K8_WS6 } attn8_kernel;
+typedef enum attn8_kernel { K8_MMA = -1, K8_WS0 = 0, K8_WS1, K8_WS2, K8_WS3, K8_WS4, K8_WS5, K8_WS6, K8_WS7 } attn8_kernel;
 #define K8_DEFAULT K8_WS6
 static attn8_kernel attn8_choice(int D) {
     const char *e = getenv("QVA_ATTN_KERNEL");
     if (e && !strcmp(e, "mma")) return K8_MMA;
     if (D != 128) return K8_MMA;
-    if (e && e[0] == 'w' && e[1] == 's' && e[2] >= '0' && e[2] <= '6' && !e[3])
+    if (e && e[0] == 'w' && e[1] == 's' && e[2] >= '0' && e[2] <= '7' && !e[3])
         return (attn8_kernel)(e[2] - '0');
     return K8_DEFAULT;
 }
@@ -85,7 +85,8 @@ static const char *attn8_name(attn8_kernel k) {
                                "attn_qk8_pv8_ws_128x128 v3 (v2 + QK/softmax overlap)",
                                "attn_qk8_pv8_ws_128x128 v4 (v2 + fused score FMA)",
                                "attn_qk8_pv8_ws_128x128 v5 (v4 + warpgroup ping-pong)",
-                               "attn_qk8_pv8_ws_128x128 v6 (v5 + short softmax chains)"};
+                               "attn_qk8_pv8_ws_128x128 v6 (v5 + short softmax chains)",
+                               "attn_qk8_pv8_ws_192x128 v7 (3 consumer warpgroups)"};
     return k == K8_MMA ? "attn_qk8_pv8_mma_64x128" : ws[k];
 }
 static qva_status attn_8bit(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
