@@ -62,6 +62,7 @@
 #include <type_traits>
 
 #include "attn_common.cuh"
+#include "expcast_magic.h"
 
 #define WS_KEYS 128   /* keys per block */
 #define WS_TILE 16384 /* 128 rows x 128 bytes */
@@ -335,24 +336,19 @@ static __device__ __forceinline__ void online_max(const float (&s)[16][4], float
 }
 
 /* ---- ws2/ws3 softmax: integers until the max is known ---- */
-#define WS_MAGIC 12582912.0f /* 1.5 * 2^23 */
-/* Exact int -> float for |x| < 2^22 (a QK dot of 128 INT8 products is
- * below 128 * 127^2 < 2^21) without the conversion pipe. */
-static __device__ __forceinline__ float i2f_small(int x) {
-    return __fsub_rn(__int_as_float(x + 0x4B400000), WS_MAGIC);
-}
+/* The conversion-free pieces (INT32 -> FP32 by the magic add, ExpCast
+ * rounded by the magic add) live in src/expcast_magic.h, shared with their
+ * CPU test tests/test_expcast_magic.c. */
 static __device__ __forceinline__ float ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-/* ExpCast (VC Eq. 7) as float bits whose low byte is the E4M3 code: the
- * same t = fma(8, u, 119.65) as qvc_expcast_code, rounded to an integer by
- * the magic add (RNE, like rintf) and clamped below at 0 (u <= 0, so t <=
- * 119.65 and the upper clamp at 120 never acts). */
+/* ExpCast (VC Eq. 7) of u = s - m as float bits whose low byte is the
+ * E4M3 code: the reference's t = fma(8, u, 119.65), rounded by the magic
+ * add (equal to qvc_expcast_code on every u <= 0: tests/test_expcast_magic.c). */
 static __device__ __forceinline__ uint32_t expcast_bits(float u) {
-    const float t = __fmaf_rn(8.0f, u, 119.65f);
-    return __float_as_uint(fmaxf(__fadd_rn(t, WS_MAGIC), WS_MAGIC));
+    return qvi_expcast_bits(qvi_expcast_t(u));
 }
 /* Low bytes of four words -> one word (3 PRMT). */
 static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c,
@@ -420,7 +416,7 @@ static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, flo
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int nt = 4 * c + i;
-                float x = __fmul_rn(i2f_small(acc[nt * 4 + e]), f);
+                float x = __fmul_rn(qvi_i2f_magic(acc[nt * 4 + e]), f);
                 if (masked && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
                 sv[i][e] = __fsub_rn(x, (e < 2) ? m0 : m1);
             }
@@ -460,8 +456,8 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
                                                     float m1, int key0, int nk, int tig,
                                                     float *rs, uint32_t (&pa)[4][4]) {
     const float fm = EXPCAST ? 8.0f * f : f;
-    const float c0 = EXPCAST ? __fmaf_rn(-8.0f, m0, 119.65f) : __fsub_rn(QVC_P_AMP, m0);
-    const float c1 = EXPCAST ? __fmaf_rn(-8.0f, m1, 119.65f) : __fsub_rn(QVC_P_AMP, m1);
+    const float c0 = EXPCAST ? qvi_expcast_c(m0) : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST ? qvi_expcast_c(m1) : __fsub_rn(QVC_P_AMP, m1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float t[4][4];
@@ -470,12 +466,12 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int nt = 4 * c + i;
-                float x = i2f_small(acc[nt * 4 + e]);
+                float x = qvi_i2f_magic(acc[nt * 4 + e]);
                 if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
                 t[i][e] = __fmaf_rn(x, fm, (e < 2) ? c0 : c1);
             }
         if (EXPCAST) {
-#define EB(i, e) __float_as_uint(fmaxf(__fadd_rn(t[i][e], WS_MAGIC), WS_MAGIC))
+#define EB(i, e) qvi_expcast_bits(t[i][e])
             pa[c][0] = pack_low_bytes(EB(0, 0), EB(0, 1), EB(1, 0), EB(1, 1));
             pa[c][1] = pack_low_bytes(EB(0, 2), EB(0, 3), EB(1, 2), EB(1, 3));
             pa[c][2] = pack_low_bytes(EB(2, 0), EB(2, 1), EB(3, 0), EB(3, 1));

@@ -1,0 +1,72 @@
+/*
+ * The conversion-free score arithmetic of the Hopper 8-bit kernel
+ * (src/cuda/attn_qk8_pv8_ws.cu), in one header that the kernel and its CPU
+ * test (tests/test_expcast_magic.c) both compile, so the test checks the
+ * expressions the GPU runs (docs/NUMERICS.md §6, "The wgmma kernel's score
+ * arithmetic").
+ *
+ *   qvi_i2f_magic      INT32 -> FP32 by the 1.5*2^23 magic add, exact for
+ *                      |x| < 2^22, with no I2F (the conversion pipe is
+ *                      MUFU's rate on Hopper)
+ *   qvi_expcast_bits   ExpCast's t = 8u + 119.65 rounded to an integer code
+ *                      by the magic add (RNE, as rintf), clamped below at 0;
+ *                      the code is the low byte of the result's bits
+ *   qvi_expcast_c      the per-row constant 119.65 - 8m of the fused form
+ *                      t = x * 8f + (119.65 - 8m), one FMA per score
+ */
+#ifndef QVATTN_EXPCAST_MAGIC_H
+#define QVATTN_EXPCAST_MAGIC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define QVI_HD static __host__ __device__ __forceinline__
+#else
+#define QVI_HD static inline
+#endif
+
+/* Round-to-nearest adds that nvcc may never contract into an FMA (C11 in
+ * ISO mode does not contract either). */
+#ifdef __CUDA_ARCH__
+#define QVI_ADD_RN(a, b) __fadd_rn((a), (b))
+#define QVI_SUB_RN(a, b) __fsub_rn((a), (b))
+#else
+#define QVI_ADD_RN(a, b) ((a) + (b))
+#define QVI_SUB_RN(a, b) ((a) - (b))
+#endif
+
+#define QVI_MAGIC 12582912.0f /* 1.5 * 2^23: ulp 1 from 2^23 to 2^24 */
+#define QVI_MAGIC_BITS 0x4B400000
+#define QVI_EXPCAST_ADDEND 119.65f /* VC Eq. 7 (NUMERICS-formats.md) */
+
+QVI_HD float qvi_bits_float(uint32_t b) {
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+QVI_HD uint32_t qvi_float_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+/* Exact (float)x for |x| < 2^22: the bits of 1.5*2^23 + x, minus 1.5*2^23. */
+QVI_HD float qvi_i2f_magic(int32_t x) {
+    return QVI_SUB_RN(qvi_bits_float((uint32_t)(x + QVI_MAGIC_BITS)), QVI_MAGIC);
+}
+
+/* Bits whose low byte is the ExpCast E4M3 code of t (t <= 120.5; for
+ * u <= 0, t <= 119.65).  t < 0, -inf and NaN give code 0. */
+QVI_HD uint32_t qvi_expcast_bits(float t) {
+    return qvi_float_bits(fmaxf(QVI_ADD_RN(t, QVI_MAGIC), QVI_MAGIC));
+}
+
+/* The reference argument: t = fma(8, u, 119.65) with u = s - m. */
+QVI_HD float qvi_expcast_t(float u) { return fmaf(8.0f, u, QVI_EXPCAST_ADDEND); }
+
+/* The fused form's per-row constant, so that t = fma(x, 8f, c). */
+QVI_HD float qvi_expcast_c(float m) { return fmaf(-8.0f, m, QVI_EXPCAST_ADDEND); }
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * The conversion-free score arithmetic of the Hopper kernel
+ * (src/expcast_magic.h, compiled here exactly as the kernel compiles it):
+ *  (a) the magic-add int -> float is exact on the whole range a 128-channel
+ *      INT8 dot product can take (|x| <= 128 * 127^2 < 2^21);
+ *  (b) the magic-add ExpCast code equals the reference qva_expcast_e4m3 on
+ *      every u <= 0 tried (dense float grid plus edges);
+ *  (c) the fused form t = x * 8f + (119.65 - 8m) that ws4 and later use
+ *      moves a code by at most one step, and rarely: the measured rate is
+ *      printed and bounded.
+ */
+#define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
+#include "check.h"
+#include "expcast_magic.h"
+#include "internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static void test_i2f(void) {
+    const int32_t lim = 128 * 127 * 127;
+    long bad = 0;
+    for (int32_t x = -lim; x <= lim; ++x)
+        if (qvi_i2f_magic(x) != (float)x) ++bad;
+    CHECK(bad == 0, "%ld of %d ints converted wrongly", bad, 2 * lim + 1);
+    /* the kernel pushes masked scores to -(2^22 - 1): still exact */
+    CHECK(qvi_i2f_magic(-(1 << 22) + 1) == (float)(-(1 << 22) + 1), "mask value");
+}
+
+static uint8_t magic_code(float u) {
+    return (uint8_t)(qvi_expcast_bits(qvi_expcast_t(u)) & 0xFFu);
+}
+
+static void test_code_equals_reference(void) {
+    long n = 0, bad = 0;
+    /* every float u in [-32, 0] whose bits are a multiple of 64 apart */
+    for (uint32_t b = 0x80000000u; b <= qvi_float_bits(-32.0f); b += 64) {
+        const float u = qvi_bits_float(b);
+        ++n;
+        if (magic_code(u) != qva_expcast_e4m3(u)) {
+            if (bad++ < 3) fprintf(stderr, "  u = %.9g: %d vs %d\n", u, magic_code(u), qva_expcast_e4m3(u));
+        }
+    }
+    CHECK(bad == 0, "%ld of %ld u values give another code", bad, n);
+    const float edges[] = {-0.0f, 0.0f, -1e-30f, -0.0435f, -0.04375f, -0.05625f, -14.95f,
+                           -14.956f, -15.0f, -1e30f, -INFINITY};
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; ++i)
+        CHECK(magic_code(edges[i]) == qva_expcast_e4m3(edges[i]), "u = %g: %d vs %d",
+              (double)edges[i], magic_code(edges[i]), qva_expcast_e4m3(edges[i]));
+    CHECK((qvi_expcast_bits(NAN) & 0xFFu) == 0, "NaN gives code 0");
+}
+
+/* Scores as the kernel sees them: an INT32 dot x, a scale f = dq*dk*log2e*
+ * sm_scale, the row max m = x_max * f. */
+static void test_fused_flip_rate(void) {
+    const long n = 4000000;
+    long flips = 0, worse = 0;
+    for (long i = 0; i < n; ++i) {
+        const float f = (float)exp(log(1e-5) + rng_unit() * (log(2e-3) - log(1e-5)));
+        const int32_t xmax = (int32_t)(rng_u64() % (1u << 21)) - (1 << 20);
+        /* the x whose u lies in [-16, 0], where codes are non-zero */
+        const int32_t span = (int32_t)(16.0f / f) + 1;
+        const int32_t x = xmax - (int32_t)(rng_u64() % (uint64_t)span);
+        const float m = (float)xmax * f;
+        const uint8_t ref = qva_expcast_e4m3((float)x * f - m);
+        const uint8_t fused =
+            (uint8_t)(qvi_expcast_bits(fmaf(qvi_i2f_magic(x), 8.0f * f, qvi_expcast_c(m))) & 0xFFu);
+        const int d = (int)fused - (int)ref;
+        if (d) ++flips;
+        if (d > 1 || d < -1) ++worse;
+    }
+    const double rate = (double)flips / (double)n;
+    printf("fused ExpCast argument: %ld of %ld codes (%.2e) one step from the reference\n", flips,
+           n, rate);
+    CHECK(worse == 0, "%ld codes more than one step off", worse);
+    CHECK(rate < 1e-3, "flip rate %.3e (bound 1e-3)", rate);
+}
+
+int main(void) {
+    test_i2f();
+    test_code_equals_reference();
+    test_fused_flip_rate();
+    return check_summary("test_expcast_magic");
+}
