@@ -20,15 +20,6 @@
 #define B16_PAD 8      /* halfwords of row padding      */
 #define B16_THREADS 128
 
-static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
-    if (a.out_dtype == QVA_F32)
-        ((float *)a.out)[off] = x;
-    else if (a.out_dtype == QVA_BF16)
-        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
-    else
-        ((__half *)a.out)[off] = __float2half_rn(x);
-}
-
 template <int D>
 struct tiles16 {
     uint16_t k[B16_KEYS][D + B16_PAD]; /* block of K, [key][channel]   */
@@ -197,8 +188,8 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
-            store_out(a, base + col, empty ? 0.0f : __fdiv_rn(o[n][2 * r], l[r]));
-            store_out(a, base + col + 1, empty ? 0.0f : __fdiv_rn(o[n][2 * r + 1], l[r]));
+            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(o[n][2 * r], l[r]));
+            qvc_store_out(a.out, a.out_dtype, base + col + 1, empty ? 0.0f : __fdiv_rn(o[n][2 * r + 1], l[r]));
         }
         if (a.lse && tig == 0)
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =

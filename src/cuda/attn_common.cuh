@@ -58,15 +58,6 @@ static __device__ __forceinline__ void qvc_pack_p32(const float (*s)[4], float m
     pa[3] = lo3 | (hi3 << 16);
 }
 
-static __device__ __forceinline__ void qvc_store_out(void *out, int dtype, int64_t off, float x) {
-    if (dtype == QVA_F32)
-        ((float *)out)[off] = x;
-    else if (dtype == QVA_BF16)
-        ((__nv_bfloat16 *)out)[off] = __float2bfloat16_rn(x);
-    else
-        ((__half *)out)[off] = __float2half_rn(x);
-}
-
 /* Two adjacent output columns (off, off+1) in one store where the dtype
  * allows it; the column stride is 1 (qvc_check_view). */
 static __device__ __forceinline__ void qvc_store_out2(void *out, int dtype, int64_t off, float x0,

@@ -687,15 +687,6 @@ static __device__ __forceinline__ void dg_phase_scale(dg_acc<D> &r, const float 
     for (int h = 0; h < 2; ++h) r.l[h] = enter ? __fdiv_rn(r.l[h], eta) : __fmul_rn(r.l[h], eta);
 }
 
-static __device__ __forceinline__ void dg_store_out(const qvc_attn_args &a, int64_t off, float x) {
-    if (a.out_dtype == QVA_F32)
-        ((float *)a.out)[off] = x;
-    else if (a.out_dtype == QVA_BF16)
-        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
-    else
-        ((__half *)a.out)[off] = __float2half_rn(x);
-}
-
 /*
  * grid (2 R, BH): CTA x covers rows [64 (x & 1), +64) of video region
  * a = x >> 1 of head bh; warp w rows 16 w + g and + 8 of that half.
@@ -789,8 +780,8 @@ attn_draft_mma_64x128(dg_params p) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
-            dg_store_out(A, base + col, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr], r.l[rr]));
-            dg_store_out(A, base + col + 1, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr + 1], r.l[rr]));
+            qvc_store_out(A.out, A.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr], r.l[rr]));
+            qvc_store_out(A.out, A.out_dtype, base + col + 1, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr + 1], r.l[rr]));
         }
         if (A.lse && tig == 0)
             A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
@@ -807,8 +798,7 @@ typedef struct dg_state {
     qvc_draft_route_buf route;
     dg_ops ops;
     qvc_ops16 ops16;         /* the dense rows (prefix queries, warm-up) */
-    cudaEvent_t ev[4];
-    int have_events;
+    qvc_phase_timer timer;
 } dg_state;
 
 static void dg_ops_free(dg_ops *o) {
@@ -825,8 +815,7 @@ static void dg_state_free(void *ptr) {
     qvc_draft_route_free(&s->route);
     dg_ops_free(&s->ops);
     qvc_ops16_free(&s->ops16);
-    if (s->have_events)
-        for (int i = 0; i < 4; ++i) cudaEventDestroy(s->ev[i]);
+    qvc_timer_free(&s->timer);
     free(s);
 }
 
@@ -1037,35 +1026,8 @@ static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
     return qvc_launch_check("attn_draft");
 }
 
-static qva_status dg_record(dg_state *s, int i, int on, cudaStream_t st) {
-    if (!on) return QVA_OK;
-    cudaError_t e;
-    if (!s->have_events) {
-        for (int j = 0; j < 4; ++j)
-            if ((e = cudaEventCreate(&s->ev[j])) != cudaSuccess) {
-                for (int k = 0; k < j; ++k) cudaEventDestroy(s->ev[k]);
-                return qvc_cuda_fail(e, "draft: cudaEventCreate");
-            }
-        s->have_events = 1;
-    }
-    if ((e = cudaEventRecord(s->ev[i], st)) != cudaSuccess) return qvc_cuda_fail(e, "draft: event");
-    return QVA_OK;
-}
-
-/* grouping_ms: the router; prep_ms: operand preparation; kernel_ms: the
- * phased kernel and the dense rows. */
-static qva_status dg_finish_profile(qva_context_t *ctx, dg_state *s, cudaStream_t st) {
-    cudaError_t e;
-    qva_timings t;
-    if ((e = cudaStreamSynchronize(st)) != cudaSuccess ||
-        (e = cudaEventElapsedTime(&t.grouping_ms, s->ev[0], s->ev[1])) != cudaSuccess ||
-        (e = cudaEventElapsedTime(&t.prep_ms, s->ev[1], s->ev[2])) != cudaSuccess ||
-        (e = cudaEventElapsedTime(&t.kernel_ms, s->ev[2], s->ev[3])) != cudaSuccess)
-        return qvc_cuda_fail(e, "draft: timings");
-    qvi_context_set_timings(ctx, &t);
-    return QVA_OK;
-}
-
+/* Phase timings: grouping_ms is the router, prep_ms the operand
+ * preparation, kernel_ms the phased kernel and the dense rows. */
 extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg,
                                           const qva_tensor *q, const qva_tensor *k,
                                           const qva_tensor *v, const qva_tensor *out,
@@ -1092,12 +1054,12 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         (r = qvc_check_view("draft", &vv, "v")))
         return r;
 
-    if ((r = dg_record(s, 0, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 0, prof, st)) != QVA_OK) return r;
     if (pl.warmup) { /* docs/DRAFT.md §5: exactly the bf16 method */
-        if ((r = dg_record(s, 1, prof, st)) || (r = dg_record(s, 2, prof, st))) return r;
+        if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) || (r = qvc_timer_mark(&s->timer, 2, prof, st))) return r;
         if ((r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
-        if ((r = dg_record(s, 3, prof, st)) != QVA_OK) return r;
-        return prof ? dg_finish_profile(ctx, s, st) : QVA_OK;
+        if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
+        return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
     }
 
     if ((r = dg_layout(s, ctx, cfg, &pl)) != QVA_OK) return r;
@@ -1110,11 +1072,11 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     if ((r = qvc_draft_route(&qv, &kv, cfg, L, &s->route, st)) != QVA_OK) return r;
     if (memcmp(s->route.quota, pl.quota, sizeof pl.quota))
         return qvi_fail(QVA_ERR_SHAPE, "draft (cuda): router quotas differ from the plan's");
-    if ((r = dg_record(s, 1, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
 
     if ((r = dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl.with4, pl.with8)) != QVA_OK) return r;
     if ((r = dg_prep(&pl, L, &qv, &kv, &vv, &s->ops, st)) != QVA_OK) return r;
-    if ((r = dg_record(s, 2, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     dg_params p;
     memset(&p, 0, sizeof p);
@@ -1138,6 +1100,6 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     if (r != QVA_OK) return r;
     /* The prefix queries: dense over every key, as the bf16 method. */
     if ((r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
-    if ((r = dg_record(s, 3, prof, st)) != QVA_OK) return r;
-    return prof ? dg_finish_profile(ctx, s, st) : QVA_OK;
+    if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
+    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }

@@ -60,15 +60,6 @@ static __device__ __forceinline__ float exp2_rn(float x) {
     return __double2float_rn(exp2((double)x));
 }
 
-static __device__ __forceinline__ void store_out(const qvc_attn_args &a, int64_t off, float x) {
-    if (a.out_dtype == QVA_F32)
-        ((float *)a.out)[off] = x;
-    else if (a.out_dtype == QVA_BF16)
-        ((__nv_bfloat16 *)a.out)[off] = __float2bfloat16_rn(x);
-    else
-        ((__half *)a.out)[off] = __float2half_rn(x);
-}
-
 /* Eight decoded values sigma * e2m1 of the nibbles of w (nibble u = element u). */
 static __device__ __forceinline__ float nib_value(uint32_t w, int u, float sigma) {
     return __fmul_rn(sigma, qvc_e2m1_value(w >> (4 * u)));
@@ -309,7 +300,7 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
             const int col = (c >> 2) * 64 + tx * 4 + (c & 3);
-            store_out(a, base + col, empty ? 0.0f : __fdiv_rn(o[i][c], l));
+            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(o[i][c], l));
         }
     }
 }

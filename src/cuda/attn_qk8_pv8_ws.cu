@@ -284,6 +284,22 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
     wg_commit();
 }
 
+/* Issue O_j = P V of the tile at descriptor vd (4 k-steps of 32 keys); with
+ * ExpCast the n136 form whose columns 128..135 are the decoded row sums. */
+template <int EXPCAST>
+static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
+                                                const uint32_t (&pa)[4][4], uint64_t vd) {
+    wg_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        if (EXPCAST)
+            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+        else
+            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
+    }
+    wg_commit();
+}
+
 /* ---- ws0/ws1 softmax: float scores, then float max ---- */
 template <int FMT, typename SACC>
 static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float (&s)[16][4],
@@ -634,15 +650,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
             named_sync(1 + cw, 256);
             float part[EXPCAST ? 68 : 64];
             const uint64_t vd = sw128_desc(base + WS_V_OFF(NCW, s));
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                if (EXPCAST)
-                    wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
-                else
-                    wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
-            }
-            wg_commit();
+            issue_pv<EXPCAST>(part, pa, vd);
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
@@ -733,15 +741,7 @@ attn_qk8_pv8_ws_128x128(const __grid_constant__ CUtensorMap tq,
         } else {
             float part[EXPCAST ? 68 : 64];
             const uint64_t vd = sw128_desc(v_addr);
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                if (EXPCAST)
-                    wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
-                else
-                    wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
-            }
-            wg_commit();
+            issue_pv<EXPCAST>(part, pa, vd);
             wg_wait<0>(); /* PV of this block, and QK of the next if issued */
             reg_fence(part);
             if (EXPCAST) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */

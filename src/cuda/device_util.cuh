@@ -26,6 +26,48 @@ static inline qva_status qvc_launch_check(const char *what) {
                             : qvi_fail(QVA_ERR_DEVICE, "%s launch: %s", what, cudaGetErrorString(e));
 }
 
+/* Per-call phase timings for qva_context_set_profiling: events 0..3 bound
+ * grouping (or the draft router), prep and the kernel.  Created on first
+ * use; one per backend state. */
+typedef struct qvc_phase_timer {
+    cudaEvent_t ev[4];
+    int have;
+} qvc_phase_timer;
+
+static inline qva_status qvc_timer_mark(qvc_phase_timer *t, int i, int on, cudaStream_t st) {
+    if (!on) return QVA_OK;
+    cudaError_t e;
+    if (!t->have) {
+        for (int j = 0; j < 4; ++j)
+            if ((e = cudaEventCreate(&t->ev[j])) != cudaSuccess) {
+                for (int k = 0; k < j; ++k) cudaEventDestroy(t->ev[k]);
+                return qvc_cuda_fail(e, "cudaEventCreate");
+            }
+        t->have = 1;
+    }
+    if ((e = cudaEventRecord(t->ev[i], st)) != cudaSuccess) return qvc_cuda_fail(e, "cudaEventRecord");
+    return QVA_OK;
+}
+
+/* Waits for the stream and stores the three phase times in the context. */
+static inline qva_status qvc_timer_finish(qva_context_t *ctx, qvc_phase_timer *t, cudaStream_t st) {
+    cudaError_t e;
+    qva_timings tm;
+    if ((e = cudaStreamSynchronize(st)) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&tm.grouping_ms, t->ev[0], t->ev[1])) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&tm.prep_ms, t->ev[1], t->ev[2])) != cudaSuccess ||
+        (e = cudaEventElapsedTime(&tm.kernel_ms, t->ev[2], t->ev[3])) != cudaSuccess)
+        return qvc_cuda_fail(e, "phase timings");
+    qvi_context_set_timings(ctx, &tm);
+    return QVA_OK;
+}
+
+static inline void qvc_timer_free(qvc_phase_timer *t) {
+    if (t->have)
+        for (int i = 0; i < 4; ++i) cudaEventDestroy(t->ev[i]);
+    t->have = 0;
+}
+
 /* A device allocation request; bytes == 0 leaves *p NULL. */
 typedef struct qvc_alloc {
     void **p;
@@ -163,6 +205,16 @@ static __device__ __forceinline__ float qvc_nvfp4_tensor_scale(float amax) {
 static __device__ __forceinline__ void qvc_cp_async16(void *smem, const void *gmem) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+/* One output element in the user's dtype (RNE), at element offset off. */
+static __device__ __forceinline__ void qvc_store_out(void *out, int dtype, int64_t off, float x) {
+    if (dtype == QVA_F32)
+        ((float *)out)[off] = x;
+    else if (dtype == QVA_BF16)
+        ((__nv_bfloat16 *)out)[off] = __float2bfloat16_rn(x);
+    else
+        ((__half *)out)[off] = __float2half_rn(x);
 }
 
 #endif

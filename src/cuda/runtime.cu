@@ -137,8 +137,7 @@ typedef struct cuda_state {
     uint64_t signs_key;
     vs_dev *vs;
     int nvs;
-    cudaEvent_t ev[4];
-    int have_events;
+    qvc_phase_timer timer;
 } cuda_state;
 
 static void cuda_state_free(void *p) {
@@ -151,8 +150,7 @@ static void cuda_state_free(void *p) {
     cudaFree(s->signs);
     for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
     free(s->vs);
-    if (s->have_events)
-        for (int i = 0; i < 4; ++i) cudaEventDestroy(s->ev[i]);
+    qvc_timer_free(&s->timer);
     free(s);
 }
 
@@ -291,26 +289,6 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     return a;
 }
 
-static qva_status record(cuda_state *s, int i, int on, cudaStream_t st) {
-    if (!on) return QVA_OK;
-    if (!s->have_events) {
-        for (int j = 0; j < 4; ++j) CUDA_TRY(cudaEventCreate(&s->ev[j]), "cudaEventCreate");
-        s->have_events = 1;
-    }
-    CUDA_TRY(cudaEventRecord(s->ev[i], st), "cudaEventRecord");
-    return QVA_OK;
-}
-
-static qva_status finish_profile(qva_context_t *ctx, cuda_state *s, cudaStream_t st) {
-    CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-    qva_timings t;
-    CUDA_TRY(cudaEventElapsedTime(&t.grouping_ms, s->ev[0], s->ev[1]), "event time");
-    CUDA_TRY(cudaEventElapsedTime(&t.prep_ms, s->ev[1], s->ev[2]), "event time");
-    CUDA_TRY(cudaEventElapsedTime(&t.kernel_ms, s->ev[2], s->ev[3]), "event time");
-    qvi_context_set_timings(ctx, &t);
-    return QVA_OK;
-}
-
 /* sage4 / vc4: NVFP4 prep (bit-exact with the CPU quantizers) and the
  * emulated 4-bit kernel.  perm/demean come from vsmooth_perm (vc4). */
 static qva_status run_fp4(qva_context_t *ctx, cuda_state *s, const qva_config *cfg,
@@ -338,12 +316,12 @@ static qva_status run_fp4(qva_context_t *ctx, cuda_state *s, const qva_config *c
     qvc_ops4 ops = s->ops4;
     if (!demean) ops.mu = NULL;
     if ((r = qvc_prep4(qv, kv, vv, &pa, &ops, st)) != QVA_OK) return r;
-    if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
     qvc_attn_args a = make_args(cfg, q, out, lse);
     a.lse_shift = shift;
     if ((r = qvc_attn_fp4(&ops, &a, st)) != QVA_OK) return r;
-    if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
-    return prof ? finish_profile(ctx, s, st) : QVA_OK;
+    if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
+    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }
 
 extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
@@ -359,11 +337,11 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     const qvc_view qv = make_view(q), kv = make_view(k), vv = make_view(v);
     qva_status r;
 
-    if ((r = record(s, 0, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 0, prof, st)) != QVA_OK) return r;
     const int32_t *perm;
     int demean;
     if ((r = vsmooth_perm(s, cfg, &vv, &perm, &demean, NULL, st)) != QVA_OK) return r;
-    if ((r = record(s, 1, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
 
     if (is_fp4(cfg->method))
         return run_fp4(ctx, s, cfg, q, k, out, lse, &qv, &kv, &vv, perm, demean, prof, st);
@@ -373,11 +351,11 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
         const int use_f16 = q->dtype == QVA_F16;
         if ((r = ensure_ops16(s, BH, (int)q->shape[2], (int)k->shape[2], D)) != QVA_OK) return r;
         if ((r = qvc_prep16(&qv, &kv, &vv, use_f16, &s->ops16, st)) != QVA_OK) return r;
-        if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+        if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
         const qvc_attn_args a16 = make_args(cfg, q, out, lse);
         if ((r = qvc_attn_bf16(&s->ops16, use_f16, &a16, st)) != QVA_OK) return r;
-        if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
-        return prof ? finish_profile(ctx, s, st) : QVA_OK;
+        if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
+        return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
     }
 
     if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
@@ -401,13 +379,13 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL;
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, st)) != QVA_OK) return r;
-    if ((r = record(s, 2, prof, st)) != QVA_OK) return r;
+    if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     qvc_attn_args a = make_args(cfg, q, out, lse);
     a.lse_shift = shift;
     if ((r = attn_8bit(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
-    if ((r = record(s, 3, prof, st)) != QVA_OK) return r;
-    return prof ? finish_profile(ctx, s, st) : QVA_OK;
+    if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
+    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }
 
 /* ---------------------------------------------------------- memory */
