@@ -856,15 +856,6 @@ static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack,
     return st;
 }
 
-static qvc_view dg_view(const qva_tensor *t) {
-    qvc_view w;
-    w.data = t->data;
-    w.dtype = (int)t->dtype;
-    w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
-    w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
-    return w;
-}
-
 static qvc_attn_args dg_args(float scale_log2, const qva_tensor *q, const qva_tensor *out,
                              const qva_tensor *lse, int64_t row0) {
     qvc_attn_args a;
@@ -889,11 +880,11 @@ static qva_status dg_dense_rows(dg_state *s, const qvi_draft_plan *pl, const qva
     if (pl->dense_rows <= 0) return QVA_OK;
     const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
     const int nq = (int)pl->dense_rows, nk = (int)k->shape[2];
-    qvc_view qv = dg_view(q);
+    qvc_view qv = qvc_view_of(q);
     qv.data = (const char *)q->data +
               (size_t)(pl->dense_row0 * q->stride[2]) * qva_dtype_size(q->dtype);
     qv.N = nq;
-    const qvc_view kv = dg_view(k), vv = dg_view(v);
+    const qvc_view kv = qvc_view_of(k), vv = qvc_view_of(v);
     qvc_ops16 *o = &s->ops16;
     qva_status r;
     if (!(o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D)) {
@@ -1049,7 +1040,7 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     dg_state *s = dg_get_state(ctx);
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft (cuda): state");
     const int prof = qvi_context_profiling(ctx);
-    const qvc_view qv = dg_view(q), kv = dg_view(k), vv = dg_view(v);
+    const qvc_view qv = qvc_view_of(q), kv = qvc_view_of(k), vv = qvc_view_of(v);
     if ((r = qvc_check_view("draft", &qv, "q")) || (r = qvc_check_view("draft", &kv, "k")) ||
         (r = qvc_check_view("draft", &vv, "v")))
         return r;

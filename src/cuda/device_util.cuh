@@ -68,6 +68,16 @@ static inline void qvc_timer_free(qvc_phase_timer *t) {
     t->have = 0;
 }
 
+/* The device view of a user tensor [B,H,N,D] (element strides). */
+static inline qvc_view qvc_view_of(const qva_tensor *t) {
+    qvc_view w;
+    w.data = t->data;
+    w.dtype = (int)t->dtype;
+    w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
+    w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
+    return w;
+}
+
 /* A device allocation request; bytes == 0 leaves *p NULL. */
 typedef struct qvc_alloc {
     void **p;

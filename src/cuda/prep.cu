@@ -886,22 +886,32 @@ static qva_status launch_qk(const qk_params &p, int BH, int D, cudaStream_t st,
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* What qvc_prep and qvc_prep4 both require of their views and arguments. */
+static qva_status check_prep_views(const char *who, const qvc_view *q, const qvc_view *k,
+                                   const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
+                                   int nk, int D) {
+    qva_status s;
+    if ((s = qvc_check_view(who, q, "q")) || (s = qvc_check_view(who, k, "k")) ||
+        (s = qvc_check_view(who, v, "v")))
+        return s;
+    if (!a) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: NULL args", who);
+    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
+        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
+        return qvi_fail(QVA_ERR_SHAPE, "%s: views do not match ops (BH=%d nq=%d nk=%d D=%d)", who,
+                        BH, nq, nk, D);
+    if (BH > 65535) return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: B*H = %d exceeds 65535", who, BH);
+    return QVA_OK;
+}
+
 extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                                const qvc_view *v, const qvc_prep_args *a,
                                qvc_ops *ops, cudaStream_t st) {
     qva_status s;
-    if ((s = qvc_check_view("qvc_prep", q, "q")) || (s = qvc_check_view("qvc_prep", k, "k")) ||
-        (s = qvc_check_view("qvc_prep", v, "v")))
+    if (!ops || !ops->q_i8)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL or unallocated ops");
+    if ((s = check_prep_views("qvc_prep", q, k, v, a, ops->BH, ops->nq, ops->nk, ops->D)))
         return s;
-    if (!a || !ops || !ops->q_i8)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL args or unallocated ops");
     const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
-    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
-        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
-        return qvi_fail(QVA_ERR_SHAPE,
-                        "qvc_prep: views do not match ops (BH=%d nq=%d nk=%d D=%d)", BH, nq, nk, D);
-    if (BH > 65535)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: B*H = %d exceeds 65535", BH);
     if (a->qk_format != QVC_QK_INT8 && a->qk_format != QVC_QK_E4M3)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad qk_format %d", (int)a->qk_format);
     if (a->v_mode != 0 && a->v_mode != 1)
@@ -1060,17 +1070,11 @@ static qva_status launch_nvfp4_qk(const qk_params &p, int BH, int D, unsigned *a
 extern "C" qva_status qvc_prep4(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                                 const qvc_prep_args *a, qvc_ops4 *ops, cudaStream_t st) {
     qva_status s;
-    if ((s = qvc_check_view("qvc_prep4", q, "q")) || (s = qvc_check_view("qvc_prep4", k, "k")) ||
-        (s = qvc_check_view("qvc_prep4", v, "v")))
+    if (!ops || !ops->q)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep4: NULL or unallocated ops");
+    if ((s = check_prep_views("qvc_prep4", q, k, v, a, ops->BH, ops->nq, ops->nk, ops->D)))
         return s;
-    if (!a || !ops || !ops->q)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep4: NULL args or unallocated ops");
     const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
-    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
-        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
-        return qvi_fail(QVA_ERR_SHAPE,
-                        "qvc_prep4: views do not match ops (BH=%d nq=%d nk=%d D=%d)", BH, nq, nk, D);
-    if (BH > 65535) return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep4: B*H = %d exceeds 65535", BH);
     if (D != 64 && D != 128) return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep4: head dim %d", D);
     if (a->demean && !ops->mu)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep4: demean needs ops allocated with_mu");

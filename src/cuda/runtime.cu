@@ -264,15 +264,6 @@ static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_v
     return QVA_OK;
 }
 
-static qvc_view make_view(const qva_tensor *t) {
-    qvc_view w;
-    w.data = t->data;
-    w.dtype = (int)t->dtype;
-    w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
-    w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
-    return w;
-}
-
 static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
                                const qva_tensor *out, const qva_tensor *lse) {
     qvc_attn_args a;
@@ -334,7 +325,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
     const int prof = qvi_context_profiling(ctx);
     const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
-    const qvc_view qv = make_view(q), kv = make_view(k), vv = make_view(v);
+    const qvc_view qv = qvc_view_of(q), kv = qvc_view_of(k), vv = qvc_view_of(v);
     qva_status r;
 
     if ((r = qvc_timer_mark(&s->timer, 0, prof, st)) != QVA_OK) return r;
