@@ -1,0 +1,488 @@
+/*
+ * Hopper building blocks shared by the warp-specialized kernels
+ * (attn_qk8_pv8_ws.cu: dense 8-bit; attn_draft_ws.cu: block-sparse draft):
+ * mbarrier / TMA / wgmma PTX wrappers, the 128-byte-swizzle descriptors,
+ * the INT8 QK and E4M3 PV wgmma forms, the conversion-free softmax pieces
+ * and the host tensor-map encoder.  Moved here unchanged from
+ * attn_qk8_pv8_ws.cu (its PTX is byte-identical before and after).
+ */
+#ifndef QVATTN_WS_COMMON_CUH
+#define QVATTN_WS_COMMON_CUH
+
+#include <cuda.h>
+
+#include "attn_common.cuh"
+#include "expcast_magic.h"
+
+#define WS_KEYS 128   /* keys per block */
+
+/* ------------------------------------------------------------ PTX wrappers */
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int x,
+                                                   int y, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+static __device__ __forceinline__ void wg_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wg_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void wg_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Named barriers between the two consumer warpgroups (ids 1, 2; 0 is
+ * __syncthreads). */
+static __device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void named_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/* Keep the compiler from moving accumulator registers across the
+ * asynchronous wgmma window. */
+template <typename T, int N>
+static __device__ __forceinline__ void reg_fence(T (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(*(uint32_t *)&r[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte
+ * swizzle, 8-row groups 1024 bytes apart (SBO); LBO is unused. */
+static __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#define R8(d, i)                                                                          \
+    "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]),          \
+        "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
+#define F8(d, i)                                                                          \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),          \
+        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define R64(d) R8(d, 0), R8(d, 8), R8(d, 16), R8(d, 24), R8(d, 32), R8(d, 40), R8(d, 48), R8(d, 56)
+#define F64(d) F8(d, 0), F8(d, 8), F8(d, 16), F8(d, 24), F8(d, 32), F8(d, 40), F8(d, 48), F8(d, 56)
+#define ACC64                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43," \
+    "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define ACC68                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43," \
+    "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64," \
+    "%65,%66,%67}"
+
+/* S (64x128) += Q (64x32, smem) K^T (32x128, smem). INT8: s32 accumulators. */
+static __device__ __forceinline__ void wgmma_qk_s8(int (&d)[64], uint64_t da, uint64_t db,
+                                                   int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " ACC64 ", %64, %65, p;\n}\n"
+        : R64(d)
+        : "l"(da), "l"(db), "r"(acc));
+}
+/* The same with E4M3 codes (fp8 method): f32 accumulators. */
+static __device__ __forceinline__ void wgmma_qk_e4m3(float (&d)[64], uint64_t da, uint64_t db,
+                                                     int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ACC64 ", %64, %65, p, 1, 1;\n}\n"
+        : F64(d)
+        : "l"(da), "l"(db), "r"(acc));
+}
+/* O_j (64x128) += P (64x32, registers) V (32x128, smem V^T). */
+static __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t *a, uint64_t db,
+                                                int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " ACC64
+        ", {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+        : F64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+/* The same with eight more B rows (the ones block): columns 128..135 hold
+ * the row sums of the decoded P codes. */
+static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint32_t *a,
+                                                     uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 " ACC68
+        ", {%68,%69,%70,%71}, %72, p, 1, 1;\n}\n"
+        : F64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* The PV product for one half of the channels (64) and, for the high half
+ * with ExpCast, the eight ones rows after it (n72). */
+#define ACC32                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define ACC36                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+#define F32(d) F8(d, 0), F8(d, 8), F8(d, 16), F8(d, 24)
+static __device__ __forceinline__ void wgmma_pv64(float (&d)[36], const uint32_t *a, uint64_t db,
+                                                  int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32
+        ", {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+        : F32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wgmma_pv72(float (&d)[36], const uint32_t *a, uint64_t db,
+                                                  int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " ACC36
+        ", {%36,%37,%38,%39}, %40, p, 1, 1;\n}\n"
+        : F32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                                 uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+
+template <int FMT, typename SACC>
+static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint32_t k_addr) {
+    const uint64_t kd = sw128_desc(k_addr);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        /* +32 bytes per k-step inside the swizzled 128-byte row */
+        if (FMT == QVC_QK_INT8)
+            wgmma_qk_s8(*(int(*)[64])s, qd + 2 * kk, kd + 2 * kk, kk);
+        else
+            wgmma_qk_e4m3(*(float(*)[64])s, qd + 2 * kk, kd + 2 * kk, kk);
+    }
+    wg_commit();
+}
+
+/* Issue O_j = P V of the tile at descriptor vd (4 k-steps of 32 keys); with
+ * ExpCast the n136 form whose columns 128..135 are the decoded row sums. */
+template <int EXPCAST>
+static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
+                                                const uint32_t (&pa)[4][4], uint64_t vd) {
+    wg_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        if (EXPCAST)
+            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+        else
+            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
+    }
+    wg_commit();
+}
+
+/* ---- ws0/ws1 softmax: float scores, then float max ---- */
+template <int FMT, typename SACC>
+static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float (&s)[16][4],
+                                                    float f, int key0, int nk, int tig) {
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[nt * 4 + e] * f;
+    if (key0 + WS_KEYS > nk) {
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+            const int key = key0 + nt * 8 + 2 * tig;
+            if (key >= nk) s[nt][0] = s[nt][2] = -INFINITY;
+            if (key + 1 >= nk) s[nt][1] = s[nt][3] = -INFINITY;
+        }
+    }
+}
+
+/* Raise the running max of both rows to mx; rescale O and l (VC Eq. 1).
+ * skip_same: leave O alone when no row of the warp moved (alpha == 1
+ * exactly, so the result is the same). */
+static __device__ __forceinline__ void raise_max(float *mx, float *m, float *l, float (&o)[64],
+                                                 int skip_same) {
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        alpha[r] = (mx[r] > m[r] && m[r] != -INFINITY) ? exp2f(m[r] - mx[r]) : 1.0f;
+        l[r] *= alpha[r];
+        m[r] = fmaxf(m[r], mx[r]);
+    }
+    if (skip_same && !__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n * 4 + 0] *= alpha[0], o[n * 4 + 1] *= alpha[0];
+        o[n * 4 + 2] *= alpha[1], o[n * 4 + 3] *= alpha[1];
+    }
+}
+
+static __device__ __forceinline__ void online_max(const float (&s)[16][4], float *m, float *l,
+                                                  float (&o)[64]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx[0] = qvc_quad_max(mx[0]);
+    mx[1] = qvc_quad_max(mx[1]);
+    raise_max(mx, m, l, o, 0);
+}
+
+/* ---- ws2/ws3 softmax: integers until the max is known ---- */
+/* The conversion-free pieces (INT32 -> FP32 by the magic add, ExpCast
+ * rounded by the magic add) live in src/expcast_magic.h, shared with their
+ * CPU test tests/test_expcast_magic.c. */
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* ExpCast (VC Eq. 7) of u = s - m as float bits whose low byte is the
+ * E4M3 code: the reference's t = fma(8, u, 119.65), rounded by the magic
+ * add (equal to qvc_expcast_code on every u <= 0: tests/test_expcast_magic.c). */
+static __device__ __forceinline__ uint32_t expcast_bits(float u) {
+    return qvi_expcast_bits(qvi_expcast_t(u));
+}
+/* Low bytes of four words -> one word (3 PRMT). */
+static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c,
+                                                          uint32_t d) {
+    return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+/* Row max of the raw INT32 scores (masked keys pushed below any real
+ * score), times f: equal to the max of the scaled floats, since x -> x*f is
+ * monotone for f > 0. */
+template <int TREE>
+static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int key0, int nk,
+                                                   int tig, float *mx) {
+    if (key0 + WS_KEYS > nk) {
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+            const int key = key0 + nt * 8 + 2 * tig;
+            if (key >= nk) acc[nt * 4 + 0] = acc[nt * 4 + 2] = -(1 << 22) + 1;
+            if (key + 1 >= nk) acc[nt * 4 + 1] = acc[nt * 4 + 3] = -(1 << 22) + 1;
+        }
+    }
+    int m0, m1;
+    if (TREE) {
+        int a0[4], a1[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            a0[q] = max(acc[q * 4 + 0], acc[q * 4 + 1]);
+            a1[q] = max(acc[q * 4 + 2], acc[q * 4 + 3]);
+        }
+#pragma unroll
+        for (int nt = 4; nt < 16; ++nt) {
+            a0[nt & 3] = max(a0[nt & 3], max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
+            a1[nt & 3] = max(a1[nt & 3], max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+        }
+        m0 = max(max(a0[0], a0[1]), max(a0[2], a0[3]));
+        m1 = max(max(a1[0], a1[1]), max(a1[2], a1[3]));
+    } else {
+        m0 = acc[0], m1 = acc[2];
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+            m0 = max(m0, max(acc[nt * 4 + 0], acc[nt * 4 + 1]));
+            m1 = max(m1, max(acc[nt * 4 + 2], acc[nt * 4 + 3]));
+        }
+    }
+    m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    mx[0] = (float)m0 * f;
+    mx[1] = (float)m1 * f;
+}
+
+/* P codes of one block from the raw scores: pa[c] is the A fragment of
+ * keys 32c..32c+31 (qvc_pack_p32's order). */
+template <int EXPCAST>
+static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, float m0, float m1,
+                                              int key0, int nk, int tig, float *rs,
+                                              uint32_t (&pa)[4][4]) {
+    const int masked = key0 + WS_KEYS > nk;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float sv[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nt = 4 * c + i;
+                float x = __fmul_rn(qvi_i2f_magic(acc[nt * 4 + e]), f);
+                if (masked && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                sv[i][e] = __fsub_rn(x, (e < 2) ? m0 : m1);
+            }
+        if (EXPCAST) {
+            pa[c][0] = pack_low_bytes(expcast_bits(sv[0][0]), expcast_bits(sv[0][1]),
+                                      expcast_bits(sv[1][0]), expcast_bits(sv[1][1]));
+            pa[c][1] = pack_low_bytes(expcast_bits(sv[0][2]), expcast_bits(sv[0][3]),
+                                      expcast_bits(sv[1][2]), expcast_bits(sv[1][3]));
+            pa[c][2] = pack_low_bytes(expcast_bits(sv[2][0]), expcast_bits(sv[2][1]),
+                                      expcast_bits(sv[3][0]), expcast_bits(sv[3][1]));
+            pa[c][3] = pack_low_bytes(expcast_bits(sv[2][2]), expcast_bits(sv[2][3]),
+                                      expcast_bits(sv[3][2]), expcast_bits(sv[3][3]));
+        } else {
+            float p[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    p[i][e] = ex2_ftz(__fadd_rn(sv[i][e], QVC_P_AMP));
+                    rs[e >> 1] += p[i][e];
+                }
+#define CVT2(x, y) \
+    ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
+            pa[c][0] = CVT2(p[0][0], p[0][1]) | (CVT2(p[1][0], p[1][1]) << 16);
+            pa[c][1] = CVT2(p[0][2], p[0][3]) | (CVT2(p[1][2], p[1][3]) << 16);
+            pa[c][2] = CVT2(p[2][0], p[2][1]) | (CVT2(p[3][0], p[3][1]) << 16);
+            pa[c][3] = CVT2(p[2][2], p[2][3]) | (CVT2(p[3][2], p[3][3]) << 16);
+#undef CVT2
+        }
+    }
+}
+
+/* ws4: the same codes from one FMA per score (see the header).  MASK: the
+ * block holds padding keys (only the last one can). */
+template <int EXPCAST, int MASK, int SPLIT_SUM>
+static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f, float m0,
+                                                    float m1, int key0, int nk, int tig,
+                                                    float *rs, uint32_t (&pa)[4][4]) {
+    const float fm = EXPCAST ? 8.0f * f : f;
+    const float c0 = EXPCAST ? qvi_expcast_c(m0) : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST ? qvi_expcast_c(m1) : __fsub_rn(QVC_P_AMP, m1);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float t[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nt = 4 * c + i;
+                float x = qvi_i2f_magic(acc[nt * 4 + e]);
+                if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                t[i][e] = __fmaf_rn(x, fm, (e < 2) ? c0 : c1);
+            }
+        if (EXPCAST) {
+#define EB(i, e) qvi_expcast_bits(t[i][e])
+            pa[c][0] = pack_low_bytes(EB(0, 0), EB(0, 1), EB(1, 0), EB(1, 1));
+            pa[c][1] = pack_low_bytes(EB(0, 2), EB(0, 3), EB(1, 2), EB(1, 3));
+            pa[c][2] = pack_low_bytes(EB(2, 0), EB(2, 1), EB(3, 0), EB(3, 1));
+            pa[c][3] = pack_low_bytes(EB(2, 2), EB(2, 3), EB(3, 2), EB(3, 3));
+#undef EB
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t[i][e] = ex2_ftz(t[i][e]);
+            if (SPLIT_SUM) { /* 4 independent adds per row, then 2 levels */
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    rs[r] += (t[0][2 * r] + t[0][2 * r + 1]) + (t[1][2 * r] + t[1][2 * r + 1]) +
+                             ((t[2][2 * r] + t[2][2 * r + 1]) + (t[3][2 * r] + t[3][2 * r + 1]));
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rs[e >> 1] += t[i][e];
+            }
+#define CVT2(x, y) \
+    ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
+            pa[c][0] = CVT2(t[0][0], t[0][1]) | (CVT2(t[1][0], t[1][1]) << 16);
+            pa[c][1] = CVT2(t[0][2], t[0][3]) | (CVT2(t[1][2], t[1][3]) << 16);
+            pa[c][2] = CVT2(t[2][0], t[2][1]) | (CVT2(t[3][0], t[3][1]) << 16);
+            pa[c][3] = CVT2(t[2][2], t[2][3]) | (CVT2(t[3][2], t[3][3]) << 16);
+#undef CVT2
+        }
+    }
+}
+
+/* O += part * vb for the 16-column slice n0..n0+NN of O. */
+template <int NN, int N>
+static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], int n0,
+                                                float vb) {
+#pragma unroll
+    for (int n = 0; n < NN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[(n0 + n) * 4 + e] = __fmaf_rn(part[n * 4 + e], vb, o[(n0 + n) * 4 + e]);
+}
+
+/* V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6), mu from the stage in
+ * shared memory (a quad reads 4 distinct float2: no bank conflict). */
+static __device__ __forceinline__ void restore_mu(float (&o)[64], const float *rs,
+                                                  const float *mu, int tig) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        const float2 mu2 = *(const float2 *)(mu + n * 8 + 2 * tig);
+        o[n * 4 + 0] = __fmaf_rn(rs[0], mu2.x, o[n * 4 + 0]);
+        o[n * 4 + 1] = __fmaf_rn(rs[0], mu2.y, o[n * 4 + 1]);
+        o[n * 4 + 2] = __fmaf_rn(rs[1], mu2.x, o[n * 4 + 2]);
+        o[n * 4 + 3] = __fmaf_rn(rs[1], mu2.y, o[n * 4 + 3]);
+    }
+}
+
+/* ------------------------------------------------------------ host */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static encode_tiled_fn get_encode_tiled(void) {
+    static encode_tiled_fn fn = NULL;
+    if (!fn) {
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (encode_tiled_fn)ptr;
+        else
+            cudaGetLastError();
+    }
+    return fn;
+}
+
+/* A [rows][128] byte matrix read as box_rows x 128 tiles, 128-byte swizzle. */
+static qva_status make_map(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+    encode_tiled_fn enc = get_encode_tiled();
+    if (!enc) return qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled is not available");
+    const cuuint64_t dims[2] = {128, rows}, strides[1] = {128};
+    const cuuint32_t box[2] = {128, box_rows}, estr[2] = {1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)data, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? QVA_OK
+                             : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
+}
+
+#endif
