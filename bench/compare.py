@@ -78,8 +78,10 @@ def parse_args(argv):
                    help="std of q (k, v are N(0,1) plus per-head channel offsets); "
                         "larger = sharper softmax")
     p.add_argument("--kernels", default="",
-                   help="comma list of 8-bit kernel versions to time side by side "
-                        "(QVA_ATTN_KERNEL: mma, ws0, ws1); empty = the library default")
+                   help="comma list of kernel versions to time side by side: 8-bit ones "
+                        "(QVA_ATTN_KERNEL: mma, ws0..ws7) for the dense methods, draft ones "
+                        "(QVA_DRAFT_KERNEL: dw0, dw1, dmma = the mma.sync kernel) for draft; "
+                        "empty = the library default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=30.0,
                    help="max seconds of timed calls per case; a slower case runs "
@@ -122,6 +124,19 @@ def load_qvattn():
 # ------------------------------------------------------------------ helpers
 def base_is_draft(ffi, cfg):
     return cfg.method == getattr(ffi, "QVA_METHOD_DRAFT", -1)
+
+
+def draft_kept_fraction(cfg, grid):
+    """(computed 128x128 blocks / dense N^2 equivalent, kept region pairs)
+    of a draft config on grid (T, H, W) without prefix: the pairs the quotas
+    keep (skip fraction rounded as the library's largest remainder does to
+    within a pair), each a full block, over N^2 / 128^2."""
+    t, h, w = grid
+    regions = t * -(-(h * w) // 128)
+    pairs = regions * regions
+    kept = pairs - round(cfg.draft.frac_skip * pairs)
+    n = t * h * w
+    return kept * 128.0 * 128.0 / (n * n), kept
 
 
 def flops(B, H, N, D):
@@ -326,10 +341,16 @@ class Bench:
         qv, ffi = self.qvattn, self.ffi
         kernels = [k.strip() for k in self.args.kernels.split(",") if k.strip()] or [None]
         for method, kern in [(m, k) for m in methods for k in kernels]:
-            if kern is None:
-                os.environ.pop("QVA_ATTN_KERNEL", None)
-            else:
-                os.environ["QVA_ATTN_KERNEL"] = kern
+            os.environ.pop("QVA_ATTN_KERNEL", None)
+            os.environ.pop("QVA_DRAFT_KERNEL", None)
+            draft_kern = kern is not None and (kern.startswith("dw") or kern == "dmma")
+            if kern is not None:
+                if draft_kern != method.startswith("draft"):
+                    continue  # a draft kernel version times draft methods only, and back
+                if draft_kern:
+                    os.environ["QVA_DRAFT_KERNEL"] = "mma" if kern == "dmma" else kern
+                else:
+                    os.environ["QVA_ATTN_KERNEL"] = kern
             label = method if kern is None or method.startswith("bf16") else f"{method}@{kern}"
             if kern is not None and method.startswith("bf16") and kern != kernels[0]:
                 continue  # the kernel versions are 8-bit ones: time bf16 once
@@ -385,6 +406,7 @@ class Bench:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
         os.environ.pop("QVA_ATTN_KERNEL", None)
+        os.environ.pop("QVA_DRAFT_KERNEL", None)
         return entries
 
     def qvattn_case(self, e, ctx, method, vc, step, descs, t_out, out, ref, fl, nsets):
@@ -422,6 +444,13 @@ class Bench:
             for key in ("kernel_ms", "prep_ms", "grouping_ms"):
                 e[key] = statistics.median(p[key] for p in ph)
             e["kernel_tops"] = tops(fl, e["kernel_ms"])
+            if base_is_draft(ffi, cfgs[0]):
+                # TOPS over the blocks the kernel computes (whole 128x128
+                # blocks, padding included): its efficiency on what it runs
+                frac, kept = draft_kept_fraction(cfgs[0], self.cur_grid)
+                e["kept_fraction"] = frac
+                e["block_tops"] = tops(fl * frac, e["kernel_ms"])
+                e["kept_blocks"] = kept
         call(0)  # input set 0 (layer 0) at this step: the fidelity output
         torch.cuda.synchronize()
         e["rel_l2"] = self.rel_l2(out, ref)
@@ -512,6 +541,12 @@ def markdown(res):
                 fmt(e.get("kernel_vs_cudnn"), ".2f"),
                 fmt(e.get("prep_ms"), ".3f"), fmt(e.get("grouping_ms"), ".3f"),
                 fmt(e.get("rel_l2"), ".2e"), status.replace("|", "/")]) + " |")
+    notes = [f"- {s['name']} {e.get('label', e['impl'])}: kernel TOPS over the computed blocks "
+             f"{e['block_tops']:.1f} ({e['kept_blocks']} region pairs per head kept, "
+             f"{100 * e['kept_fraction']:.1f}% of the dense work)"
+             for s in res["shapes"] for e in s["entries"] if e.get("block_tops")]
+    if notes:
+        lines += ["", "Draft kernels on the blocks they compute:", ""] + notes
     return "\n".join(lines) + "\n"
 
 

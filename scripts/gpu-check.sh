@@ -152,6 +152,10 @@ if [ $have_build -eq 1 ]; then
     for kv in mma ws0 ws1 ws2 ws3 ws4 ws5 ws7; do  # ws6, the default, ran in ctest
         run_step "backend-$kv" "${CTEST_TIMEOUT:-600}" env QVA_ATTN_KERNEL=$kv "$BUILD/test_backend"
     done
+    # The draft kernel versions that are not the default (dw1).
+    for dk in mma dw0; do
+        run_step "backend-draft-$dk" "${CTEST_TIMEOUT:-600}" env QVA_DRAFT_KERNEL=$dk "$BUILD/test_backend"
+    done
     run_step perf 300 "$BUILD/test_backend" perf
     if python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
         run_step pytest 300 env QVATTN_LIB="$LIB" python3 -m pytest -q -p no:cacheprovider -rs python/tests

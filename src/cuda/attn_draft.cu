@@ -1017,6 +1017,31 @@ static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
     return qvc_launch_check("attn_draft");
 }
 
+/* Which phased kernel runs: the Hopper block-sparse one (attn_draft_ws.cu,
+ * version 0 or 1) for head dim 128 without an NVFP4 phase, else the
+ * mma.sync one (-1).  QVA_DRAFT_KERNEL=mma|dw0|dw1 pins one so that
+ * bench/compare.py and gpu-check can run them side by side. */
+extern "C" int qvc_draft_kernel_choice(int D, int with4) {
+    const char *e = getenv("QVA_DRAFT_KERNEL");
+    if (D != 128 || with4 || (e && !strcmp(e, "mma"))) return -1;
+    if (e && e[0] == 'd' && e[1] == 'w' && (e[2] == '0' || e[2] == '1') && !e[3]) return e[2] - '0';
+    return 1;
+}
+
+static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, int version, cudaStream_t st) {
+    qvc_draft_ws_args w;
+    memset(&w, 0, sizeof w);
+    w.BH = BH, w.R = p->R, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
+    w.n_pack = p->n_pack, w.prefix_pad = p->prefix_pad;
+    w.q16 = p->ops.q16, w.k16 = p->ops.k16, w.v16t = p->ops.v16t;
+    w.q8 = p->ops.q8, w.k8 = p->ops.k8, w.v8t = p->ops.v8t;
+    w.q8s = p->ops.q8s, w.k8s = p->ops.k8s, w.dv = p->ops.dv;
+    w.count = p->count, w.pack = p->pack, w.offsets = p->offsets, w.cols = p->cols;
+    w.scale_log2 = p->scale_log2, w.eta = p->eta;
+    w.a = p->a;
+    return qvc_attn_draft_ws(&w, version, st);
+}
+
 /* Phase timings: grouping_ms is the router, prep_ms the operand
  * preparation, kernel_ms the phased kernel and the dense rows. */
 extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg,
@@ -1084,7 +1109,10 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     p.eta = pl.eta;
     p.expcast = pl.expcast;
     p.a = dg_args(pl.scale_log2, q, out, lse, 0);
-    if (D == 128)
+    const int dk = qvc_draft_kernel_choice(D, pl.with4);
+    if (dk >= 0)
+        r = dg_launch_ws(&p, BH, pl.use_f16, dk, st);
+    else if (D == 128)
         r = pl.use_f16 ? dg_launch_attn<128, 1>(p, BH, st) : dg_launch_attn<128, 0>(p, BH, st);
     else
         r = pl.use_f16 ? dg_launch_attn<64, 1>(p, BH, st) : dg_launch_attn<64, 0>(p, BH, st);

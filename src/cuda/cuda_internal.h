@@ -161,6 +161,27 @@ qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
 qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
                                const qvc_attn_args *a, int version, cudaStream_t st);
 
+/* The block-sparse Hopper draft kernel (attn_draft_ws.cu), head dim 128,
+ * routes without an NVFP4 phase.  Operands as attn_draft.cu prepares them
+ * (its header): q16/k16 [BH][n_pack][128], v16t [BH][n_pack/128][128][128]
+ * (16-bit, f16 iff f16), q8/k8 [BH][R][128][128] INT8 with q8s/k8s [BH][R],
+ * v8t [BH][R][128][128] E4M3 in the PV slot order, dv [BH][128]; the
+ * 8-bit ones may be NULL when no route has an INT8 phase. */
+typedef struct qvc_draft_ws_args {
+    int BH, R, prefix, expcast, f16;
+    int64_t n_pack, prefix_pad;
+    const uint16_t *q16, *k16, *v16t;
+    const int8_t *q8, *k8;
+    const uint8_t *v8t;
+    const float *q8s, *k8s, *dv;
+    const int32_t *count, *pack, *offsets, *cols;
+    float scale_log2, eta;
+    qvc_attn_args a;
+} qvc_draft_ws_args;
+qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st);
+/* -1: the mma.sync draft kernel; 0, 1: attn_draft_ws version (attn_draft.cu). */
+int qvc_draft_kernel_choice(int D, int with4);
+
 /* ---- 4-bit methods sage4 / vc4 (src/cuda/prep.cu, src/cuda/attn_fp4.cu) -- */
 /*
  * NVFP4 operands (DA2 Eq. 23), codes and scales bit-exact with the CPU

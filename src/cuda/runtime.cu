@@ -32,9 +32,15 @@ static int draft_on_gpu(const qva_config *cfg, char *why, size_t len) {
         snprintf(why, len, "draft has no +hadamard variant");
         return 0;
     }
-    snprintf(why, len,
-             "cuda: draft phased mma.sync kernel (attn_draft_mma_64x128: BF16/FP16 and INT8/E4M3 "
-             "phases native, NVFP4 phase emulated with exact BF16 MMAs)");
+    if (qvc_draft_kernel_choice(128, cfg->draft.frac4 > 0.0f) >= 0)
+        snprintf(why, len,
+                 "cuda: attn_draft_ws_128x128 (block-sparse wgmma/TMA, BF16/FP16 and INT8/E4M3 "
+                 "phases) at head dim 128 without NVFP4 blocks; else attn_draft_mma_64x128 "
+                 "(NVFP4 phase emulated with exact BF16 MMAs)");
+    else
+        snprintf(why, len,
+                 "cuda: draft phased mma.sync kernel (attn_draft_mma_64x128: BF16/FP16 and "
+                 "INT8/E4M3 phases native, NVFP4 phase emulated with exact BF16 MMAs)");
     return 1;
 }
 

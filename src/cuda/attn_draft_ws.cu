@@ -1,0 +1,531 @@
+/*
+ * attn_draft_ws_128x128: DraftAttention2's phased kernel on Hopper's own
+ * instructions (DA2 §3.2-3.3, C.3; docs/DRAFT.md §5).  A block-sparse
+ * version of the dense 8-bit kernel's pipeline (attn_qk8_pv8_ws.cu):
+ *
+ *   one CTA per (video query region a, head bh): 128 packed query rows,
+ *   warpgroup 0      producer: one thread walks the route of (bh, a) -- the
+ *                    INT8 key regions, then every prefix block, then the
+ *                    16-bit key regions -- and TMA-loads each block's K and
+ *                    V^T into a 2-stage ring (mbarriers, 128-byte swizzle)
+ *   warpgroups 1, 2  consumers, 64 query rows each, ONE online-softmax
+ *                    state across the phases:
+ *     INT8 phase     S = Q8 K8^T  wgmma m64n128k32 s8 (SS); P codes by
+ *                    exp2 or ExpCast (ws4's fused score FMA); the block's
+ *                    PV partial = P V8 by wgmma e4m3 (RS; with ExpCast the
+ *                    n136 form whose ones rows give the decoded row sum),
+ *                    rounded to FP16 with saturation (Table 6) and added;
+ *                    entered and left by the Eq. 8 unit change
+ *     16-bit phase   S = Q16 K16^T wgmma m64n128k16 bf16/f16 (SS); P in
+ *                    16 bits from the S accumulator registers; O += P V16
+ *                    by wgmma (RS) straight into the O accumulator
+ *
+ * Empty lists cost nothing: the producer skips them and the consumers
+ * never wait for them.  Query regions keep different numbers of key
+ * blocks; with one CTA per region (24,360 at Wan2.2-720p, ~185 per SM) the
+ * hardware block scheduler balances the load dynamically and the tail is
+ * under one CTA's run time, so there is no persistent scheduler.
+ *
+ * Numerics against the CPU reference (src/cpu/draft.c), as the mma.sync
+ * draft kernel (attn_draft.cu) except where marked:
+ *   - INT8 scores exact (INT32); the P codes from one FMA per score (ws4):
+ *     a code can differ by one step from the three-rounding reference
+ *     (docs/NUMERICS.md, ws4);
+ *   - 16-bit phase: p = exp2(s - m) by ex2.approx (2 ulp), the row sum of
+ *     the FP32 p, P rounded to 16 bits; the PV product accumulates into O
+ *     in the tensor core (the CPU adds a per-block FP32 partial): FP32
+ *     summation order only.
+ *   - 4-bit blocks are not handled here: a route with an NVFP4 phase runs
+ *     the mma.sync kernel (qvc_draft_attention decides).
+ *
+ * Versions (QVA_DRAFT_KERNEL=mma|dw0|dw1; runtime default in attn_draft.cu):
+ *   dw0  per block: QK, softmax, PV in sequence
+ *   dw1  16-bit phase software-pipelined (FA3's intra-warpgroup overlap):
+ *        QK of block i and PV of block i-1 in flight together, the softmax
+ *        of block i under PV of i-1; O rescaled after that PV lands
+ */
+#include "ws_common.cuh"
+
+#define DW_ROWS 128
+#define DW_STAGES 2
+#define DW_HALF 16384                  /* [128 rows][128 B] */
+#define DW_Q16_OFF 0                   /* Q16: channels 0-63 | 64-127   */
+#define DW_Q8_OFF (2 * DW_HALF)        /* Q8 [128][128 B]               */
+#define DW_STAGE0 (3 * DW_HALF)
+#define DW_STAGE_BYTES (4 * DW_HALF + 1024) /* K 32 KB | V 32 KB | ones */
+#define DW_K_OFF(s) (DW_STAGE0 + (s) * DW_STAGE_BYTES)
+#define DW_V_OFF(s) (DW_K_OFF(s) + 2 * DW_HALF)
+/* INT8 V^T goes in the high half, so the ones rows follow it (n136) */
+#define DW_V8_OFF(s) (DW_V_OFF(s) + DW_HALF)
+#define DW_ONES_OFF(s) (DW_V_OFF(s) + 2 * DW_HALF)
+#define DW_BAR_OFF (DW_STAGE0 + DW_STAGES * DW_STAGE_BYTES)
+#define DW_SMEM_BYTES (DW_BAR_OFF + 64 + 1024)
+#define DW_THREADS 384
+#define DW_PRODUCER_REGS 24
+#define DW_CONSUMER_REGS 240
+
+typedef struct dw_params {
+    qvc_draft_ws_args w;
+    int npre; /* prefix blocks */
+} dw_params;
+
+/* ------------------------------------------------------------ 16-bit wgmma */
+/* S (64x128) += Q (64x16, smem) K^T (16x128, smem), both K-major. */
+template <int F16>
+static __device__ __forceinline__ void wgmma_qk16(float (&d)[64], uint64_t da, uint64_t db,
+                                                  int acc) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : F64(d)
+            : "l"(da), "l"(db), "r"(acc));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : F64(d)
+            : "l"(da), "l"(db), "r"(acc));
+}
+/* O (64x128) += P (64x16, registers) V (16x128, smem V^T, K-major). */
+template <int F16>
+static __device__ __forceinline__ void wgmma_pv16(float (&d)[64], const uint32_t *a, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* Descriptor of k-step kk (16 channels = 32 bytes) of a [rows][128] 16-bit
+ * tile stored as two swizzled halves of 64 channels, `half` bytes apart. */
+static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_t half) {
+    return sw128_desc(addr + (uint32_t)(kk >> 2) * half) + 2 * (kk & 3);
+}
+
+template <int F16>
+static __device__ __forceinline__ void issue_qk16(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), kk);
+    wg_commit();
+}
+template <int F16>
+static __device__ __forceinline__ void issue_pv16(float (&o)[64], const uint32_t (&pa)[8][4],
+                                                  uint32_t v_addr) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+    wg_commit();
+}
+
+/* ------------------------------------------------------------ softmax pieces */
+/* Scores of a 16-bit block, keys >= valid at -inf; the row maxima (quad
+ * reduced) raised by the running max m. */
+static __device__ __forceinline__ void scores16(float (&s)[64], float f, int valid, int tig,
+                                                const float *m, float *mx) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = __fmul_rn(s[i], f);
+    if (valid < WS_KEYS) {
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+            const int key = nt * 8 + 2 * tig;
+            if (key >= valid) s[nt * 4 + 0] = s[nt * 4 + 2] = -INFINITY;
+            if (key + 1 >= valid) s[nt * 4 + 1] = s[nt * 4 + 3] = -INFINITY;
+        }
+    }
+    float a0[4], a1[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        a0[q] = fmaxf(s[q * 4 + 0], s[q * 4 + 1]);
+        a1[q] = fmaxf(s[q * 4 + 2], s[q * 4 + 3]);
+    }
+#pragma unroll
+    for (int nt = 4; nt < 16; ++nt) {
+        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
+        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+    }
+    mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))));
+    mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))));
+}
+
+/* New running max mx: alpha per row (1 when it did not rise), m and l
+ * updated; O is rescaled by the caller (it may be in flight). */
+static __device__ __forceinline__ void new_max(const float *mx, float *m, float *l,
+                                               float *alpha) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        alpha[r] = (mx[r] > m[r] && m[r] != -INFINITY) ? exp2f(m[r] - mx[r]) : 1.0f;
+        l[r] *= alpha[r];
+        m[r] = fmaxf(m[r], mx[r]);
+    }
+}
+static __device__ __forceinline__ void rescale_o(float (&o)[64], const float *alpha) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        o[n * 4 + 0] *= alpha[0], o[n * 4 + 1] *= alpha[0];
+        o[n * 4 + 2] *= alpha[1], o[n * 4 + 3] *= alpha[1];
+    }
+}
+
+/* p = 2^(s - m) (FP32 row sums in rs), packed to 16 bits as the PV A
+ * fragments: k-step kk holds keys 16kk..16kk+15 (chunks 2kk, 2kk+1). */
+template <int F16>
+static __device__ __forceinline__ void probs16(const float (&s)[64], const float *m, float *rs,
+                                               uint32_t (&pa)[8][4]) {
+    const float m0 = m[0] == -INFINITY ? 0.0f : m[0], m1 = m[1] == -INFINITY ? 0.0f : m[1];
+    float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const float *lo = s + 8 * kk, *hi = lo + 4;
+        const float p0 = ex2_ftz(lo[0] - m0), p1 = ex2_ftz(lo[1] - m0);
+        const float p2 = ex2_ftz(lo[2] - m1), p3 = ex2_ftz(lo[3] - m1);
+        const float p4 = ex2_ftz(hi[0] - m0), p5 = ex2_ftz(hi[1] - m0);
+        const float p6 = ex2_ftz(hi[2] - m1), p7 = ex2_ftz(hi[3] - m1);
+        r0[kk & 1] += (p0 + p1) + (p4 + p5);
+        r1[kk & 1] += (p2 + p3) + (p6 + p7);
+        pa[kk][0] = qvc_pack2<F16>(p0, p1);
+        pa[kk][1] = qvc_pack2<F16>(p2, p3);
+        pa[kk][2] = qvc_pack2<F16>(p4, p5);
+        pa[kk][3] = qvc_pack2<F16>(p6, p7);
+    }
+    rs[0] = qvc_quad_sum(r0[0] + r0[1]);
+    rs[1] = qvc_quad_sum(r1[0] + r1[1]);
+}
+
+/* round_f16_sat of src/cpu/attention.c. */
+static __device__ __forceinline__ float dw_f16_sat(float x) {
+    const float h = __half2float(__float2half_rn(x));
+    return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
+}
+
+/* Eq. 8 unit change of O and l: enter divides by eta*delta_c, exit
+ * multiplies (the mma.sync kernel's dg_phase_scale). */
+static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, const float *dv,
+                                                   float eta, int tig, int enter) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float sc = __fmul_rn(eta, __ldg(dv + n * 8 + 2 * tig + (e & 1)));
+            o[n * 4 + e] = enter ? __fdiv_rn(o[n * 4 + e], sc) : __fmul_rn(o[n * 4 + e], sc);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = enter ? __fdiv_rn(l[r], eta) : __fmul_rn(l[r], eta);
+}
+
+/* ------------------------------------------------------------ the kernel */
+/* Block i of the CTA's walk: INT8 regions first, then the prefix blocks,
+ * then the 16-bit regions. */
+typedef struct dw_walk {
+    int e1, nb8, npre, e2, total;
+} dw_walk;
+
+template <int F16, int EXPCAST, int VER>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
+                      const __grid_constant__ CUtensorMap tk16,
+                      const __grid_constant__ CUtensorMap tv16,
+                      const __grid_constant__ CUtensorMap tq8,
+                      const __grid_constant__ CUtensorMap tk8,
+                      const __grid_constant__ CUtensorMap tv8, const dw_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    const uint32_t bar_q8 = base + DW_BAR_OFF, bar_q16 = bar_q8 + 8;
+    const uint32_t bar_full = bar_q8 + 16, bar_empty = bar_full + 8 * DW_STAGES;
+    const qvc_draft_ws_args &w = p.w;
+    const int a = blockIdx.x, bh = blockIdx.y, R = w.R;
+    const int64_t hr = (int64_t)bh * R;
+    const int32_t *off = w.offsets + (hr + a) * 3;
+    dw_walk wk;
+    wk.e1 = off[1];
+    wk.nb8 = off[2] - off[1];
+    wk.npre = p.npre;
+    wk.e2 = off[2];
+    wk.total = wk.nb8 + wk.npre + (off[3] - off[2]);
+
+    if (EXPCAST)
+        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
+            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(bar_q8, 1);
+        mbar_init(bar_q16, 1);
+        for (int s = 0; s < DW_STAGES; ++s) {
+            mbar_init(bar_full + 8 * s, 1);
+            mbar_init(bar_empty + 8 * s, 256); /* every consumer thread */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x != 0) return;
+        const int64_t nv = (int64_t)R * DW_ROWS;
+        const int qrow16 = (int)((int64_t)bh * w.n_pack + w.prefix_pad + (int64_t)a * DW_ROWS);
+        if (wk.nb8) {
+            mbar_expect_tx(bar_q8, DW_HALF);
+            tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), bar_q8);
+        }
+        mbar_expect_tx(bar_q16, 2 * DW_HALF);
+        tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, bar_q16);
+        tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, bar_q16);
+        for (int j = 0; j < wk.total; ++j) {
+            const int s = j % DW_STAGES;
+            const uint32_t full = bar_full + 8 * s;
+            mbar_wait(bar_empty + 8 * s, ((j / DW_STAGES) & 1) ^ 1);
+            if (j < wk.nb8) {
+                const int b = w.cols[wk.e1 + j];
+                const int row = (int)((hr + b) * DW_ROWS);
+                mbar_expect_tx(full, 2 * DW_HALF);
+                tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
+                tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+            } else {
+                const int i = j - wk.nb8;
+                const int64_t k0 = i < wk.npre ? (int64_t)i * DW_ROWS
+                                               : w.prefix_pad + (int64_t)w.cols[wk.e2 + i - wk.npre] * DW_ROWS;
+                const int row = (int)((int64_t)bh * w.n_pack + k0);
+                mbar_expect_tx(full, 4 * DW_HALF);
+                tma_load_2d(base + DW_K_OFF(s), &tk16, 0, row, full);
+                tma_load_2d(base + DW_K_OFF(s) + DW_HALF, &tk16, 64, row, full);
+                tma_load_2d(base + DW_V_OFF(s), &tv16, 0, row, full);
+                tma_load_2d(base + DW_V_OFF(s) + DW_HALF, &tv16, 64, row, full);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    int j = 0; /* blocks consumed: the ring position */
+
+    /* 1. INT8 blocks, inside the Eq. 8 unit change */
+    if (wk.nb8) {
+        const float *dv = w.dv + (int64_t)bh * 128;
+        phase_scale(o, l, dv, w.eta, tig, 1);
+        const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
+        const float dq = w.q8s[hr + a];
+        mbar_wait(bar_q8, 0);
+        for (int i = 0; i < wk.nb8; ++i, ++j) {
+            const int s = j % DW_STAGES, b = w.cols[wk.e1 + i], valid = w.count[b];
+            const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + b]), w.scale_log2);
+            int sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2] = {0.0f, 0.0f};
+            int_row_max<1>(sacc, f, 0, valid, tig, mx);
+            mx[0] = fmaxf(mx[0], m[0]);
+            mx[1] = fmaxf(mx[1], m[1]);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[4][4];
+            if (valid < WS_KEYS)
+                make_p_fused<EXPCAST, 1, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+            float part[EXPCAST ? 68 : 64];
+            issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+            wg_wait<0>();
+            reg_fence(part);
+            mbar_arrive(bar_empty + 8 * s);
+            if (EXPCAST) {
+                rs[0] = part[64], rs[1] = part[66];
+            } else {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+#pragma unroll
+            for (int i2 = 0; i2 < 64; ++i2) o[i2] = __fadd_rn(o[i2], dw_f16_sat(part[i2]));
+            l[0] = __fadd_rn(l[0], rs[0]);
+            l[1] = __fadd_rn(l[1], rs[1]);
+        }
+        phase_scale(o, l, dv, w.eta, tig, 0);
+    }
+
+    /* 2. 16-bit blocks: every prefix block, then the 16-bit regions */
+    const int nb16 = wk.total - wk.nb8;
+    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
+    mbar_wait(bar_q16, 0);
+    if (VER == 0) {
+        for (int i = 0; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS)
+                                          : w.count[w.cols[wk.e2 + i - wk.npre]];
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16<F16>(sacc, m, rs, pa);
+            issue_pv16<F16>(o, pa, base + DW_V_OFF(s));
+            wg_wait<0>();
+            reg_fence(o);
+            mbar_arrive(bar_empty + 8 * s);
+            l[0] += rs[0];
+            l[1] += rs[1];
+        }
+    } else if (nb16 > 0) {
+        /* software pipeline: P of block i-1 waits in pa while QK(i) and
+         * PV(i-1) run; O's rescale by alpha(i) waits for PV(i-1) */
+        uint32_t pa[8][4];
+        int sp = j % DW_STAGES; /* stage of the block whose P is in pa */
+        {
+            const int valid = 0 < wk.npre ? min(w.prefix, DW_ROWS) : w.count[w.cols[wk.e2]];
+            float sacc[64];
+            mbar_wait(bar_full + 8 * sp, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(sp));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            probs16<F16>(sacc, m, rs, pa);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            ++j;
+        }
+        for (int i = 1; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS)
+                                          : w.count[w.cols[wk.e2 + i - wk.npre]];
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
+            wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            uint32_t pn[8][4];
+            probs16<F16>(sacc, m, rs, pn);
+            wg_wait<0>();
+            reg_fence(o);
+            mbar_arrive(bar_empty + 8 * sp);
+            rescale_o(o, alpha);
+            l[0] += rs[0];
+            l[1] += rs[1];
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+            sp = s;
+        }
+        issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
+        wg_wait<0>();
+        reg_fence(o);
+        mbar_arrive(bar_empty + 8 * sp);
+    }
+
+    /* ---- epilogue: qvi_row_finish, scattered back to the sequence order */
+    const qvc_attn_args &A = w.a;
+    const int b = bh / A.H, h = bh % A.H, cnt = w.count[a];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int lr = cw * 64 + warp * 16 + g + 8 * r;
+        if (lr >= cnt) continue;
+        const int64_t orig = w.pack[w.prefix_pad + (int64_t)a * DW_ROWS + lr];
+        const bool empty = m[r] == -INFINITY || !(l[r] > 0.0f);
+        const int64_t ob = b * A.osb + h * A.osh + orig * A.osn;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int col = n * 8 + 2 * tig;
+            qvc_store_out2(A.out, A.out_dtype, ob + col,
+                           empty ? 0.0f : __fdiv_rn(o[n * 4 + 2 * r], l[r]),
+                           empty ? 0.0f : __fdiv_rn(o[n * 4 + 2 * r + 1], l[r]));
+        }
+        if (A.lse && tig == 0)
+            A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
+                empty ? -INFINITY : __fmul_rn(__fadd_rn(m[r], log2f(l[r])), 0.69314718055994531f);
+    }
+}
+
+/* ------------------------------------------------------------ host */
+/* A [rows][128] 16-bit matrix read as box_rows x 64 tiles (128 bytes
+ * wide, the swizzle span), 128-byte swizzle. */
+static qva_status make_map16(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+    encode_tiled_fn enc = get_encode_tiled();
+    if (!enc) return qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled is not available");
+    const cuuint64_t dims[2] = {128, rows}, strides[1] = {256};
+    const cuuint32_t box[2] = {64, box_rows}, estr[2] = {1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)data, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? QVA_OK
+                             : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
+}
+
+template <int F16, int EXPCAST, int VER>
+static qva_status launch_dw(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        attn_draft_ws_128x128<F16, EXPCAST, VER>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft_ws smem attribute");
+    const dim3 grid((unsigned)p->w.R, (unsigned)p->w.BH);
+    k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("attn_draft_ws");
+}
+
+template <int VER>
+static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    const int f16 = p->w.f16 != 0, ec = p->w.expcast != 0;
+    if (f16) return ec ? launch_dw<1, 1, VER>(m, p, st) : launch_dw<1, 0, VER>(m, p, st);
+    return ec ? launch_dw<0, 1, VER>(m, p, st) : launch_dw<0, 0, VER>(m, p, st);
+}
+
+extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
+    if (version < 0 || version > 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
+    if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
+        (int64_t)w->BH * w->n_pack > INT32_MAX)
+        return qvi_fail(QVA_ERR_SHAPE, "attn_draft_ws: layout (n_pack %lld, prefix_pad %lld, R %d, BH %d)",
+                        (long long)w->n_pack, (long long)w->prefix_pad, w->R, w->BH);
+    const uint64_t rows16 = (uint64_t)w->BH * w->n_pack, rows8 = (uint64_t)w->BH * w->R * DW_ROWS;
+    /* Without an INT8 phase the 8-bit maps are never read: point them at
+     * a valid 16-bit buffer. */
+    const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->q16;
+    const void *k8 = w->k8 ? (const void *)w->k8 : (const void *)w->k16;
+    const void *v8 = w->v8t ? (const void *)w->v8t : (const void *)w->v16t;
+    CUtensorMap maps[6];
+    qva_status r;
+    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map16(&maps[2], w->v16t, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[4], k8, w->k8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[5], v8, w->v8t ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK)
+        return r;
+    dw_params p;
+    p.w = *w;
+    p.npre = (int)(w->prefix_pad / DW_ROWS);
+    return version == 0 ? launch_ver<0>(maps, &p, st) : launch_ver<1>(maps, &p, st);
+}
