@@ -48,12 +48,18 @@ SHAPES = {  # name -> (B, H, N, D)
     "longcat-480p": (1, 32, 37440, 128),
     "hunyuanvideo1.5-720p": (1, 16, 111700, 128),
     "small": (1, 8, 8192, 128),
+    "wan2.2-720p-text": (1, 40, 76112, 128),
 }
 DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
 # Latent grids (T, H, W) for the draft@ methods, which need the video layout;
 # a shape without one reports draft as unsupported.  Wan2.2 720p x 81 frames:
 # latent 21 x 90 x 160 patchified 1x2x2 -> 21 x 45 x 80 tokens, no prefix.
-GRIDS = {"wan2.2-720p": (21, 45, 80), "small": (8, 32, 32)}
+# HunyuanVideo-1.5 720p x 121 frames: 31 x 45 x 80 latent tokens + 100
+# prefix tokens (111,700 in all).  wan2.2-720p-text: the Wan2.2 grid with a
+# 512-token text prefix (umT5's length) in the same sequence, prefix first.
+# The prefix is every token outside the grid (N - T*H*W).
+GRIDS = {"wan2.2-720p": (21, 45, 80), "wan2.2-720p-text": (21, 45, 80),
+         "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32)}
 DEFAULT_METHODS = "sage8,vc8,vc8+expcast,fp8,sage8+hadamard"
 VSMOOTH_NUM_STEPS = 40
 
@@ -126,17 +132,20 @@ def base_is_draft(ffi, cfg):
     return cfg.method == getattr(ffi, "QVA_METHOD_DRAFT", -1)
 
 
-def draft_kept_fraction(cfg, grid):
+def draft_kept_fraction(cfg, grid, n):
     """(computed 128x128 blocks / dense N^2 equivalent, kept region pairs)
-    of a draft config on grid (T, H, W) without prefix: the pairs the quotas
-    keep (skip fraction rounded as the library's largest remainder does to
-    within a pair), each a full block, over N^2 / 128^2."""
+    of a draft config on grid (T, H, W) with n tokens in all: the pairs the
+    quotas keep (skip fraction rounded as the library's largest remainder
+    does, to within a pair) plus every prefix block of every video query
+    region, each a full block, over N^2 / 128^2 (the prefix query rows run
+    the dense bf16 kernel and are not counted)."""
     t, h, w = grid
     regions = t * -(-(h * w) // 128)
     pairs = regions * regions
     kept = pairs - round(cfg.draft.frac_skip * pairs)
-    n = t * h * w
-    return kept * 128.0 * 128.0 / (n * n), kept
+    prefix_blocks = -(-(n - t * h * w) // 128)
+    blocks = kept + regions * prefix_blocks
+    return blocks * 128.0 * 128.0 / (n * n), kept
 
 
 def flops(B, H, N, D):
@@ -418,6 +427,7 @@ class Bench:
         if base_is_draft(ffi, cfgs[0]):
             for c in cfgs:  # a sparse step (after the dense warm-up) on the shape's grid
                 c.draft.grid_t, c.draft.grid_h, c.draft.grid_w = self.cur_grid
+                c.draft.prefix_tokens = self.cur_n - self.cur_grid[0] * self.cur_grid[1] * self.cur_grid[2]
                 c.step = max(c.draft.dense_warmup_steps, 0)
                 c.num_steps = 40
             e["step"] = cfgs[0].step
@@ -447,7 +457,7 @@ class Bench:
             if base_is_draft(ffi, cfgs[0]):
                 # TOPS over the blocks the kernel computes (whole 128x128
                 # blocks, padding included): its efficiency on what it runs
-                frac, kept = draft_kept_fraction(cfgs[0], self.cur_grid)
+                frac, kept = draft_kept_fraction(cfgs[0], self.cur_grid, self.cur_n)
                 e["kept_fraction"] = frac
                 e["block_tops"] = tops(fl * frac, e["kernel_ms"])
                 e["kept_blocks"] = kept
@@ -470,6 +480,7 @@ class Bench:
         ref = self.reference(*sets[0], H, N, D)
         rec["entries"] += self.sdpa_entries(sets, ref, fl)
         self.cur_grid = GRIDS.get(name)
+        self.cur_n = N
         rec["entries"] += self.qvattn_entries(sets, ref, fl, B, H, N, D)
         cudnn = next((e for e in rec["entries"]
                       if e["impl"] == "sdpa-cudnn" and e.get("ms")), None)

@@ -38,11 +38,19 @@
  *   - 4-bit blocks are not handled here: a route with an NVFP4 phase runs
  *     the mma.sync kernel (qvc_draft_attention decides).
  *
- * Versions (QVA_DRAFT_KERNEL=mma|dw0|dw1; runtime default in attn_draft.cu):
- *   dw0  per block: QK, softmax, PV in sequence
+ * Versions (QVA_DRAFT_KERNEL=mma|dw0..dw3; runtime default in attn_draft.cu;
+ * H200 figures in bench/results/2026-11-30-h200-draft-kernels.md):
+ *   dw0  per block: QK, softmax, PV in sequence; PV accumulates into O.
+ *        ptxas serializes its wgmmas (C7514: non-wgmma reads of the
+ *        accumulators inside the pipeline stage)
  *   dw1  16-bit phase software-pipelined (FA3's intra-warpgroup overlap):
  *        QK of block i and PV of block i-1 in flight together, the softmax
- *        of block i under PV of i-1; O rescaled after that PV lands
+ *        of block i under PV of i-1; O rescaled after that PV lands.
+ *        Serialized too (C7513) and spills: slower than dw0
+ *   dw2  dw0 with the PV product into a fresh per-block partial, added to
+ *        O (the CPU's order): no serialization
+ *   dw3  dw2 with the two consumer warpgroups in ping-pong in the 16-bit
+ *        phase (ws5's named-barrier protocol)
  */
 #include "ws_common.cuh"
 
@@ -106,6 +114,26 @@ static __device__ __forceinline__ void wgmma_pv16(float (&d)[64], const uint32_t
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/* The same into a fresh block partial (scale-d 0 on the first k-step). */
+template <int F16>
+static __device__ __forceinline__ void wgmma_pv16_part(float (&d)[64], const uint32_t *a,
+                                                       uint64_t db, int acc) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
 /* Descriptor of k-step kk (16 channels = 32 bytes) of a [rows][128] 16-bit
  * tile stored as two swizzled halves of 64 channels, `half` bytes apart. */
 static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_t half) {
@@ -123,10 +151,31 @@ static __device__ __forceinline__ void issue_qk16(float (&s)[64], uint32_t q_add
 template <int F16>
 static __device__ __forceinline__ void issue_pv16(float (&o)[64], const uint32_t (&pa)[8][4],
                                                   uint32_t v_addr) {
+    /* P and O are final before the fence: otherwise the compiler may sink
+     * their last writes between the wgmmas, and ptxas serializes them */
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
+    reg_fence(o);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
     wg_commit();
+}
+
+/* The block partial P V (dw2, dw3): accumulating into O itself made
+ * ptxas serialize the wgmmas (C7514, dw0/dw1); a fresh partial does not,
+ * and it is the CPU's order (O += the block's FP32 partial). */
+template <int F16>
+static __device__ __forceinline__ void issue_pv16_part(float (&part)[64], const uint32_t (&pa)[8][4],
+                                                       uint32_t v_addr) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_pv16_part<F16>(part, pa[kk], desc16(v_addr, kk, DW_HALF), kk);
+    wg_commit();
+}
+static __device__ __forceinline__ void add_part16(float (&o)[64], const float (&part)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = __fadd_rn(o[i], part[i]);
 }
 
 /* ------------------------------------------------------------ softmax pieces */
@@ -231,6 +280,12 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
 typedef struct dw_walk {
     int e1, nb8, npre, e2, total;
 } dw_walk;
+
+/* Valid keys of 16-bit block i: a prefix block or a video region. */
+static __device__ __forceinline__ int block_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int i) {
+    return i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS) : w.count[w.cols[wk.e2 + i - wk.npre]];
+}
 
 template <int F16, int EXPCAST, int VER>
 __global__ void __launch_bounds__(DW_THREADS, 1)
@@ -391,7 +446,69 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             l[0] += rs[0];
             l[1] += rs[1];
         }
-    } else if (nb16 > 0) {
+    } else if (VER == 2) {
+        for (int i = 0; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = block_valid(w, wk, i);
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16<F16>(sacc, m, rs, pa);
+            float part[64];
+            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
+            wg_wait<0>();
+            reg_fence(part);
+            mbar_arrive(bar_empty + 8 * s);
+            add_part16(o, part);
+            l[0] += rs[0];
+            l[1] += rs[1];
+        }
+    } else if (VER == 3 && nb16 > 0) {
+        /* ping-pong (ws5): named barriers 1 and 2 make one warpgroup issue
+         * its GEMMs (PV of block i, QK of i+1) while the other one makes
+         * its P; warpgroup 0 goes first */
+        float sacc[64];
+        int s = j % DW_STAGES;
+        mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+        issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        if (cw == 1) named_arrive(1, 256);
+        for (int i = 0; i < nb16; ++i, ++j) {
+            s = j % DW_STAGES;
+            const int sn = (j + 1) % DW_STAGES, more = i + 1 < nb16;
+            float mx[2], alpha[2], rs[2];
+            scores16(sacc, w.scale_log2, block_valid(w, wk, i), tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16<F16>(sacc, m, rs, pa);
+            if (more) mbar_wait(bar_full + 8 * sn, ((j + 1) / DW_STAGES) & 1);
+            named_sync(1 + cw, 256);
+            float part[64];
+            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
+            /* always issued, so that no wgmma sits on a divergent path;
+             * after the last block it re-reads this K tile, unused */
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+            wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+            reg_fence(part);
+            add_part16(o, part);
+            mbar_arrive(bar_empty + 8 * s);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    } else if (VER == 1 && nb16 > 0) {
         /* software pipeline: P of block i-1 waits in pa while QK(i) and
          * PV(i-1) run; O's rescale by alpha(i) waits for PV(i-1) */
         uint32_t pa[8][4];
@@ -503,7 +620,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 1)
+    if (version < 0 || version > 3)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -527,5 +644,10 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     dw_params p;
     p.w = *w;
     p.npre = (int)(w->prefix_pad / DW_ROWS);
-    return version == 0 ? launch_ver<0>(maps, &p, st) : launch_ver<1>(maps, &p, st);
+    switch (version) {
+    case 0: return launch_ver<0>(maps, &p, st);
+    case 1: return launch_ver<1>(maps, &p, st);
+    case 2: return launch_ver<2>(maps, &p, st);
+    default: return launch_ver<3>(maps, &p, st);
+    }
 }
