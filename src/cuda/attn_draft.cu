@@ -1025,7 +1025,7 @@ extern "C" int qvc_draft_kernel_choice(int D, int with4) {
     const char *e = getenv("QVA_DRAFT_KERNEL");
     if (D != 128 || with4 || (e && !strcmp(e, "mma"))) return -1;
     if (e && e[0] == 'd' && e[1] == 'w' && e[2] >= '0' && e[2] <= '3' && !e[3]) return e[2] - '0';
-    return 3;
+    return 2; /* the fastest on the H200 (bench/results/2026-11-30-h200-draft-kernels.md) */
 }
 
 static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, int version, cudaStream_t st) {
