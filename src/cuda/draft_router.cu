@@ -10,13 +10,31 @@
  *     valid tokens in path order (the packed order of the CPU) in FP64 with
  *     explicit _rn adds, divides once and rounds to f32; the max is the
  *     same sequential `v > m ? v : m` scan, started at the first token;
- *   - draft map: the logits are FP64 dot products in channel order
- *     (__dmul_rn / __dadd_rn: no FMA, the CPU is built without
- *     contraction), times sm; max; exp(x - max); the sum in key-region
- *     order by one lane; one IEEE division per entry; the FP64 mixture
- *     (1 - lambda) p + lambda p' rounded to f32.  exp() is CUDA's FP64 exp
- *     (<= 1 ulp), libm's may differ by an ulp; the f32 rounding absorbs
- *     that except on a rounding boundary (docs/DRAFT.md §3);
+ *   - draft map: the logits are FP64 dot products in channel order, times
+ *     sm; max; exp(x - max); the sum in key-region order by one lane; one
+ *     IEEE division per entry; the FP64 mixture (1 - lambda) p + lambda p'
+ *     rounded to f32.  The CPU chain is s = s + (double)q * (double)k,
+ *     rounded after the product and after the sum (no contraction).  The
+ *     product of two f32 values is exact in FP64 (24 + 24 <= 53
+ *     significand bits; a nonzero |q k| lies in [2^-298, 2^256], inside
+ *     FP64's normal range), so rounding it is the identity and
+ *     __fma_rn(q, k, s) == __dadd_rn(s, __dmul_rn(q, k)) bit for bit,
+ *     signed zeros and infinities included (only NaN payloads could
+ *     differ, and every NaN ranks alike).  The device therefore runs one
+ *     DFMA per channel instead of a DMUL and a DADD.  exp() is CUDA's FP64
+ *     exp (<= 1 ulp), libm's may differ by an ulp; the f32 rounding absorbs
+ *     that except on a rounding boundary (docs/DRAFT.md §3).
+ *     Speed (dr_map_kernel): a CTA takes up to 16 query regions of one
+ *     head, their descriptors converted once to FP64 in shared memory;
+ *     each lane computes a 16 x 2 register tile (16 query regions, key
+ *     regions b and b + 32) of one branch, the query values broadcast
+ *     from shared memory, the key values read from L2 straight into
+ *     registers and converted once per 16 uses.  Per channel that is 32
+ *     DFMA, 8 broadcast shared loads and 2 conversions per lane, so the
+ *     FP64 pipe, not shared memory or the conversion unit, bounds it; each
+ *     key row is read from L2 once per 16 query regions.  The logits stay
+ *     in shared memory for the softmax (2 x 16 x R doubles: 189 KB at
+ *     R = 609, one CTA per SM; fewer rows when R is larger);
  *   - ranking: no sort.  Each entry gets the 64-bit key
  *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
  *     whose descending order is exactly the CPU's stable descending argsort
@@ -26,7 +44,11 @@
  *     tau_j of the pairs at ranks e_j - 1 for the three cumulative quotas
  *     e_0 = T16, e_1 = T16 + T8, e_2 = T16 + T8 + T4.  A pair's precision
  *     is then 16 if comp >= tau_0, else 8 if comp >= tau_1, else 4 if
- *     comp >= tau_2, else 0: the CPU's assignment of sorted positions;
+ *     comp >= tau_2, else 0: the CPU's assignment of sorted positions.
+ *     A boundary whose pair is the last of the keys that share its digits
+ *     so far keeps all of them, so its search ends there with zeros below
+ *     (c >= tau selects the same pairs); the index digits are then only
+ *     read when a quota splits a group of equal A values;
  *   - lists: a warp per (head, query region) row writes each phase's key
  *     regions in ascending order with ballots; a per-head scan of the row
  *     counts gives the CSR offsets (layout in cuda_internal.h).
@@ -47,7 +69,8 @@
 #define DR_HIST_THREADS 256
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
-#define DR_MAP_SMEM_TARGET (99 * 1024) /* keeps two map CTAs per SM */
+#define DR_MAP_WARPS 8          /* warps of the map kernel */
+#define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows */
 /*
  * Orderable key of a draft-map value: larger A -> larger key; NaN -> 0,
  * below every number (the CPU sorts NaN last); -0 and +0 equal (the CPU
@@ -74,10 +97,12 @@ typedef struct dr_bounds {
     int mode[3];
 } dr_bounds;
 
-/* Per head: the selected key bits so far and the rank left within them. */
+/* Per head: the selected key bits so far, the rank left within them and
+ * whether the search is over (the remaining bits of tau stay zero). */
 typedef struct dr_sel {
     unsigned long long prefix[3];
     unsigned long long rank[3];
+    int done[3];
 } dr_sel;
 
 /* Precision (0/4/8/16) of composite key c under the per-head thresholds. */
@@ -158,107 +183,187 @@ dr_pool_kernel(dr_pool_params p) {
 
 typedef struct dr_map_params {
     const float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
-    int R, D, rows;                         /* rows: query regions per CTA (warps) */
+    int R, D;
     double sm, lam;
     float *A;                               /* [BH][R][R] */
 } dr_map_params;
 
-/* Dynamic shared memory of the map kernel for `rows` warps. */
+/* Row stride of the FP64 query tile: even, for the 16-byte pair loads. */
+static __host__ __device__ constexpr int dr_map_qs(int rows) { return (rows + 1) & ~1; }
+
+/* Row stride of the logits: odd, so that the 2*rows lanes of the sum pass,
+ * one row each at the same key, read distinct bank pairs. */
+static __host__ __device__ __forceinline__ int dr_map_rs(int R) { return R | 1; }
+
+/* Dynamic shared memory of the map kernel for `rows` query regions. */
 static size_t dr_map_smem(int rows, int R, int D) {
-    return (size_t)rows * 2 * R * sizeof(double)      /* logits, then exps */
-           + (size_t)rows * 2 * D * sizeof(float)     /* query descriptors */
-           + (size_t)2 * 32 * (D + 1) * sizeof(float); /* key tile          */
+    return (size_t)2 * D * dr_map_qs(rows) * sizeof(double) /* query descriptors */
+           + (size_t)2 * rows * dr_map_rs(R) * sizeof(double) /* logits, then exps */
+           + (size_t)2 * rows * sizeof(double);               /* row sums          */
+}
+
+/* Eight consecutive channels of one key descriptor, as two 16-byte loads
+ * when the rows are 16-byte aligned (D % 4 == 0). */
+static __device__ __forceinline__ void dr_ld8(const float *p, bool vec, float (&f)[8]) {
+    if (vec) {
+        const float4 u = __ldg((const float4 *)p), v = __ldg((const float4 *)p + 1);
+        f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w;
+        f[4] = v.x, f[5] = v.y, f[6] = v.z, f[7] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = __ldg(p + i);
+    }
 }
 
 /*
- * qvi_draft_map for `rows` query regions of one head: warp w owns region
- * a = blockIdx.x*rows + w.  Logits of 32 key regions at a time (lane = key,
- * the tile in shared memory with a conflict-free stride D + 1), both
- * branches interleaved, each a sequential FP64 chain in channel order;
- * then the max, exp in place, the key-order sums (lane 0: avg branch,
- * lane 1: max branch) and the mixture.
+ * One channel of a lane's register tile: QS query rows times its two keys.
+ * The query pairs are one 16-byte shared load at the same address in every
+ * lane (a broadcast, one wavefront).  fma(q, k, s) == s + q*k rounded once
+ * == __dadd_rn(s, __dmul_rn(q, k)) because q*k of two f32 values is exact
+ * in FP64 (see the file comment).
  */
-__global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
+template <int QS>
+static __device__ __forceinline__ void dr_map_step(const double *q, double k0, double k1,
+                                                   double (&acc)[QS][2]) {
+#pragma unroll
+    for (int r = 0; r < QS; r += 2) {
+        const double2 qq = *(const double2 *)(q + r);
+        acc[r][0] = __fma_rn(qq.x, k0, acc[r][0]);
+        acc[r][1] = __fma_rn(qq.x, k1, acc[r][1]);
+        acc[r + 1][0] = __fma_rn(qq.y, k0, acc[r + 1][0]);
+        acc[r + 1][1] = __fma_rn(qq.y, k1, acc[r + 1][1]);
+    }
+}
+
+/*
+ * Logits of QS query rows against the keys k0, k1 (rows of D floats), each
+ * a chain over the channels in order.  The keys come straight from global
+ * memory (L2) into registers, a 32-byte sector per key and 8 channels,
+ * the next 8 requested before the current 8 are used; each key value is
+ * converted once and used QS times.
+ */
+template <int QS>
+static __device__ __forceinline__ void dr_map_dots(const double *q, const float *k0,
+                                                   const float *k1, int D,
+                                                   double (&acc)[QS][2]) {
+    const bool vec = (D & 3) == 0;
+    const int D8 = D & ~7;
+    float f0[8], f1[8];
+    if (D8) {
+        dr_ld8(k0, vec, f0);
+        dr_ld8(k1, vec, f1);
+    }
+    for (int c0 = 0; c0 < D8; c0 += 8) {
+        const int cn = c0 + 8 < D8 ? c0 + 8 : c0; /* the last one reloads (an L1 hit) */
+        float g0[8], g1[8];
+        dr_ld8(k0 + cn, vec, g0);
+        dr_ld8(k1 + cn, vec, g1);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            dr_map_step<QS>(q + (c0 + u) * QS, (double)f0[u], (double)f1[u], acc);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) f0[u] = g0[u], f1[u] = g1[u];
+    }
+    for (int c = D8; c < D; ++c)
+        dr_map_step<QS>(q + c * QS, (double)__ldg(k0 + c), (double)__ldg(k1 + c), acc);
+}
+
+/*
+ * qvi_draft_map for ROWS query regions a0 .. a0+ROWS-1 of one head, both
+ * branches.  Phases, separated by block barriers:
+ *   1. the query descriptors of the CTA, converted once to FP64 into
+ *      shared memory as [branch][channel][row];
+ *   2. work items (branch, 64 key regions) dealt round-robin to the warps
+ *      (items i and i+4 share a scheduler, so its load is even); lane l
+ *      holds keys b and b + 32 and all QS rows: 2*QS FP64 accumulators,
+ *      per channel QS/2 broadcast loads and 2 conversions for 2*QS FMAs.
+ *      Logits x = dot * sm go to shared memory, [branch][row][key];
+ *   3. a warp per (branch, row): the max over keys, then exp(x - max) in
+ *      place;
+ *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
+ *      sum in key-region order;
+ *   5. a warp per row: the two divisions, the mixture, f32 stores.
+ */
+template <int ROWS>
+__global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
 dr_map_kernel(dr_map_params p) {
-    extern __shared__ double dr_smem[];
-    const int R = p.R, D = p.D, rows = p.rows, bh = blockIdx.y;
+    constexpr int QS = dr_map_qs(ROWS);
+    extern __shared__ __align__(16) double dr_smem[];
+    const int R = p.R, D = p.D, RS = dr_map_rs(R), bh = blockIdx.y, a0 = blockIdx.x * ROWS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int a0 = blockIdx.x * rows, a = a0 + warp;
-    double *xa = dr_smem + (size_t)warp * 2 * R, *xm = xa + R;
-    float *qs = (float *)(dr_smem + (size_t)rows * 2 * R); /* [rows][2][D] */
-    float *kt = qs + (size_t)rows * 2 * D;                 /* [2][32][D+1] */
-    const int ks = D + 1;
+    double *qd = dr_smem;            /* [2][D][QS]    */
+    double *x = qd + 2 * D * QS;     /* [2][ROWS][RS] */
+    double *sum = x + 2 * ROWS * RS; /* [2][ROWS]     */
 
-    for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
-        const int w = idx / D, ch = idx - w * D, aa = a0 + w;
-        const int64_t o = ((int64_t)bh * R + aa) * D + ch;
-        qs[(w * 2 + 0) * D + ch] = aa < R ? p.qavg[o] : 0.0f;
-        qs[(w * 2 + 1) * D + ch] = aa < R ? p.qmax[o] : 0.0f;
+    /* 1. Rows past R (and the pad row when ROWS is odd) are zeros. */
+    for (int i = threadIdx.x; i < 2 * QS * D; i += blockDim.x) {
+        const int c = i % D, t = i / D, r = t % QS, br = t / QS, a = a0 + r;
+        const float *src = br ? p.qmax : p.qavg;
+        qd[(br * D + c) * QS + r] =
+            r < ROWS && a < R ? (double)src[((int64_t)bh * R + a) * D + c] : 0.0;
     }
-    const float *qa = qs + warp * 2 * D, *qm = qa + D;
+    __syncthreads();
 
-    for (int b0 = 0; b0 < R; b0 += 32) {
-        __syncthreads(); /* previous tile consumed (and qs written) */
-        for (int idx = threadIdx.x; idx < 32 * D; idx += blockDim.x) {
-            const int kk = idx / D, ch = idx - kk * D, b = b0 + kk;
-            const int64_t o = ((int64_t)bh * R + b) * D + ch;
-            kt[kk * ks + ch] = b < R ? p.kavg[o] : 0.0f;
-            kt[(32 + kk) * ks + ch] = b < R ? p.kmax[o] : 0.0f;
-        }
-        __syncthreads();
-        const int b = b0 + lane;
-        if (a < R && b < R) {
-            const float *ka = kt + lane * ks, *km = kt + (32 + lane) * ks;
-            double da = 0.0, dm = 0.0;
-#pragma unroll 8
-            for (int c = 0; c < D; ++c) {
-                da = __dadd_rn(da, __dmul_rn((double)qa[c], (double)ka[c]));
-                dm = __dadd_rn(dm, __dmul_rn((double)qm[c], (double)km[c]));
-            }
-            xa[b] = __dmul_rn(da, p.sm);
-            xm[b] = __dmul_rn(dm, p.sm);
+    /* 2. Keys past R load row R - 1 and are not stored. */
+    const int ntile = (R + 63) / 64;
+    for (int item = warp; item < 2 * ntile; item += DR_MAP_WARPS) {
+        const int br = item & 1, b0 = (item >> 1) * 64 + lane, b1 = b0 + 32;
+        const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
+        double acc[QS][2];
+#pragma unroll
+        for (int r = 0; r < QS; ++r) acc[r][0] = acc[r][1] = 0.0;
+        dr_map_dots<QS>(qd + br * D * QS, kx + (int64_t)min(b0, R - 1) * D,
+                        kx + (int64_t)min(b1, R - 1) * D, D, acc);
+        double *xb = x + br * ROWS * RS;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (b0 < R) xb[r * RS + b0] = __dmul_rn(acc[r][0], p.sm);
+            if (b1 < R) xb[r * RS + b1] = __dmul_rn(acc[r][1], p.sm);
         }
     }
-    if (a >= R) return; /* no block barrier below */
-    __syncwarp();
+    __syncthreads();
 
-    /* Maxima: order-free for numbers (a +-0 tie changes no difference). */
-    double ma = -INFINITY, mm = -INFINITY;
-    for (int b = lane; b < R; b += 32) {
-        ma = xa[b] > ma ? xa[b] : ma;
-        mm = xm[b] > mm ? xm[b] : mm;
+    /* 3. Maxima: order-free for numbers (a +-0 tie changes no difference). */
+    for (int pr = warp; pr < 2 * ROWS; pr += DR_MAP_WARPS) {
+        if (a0 + pr % ROWS >= R) continue; /* warp-uniform */
+        double *xr = x + pr * RS;
+        double m = -INFINITY;
+        for (int b = lane; b < R; b += 32) m = xr[b] > m ? xr[b] : m;
+        for (int o = 16; o > 0; o >>= 1) {
+            const double t = __shfl_xor_sync(DR_FULL, m, o);
+            m = t > m ? t : m;
+        }
+        for (int b = lane; b < R; b += 32) xr[b] = exp(__dsub_rn(xr[b], m));
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const double ta = __shfl_xor_sync(DR_FULL, ma, o), tm = __shfl_xor_sync(DR_FULL, mm, o);
-        ma = ta > ma ? ta : ma;
-        mm = tm > mm ? tm : mm;
-    }
-    for (int b = lane; b < R; b += 32) {
-        xa[b] = exp(__dsub_rn(xa[b], ma));
-        xm[b] = exp(__dsub_rn(xm[b], mm));
-    }
-    __syncwarp();
+    __syncthreads();
 
-    /* Sums in key-region order: lane 0 the avg branch, lane 1 the max one. */
-    double s = 0.0;
-    if (lane < 2) {
-        const double *src = lane ? xm : xa;
+    /* 4. Sums in key-region order. */
+    if (threadIdx.x < 2 * ROWS && a0 + (int)threadIdx.x % ROWS < R) {
+        const double *xr = x + threadIdx.x * RS;
+        double s = 0.0;
         int b = 0;
         for (; b + 8 <= R; b += 8) {
             double t[8];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) t[u] = src[b + u];
+            for (int u = 0; u < 8; ++u) t[u] = xr[b + u];
 #pragma unroll
             for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
         }
-        for (; b < R; ++b) s = __dadd_rn(s, src[b]);
+        for (; b < R; ++b) s = __dadd_rn(s, xr[b]);
+        sum[threadIdx.x] = s;
     }
-    const double sa = __shfl_sync(DR_FULL, s, 0), smx = __shfl_sync(DR_FULL, s, 1);
+    __syncthreads();
+
+    /* 5. Mixture. */
     const double oml = __dsub_rn(1.0, p.lam);
-    float *Arow = p.A + ((int64_t)bh * R + a) * R;
-    for (int b = lane; b < R; b += 32) {
-        const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
-        Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
+    for (int r = warp; r < ROWS && a0 + r < R; r += DR_MAP_WARPS) {
+        const double *xa = x + r * RS, *xm = x + (ROWS + r) * RS;
+        const double sa = sum[r], smx = sum[ROWS + r];
+        float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
+        for (int b = lane; b < R; b += 32) {
+            const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
+            Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
+        }
     }
 }
 
@@ -272,26 +377,37 @@ __global__ void dr_sel_init_kernel(dr_sel *sel, int BH, unsigned long long e0,
     for (int j = 0; j < 3; ++j) {
         sel[bh].prefix[j] = 0ull;
         sel[bh].rank[j] = e[j] > 0 ? e[j] - 1 : 0ull; /* 0-based rank of the last kept */
+        sel[bh].done[j] = 0;
     }
 }
 
 /*
  * Histogram of the 8-bit digit at `shift` of the keys that match each
- * boundary's selected prefix (the bits above the digit).  Warp-aggregated
- * shared atomics (many keys share a digit in the first passes), then one
- * global atomic per non-empty bin.
+ * open boundary's selected prefix (the bits above the digit).  Warp-
+ * aggregated shared atomics (many keys share a digit in the first passes),
+ * then one global atomic per non-empty bin.  The match is skipped where no
+ * lane of the warp matches (most keys after the first digits) and shared
+ * by boundaries whose prefixes are equal (all of them in the first pass).
+ * A head whose boundaries are all settled leaves at once.
  */
 __global__ void __launch_bounds__(DR_HIST_THREADS)
 dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_sel *sel,
                unsigned int *hist /* [BH][3][256] */) {
     __shared__ unsigned int h[3][256];
     const int bh = blockIdx.y, lane = threadIdx.x & 31;
+    unsigned long long pre[3];
+    int open = 0, same = 0; /* per head, so uniform over the CTA */
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        pre[j] = sel[bh].prefix[j];
+        if (((findmask >> j) & 1) && !sel[bh].done[j]) open |= 1 << j;
+        if (j && ((open >> (j - 1)) & 1) && ((open >> j) & 1) && pre[j] == pre[j - 1])
+            same |= 1 << j;
+    }
+    if (!open) return; /* before any barrier */
     for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) (&h[0][0])[i] = 0u;
     __syncthreads();
     const uint64_t high = shift >= 56 ? 0ull : ~0ull << (shift + 8);
-    unsigned long long pre[3];
-#pragma unroll
-    for (int j = 0; j < 3; ++j) pre[j] = sel[bh].prefix[j];
     const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
     const long long i0 = (long long)blockIdx.x * DR_HIST_THREADS * DR_HIST_ITEMS;
 #pragma unroll 4
@@ -300,11 +416,15 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
         const bool in = i < M;
         const uint64_t c = in ? dr_comp(__ldg(Ab + i), (uint64_t)i, (uint64_t)M) : 0ull;
         const int dig = (int)((c >> shift) & 255u);
+        int val = -1;
+        unsigned peers = 0u;
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
-            if (!((findmask >> j) & 1)) continue; /* uniform */
-            const int val = in && (c & high) == pre[j] ? dig : -1;
-            const unsigned peers = __match_any_sync(DR_FULL, val);
+            if (!((open >> j) & 1)) continue; /* uniform */
+            if (!((same >> j) & 1)) {         /* uniform; else boundary j-1's */
+                val = in && (c & high) == pre[j] ? dig : -1;
+                peers = __any_sync(DR_FULL, val >= 0) ? __match_any_sync(DR_FULL, val) : 0u;
+            }
             if (val >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[j][val], (unsigned)__popc(peers));
         }
     }
@@ -316,13 +436,26 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
     }
 }
 
-/* Picks each boundary's digit (descending: from bin 255 down) and clears
- * the histogram for the next pass.  One warp per head. */
+/*
+ * Picks each open boundary's digit (descending: from bin 255 down) and
+ * clears the histogram for the next pass.  One warp per head; the bins are
+ * first copied to shared memory with coalesced loads, so the scan does not
+ * wait on one global load per bin.  If the boundary is the last (smallest)
+ * of the keys that share its bits so far, every one of them is kept: tau
+ * may then keep zeros below, since c >= prefix selects exactly those keys
+ * and the ones above, and the search of that boundary ends.
+ */
 __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int findmask) {
+    __shared__ unsigned int h[3 * 256];
     const int bh = blockIdx.x, lane = threadIdx.x;
     unsigned int *g = hist + (int64_t)bh * 3 * 256;
-    if (lane < 3 && ((findmask >> lane) & 1)) {
-        const unsigned int *hj = g + lane * 256;
+    for (int i = lane; i < 3 * 256; i += 32) {
+        h[i] = g[i];
+        g[i] = 0u;
+    }
+    __syncwarp();
+    if (lane < 3 && ((findmask >> lane) & 1) && !sel[bh].done[lane]) {
+        const unsigned int *hj = h + lane * 256;
         unsigned long long r = sel[bh].rank[lane];
         int d = 255;
         for (; d > 0; --d) {
@@ -332,9 +465,8 @@ __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int
         }
         sel[bh].prefix[lane] |= (unsigned long long)d << shift;
         sel[bh].rank[lane] = r;
+        if (r + 1 == (unsigned long long)hj[d]) sel[bh].done[lane] = 1;
     }
-    __syncwarp();
-    for (int i = lane; i < 3 * 256; i += 32) g[i] = 0u;
 }
 
 /* ------------------------------------------------------------ lists */
@@ -548,31 +680,43 @@ static qva_status dr_check_view(const qvc_view *x, const char *name) {
     return QVA_OK;
 }
 
-/* Draft map launch: as many query regions per CTA as fit the shared-memory
- * target (at least one, up to the device's opt-in limit). */
-static qva_status dr_launch_map(const dr_map_params &mp0, int BH, cudaStream_t st) {
-    dr_map_params mp = mp0;
-    int rows = DR_ROWS_PER_CTA;
-    while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > DR_MAP_SMEM_TARGET) rows >>= 1;
-    const size_t smem = dr_map_smem(rows, mp.R, mp.D);
+template <int ROWS>
+static qva_status dr_launch_map_rows(const dr_map_params &mp, int BH, size_t smem,
+                                     cudaStream_t st) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        dr_map_kernel<ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: map shared memory");
+    const dim3 grid((unsigned)qvi_cdiv(mp.R, ROWS), (unsigned)BH);
+    dr_map_kernel<ROWS><<<grid, 32 * DR_MAP_WARPS, smem, st>>>(mp);
+    return qvc_launch_check("qvc_draft_route: draft map");
+}
+
+/* Draft map launch: as many query regions per CTA (16, 8, 4, 2 or 1) as
+ * the device's opt-in shared memory holds.  More rows reuse each key
+ * descriptor read from L2 more often; 16 rows at R = 609 take 189 KB, one
+ * CTA per SM. */
+static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st) {
     int dev = 0, optin = 0;
     cudaError_t e;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
             cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: device attributes");
+    int rows = DR_MAP_MAX_ROWS;
+    while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > (size_t)optin) rows >>= 1;
+    const size_t smem = dr_map_smem(rows, mp.R, mp.D);
     if (smem > (size_t)optin)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_draft_route: %d video regions need %zu bytes of shared memory "
                         "for the draft map (device limit %d)",
                         mp.R, smem, optin);
-    if ((e = cudaFuncSetAttribute(dr_map_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)smem)) != cudaSuccess)
-        return qvc_cuda_fail(e, "qvc_draft_route: map shared memory");
-    mp.rows = rows;
-    dim3 grid((unsigned)qvi_cdiv(mp.R, rows), (unsigned)BH);
-    dr_map_kernel<<<grid, 32 * rows, smem, st>>>(mp);
-    return qvc_launch_check("qvc_draft_route: draft map");
+    switch (rows) {
+    case 16: return dr_launch_map_rows<16>(mp, BH, smem, st);
+    case 8: return dr_launch_map_rows<8>(mp, BH, smem, st);
+    case 4: return dr_launch_map_rows<4>(mp, BH, smem, st);
+    case 2: return dr_launch_map_rows<2>(mp, BH, smem, st);
+    default: return dr_launch_map_rows<1>(mp, BH, smem, st);
+    }
 }
 
 extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
@@ -651,7 +795,6 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     mp.kmax = b->kmax;
     mp.R = R;
     mp.D = D;
-    mp.rows = 1;
     mp.sm = (double)qvi_sm_scale(cfg, D);
     mp.lam = (double)lambda;
     mp.A = b->A;
