@@ -50,7 +50,15 @@
  *   dw2  dw0 with the PV product into a fresh per-block partial, added to
  *        O (the CPU's order): no serialization
  *   dw3  dw2 with the two consumer warpgroups in ping-pong in the 16-bit
- *        phase (ws5's named-barrier protocol)
+ *        phase (ws5's named-barrier protocol): slower than dw2 on the H200
+ *        (ptxas reports C7514 serialization for it too)
+ *   dw4  dw2 with the softmax scale folded into the exponent (one FMA per
+ *        score, the max on the raw scores, the mask applied on reading,
+ *        never written into the accumulators: that serializes too) and the
+ *        INT8 partial's FP16 rounding as one cvt.rn.satfinite.f16x2 per
+ *        two values
+ *   dw5  dw4 with QK of block i+1 issued right after PV of block i
+ *        (ptxas: C7514 serialization again)
  */
 #include "ws_common.cuh"
 
@@ -134,6 +142,49 @@ static __device__ __forceinline__ void wgmma_pv16_part(float (&d)[64], const uin
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+/* First k-step of a fresh accumulator: outputs only (scale-d = 0), so
+ * neither the compiler nor ptxas sees a read of the old values. */
+#define W64(d) "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
+    "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), \
+    "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), \
+    "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), \
+    "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), \
+    "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), \
+    "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), \
+    "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+template <int F16>
+static __device__ __forceinline__ void wgmma_qk16_first(float (&d)[64], uint64_t da, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : W64(d)
+            : "l"(da), "l"(db));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : W64(d)
+            : "l"(da), "l"(db));
+}
+template <int F16>
+static __device__ __forceinline__ void wgmma_pv16_first(float (&d)[64], const uint32_t *a, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : W64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : W64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
 /* Descriptor of k-step kk (16 channels = 32 bytes) of a [rows][128] 16-bit
  * tile stored as two swizzled halves of 64 channels, `half` bytes apart. */
 static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_t half) {
@@ -146,6 +197,16 @@ static __device__ __forceinline__ void issue_qk16(float (&s)[64], uint32_t q_add
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
         wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), kk);
+    wg_commit();
+}
+/* dw4: the same with a write-only first k-step. */
+template <int F16>
+static __device__ __forceinline__ void issue_qk16_w(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+    wg_fence();
+    wgmma_qk16_first<F16>(s, desc16(q_addr, 0, DW_HALF), desc16(k_addr, 0, DW_HALF));
+#pragma unroll
+    for (int kk = 1; kk < 8; ++kk)
+        wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), 1);
     wg_commit();
 }
 template <int F16>
@@ -171,6 +232,15 @@ static __device__ __forceinline__ void issue_pv16_part(float (&part)[64], const 
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) wgmma_pv16_part<F16>(part, pa[kk], desc16(v_addr, kk, DW_HALF), kk);
+    wg_commit();
+}
+template <int F16>
+static __device__ __forceinline__ void issue_pv16_w(float (&part)[64], const uint32_t (&pa)[8][4],
+                                                    uint32_t v_addr) {
+    wg_fence();
+    wgmma_pv16_first<F16>(part, pa[0], desc16(v_addr, 0, DW_HALF));
+#pragma unroll
+    for (int kk = 1; kk < 8; ++kk) wgmma_pv16_part<F16>(part, pa[kk], desc16(v_addr, kk, DW_HALF), 1);
     wg_commit();
 }
 static __device__ __forceinline__ void add_part16(float (&o)[64], const float (&part)[64]) {
@@ -253,10 +323,67 @@ static __device__ __forceinline__ void probs16(const float (&s)[64], const float
     rs[1] = qvc_quad_sum(r1[0] + r1[1]);
 }
 
+/* dw4: the row maxima from the raw scores, keys >= valid left out (the
+ * accumulators are only read: writing the mask into them made ptxas
+ * serialize the wgmmas), times f (> 0, so the max commutes with the
+ * scaling), raised by m. */
+static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, int valid, int tig,
+                                                 const float *m, float *mx) {
+    const int lim = valid - 2 * tig; /* key nt*8 + 2 tig + e1 is valid iff nt*8 + e1 < lim */
+    float a0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float a1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        const bool v0 = nt * 8 < lim, v1 = nt * 8 + 1 < lim;
+        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(v0 ? s[nt * 4 + 0] : -INFINITY, v1 ? s[nt * 4 + 1] : -INFINITY));
+        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(v0 ? s[nt * 4 + 2] : -INFINITY, v1 ? s[nt * 4 + 3] : -INFINITY));
+    }
+    mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))) * f);
+    mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))) * f);
+}
+
+/* dw4: p = 2^(x f - m) with one FMA per score; keys >= valid give 0. */
+template <int F16>
+static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float f, const float *m,
+                                                     int valid, int tig, float *rs,
+                                                     uint32_t (&pa)[8][4]) {
+    const float m0 = m[0] == -INFINITY ? 0.0f : -m[0], m1 = m[1] == -INFINITY ? 0.0f : -m[1];
+    const int lim = valid - 2 * tig;
+    float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
+#define DW_P(x, nt, e1, mm) ((nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const float *lo = s + 8 * kk, *hi = lo + 4;
+        const int na = 2 * kk, nb = 2 * kk + 1;
+        const float p0 = DW_P(lo[0], na, 0, m0), p1 = DW_P(lo[1], na, 1, m0);
+        const float p2 = DW_P(lo[2], na, 0, m1), p3 = DW_P(lo[3], na, 1, m1);
+        const float p4 = DW_P(hi[0], nb, 0, m0), p5 = DW_P(hi[1], nb, 1, m0);
+        const float p6 = DW_P(hi[2], nb, 0, m1), p7 = DW_P(hi[3], nb, 1, m1);
+        r0[kk & 1] += (p0 + p1) + (p4 + p5);
+        r1[kk & 1] += (p2 + p3) + (p6 + p7);
+        pa[kk][0] = qvc_pack2<F16>(p0, p1);
+        pa[kk][1] = qvc_pack2<F16>(p2, p3);
+        pa[kk][2] = qvc_pack2<F16>(p4, p5);
+        pa[kk][3] = qvc_pack2<F16>(p6, p7);
+    }
+#undef DW_P
+    rs[0] = qvc_quad_sum(r0[0] + r0[1]);
+    rs[1] = qvc_quad_sum(r1[0] + r1[1]);
+}
+
 /* round_f16_sat of src/cpu/attention.c. */
 static __device__ __forceinline__ float dw_f16_sat(float x) {
     const float h = __half2float(__float2half_rn(x));
     return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
+}
+
+/* The same for two values in one conversion: cvt.rn.satfinite rounds to
+ * FP16 and clamps to +-65504 (NaN stays NaN), which is exactly
+ * round_f16_sat; dw4 and later. */
+static __device__ __forceinline__ float2 f16_sat2(float a, float b) {
+    uint32_t h;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(b), "f"(a));
+    return __half22float2(*(const __half2 *)&h);
 }
 
 /* Eq. 8 unit change of O and l: enter divides by eta*delta_c, exit
@@ -412,7 +539,16 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                 rs[1] = qvc_quad_sum(rs[1]);
             }
 #pragma unroll
-            for (int i2 = 0; i2 < 64; ++i2) o[i2] = __fadd_rn(o[i2], dw_f16_sat(part[i2]));
+            for (int i2 = 0; i2 < 64; i2 += 2) {
+                if (VER >= 4) {
+                    const float2 h = f16_sat2(part[i2], part[i2 + 1]);
+                    o[i2] = __fadd_rn(o[i2], h.x);
+                    o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
+                } else {
+                    o[i2] = __fadd_rn(o[i2], dw_f16_sat(part[i2]));
+                    o[i2 + 1] = __fadd_rn(o[i2 + 1], dw_f16_sat(part[i2 + 1]));
+                }
+            }
             l[0] = __fadd_rn(l[0], rs[0]);
             l[1] = __fadd_rn(l[1], rs[1]);
         }
@@ -469,6 +605,63 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             add_part16(o, part);
             l[0] += rs[0];
             l[1] += rs[1];
+        }
+    } else if (VER == 4) { /* dw2 with the fused exponent */
+        for (int i = 0; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = block_valid(w, wk, i);
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            float part[64];
+            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
+            wg_wait<0>();
+            reg_fence(part);
+            mbar_arrive(bar_empty + 8 * s);
+            add_part16(o, part);
+            l[0] += rs[0];
+            l[1] += rs[1];
+        }
+    } else if (VER == 5 && nb16 > 0) {
+        /* dw4 with QK of block i+1 issued right after PV of block i, so it
+         * runs under the partial's add and the barrier bookkeeping */
+        float sacc[64];
+        int s = j % DW_STAGES;
+        mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        for (int i = 0; i < nb16; ++i, ++j) {
+            s = j % DW_STAGES;
+            const int sn = (j + 1) % DW_STAGES, more = i + 1 < nb16;
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, block_valid(w, wk, i), tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16_fused<F16>(sacc, w.scale_log2, m, block_valid(w, wk, i), tig, rs, pa);
+            if (more) mbar_wait(bar_full + 8 * sn, ((j + 1) / DW_STAGES) & 1);
+            float part[64];
+            issue_pv16_w<F16>(part, pa, base + DW_V_OFF(s));
+            /* always issued (no wgmma on a divergent path); after the last
+             * block it re-reads this K tile, unused */
+            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+            wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+            reg_fence(part);
+            add_part16(o, part);
+            mbar_arrive(bar_empty + 8 * s);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
         }
     } else if (VER == 3 && nb16 > 0) {
         /* ping-pong (ws5): named barriers 1 and 2 make one warpgroup issue
@@ -620,7 +813,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 3)
+    if (version < 0 || version > 5)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -648,6 +841,8 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     case 0: return launch_ver<0>(maps, &p, st);
     case 1: return launch_ver<1>(maps, &p, st);
     case 2: return launch_ver<2>(maps, &p, st);
-    default: return launch_ver<3>(maps, &p, st);
+    case 3: return launch_ver<3>(maps, &p, st);
+    case 4: return launch_ver<4>(maps, &p, st);
+    default: return launch_ver<5>(maps, &p, st);
     }
 }
