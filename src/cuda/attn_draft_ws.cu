@@ -59,6 +59,8 @@
  *        two values
  *   dw5  dw4 with QK of block i+1 issued right after PV of block i
  *        (ptxas: C7514 serialization again)
+ *   dw6  dw4 with K and V on separate full barriers: QK starts when K
+ *        has landed, V may still be in flight
  */
 #include "ws_common.cuh"
 
@@ -427,6 +429,10 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     const uint32_t base = smem_addr(sm);
     const uint32_t bar_q8 = base + DW_BAR_OFF, bar_q16 = bar_q8 + 8;
     const uint32_t bar_full = bar_q8 + 16, bar_empty = bar_full + 8 * DW_STAGES;
+    /* dw6: V tiles complete on their own barriers, so QK can start when K
+     * has landed */
+    const int SPLIT = VER >= 6;
+    const uint32_t bar_fullv = bar_empty + 8 * DW_STAGES;
     const qvc_draft_ws_args &w = p.w;
     const int a = blockIdx.x, bh = blockIdx.y, R = w.R;
     const int64_t hr = (int64_t)bh * R;
@@ -447,6 +453,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         for (int s = 0; s < DW_STAGES; ++s) {
             mbar_init(bar_full + 8 * s, 1);
             mbar_init(bar_empty + 8 * s, 256); /* every consumer thread */
+            if (SPLIT) mbar_init(bar_fullv + 8 * s, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -468,24 +475,34 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, bar_q16);
         for (int j = 0; j < wk.total; ++j) {
             const int s = j % DW_STAGES;
-            const uint32_t full = bar_full + 8 * s;
+            const uint32_t full = bar_full + 8 * s, fullv = SPLIT ? bar_fullv + 8 * s : full;
             mbar_wait(bar_empty + 8 * s, ((j / DW_STAGES) & 1) ^ 1);
             if (j < wk.nb8) {
                 const int b = w.cols[wk.e1 + j];
                 const int row = (int)((hr + b) * DW_ROWS);
-                mbar_expect_tx(full, 2 * DW_HALF);
+                if (SPLIT) {
+                    mbar_expect_tx(full, DW_HALF);
+                    mbar_expect_tx(fullv, DW_HALF);
+                } else {
+                    mbar_expect_tx(full, 2 * DW_HALF);
+                }
                 tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
-                tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+                tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, fullv);
             } else {
                 const int i = j - wk.nb8;
                 const int64_t k0 = i < wk.npre ? (int64_t)i * DW_ROWS
                                                : w.prefix_pad + (int64_t)w.cols[wk.e2 + i - wk.npre] * DW_ROWS;
                 const int row = (int)((int64_t)bh * w.n_pack + k0);
-                mbar_expect_tx(full, 4 * DW_HALF);
+                if (SPLIT) {
+                    mbar_expect_tx(full, 2 * DW_HALF);
+                    mbar_expect_tx(fullv, 2 * DW_HALF);
+                } else {
+                    mbar_expect_tx(full, 4 * DW_HALF);
+                }
                 tma_load_2d(base + DW_K_OFF(s), &tk16, 0, row, full);
                 tma_load_2d(base + DW_K_OFF(s) + DW_HALF, &tk16, 64, row, full);
-                tma_load_2d(base + DW_V_OFF(s), &tv16, 0, row, full);
-                tma_load_2d(base + DW_V_OFF(s) + DW_HALF, &tv16, 64, row, full);
+                tma_load_2d(base + DW_V_OFF(s), &tv16, 0, row, fullv);
+                tma_load_2d(base + DW_V_OFF(s) + DW_HALF, &tv16, 64, row, fullv);
             }
         }
         return;
@@ -528,6 +545,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             else
                 make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
             float part[EXPCAST ? 68 : 64];
+            if (SPLIT) mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
             issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
             wg_wait<0>();
             reg_fence(part);
@@ -622,6 +640,31 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             uint32_t pa[8][4];
             probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
             float part[64];
+            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
+            wg_wait<0>();
+            reg_fence(part);
+            mbar_arrive(bar_empty + 8 * s);
+            add_part16(o, part);
+            l[0] += rs[0];
+            l[1] += rs[1];
+        }
+    } else if (VER == 6) { /* dw4 with the V barrier */
+        for (int i = 0; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = block_valid(w, wk, i);
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            float part[64];
+            mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
             issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
             wg_wait<0>();
             reg_fence(part);
@@ -813,7 +856,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 5)
+    if (version < 0 || version > 6)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -843,6 +886,7 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     case 2: return launch_ver<2>(maps, &p, st);
     case 3: return launch_ver<3>(maps, &p, st);
     case 4: return launch_ver<4>(maps, &p, st);
-    default: return launch_ver<5>(maps, &p, st);
+    case 5: return launch_ver<5>(maps, &p, st);
+    default: return launch_ver<6>(maps, &p, st);
     }
 }
