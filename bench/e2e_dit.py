@@ -19,7 +19,10 @@ Cases (each: --warmup untimed forwards, then the median of --iters):
              ceil(40/4): stored permutation, no demeaning),
   draft@85/0/0/15 at a sparse step and at a dense warm-up step, where
              qva_supports() says the device runs it; otherwise the row says
-             "skipped: <reason>".
+             "skipped: <reason>".  The warm-up step runs on the backend of
+             option draft.dense_backend (default: torch SDPA on CUDA, under
+             the same sdpa_kernel(CUDNN_ATTENTION) as every case; the
+             library's BF16 kernel with --draft-dense-backend qvattn).
 The step is pinned with qvattn.diffusers.set_step(model, step, 40).
 
 Reported: forward time per case, speedup vs SDPA per step, and the 40-step
@@ -86,6 +89,9 @@ def parse_args(argv):
     p.add_argument("--num-steps", type=int, default=40, help="schedule length")
     p.add_argument("--draft-warmup", type=float, default=0.25,
                    help="draft dense warm-up: fraction of the steps (< 1) or a count")
+    p.add_argument("--draft-dense-backend", choices=("sdpa", "qvattn"), default=None,
+                   help="draft dense warm-up steps on torch SDPA or on the library's "
+                        "BF16 kernel (default: the library's default, sdpa on CUDA)")
     p.add_argument("--iters", type=int, default=2, help="timed forwards per case")
     p.add_argument("--warmup", type=int, default=1, help="untimed forwards per case")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
@@ -277,9 +283,15 @@ class Bench:
         else:
             actions = {"step": 0}
         rec = {"method": method, "label": "qvattn " + method, "steps": {}}
+        opts = {}
         if method.startswith("draft"):
             rec["draft_warmup_steps"] = warm
-        handle = qd.apply(self.model, method, num_steps=n, draft_warmup=dw)
+            if self.args.draft_dense_backend:
+                opts["draft.dense_backend"] = self.args.draft_dense_backend
+            from qvattn._config import dense_backend
+            rec["draft_dense_backend"] = dense_backend(
+                self.qvattn.ops.options_string(opts), self.cuda)
+        handle = qd.apply(self.model, method, num_steps=n, draft_warmup=dw, options=opts)
         try:
             for action, step in actions.items():
                 if self.out_of_time():
@@ -358,6 +370,8 @@ def markdown(res):
             est = c.get("schedule_ms") if first else None
             sp = c.get("schedule_speedup_vs_sdpa") if first else None
             where = action if action == "step" else f"{action} ({s.get('step')})"
+            if action == "dense" and c.get("draft_dense_backend"):
+                where = f"dense ({s.get('step')}, {c['draft_dense_backend']})"
             rl = s.get("rel_l2_vs_sdpa")
             lines.append("| %s | %s | %.1f | %s | %s | %s | %s |" % (
                 c.get("label", c["method"]) if first else "", where, s["ms"],

@@ -12,6 +12,9 @@ from . import _ffi
 # Config fields a caller may override: name -> (struct path, python type).
 # "draft.dense_warmup_frac" is not a C field: it sets dense_warmup_steps to
 # ceil(frac * num_steps) when the step count is known (diffusers.apply).
+# "draft.dense_backend" is not a C field either: who computes a draft dense
+# warm-up step on torch tensors, "sdpa" (torch SDPA; the default on CUDA) or
+# "qvattn" (the library's BF16 kernel; the default on the CPU).
 _OPTION_FIELDS = {
     "vsmooth.clusters": (("vsmooth", "clusters"), int),
     "vsmooth.iters": (("vsmooth", "iters"), int),
@@ -22,11 +25,13 @@ _OPTION_FIELDS = {
     "draft.capacity": (("draft", "capacity"), int),
     "draft.dense_warmup_steps": (("draft", "dense_warmup_steps"), int),
     "draft.dense_warmup_frac": (None, float),
+    "draft.dense_backend": (None, "dense_backend"),
     "hadamard_signs": (("hadamard_signs",), int),
     "hadamard_seed": (("hadamard_seed",), int),
     "check_finite": (("check_finite",), int),
 }
 _SCHEDULES = {"paper": _ffi.QVA_SCHEDULE_PAPER, "always": _ffi.QVA_SCHEDULE_ALWAYS}
+DENSE_BACKENDS = ("sdpa", "qvattn")
 
 
 def _option_value(name, value):
@@ -38,6 +43,12 @@ def _option_value(name, value):
                                  f"{sorted(_SCHEDULES)}, not {value!r}")
             return _SCHEDULES[value]
         return int(value)
+    if typ == "dense_backend":
+        v = str(value).strip().strip("'\"").lower()
+        if v not in DENSE_BACKENDS:
+            raise ValueError(f"qvattn: option {name} must be one of "
+                             f"{list(DENSE_BACKENDS)}, not {value!r}")
+        return v
     if typ is int:
         if isinstance(value, bool):
             return int(value)
@@ -67,7 +78,7 @@ def options_string(options):
             raise ValueError(f"qvattn: unknown option {name!r}; known: "
                              + ", ".join(sorted(_OPTION_FIELDS)))
         val = _option_value(name, options[name])
-        parts.append(f"{name}={val!r}")
+        parts.append(f"{name}={val}" if isinstance(val, str) else f"{name}={val!r}")
     return ";".join(parts)
 
 
@@ -99,12 +110,17 @@ def _base_config(method, options):
     return _ffi.QvaConfig.from_buffer_copy(raw)
 
 
-def _option_float(options, name):
+def _option_raw(options, name):
     for kv in options.split(";") if options else ():
         k, v = kv.split("=", 1)
         if k == name:
-            return float(v)
+            return v
     return None
+
+
+def _option_float(options, name):
+    v = _option_raw(options, name)
+    return None if v is None else float(v)
 
 
 def _method_enum(method):
@@ -131,3 +147,61 @@ def config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
     if frac is not None and cfg.num_steps > 0:
         cfg.draft.dense_warmup_steps = int(math.ceil(frac * cfg.num_steps - 1e-9))
     return cfg
+
+
+# ------------------------------------------------------------------ draft dense warm-up
+def dense_backend(options, cuda):
+    """Who computes a draft dense warm-up step: "sdpa" or "qvattn".
+
+    options: an options_string; its "draft.dense_backend", else "sdpa" for
+    CUDA tensors (cuda=True) and "qvattn" (the CPU reference) otherwise."""
+    v = _option_raw(options, "draft.dense_backend")
+    if v is None:
+        return "sdpa" if cuda else "qvattn"
+    return v
+
+
+def draft_dense_warmup(cfg):
+    """True when qva_attention computes the call `cfg` as a draft dense
+    warm-up step, i.e. exactly as the bf16 method (every row dense, BF16
+    operands -- FP16 for float16 inputs -- FP32 softmax).  The library's
+    decision, mirrored: qvi_draft_plan_make (src/cpu/draft.c, used by the
+    CPU and the CUDA backend) sets warmup = cfg->step < dense_warmup_steps.
+    cfg is the call's final config (config_for: the step, and the
+    draft.dense_warmup_frac -> dense_warmup_steps resolution, applied)."""
+    return (cfg.method == _ffi.QVA_METHOD_DRAFT
+            and cfg.step < cfg.draft.dense_warmup_steps)
+
+
+def draft_check(cfg, n_tokens, func="qvattn.attention"):
+    """Raises what qvi_draft_validate (src/cpu/draft.c) returns for a draft
+    call over n_tokens tokens, so a warm-up step computed outside the
+    library rejects the same grids the library would."""
+    p = cfg.draft
+
+    def fail(status, msg):
+        raise _ffi.error_for(status, func, msg)
+
+    if p.grid_t < 1 or p.grid_h < 1 or p.grid_w < 1:
+        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
+             f"draft: grid {p.grid_t}x{p.grid_h}x{p.grid_w} must have every "
+             "dimension >= 1")
+    if p.prefix_tokens < 0 or p.prefix_tokens >= n_tokens:
+        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
+             f"draft: prefix_tokens = {p.prefix_tokens} must be in [0, N = {n_tokens})")
+    video = p.grid_t * p.grid_h * p.grid_w
+    if video + p.prefix_tokens != n_tokens:
+        fail(_ffi.QVA_ERR_SHAPE,
+             f"draft: grid T*H*W + prefix = {p.grid_t}*{p.grid_h}*{p.grid_w} + "
+             f"{p.prefix_tokens} = {video + p.prefix_tokens} but the sequence "
+             f"length N = {n_tokens}")
+    if p.capacity < 1:
+        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
+             f"draft: capacity = {p.capacity} must be positive")
+    if p.capacity != 128:
+        fail(_ffi.QVA_ERR_UNSUPPORTED,
+             f"draft: capacity {p.capacity} unsupported; the region capacity must "
+             "equal the attention block (128)")
+    if not (0.0 <= p.lambda_ <= 1.0):
+        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
+             f"draft: lambda = {p.lambda_:g} is outside [0, 1]")

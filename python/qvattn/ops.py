@@ -32,6 +32,16 @@ not possible inside CUDA-graph capture unless cached.  Methods that need
 self-attention (vc8, vc4, draft) run on the valid tokens only; the
 query rows of padded tokens (whose outputs a model discards) are computed
 with torch over the valid keys.
+
+Draft dense warm-up steps (draft.dense_warmup_steps / _frac) are plain
+dense BF16 attention: the library computes them "exactly as the bf16
+method".  With option "draft.dense_backend" = "sdpa" (the default for CUDA
+tensors) the op computes such a step with torch SDPA instead (cuDNN on
+Hopper, about 2x the library's mma.sync BF16 kernel), on the current stream,
+with the same scale, mask handling and layout.  The decision is the
+library's (_config.draft_dense_warmup), taken at run time from the call's
+config; calls with return_lse keep the library path (public SDPA returns no
+LSE).  "qvattn" keeps the library for every step.
 """
 import functools
 import itertools
@@ -43,7 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _ffi
-from ._config import _base_config, _method_enum, config_for, options_string
+from ._config import (_base_config, _method_enum, config_for, dense_backend,
+                      draft_check, draft_dense_warmup, options_string)
 
 __all__ = ["attention_torch", "StepState", "support_reason", "options_string",
            "QvattnFallbackWarning", "sdpa_reference"]
@@ -284,6 +295,51 @@ def _tokdim(layout):
     return 2 if layout == "HND" else 1
 
 
+# ------------------------------------------------------------------ draft warm-up on SDPA
+def _warmup_on_sdpa(cfg, backend, want_lse):
+    """True: compute this call with torch SDPA (a draft dense warm-up step,
+    backend "sdpa", no LSE wanted)."""
+    return backend == "sdpa" and not want_lse and draft_dense_warmup(cfg)
+
+
+def _check_finite_cpu(name, x, layout):
+    """The library's check_finite scan (CPU inputs only), same message."""
+    xh = x if layout == "HND" else x.transpose(1, 2)
+    bad = ~torch.isfinite(xh)
+    if bool(bad.any()):
+        b, h, i, c = (int(t) for t in torch.nonzero(bad)[0])
+        raise _ffi.error_for(_ffi.QVA_ERR_NONFINITE, "qvattn.attention",
+                             f"{name}[{b},{h},{i},{c}] is not finite")
+
+
+def _sdpa_dense(cfg, q, k, v, layout):
+    """The bf16 method's computation with torch SDPA: BF16 operands (FP16
+    for float16 inputs, as the library's use_f16), scale cfg.sm_scale or
+    1/sqrt(D).  Returns out in q's layout and dtype (a new tensor)."""
+    draft_check(cfg, q.shape[_tokdim(layout)])
+    if cfg.check_finite and not q.is_cuda:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_finite_cpu(name, x, layout)
+    dt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+    def hnd(x):
+        return x if layout == "HND" else x.transpose(1, 2)
+
+    qh, kh, vh = (hnd(x).to(dt) for x in (q, k, v))
+    scale = float(cfg.sm_scale) if cfg.sm_scale > 0 else 1.0 / math.sqrt(q.shape[-1])
+    o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
+    return hnd(o).to(q.dtype)
+
+
+def _attend(ctx, cfg, q, k, v, out, lse, layout, backend):
+    """One qva_attention call into out (and lse), or its SDPA equivalent
+    on a draft dense warm-up step (_warmup_on_sdpa)."""
+    if _warmup_on_sdpa(cfg, backend, lse is not None):
+        out.copy_(_sdpa_dense(cfg, q, k, v, layout))
+    else:
+        _c_attention(ctx, cfg, q, k, v, out, lse, layout)
+
+
 def _config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
                 prefix_at_end, n_tokens, state):
     """config_for with step = -1 / num_steps = -1 / empty grid taken from the
@@ -372,6 +428,7 @@ def _select_tokens(x, layout, idx, n, is_prefix):
 def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
                 prefix, prefix_at_end, q, k, v, mask, out, lse, layout, state):
     d = _tokdim(layout)
+    backend = dense_backend(options, q.is_cuda)
     B, Nk = q.shape[0], k.shape[d]
     host = _mask_patterns(mask, state)
     if host.shape[0] == 1 and B > 1:
@@ -405,14 +462,14 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
         if n == Nk:
             cfg = _config_for(method, options, sm_scale, glayer, step, num_steps, grid,
                               prefix, prefix_at_end, Nk, state)
-            _c_attention(ctx, cfg, qb, kb, vb, ob, lb, layout)
+            _attend(ctx, cfg, qb, kb, vb, ob, lb, layout, backend)
         else:
             ks = _select_tokens(kb, layout, idx, n, is_prefix)
             vs = _select_tokens(vb, layout, idx, n, is_prefix)
             cfg = _config_for(method, options, sm_scale, glayer, step, num_steps, grid,
                               prefix, prefix_at_end, n, state)
             if not self_only:
-                _c_attention(ctx, cfg, qb, ks, vs, ob, lb, layout)
+                _attend(ctx, cfg, qb, ks, vs, ob, lb, layout, backend)
             else:
                 # self-attention over the valid tokens; padded query rows
                 # (outputs a model discards) attend to the valid keys in torch
@@ -424,7 +481,7 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
                     os_ = torch.empty_like(qs, memory_format=torch.contiguous_format)
                     ls_ = (torch.empty(qs.shape[0], lb.shape[1], n, dtype=torch.float32,
                                        device=q.device) if lb is not None else None)
-                _c_attention(ctx, cfg, qs, ks, vs, os_, ls_, layout)
+                _attend(ctx, cfg, qs, ks, vs, os_, ls_, layout, backend)
                 rest = torch.nonzero(~pat).flatten()
                 qr = qb.index_select(d, rest.to(q.device))
                 orr, lr = sdpa_reference(qr, ks, vs, layout, sm_scale, lb is not None)
@@ -472,7 +529,6 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # the 2nd (3rd...) forward of a step (classifier-free guidance) keeps
         # its own per-layer state: cond and uncond group their own values
         layer = layer + (min(state.pass_index, 127) << 16)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_out_shapes(q, layout, return_lse), dtype=torch.float32,
                       device=q.device)
     lse_hnd = lse if return_lse else None
@@ -480,8 +536,15 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         d = _tokdim(layout)
         cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
                           prefix, prefix_at_end, k.shape[d], state)
+        if _warmup_on_sdpa(cfg, dense_backend(options, q.is_cuda), return_lse):
+            out = _sdpa_dense(cfg, q, k, v, layout)
+            if not out.is_contiguous():  # the fake's (and the library's) layout
+                out = out.contiguous()
+            return out, lse
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _c_attention(ctx, cfg, q, k, v, out, lse_hnd, layout)
     else:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
                     prefix, prefix_at_end, q, k, v, attn_mask, out, lse_hnd, layout,
                     state)

@@ -26,6 +26,7 @@ def test_e2e_tiny(tmp_path):
     assert set(cases) == {"sdpa", "sage8", "vc8+expcast", "draft@85/0/0/15"}
     assert set(cases["vc8+expcast"]["steps"]) == {"group", "reuse", "plain"}
     assert set(cases["draft@85/0/0/15"]["steps"]) == {"sparse", "dense"}
+    assert cases["draft@85/0/0/15"]["draft_dense_backend"] == "qvattn"  # CPU default
     for c in cases.values():
         assert c["schedule_ms"] > 0 and c["schedule_speedup_vs_sdpa"] > 0
         for s in c["steps"].values():
