@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call for the draft work (issue 6), from the repo root:
+#
+#   bash scripts/draft-check.sh
+#
+# Builds for sm_90a (build-gpu), then, each step bounded and logged to $OUT:
+#   1. test_backend with the default draft kernel (dw4)
+#   2. compute-sanitizer racecheck of test_backend with QVA_DRAFT_KERNEL=mma
+#      (the new draft prep without the block-sparse kernel), then with dw4:
+#      tells which of the two makes racecheck slow
+#   3. bench/profile_draft.py: per-kernel times of the router and the prep
+#   4. bench/compare.py on the three draft grids with dw4 and dw6
+# Budget: about 6 minutes with the default limits.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+    if ! command -v nvcc >/dev/null 2>&1 && [ -x "$d/nvcc" ]; then export PATH="$PATH:$d"; fi
+done
+LIB="$ROOT/build-gpu/libqvattn.so"
+step() { # name limit cmd...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$(date +%s)
+    timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name: rc=$rc ($(( $(date +%s) - t0 )) s)  $(tail -1 "$OUT/$name.log")"
+}
+step build 240 bash -c "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON && cmake --build build-gpu -j 16"
+[ -f "$LIB" ] || { echo "draft-check: no library"; exit 1; }
+step backend-dw4 60 build-gpu/test_backend
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
+step racecheck-dw4 "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
+step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
+step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \
+    --shapes wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p \
+    --methods draft@85/0/0/15,draft@85/0/7.5/7.5,draft@85/0/7.5/7.5+expcast \
+    --kernels dw4,dw6 --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
