@@ -600,7 +600,9 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             l[0] += rs[0];
             l[1] += rs[1];
         }
-    } else if (VER == 2) {
+    } else if (VER == 2 || VER == 4 || VER == 6) {
+        /* dw2: scores scaled, then masked and maxed; dw4/dw6: the max on
+         * the raw scores and one FMA per exponent; dw6 waits for V apart */
         for (int i = 0; i < nb16; ++i, ++j) {
             const int s = j % DW_STAGES;
             const int valid = block_valid(w, wk, i);
@@ -610,61 +612,19 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             wg_wait<0>();
             reg_fence(sacc);
             float mx[2], alpha[2], rs[2];
-            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            if (VER >= 4)
+                raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            else
+                scores16(sacc, w.scale_log2, valid, tig, m, mx);
             new_max(mx, m, l, alpha);
             rescale_o(o, alpha);
             uint32_t pa[8][4];
-            probs16<F16>(sacc, m, rs, pa);
+            if (VER >= 4)
+                probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            else
+                probs16<F16>(sacc, m, rs, pa);
             float part[64];
-            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
-            wg_wait<0>();
-            reg_fence(part);
-            mbar_arrive(bar_empty + 8 * s);
-            add_part16(o, part);
-            l[0] += rs[0];
-            l[1] += rs[1];
-        }
-    } else if (VER == 4) { /* dw2 with the fused exponent */
-        for (int i = 0; i < nb16; ++i, ++j) {
-            const int s = j % DW_STAGES;
-            const int valid = block_valid(w, wk, i);
-            float sacc[64];
-            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
-            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
-            wg_wait<0>();
-            reg_fence(sacc);
-            float mx[2], alpha[2], rs[2];
-            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
-            new_max(mx, m, l, alpha);
-            rescale_o(o, alpha);
-            uint32_t pa[8][4];
-            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
-            float part[64];
-            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
-            wg_wait<0>();
-            reg_fence(part);
-            mbar_arrive(bar_empty + 8 * s);
-            add_part16(o, part);
-            l[0] += rs[0];
-            l[1] += rs[1];
-        }
-    } else if (VER == 6) { /* dw4 with the V barrier */
-        for (int i = 0; i < nb16; ++i, ++j) {
-            const int s = j % DW_STAGES;
-            const int valid = block_valid(w, wk, i);
-            float sacc[64];
-            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
-            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
-            wg_wait<0>();
-            reg_fence(sacc);
-            float mx[2], alpha[2], rs[2];
-            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
-            new_max(mx, m, l, alpha);
-            rescale_o(o, alpha);
-            uint32_t pa[8][4];
-            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
-            float part[64];
-            mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
+            if (SPLIT) mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
             issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
             wg_wait<0>();
             reg_fence(part);
