@@ -419,9 +419,9 @@ dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pr
 }
 
 /* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
- * the PV slot order.  Tile word w of row c holds slots 4w .. 4w+3, which
- * qvc_pv_slot_key maps to the keys k0, k0+1, k0+8, k0+9 with
- * k0 = 16 (w/4) + 2 (w%4); a task is those 4 keys x one chunk. */
+ * the PV slot order.  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
+ * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(DG_PREP_THREADS)
 dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
@@ -434,10 +434,11 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
     float v[2][4][8];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-        const int w = w0 + k * DG_RSTEP, k0 = 16 * (w >> 2) + 2 * (w & 3);
+        const int w = w0 + k * DG_RSTEP;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            key[k][u] = k0 + (u & 1) + 8 * (u >> 1);
+            const int slot = 4 * w + u;
+            key[k][u] = (slot & ~31) + qvc_pv_slot_key(slot & 31);
             orig[k][u] = key[k][u] < n ? __ldg(pack + slot0 + key[k][u]) : 0;
         }
     }
