@@ -154,6 +154,14 @@ qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t);
 /* Capability query: can `device` run this config at this shape/dtype? */
 int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
                  int64_t head_dim, char *why, size_t why_len);
+/* A draft config's checks for a sequence of n_tokens tokens of head dim
+ * head_dim (grid, prefix, capacity, lambda, fractions: the errors
+ * qva_attention would give), and whether the call at cfg->step is a dense
+ * warm-up step, which the library computes exactly as the bf16 method.
+ * For callers that compute warm-up steps elsewhere (the PyTorch layer runs
+ * them through torch SDPA). */
+qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t head_dim,
+                                int *dense_warmup);
 /* 1 if the library was built with CUDA and a device is present. */
 int qva_cuda_available(void);
 /* Device memory helpers, so C callers need no CUDA headers.  Without CUDA

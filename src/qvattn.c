@@ -2,6 +2,7 @@
  * its per-layer state, the step schedule, validation and dispatch. */
 #define _POSIX_C_SOURCE 199309L
 #include "internal.h"
+#include "cpu/draft.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -586,6 +587,30 @@ int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
     if (device == QVA_DEVICE_CUDA) return qvi_cuda_supports(cfg, dtype, head_dim, why, why_len);
     snprintf(why, why_len, "unknown device");
     return 0;
+}
+
+qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t head_dim,
+                                int *dense_warmup) {
+    qvi_clear_error();
+    if (!cfg || !dense_warmup)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qva_draft_step_check: NULL argument");
+    if (cfg->method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qva_draft_step_check: not a draft config");
+    if (n_tokens < 1 || head_dim < 1)
+        return qvi_fail(QVA_ERR_SHAPE, "qva_draft_step_check: N = %lld, D = %lld",
+                        (long long)n_tokens, (long long)head_dim);
+    /* The plan is the one place that validates and decides (src/cpu/draft.c). */
+    qva_tensor q;
+    memset(&q, 0, sizeof q);
+    q.dtype = QVA_BF16;
+    q.shape[0] = q.shape[1] = 1;
+    q.shape[2] = n_tokens;
+    q.shape[3] = head_dim;
+    qvi_draft_plan pl;
+    qva_status st = qvi_draft_plan_make(cfg, &q, &pl);
+    if (st != QVA_OK) return st;
+    *dense_warmup = pl.warmup;
+    return QVA_OK;
 }
 
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,

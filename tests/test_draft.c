@@ -831,6 +831,9 @@ static void test_plan(void) {
         CHECK(!memcmp(quota, pl.quota, sizeof quota), "plan %zu: quotas", i);
         const int warm = C[i].step < C[i].warm;
         CHECK(pl.warmup == warm, "plan %zu: warm-up %d", i, pl.warmup);
+        int pub_warm = -1;
+        CHECK(qva_draft_step_check(&cfg, N, C[i].D, &pub_warm) == QVA_OK && pub_warm == warm,
+              "plan %zu: qva_draft_step_check says warm-up %d", i, pub_warm);
         CHECK(pl.with4 == (!warm && quota[QVI_Q_4] > 0) && pl.with8 == (!warm && quota[QVI_Q_8] > 0),
               "plan %zu: low-bit flags %d %d", i, pl.with4, pl.with8);
         const int64_t r0 = warm ? 0 : C[i].at_end ? N - C[i].P : 0, nr = warm ? N : C[i].P;
@@ -880,9 +883,19 @@ static void test_plan(void) {
         qvi_draft_plan pl;
         const qva_status a = qvi_draft_plan_make(&c, &q, &pl);
         const qva_status b = qva_attention(ctx, &c, &q, &k, &v, &ot, NULL);
-        CHECK(a != QVA_OK && a == b, "bad config %d: plan %s, attention %s", i,
-              qva_status_string(a), qva_status_string(b));
+        int warm = 0;
+        const qva_status d = qva_draft_step_check(&c, p.N, p.D, &warm);
+        CHECK(a != QVA_OK && a == b && d == b, "bad config %d: plan %s, attention %s, step check %s",
+              i, qva_status_string(a), qva_status_string(b), qva_status_string(d));
     }
+    int warm = 0;
+    CHECK(qva_draft_step_check(&base, p.N, p.D, &warm) == QVA_OK && !warm, "step check: base");
+    qva_config dense = base;
+    CHECK(qva_config_set_method(&dense, "bf16") == QVA_OK, "bf16");
+    CHECK(qva_draft_step_check(&dense, p.N, p.D, &warm) == QVA_ERR_INVALID_ARGUMENT,
+          "step check: a bf16 config is refused");
+    CHECK(qva_draft_step_check(&base, p.N, p.D, NULL) == QVA_ERR_INVALID_ARGUMENT,
+          "step check: NULL output");
     qva_context_free(ctx);
     free(o);
     free_problem(&p);

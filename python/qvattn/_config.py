@@ -173,35 +173,8 @@ def draft_dense_warmup(cfg):
             and cfg.step < cfg.draft.dense_warmup_steps)
 
 
-def draft_check(cfg, n_tokens, func="qvattn.attention"):
-    """Raises what qvi_draft_validate (src/cpu/draft.c) returns for a draft
-    call over n_tokens tokens, so a warm-up step computed outside the
-    library rejects the same grids the library would."""
-    p = cfg.draft
-
-    def fail(status, msg):
-        raise _ffi.error_for(status, func, msg)
-
-    if p.grid_t < 1 or p.grid_h < 1 or p.grid_w < 1:
-        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
-             f"draft: grid {p.grid_t}x{p.grid_h}x{p.grid_w} must have every "
-             "dimension >= 1")
-    if p.prefix_tokens < 0 or p.prefix_tokens >= n_tokens:
-        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
-             f"draft: prefix_tokens = {p.prefix_tokens} must be in [0, N = {n_tokens})")
-    video = p.grid_t * p.grid_h * p.grid_w
-    if video + p.prefix_tokens != n_tokens:
-        fail(_ffi.QVA_ERR_SHAPE,
-             f"draft: grid T*H*W + prefix = {p.grid_t}*{p.grid_h}*{p.grid_w} + "
-             f"{p.prefix_tokens} = {video + p.prefix_tokens} but the sequence "
-             f"length N = {n_tokens}")
-    if p.capacity < 1:
-        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
-             f"draft: capacity = {p.capacity} must be positive")
-    if p.capacity != 128:
-        fail(_ffi.QVA_ERR_UNSUPPORTED,
-             f"draft: capacity {p.capacity} unsupported; the region capacity must "
-             "equal the attention block (128)")
-    if not (0.0 <= p.lambda_ <= 1.0):
-        fail(_ffi.QVA_ERR_INVALID_ARGUMENT,
-             f"draft: lambda = {p.lambda_:g} is outside [0, 1]")
+def draft_check(cfg, n_tokens, head_dim, func="qvattn.attention"):
+    """Raises what qva_attention raises for a draft call over n_tokens
+    tokens of head_dim (the library's own checks, qva_draft_step_check), so
+    a warm-up step computed outside the library rejects the same configs."""
+    _ffi.draft_step_check(cfg, n_tokens, head_dim, func)

@@ -205,6 +205,7 @@ _SIGS = {
     "qva_supports": (c_int, [c_enum, _P(QvaConfig), c_enum, c_int64, c_char_p,
                              c_size_t]),
     "qva_cuda_available": (c_int, []),
+    "qva_draft_step_check": (c_enum, [_P(QvaConfig), c_int64, c_int64, _P(c_int)]),
     "qva_device_synchronize": (c_enum, []),
     "qva_attention": (c_enum, [c_void_p, _P(QvaConfig), _P(QvaTensor),
                                _P(QvaTensor), _P(QvaTensor), _P(QvaTensor),
@@ -315,6 +316,14 @@ def supports(device, cfg, dtype, head_dim):
     why = ctypes.create_string_buffer(256)
     ok = lib.qva_supports(device, byref(cfg), dtype, int(head_dim), why, len(why))
     return bool(ok), _s(why.value)
+
+
+def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):
+    """qva_draft_step_check: raises what qva_attention would for this draft
+    config at n_tokens x head_dim; returns True on a dense warm-up step."""
+    warm = c_int(0)
+    check(lib.qva_draft_step_check(byref(cfg), int(n_tokens), int(head_dim), byref(warm)), func)
+    return bool(warm.value)
 
 
 def schedule_action(cfg, step, num_steps):

@@ -316,7 +316,7 @@ def _sdpa_dense(cfg, q, k, v, layout):
     """The bf16 method's computation with torch SDPA: BF16 operands (FP16
     for float16 inputs, as the library's use_f16), scale cfg.sm_scale or
     1/sqrt(D).  Returns out in q's layout and dtype (a new tensor)."""
-    draft_check(cfg, q.shape[_tokdim(layout)])
+    draft_check(cfg, q.shape[_tokdim(layout)], q.shape[-1])
     if cfg.check_finite and not q.is_cuda:
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_finite_cpu(name, x, layout)

@@ -80,7 +80,9 @@ def test_decision_is_the_library_decision(options, num_steps):
         out = qvattn.attention(q, k, v, method=DRAFT, grid=GRID, prefix_at_end=True,
                                step=step, num_steps=ns, options=opts, ctx=qvattn.Context())
         lib_warm = torch.equal(out, dense)
-        assert lib_warm == _config.draft_dense_warmup(_cfg(DRAFT, options, step, ns)), step
+        cfg = _cfg(DRAFT, options, step, ns)
+        assert lib_warm == _config.draft_dense_warmup(cfg), step
+        assert lib_warm == _ffi.draft_step_check(cfg, N, q.shape[-1]), step
 
 
 def test_dense_backend_option():
