@@ -26,6 +26,13 @@ static __device__ __forceinline__ uint32_t qvc_expcast_code(float u) {
     return (uint32_t)rintf(fminf(t, 120.0f));
 }
 
+/* round_f16_sat of src/cpu/attention.c: RNE to FP16, clamped to +-65504
+ * (the 8-bit block partials of Table 6). */
+static __device__ __forceinline__ float qvc_f16_sat(float x) {
+    const float h = __half2float(__float2half_rn(x));
+    return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
+}
+
 /* Two probabilities -> two E4M3 codes (low byte first).  Without ExpCast
  * their FP32 values are added to *rowsum; with ExpCast the row sum of the
  * decoded codes comes from the PV product instead (a ones column). */

@@ -57,8 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device_util.cuh"
-#include "mma_sync.cuh"
+#include "attn_common.cuh"
 #include "cpu/draft.h"
 
 #define DG_ROWS 64       /* query rows per CTA (half a region)  */
@@ -785,28 +784,15 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
 /* ---- INT8 phase: one block (qvi_scores_i8, qvi_pv_e4m3 with FP16
  * partials) ---- */
 
-/* VC Eq. 7 (qva_expcast_e4m3). */
-static __device__ __forceinline__ uint32_t dg_expcast(float u) {
-    float t = __fmaf_rn(8.0f, u, 119.65f);
-    if (!(t >= 0.0f)) return 0;
-    return (uint32_t)rintf(fminf(t, 120.0f));
-}
-
 /* Two scores -> two E4M3 P codes (low byte first); the exp path adds the
  * FP32 amplified weights to *rowsum. */
 static __device__ __forceinline__ uint32_t dg_pcodes2(float s0, float s1, float m, int expcast,
                                                       float *rowsum) {
-    if (expcast) return dg_expcast(__fsub_rn(s0, m)) | (dg_expcast(__fsub_rn(s1, m)) << 8);
+    if (expcast) return qvc_expcast_code(__fsub_rn(s0, m)) | (qvc_expcast_code(__fsub_rn(s1, m)) << 8);
     const float p0 = exp2f(__fadd_rn(__fsub_rn(s0, m), QVI_SAGE_P_OFFSET));
     const float p1 = exp2f(__fadd_rn(__fsub_rn(s1, m), QVI_SAGE_P_OFFSET));
     *rowsum = __fadd_rn(__fadd_rn(*rowsum, p0), p1);
     return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
-}
-
-/* round_f16_sat of src/cpu/attention.c. */
-static __device__ __forceinline__ float dg_f16_sat(float x) {
-    const float h = __half2float(__float2half_rn(x));
-    return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
 }
 
 template <int D>
@@ -871,7 +857,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
             qvc_mma_e4m3(part, pa[c], qvc_lds32(vr), qvc_lds32(vr + 16));
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], dg_f16_sat(part[e]));
+        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], qvc_f16_sat(part[e]));
     }
 }
 

@@ -373,15 +373,9 @@ static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float
     rs[1] = qvc_quad_sum(r1[0] + r1[1]);
 }
 
-/* round_f16_sat of src/cpu/attention.c. */
-static __device__ __forceinline__ float dw_f16_sat(float x) {
-    const float h = __half2float(__float2half_rn(x));
-    return h > 65504.0f ? 65504.0f : h < -65504.0f ? -65504.0f : h;
-}
-
 /* The same for two values in one conversion: cvt.rn.satfinite rounds to
  * FP16 and clamps to +-65504 (NaN stays NaN), which is exactly
- * round_f16_sat; dw4 and later. */
+ * qvc_f16_sat (round_f16_sat); dw4 and later. */
 static __device__ __forceinline__ float2 f16_sat2(float a, float b) {
     uint32_t h;
     asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(b), "f"(a));
@@ -563,8 +557,8 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                     o[i2] = __fadd_rn(o[i2], h.x);
                     o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
                 } else {
-                    o[i2] = __fadd_rn(o[i2], dw_f16_sat(part[i2]));
-                    o[i2 + 1] = __fadd_rn(o[i2 + 1], dw_f16_sat(part[i2 + 1]));
+                    o[i2] = __fadd_rn(o[i2], qvc_f16_sat(part[i2]));
+                    o[i2 + 1] = __fadd_rn(o[i2 + 1], qvc_f16_sat(part[i2 + 1]));
                 }
             }
             l[0] = __fadd_rn(l[0], rs[0]);
