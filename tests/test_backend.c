@@ -89,6 +89,10 @@ static const tcase CASES[] = {
     {1, 1, 1536, 1536, 128, QVA_BF16, 1, 4, 16, 24, 0, 0, 1},
     {2, 1, 700, 700, 64, QVA_F16, 1, 3, 13, 17, 37, 0, 1},
     {1, 1, 2464, 2464, 64, QVA_F32, 0, 5, 20, 24, 64, 1, 1},
+    /* D 128 with a prefix of two key blocks (one partial), first and last:
+     * the Hopper kernel's prefix-query CTAs */
+    {1, 2, 680, 680, 128, QVA_BF16, 0, 2, 12, 20, 200, 1, 1},
+    {1, 1, 1136, 1136, 128, QVA_F16, 1, 2, 16, 32, 112, 0, 1},
 };
 #define NCASES (int)(sizeof CASES / sizeof *CASES)
 

@@ -1336,8 +1336,9 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     else
         r = pl.use_f16 ? dg_launch_attn<64, 1>(p, BH, st) : dg_launch_attn<64, 0>(p, BH, st);
     if (r != QVA_OK) return r;
-    /* The prefix queries: dense over every key, as the bf16 method. */
-    if ((r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
+    /* The prefix queries: dense over every key, as the bf16 method.  The
+     * Hopper kernel computes them itself (its prefix-query CTAs). */
+    if (dk < 0 && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
     return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }

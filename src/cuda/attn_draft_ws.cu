@@ -20,6 +20,11 @@
  *                    16 bits from the S accumulator registers; O += P V16
  *                    by wgmma (RS) straight into the O accumulator
  *
+ * Prefix queries (a text prefix; DA2 C.1: dense over every valid key) run
+ * in the same kernel as extra CTAs whose walk is every prefix block and
+ * then every video region in 16 bits; they come first in the launch order
+ * (dw_work).  Before, a separate prep16 + mma.sync bf16 pass computed them.
+ *
  * Empty lists cost nothing: the producer skips them and the consumers
  * never wait for them.  Query regions keep different numbers of key
  * blocks; with one CTA per region (24,360 at Wan2.2-720p, ~185 per SM) the
@@ -399,15 +404,57 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
 
 /* ------------------------------------------------------------ the kernel */
 /* Block i of the CTA's walk: INT8 regions first, then the prefix blocks,
- * then the 16-bit regions. */
+ * then the 16-bit regions.  A prefix-query CTA (dense) walks every prefix
+ * block and then every video region, all in 16 bits (docs/DRAFT.md §5:
+ * prefix queries attend to all valid keys). */
 typedef struct dw_walk {
-    int e1, nb8, npre, e2, total;
+    int e1, nb8, npre, e2, total, dense;
 } dw_walk;
+
+/* The CTA's work item.  The first npre * BH linear block indices are the
+ * prefix-query CTAs (each walks R + npre blocks, about R / 16 times a
+ * video CTA's list), so the block scheduler starts them first and they
+ * cannot form a tail; then one CTA per (video region, head). */
+static __device__ __forceinline__ void dw_work(const qvc_draft_ws_args &w, int npre, int &a,
+                                               int &bh, dw_walk &wk) {
+    const int64_t idx = (int64_t)blockIdx.y * gridDim.x + blockIdx.x, nd = (int64_t)npre * w.BH;
+    wk.npre = npre;
+    if (idx < nd) {
+        bh = (int)(idx % w.BH), a = (int)(idx / w.BH);
+        wk.dense = 1, wk.e1 = wk.e2 = 0, wk.nb8 = 0;
+        wk.total = npre + w.R;
+        return;
+    }
+    bh = (int)((idx - nd) / w.R), a = (int)((idx - nd) % w.R);
+    const int32_t *off = w.offsets + ((int64_t)bh * w.R + a) * 3;
+    wk.dense = 0;
+    wk.e1 = off[1];
+    wk.nb8 = off[2] - off[1];
+    wk.e2 = off[2];
+    wk.total = wk.nb8 + npre + (off[3] - off[2]);
+}
+
+/* The video region of 16-bit block i >= npre. */
+static __device__ __forceinline__ int video_block(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int i) {
+    return wk.dense ? i - wk.npre : w.cols[wk.e2 + i - wk.npre];
+}
 
 /* Valid keys of 16-bit block i: a prefix block or a video region. */
 static __device__ __forceinline__ int block_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
                                                   int i) {
-    return i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS) : w.count[w.cols[wk.e2 + i - wk.npre]];
+    return i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS) : w.count[video_block(w, wk, i)];
+}
+
+/* First packed row of the CTA's query block (in one head's n_pack rows)
+ * and its valid rows. */
+static __device__ __forceinline__ int64_t query_row0(const qvc_draft_ws_args &w,
+                                                     const dw_walk &wk, int a) {
+    return wk.dense ? (int64_t)a * DW_ROWS : w.prefix_pad + (int64_t)a * DW_ROWS;
+}
+static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int a) {
+    return wk.dense ? min(w.prefix - a * DW_ROWS, DW_ROWS) : w.count[a];
 }
 
 template <int F16, int EXPCAST, int VER>
@@ -428,15 +475,11 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     const int SPLIT = VER >= 6;
     const uint32_t bar_fullv = bar_empty + 8 * DW_STAGES;
     const qvc_draft_ws_args &w = p.w;
-    const int a = blockIdx.x, bh = blockIdx.y, R = w.R;
-    const int64_t hr = (int64_t)bh * R;
-    const int32_t *off = w.offsets + (hr + a) * 3;
+    const int R = w.R;
+    int a, bh;
     dw_walk wk;
-    wk.e1 = off[1];
-    wk.nb8 = off[2] - off[1];
-    wk.npre = p.npre;
-    wk.e2 = off[2];
-    wk.total = wk.nb8 + wk.npre + (off[3] - off[2]);
+    dw_work(w, p.npre, a, bh, wk);
+    const int64_t hr = (int64_t)bh * R;
 
     if (EXPCAST)
         for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
@@ -459,7 +502,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
         if (threadIdx.x != 0) return;
         const int64_t nv = (int64_t)R * DW_ROWS;
-        const int qrow16 = (int)((int64_t)bh * w.n_pack + w.prefix_pad + (int64_t)a * DW_ROWS);
+        const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
         if (wk.nb8) {
             mbar_expect_tx(bar_q8, DW_HALF);
             tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), bar_q8);
@@ -485,7 +528,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             } else {
                 const int i = j - wk.nb8;
                 const int64_t k0 = i < wk.npre ? (int64_t)i * DW_ROWS
-                                               : w.prefix_pad + (int64_t)w.cols[wk.e2 + i - wk.npre] * DW_ROWS;
+                                               : w.prefix_pad + (int64_t)video_block(w, wk, i) * DW_ROWS;
                 const int row = (int)((int64_t)bh * w.n_pack + k0);
                 if (SPLIT) {
                     mbar_expect_tx(full, 2 * DW_HALF);
@@ -574,8 +617,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     if (VER == 0) {
         for (int i = 0; i < nb16; ++i, ++j) {
             const int s = j % DW_STAGES;
-            const int valid = i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS)
-                                          : w.count[w.cols[wk.e2 + i - wk.npre]];
+            const int valid = block_valid(w, wk, i);
             float sacc[64];
             mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
             issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
@@ -704,7 +746,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         uint32_t pa[8][4];
         int sp = j % DW_STAGES; /* stage of the block whose P is in pa */
         {
-            const int valid = 0 < wk.npre ? min(w.prefix, DW_ROWS) : w.count[w.cols[wk.e2]];
+            const int valid = block_valid(w, wk, 0);
             float sacc[64];
             mbar_wait(bar_full + 8 * sp, (j / DW_STAGES) & 1);
             issue_qk16<F16>(sacc, qa, base + DW_K_OFF(sp));
@@ -721,8 +763,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         }
         for (int i = 1; i < nb16; ++i, ++j) {
             const int s = j % DW_STAGES;
-            const int valid = i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS)
-                                          : w.count[w.cols[wk.e2 + i - wk.npre]];
+            const int valid = block_valid(w, wk, i);
             float sacc[64];
             mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
             issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
@@ -754,12 +795,13 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 
     /* ---- epilogue: qvi_row_finish, scattered back to the sequence order */
     const qvc_attn_args &A = w.a;
-    const int b = bh / A.H, h = bh % A.H, cnt = w.count[a];
+    const int b = bh / A.H, h = bh % A.H, cnt = query_valid(w, wk, a);
+    const int64_t row0 = query_row0(w, wk, a);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int lr = cw * 64 + warp * 16 + g + 8 * r;
         if (lr >= cnt) continue;
-        const int64_t orig = w.pack[w.prefix_pad + (int64_t)a * DW_ROWS + lr];
+        const int64_t orig = w.pack[row0 + lr];
         const bool empty = m[r] == -INFINITY || !(l[r] > 0.0f);
         const int64_t ob = b * A.osb + h * A.osh + orig * A.osn;
 #pragma unroll
@@ -797,7 +839,8 @@ static qva_status launch_dw(const CUtensorMap *m, const dw_params *p, cudaStream
         attn_draft_ws_128x128<F16, EXPCAST, VER>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft_ws smem attribute");
-    const dim3 grid((unsigned)p->w.R, (unsigned)p->w.BH);
+    /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
+    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
     k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
     return qvc_launch_check("attn_draft_ws");
 }
