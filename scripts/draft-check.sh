@@ -9,8 +9,10 @@
 #      (the new draft prep without the block-sparse kernel), then with dw4:
 #      tells which of the two makes racecheck slow
 #   3. bench/profile_draft.py: per-kernel times of the router and the prep
-#   4. bench/compare.py on the three draft grids with dw4 and dw6
-# Budget: about 6 minutes with the default limits.
+#   4. bench/compare.py on the three draft grids with $DW_KERNELS (dw4,dw6)
+#   5. Nsight Compute of one draft kernel launch at Wan2.2-720p (speed of
+#      light, warp stall reasons, pipe use), unless NCU=0
+# Budget: about 6 minutes with the default limits; RACE=0 skips step 2.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
@@ -32,10 +34,20 @@ step build 240 bash -c "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQVA
 [ -f "$LIB" ] || { echo "draft-check: no library"; exit 1; }
 step backend-dw4 60 build-gpu/test_backend
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
+if [ "${RACE:-1}" != 0 ]; then
+[ "${RACE_MMA:-1}" != 0 ] && step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
 step racecheck-dw4 "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
+fi
 step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
 step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \
     --shapes wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p \
     --methods draft@85/0/0/15,draft@85/0/7.5/7.5,draft@85/0/7.5/7.5+expcast \
-    --kernels dw4,dw6 --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
+    --kernels "${DW_KERNELS:-dw4,dw6}" --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
+if [ "${NCU:-1}" != 0 ]; then
+    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu 150 "$NCU_BIN" --kernel-name regex:attn_draft_ws --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        build-gpu/qvattn bench --shape 1,40,75600,128 --grid 21,45,80 \
+        --methods draft@85/0/0/15 --iters 1 --device cuda
+fi
