@@ -4,7 +4,8 @@
 #   bash scripts/draft-check.sh
 #
 # Builds for sm_90a (build-gpu), then, each step bounded and logged to $OUT:
-#   1. test_backend with the default draft kernel (dw4)
+#   1. test_backend with the default draft kernel, then with each of
+#      $BACKEND_KERNELS (QVA_DRAFT_KERNEL values)
 #   2. compute-sanitizer racecheck of test_backend with QVA_DRAFT_KERNEL=mma
 #      (the new draft prep without the block-sparse kernel), then with dw4:
 #      tells which of the two makes racecheck slow
@@ -33,6 +34,7 @@ step() { # name limit cmd...
 step build 240 bash -c "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON && cmake --build build-gpu -j 16"
 [ -f "$LIB" ] || { echo "draft-check: no library"; exit 1; }
 step backend-dw4 60 build-gpu/test_backend
+for k in ${BACKEND_KERNELS:-}; do step "backend-$k" 60 env QVA_DRAFT_KERNEL=$k build-gpu/test_backend; done
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ "${RACE:-1}" != 0 ]; then
 [ "${RACE_MMA:-1}" != 0 ] && step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
@@ -40,7 +42,7 @@ step racecheck-dw4 "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1
 fi
 step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
 step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \
-    --shapes wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p \
+    --shapes "${SHAPES:-wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p}" \
     --methods draft@85/0/0/15,draft@85/0/7.5/7.5,draft@85/0/7.5/7.5+expcast \
     --kernels "${DW_KERNELS:-dw4,dw6}" --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
 if [ "${NCU:-1}" != 0 ]; then

@@ -43,29 +43,32 @@
  *   - 4-bit blocks are not handled here: a route with an NVFP4 phase runs
  *     the mma.sync kernel (qvc_draft_attention decides).
  *
- * Versions (QVA_DRAFT_KERNEL=mma|dw0..dw3; runtime default in attn_draft.cu;
- * H200 figures in bench/results/2026-11-30-h200-draft-kernels.md):
+ * Versions (QVA_DRAFT_KERNEL=mma|dw0..dw8; runtime default in attn_draft.cu;
+ * H200 figures in bench/results/2026-11-30-h200-draft-kernels.md).  The
+ * C7513/C7514 "serialized" notes that ptxas printed for dw0, dw3 and dw5
+ * until 2026-11-30 came from reg_fence's "+r" constraint on float arrays
+ * (f32<->b32 movs that NVVM hoisted above wgmma.wait_group); with typed
+ * fences (ws_common.cuh) only dw1 is still serialized.  Figures taken
+ * before that fix are of the serialized builds.
  *   dw0  per block: QK, softmax, PV in sequence; PV accumulates into O.
- *        ptxas serializes its wgmmas (C7514: non-wgmma reads of the
- *        accumulators inside the pipeline stage)
  *   dw1  16-bit phase software-pipelined (FA3's intra-warpgroup overlap):
  *        QK of block i and PV of block i-1 in flight together, the softmax
  *        of block i under PV of i-1; O rescaled after that PV lands.
- *        Serialized too (C7513) and spills: slower than dw0
+ *        ptxas still serializes it (C7513)
  *   dw2  dw0 with the PV product into a fresh per-block partial, added to
- *        O (the CPU's order): no serialization
+ *        O (the CPU's order)
  *   dw3  dw2 with the two consumer warpgroups in ping-pong in the 16-bit
- *        phase (ws5's named-barrier protocol): slower than dw2 on the H200
- *        (ptxas reports C7514 serialization for it too)
+ *        phase (ws5's named-barrier protocol)
  *   dw4  dw2 with the softmax scale folded into the exponent (one FMA per
  *        score, the max on the raw scores, the mask applied on reading,
- *        never written into the accumulators: that serializes too) and the
- *        INT8 partial's FP16 rounding as one cvt.rn.satfinite.f16x2 per
- *        two values
+ *        never written into the accumulators) and the INT8 partial's FP16
+ *        rounding as one cvt.rn.satfinite.f16x2 per two values
  *   dw5  dw4 with QK of block i+1 issued right after PV of block i
- *        (ptxas: C7514 serialization again)
+ *        (spills 80 bytes: O, the partial and S live together)
  *   dw6  dw4 with K and V on separate full barriers: QK starts when K
  *        has landed, V may still be in flight
+ *   dw7  dw3's ping-pong with dw4's softmax, PV accumulating into O
+ *   dw8  dw4 with PV accumulating into O
  */
 #include "ws_common.cuh"
 
@@ -217,7 +220,7 @@ static __device__ __forceinline__ void issue_qk16_w(float (&s)[64], uint32_t q_a
     wg_commit();
 }
 template <int F16>
-static __device__ __forceinline__ void issue_pv16(float (&o)[64], const uint32_t (&pa)[8][4],
+static __device__ __forceinline__ void issue_pv16(float (&o)[64], uint32_t (&pa)[8][4],
                                                   uint32_t v_addr) {
     /* P and O are final before the fence: otherwise the compiler may sink
      * their last writes between the wgmmas, and ptxas serializes them */
@@ -472,7 +475,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     const uint32_t bar_full = bar_q8 + 16, bar_empty = bar_full + 8 * DW_STAGES;
     /* dw6: V tiles complete on their own barriers, so QK can start when K
      * has landed */
-    const int SPLIT = VER >= 6;
+    const int SPLIT = VER == 6;
     const uint32_t bar_fullv = bar_empty + 8 * DW_STAGES;
     const qvc_draft_ws_args &w = p.w;
     const int R = w.R;
@@ -636,9 +639,10 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             l[0] += rs[0];
             l[1] += rs[1];
         }
-    } else if (VER == 2 || VER == 4 || VER == 6) {
-        /* dw2: scores scaled, then masked and maxed; dw4/dw6: the max on
-         * the raw scores and one FMA per exponent; dw6 waits for V apart */
+    } else if (VER == 2 || VER == 4 || VER == 6 || VER == 8) {
+        /* dw2: scores scaled, then masked and maxed; dw4/dw6/dw8: the max
+         * on the raw scores and one FMA per exponent; dw6 waits for V
+         * apart; dw8 accumulates PV into O */
         for (int i = 0; i < nb16; ++i, ++j) {
             const int s = j % DW_STAGES;
             const int valid = block_valid(w, wk, i);
@@ -659,13 +663,20 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                 probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
             else
                 probs16<F16>(sacc, m, rs, pa);
-            float part[64];
             if (SPLIT) mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
-            issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
-            wg_wait<0>();
-            reg_fence(part);
-            mbar_arrive(bar_empty + 8 * s);
-            add_part16(o, part);
+            if (VER == 8) { /* PV straight into O */
+                issue_pv16<F16>(o, pa, base + DW_V_OFF(s));
+                wg_wait<0>();
+                reg_fence(o);
+                mbar_arrive(bar_empty + 8 * s);
+            } else {
+                float part[64];
+                issue_pv16_part<F16>(part, pa, base + DW_V_OFF(s));
+                wg_wait<0>();
+                reg_fence(part);
+                mbar_arrive(bar_empty + 8 * s);
+                add_part16(o, part);
+            }
             l[0] += rs[0];
             l[1] += rs[1];
         }
@@ -702,6 +713,43 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             wg_wait<0>();
             reg_fence(sacc);
         }
+    } else if (VER == 7 && nb16 > 0) {
+        /* dw3's ping-pong with dw4's softmax and PV accumulating into O
+         * (the C7514 that forced a fresh partial came from the "+r" fences
+         * on float arrays, ws_common.cuh): 64 fewer live registers and no
+         * partial add.  Warpgroup 0 issues first. */
+        float sacc[64];
+        int s = j % DW_STAGES;
+        mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        if (cw == 1) named_arrive(1, 256);
+        for (int i = 0; i < nb16; ++i, ++j) {
+            s = j % DW_STAGES;
+            const int sn = (j + 1) % DW_STAGES, more = i + 1 < nb16, valid = block_valid(w, wk, i);
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            uint32_t pa[8][4];
+            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            if (more) mbar_wait(bar_full + 8 * sn, ((j + 1) / DW_STAGES) & 1);
+            named_sync(1 + cw, 256);
+            issue_pv16<F16>(o, pa, base + DW_V_OFF(s));
+            /* always issued (no wgmma on a divergent path); after the last
+             * block it re-reads this K tile, unused */
+            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+            wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+            reg_fence(o);
+            mbar_arrive(bar_empty + 8 * s);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
     } else if (VER == 3 && nb16 > 0) {
         /* ping-pong (ws5): named barriers 1 and 2 make one warpgroup issue
          * its GEMMs (PV of block i, QK of i+1) while the other one makes
@@ -777,6 +825,10 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             probs16<F16>(sacc, m, rs, pn);
             wg_wait<0>();
             reg_fence(o);
+            /* pa stays live until PV(i-1) has read it, so pn cannot take
+             * its registers (C7513) */
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
             mbar_arrive(bar_empty + 8 * sp);
             rescale_o(o, alpha);
             l[0] += rs[0];
@@ -853,7 +905,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 6)
+    if (version < 0 || version > 8)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -884,6 +936,8 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     case 3: return launch_ver<3>(maps, &p, st);
     case 4: return launch_ver<4>(maps, &p, st);
     case 5: return launch_ver<5>(maps, &p, st);
-    default: return launch_ver<6>(maps, &p, st);
+    case 6: return launch_ver<6>(maps, &p, st);
+    case 7: return launch_ver<7>(maps, &p, st);
+    default: return launch_ver<8>(maps, &p, st);
     }
 }

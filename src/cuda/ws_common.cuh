@@ -68,11 +68,24 @@ static __device__ __forceinline__ void named_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 /* Keep the compiler from moving accumulator registers across the
- * asynchronous wgmma window. */
+ * asynchronous wgmma window.  Each type keeps its own register class: a
+ * "+r" fence on a float made NVVM emit f32<->b32 movs, which it was free
+ * to hoist above the wgmma.wait_group -- non-wgmma reads of accumulators
+ * inside the pipeline stage, which is what made ptxas serialize the
+ * wgmmas (C7514) of the overlapped draft versions. */
+static __device__ __forceinline__ void reg_fence1(float &x) {
+    asm volatile("" : "+f"(x)::"memory");
+}
+static __device__ __forceinline__ void reg_fence1(uint32_t &x) {
+    asm volatile("" : "+r"(x)::"memory");
+}
+static __device__ __forceinline__ void reg_fence1(int &x) {
+    asm volatile("" : "+r"(x)::"memory");
+}
 template <typename T, int N>
 static __device__ __forceinline__ void reg_fence(T (&r)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(*(uint32_t *)&r[i])::"memory");
+    for (int i = 0; i < N; ++i) reg_fence1(r[i]);
 }
 
 /* Shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte
