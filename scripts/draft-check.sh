@@ -4,13 +4,13 @@
 #   bash scripts/draft-check.sh
 #
 # Builds for sm_90a (build-gpu), then, each step bounded and logged to $OUT:
-#   1. test_backend with the default draft kernel, then with each of
+#   1. test_backend with the default draft kernel (dw7), then with each of
 #      $BACKEND_KERNELS (QVA_DRAFT_KERNEL values)
-#   2. compute-sanitizer racecheck of test_backend with QVA_DRAFT_KERNEL=mma
-#      (the new draft prep without the block-sparse kernel), then with dw4:
-#      tells which of the two makes racecheck slow
+#   2. compute-sanitizer racecheck of the draft methods of test_backend
+#      with QVA_DRAFT_KERNEL=mma (the draft prep without the block-sparse
+#      kernel; RACE_MMA=0 skips it), then with the default kernel
 #   3. bench/profile_draft.py: per-kernel times of the router and the prep
-#   4. bench/compare.py on the three draft grids with $DW_KERNELS (dw4,dw6)
+#   4. bench/compare.py on the three draft grids with $DW_KERNELS (dw7,dw4)
 #   5. Nsight Compute of one draft kernel launch at Wan2.2-720p (speed of
 #      light, warp stall reasons, pipe use), unless NCU=0
 # Budget: about 6 minutes with the default limits; RACE=0 skips step 2.
@@ -33,23 +33,24 @@ step() { # name limit cmd...
 }
 step build 240 bash -c "cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON && cmake --build build-gpu -j 16"
 [ -f "$LIB" ] || { echo "draft-check: no library"; exit 1; }
-step backend-dw4 60 build-gpu/test_backend
+step backend-default 60 build-gpu/test_backend
 for k in ${BACKEND_KERNELS:-}; do step "backend-$k" 60 env QVA_DRAFT_KERNEL=$k build-gpu/test_backend; done
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ "${RACE:-1}" != 0 ]; then
-[ "${RACE_MMA:-1}" != 0 ] && step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
-step racecheck-dw4 "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend
+[ "${RACE_MMA:-1}" != 0 ] && step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
+step racecheck-default "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
 fi
 step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
 step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \
     --shapes "${SHAPES:-wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p}" \
     --methods draft@85/0/0/15,draft@85/0/7.5/7.5,draft@85/0/7.5/7.5+expcast \
-    --kernels "${DW_KERNELS:-dw4,dw6}" --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
+    --kernels "${DW_KERNELS:-dw7,dw4}" --baselines cudnn --iters 5 --time-limit-s 180 --out "$OUT"
 if [ "${NCU:-1}" != 0 ]; then
     NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     step ncu 150 "$NCU_BIN" --kernel-name regex:attn_draft_ws --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
         build-gpu/qvattn bench --shape 1,40,75600,128 --grid 21,45,80 \
         --methods draft@85/0/0/15 --iters 1 --device cuda
 fi

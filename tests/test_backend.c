@@ -278,6 +278,9 @@ static void compare_lse(const char *label, const char *method, const float *got,
           bad ? (double)got[first] : 0.0, bad ? (double)ref[first] : 0.0);
 }
 
+/* Only methods whose name starts with this (argv[2]; NULL: all). */
+static const char *method_filter;
+
 static void run_case(int ci, int perf) {
     const tcase *c = &CASES[ci];
     /* The draft-only cases exist for the GPU kernel at larger R; without a
@@ -298,6 +301,7 @@ static void run_case(int ci, int perf) {
         char label[96];
         snprintf(label, sizeof label, "case %d %s%s", ci, t->method,
                  t->draft_warmup ? " (warm-up)" : "");
+        if (method_filter && strncmp(t->method, method_filter, strlen(method_filter))) continue;
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue; /* self-attn only */
         if (draft ? c->T == 0 : c->draft_only) continue;
         if (t->draft_warmup && c->draft_only) continue; /* = bf16, covered by cases 0-3 */
@@ -320,8 +324,15 @@ static void run_case(int ci, int perf) {
     free_case(&h);
 }
 
+/* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
+ * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
     int perf = argc > 1 && !strcmp(argv[1], "perf");
+    if (argc > 1 && strcmp(argv[1], "perf") && strcmp(argv[1], "test")) {
+        fprintf(stderr, "usage: test_backend [test|perf] [METHOD_PREFIX]\n");
+        return 2;
+    }
+    method_filter = argc > 2 ? argv[2] : NULL;
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     return check_summary("test_backend");
