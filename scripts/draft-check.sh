@@ -39,6 +39,9 @@ CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ "${RACE:-1}" != 0 ]; then
 [ "${RACE_MMA:-1}" != 0 ] && step racecheck-mma "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=mma "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
 step racecheck-default "${RACE_LIMIT:-90}" "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
+for k in ${RACE_KERNELS:-}; do
+    step "racecheck-$k" "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=$k "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
+done
 fi
 step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
 step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \

@@ -69,6 +69,7 @@
  *        has landed, V may still be in flight
  *   dw7  dw3's ping-pong with dw4's softmax, PV accumulating into O
  *   dw8  dw4 with PV accumulating into O
+ *   dw9  dw7 with the INT8 phase in ping-pong as well
  */
 #include "ws_common.cuh"
 
@@ -405,6 +406,54 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
     for (int r = 0; r < 2; ++r) l[r] = enter ? __fdiv_rn(l[r], eta) : __fmul_rn(l[r], eta);
 }
 
+/* ------------------------------------------------------------ INT8 phase */
+/* One INT8 block's softmax: the row max on the integer scores, the new
+ * running max (O and l rescaled), and the E4M3 P codes by one FMA per
+ * score; rs gets the FP32 row sums (quad-partial) without ExpCast. */
+template <int EXPCAST>
+static __device__ __forceinline__ void softmax8(int (&sacc)[64], float f, int valid, int tig,
+                                                float (&m)[2], float (&l)[2], float (&o)[64],
+                                                float (&rs)[2], uint32_t (&pa)[4][4]) {
+    float mx[2], alpha[2];
+    rs[0] = rs[1] = 0.0f;
+    int_row_max<1>(sacc, f, 0, valid, tig, mx);
+    mx[0] = fmaxf(mx[0], m[0]);
+    mx[1] = fmaxf(mx[1], m[1]);
+    new_max(mx, m, l, alpha);
+    rescale_o(o, alpha);
+    if (valid < WS_KEYS)
+        make_p_fused<EXPCAST, 1, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+    else
+        make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+}
+
+/* O += the block's PV partial rounded to FP16 with saturation (Table 6),
+ * l += its row sum (ExpCast: the decoded sum from the ones rows). */
+template <int EXPCAST, int VER>
+static __device__ __forceinline__ void add_part8(float (&o)[64], float (&l)[2],
+                                                 const float (&part)[EXPCAST ? 68 : 64],
+                                                 float (&rs)[2]) {
+    if (EXPCAST) {
+        rs[0] = part[64], rs[1] = part[66];
+    } else {
+        rs[0] = qvc_quad_sum(rs[0]);
+        rs[1] = qvc_quad_sum(rs[1]);
+    }
+#pragma unroll
+    for (int i2 = 0; i2 < 64; i2 += 2) {
+        if (VER >= 4) {
+            const float2 h = f16_sat2(part[i2], part[i2 + 1]);
+            o[i2] = __fadd_rn(o[i2], h.x);
+            o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
+        } else {
+            o[i2] = __fadd_rn(o[i2], qvc_f16_sat(part[i2]));
+            o[i2 + 1] = __fadd_rn(o[i2 + 1], qvc_f16_sat(part[i2 + 1]));
+        }
+    }
+    l[0] = __fadd_rn(l[0], rs[0]);
+    l[1] = __fadd_rn(l[1], rs[1]);
+}
+
 /* ------------------------------------------------------------ the kernel */
 /* Block i of the CTA's walk: INT8 regions first, then the prefix blocks,
  * then the 16-bit regions.  A prefix-query CTA (dense) walks every prefix
@@ -565,50 +614,60 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
         const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
         const float dq = w.q8s[hr + a];
         mbar_wait(bar_q8, 0);
-        for (int i = 0; i < wk.nb8; ++i, ++j) {
-            const int s = j % DW_STAGES, b = w.cols[wk.e1 + i], valid = w.count[b];
-            const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + b]), w.scale_log2);
+        if (VER == 9) {
+            /* dw7's ping-pong in the INT8 phase: one warpgroup issues PV
+             * of block i and QK of i+1 while the other makes its P */
             int sacc[64];
+            int s = j % DW_STAGES;
             mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
             issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
             wg_wait<0>();
             reg_fence(sacc);
-            float mx[2], alpha[2], rs[2] = {0.0f, 0.0f};
-            int_row_max<1>(sacc, f, 0, valid, tig, mx);
-            mx[0] = fmaxf(mx[0], m[0]);
-            mx[1] = fmaxf(mx[1], m[1]);
-            new_max(mx, m, l, alpha);
-            rescale_o(o, alpha);
-            uint32_t pa[4][4];
-            if (valid < WS_KEYS)
-                make_p_fused<EXPCAST, 1, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
-            else
-                make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
-            float part[EXPCAST ? 68 : 64];
-            if (SPLIT) mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
-            issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
-            wg_wait<0>();
-            reg_fence(part);
-            mbar_arrive(bar_empty + 8 * s);
-            if (EXPCAST) {
-                rs[0] = part[64], rs[1] = part[66];
-            } else {
-                rs[0] = qvc_quad_sum(rs[0]);
-                rs[1] = qvc_quad_sum(rs[1]);
+            if (cw == 1) named_arrive(1, 256);
+            for (int i = 0; i < wk.nb8; ++i, ++j) {
+                s = j % DW_STAGES;
+                const int sn = (j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
+                const int b = w.cols[wk.e1 + i];
+                const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + b]), w.scale_log2);
+                float rs[2];
+                uint32_t pa[4][4];
+                softmax8<EXPCAST>(sacc, f, w.count[b], tig, m, l, o, rs, pa);
+                if (more) mbar_wait(bar_full + 8 * sn, ((j + 1) / DW_STAGES) & 1);
+                named_sync(1 + cw, 256);
+                float part[EXPCAST ? 68 : 64];
+                issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+                /* always issued (no wgmma on a divergent path); after the
+                 * last INT8 block it re-reads this K tile, unused */
+                issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
+                named_arrive(2 - cw, 256);
+                wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+                reg_fence(part);
+                mbar_arrive(bar_empty + 8 * s);
+                add_part8<EXPCAST, VER>(o, l, part, rs);
+                wg_wait<0>();
+                reg_fence(sacc);
             }
-#pragma unroll
-            for (int i2 = 0; i2 < 64; i2 += 2) {
-                if (VER >= 4) {
-                    const float2 h = f16_sat2(part[i2], part[i2 + 1]);
-                    o[i2] = __fadd_rn(o[i2], h.x);
-                    o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
-                } else {
-                    o[i2] = __fadd_rn(o[i2], qvc_f16_sat(part[i2]));
-                    o[i2 + 1] = __fadd_rn(o[i2 + 1], qvc_f16_sat(part[i2 + 1]));
-                }
+            if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+        } else {
+            for (int i = 0; i < wk.nb8; ++i, ++j) {
+                const int s = j % DW_STAGES, b = w.cols[wk.e1 + i];
+                const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + b]), w.scale_log2);
+                int sacc[64];
+                mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+                issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+                wg_wait<0>();
+                reg_fence(sacc);
+                float rs[2];
+                uint32_t pa[4][4];
+                softmax8<EXPCAST>(sacc, f, w.count[b], tig, m, l, o, rs, pa);
+                float part[EXPCAST ? 68 : 64];
+                if (SPLIT) mbar_wait(bar_fullv + 8 * s, (j / DW_STAGES) & 1);
+                issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+                wg_wait<0>();
+                reg_fence(part);
+                mbar_arrive(bar_empty + 8 * s);
+                add_part8<EXPCAST, VER>(o, l, part, rs);
             }
-            l[0] = __fadd_rn(l[0], rs[0]);
-            l[1] = __fadd_rn(l[1], rs[1]);
         }
         phase_scale(o, l, dv, w.eta, tig, 0);
     }
@@ -713,7 +772,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             wg_wait<0>();
             reg_fence(sacc);
         }
-    } else if (VER == 7 && nb16 > 0) {
+    } else if ((VER == 7 || VER == 9) && nb16 > 0) {
         /* dw3's ping-pong with dw4's softmax and PV accumulating into O
          * (the C7514 that forced a fresh partial came from the "+r" fences
          * on float arrays, ws_common.cuh): 64 fewer live registers and no
@@ -905,7 +964,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 8)
+    if (version < 0 || version > 9)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -938,6 +997,7 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     case 5: return launch_ver<5>(maps, &p, st);
     case 6: return launch_ver<6>(maps, &p, st);
     case 7: return launch_ver<7>(maps, &p, st);
-    default: return launch_ver<8>(maps, &p, st);
+    case 8: return launch_ver<8>(maps, &p, st);
+    default: return launch_ver<9>(maps, &p, st);
     }
 }
