@@ -133,7 +133,13 @@ typedef struct qva_context qva_context_t;
 
 qva_status qva_context_create(qva_context_t **ctx, qva_device device);
 void qva_context_free(qva_context_t *ctx);
-/* Sets the CUDA stream (cudaStream_t) launches go to; NULL = default. */
+/* Sets the CUDA stream (cudaStream_t) launches go to; NULL = default.
+ * A context reuses its device buffers from call to call, so its calls
+ * must be ordered: keep one stream per context (or synchronize before
+ * switching), and use one context per concurrently running stream.  The
+ * draft method forks its operand preparation onto an internal stream of
+ * the context and joins it back with events before its kernel, so the
+ * call stays ordered on this stream (and can be captured in a graph). */
 qva_status qva_context_set_stream(qva_context_t *ctx, void *cuda_stream);
 /* Drops all per-layer state (permutations, centroids, partitions). */
 qva_status qva_context_reset(qva_context_t *ctx);

@@ -989,6 +989,11 @@ typedef struct dg_state {
     dg_ops ops;
     qvc_ops16 ops16;         /* the dense rows (prefix queries, warm-up) */
     qvc_phase_timer timer;
+    /* The operand preparation does not depend on the route, so it runs on
+     * a second stream, forked from and joined back into the caller's
+     * stream by events, while the router runs on the caller's stream. */
+    cudaStream_t side;
+    cudaEvent_t fork, join;
 } dg_state;
 
 static void dg_ops_free(dg_ops *o) {
@@ -1006,7 +1011,26 @@ static void dg_state_free(void *ptr) {
     dg_ops_free(&s->ops);
     qvc_ops16_free(&s->ops16);
     qvc_timer_free(&s->timer);
+    if (s->fork) cudaEventDestroy(s->fork);
+    if (s->join) cudaEventDestroy(s->join);
+    if (s->side) cudaStreamDestroy(s->side);
     free(s);
+}
+
+/* The side stream and its two events, made on first use. */
+static qva_status dg_side_ensure(dg_state *s) {
+    cudaError_t e = cudaSuccess;
+    if (!s->side) e = cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess && !s->fork) e = cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming);
+    if (e == cudaSuccess && !s->join) e = cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming);
+    return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: side stream");
+}
+
+/* QVA_DRAFT_SERIAL_PREP=1 keeps the preparation on the caller's stream
+ * after the router (the order before the side stream, for comparison). */
+static int dg_serial_prep(void) {
+    const char *e = getenv("QVA_DRAFT_SERIAL_PREP");
+    return e && e[0] == '1';
 }
 
 static dg_state *dg_get_state(qva_context_t *ctx) {
@@ -1304,13 +1328,32 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         qvc_draft_route_free(&s->route);
         if ((r = qvc_draft_route_alloc(&s->route, BH, R, D)) != QVA_OK) return r;
     }
+    if ((r = dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl.with4, pl.with8)) != QVA_OK) return r;
+    /* Prep forked onto the side stream: it starts after everything the
+     * caller queued before this call and overlaps the router; the kernel
+     * waits for both.  Timings: grouping_ms is the router on the caller's
+     * stream, prep_ms the part of the preparation not hidden under it. */
+    const int serial = dg_serial_prep();
+    if (!serial) {
+        cudaError_t e;
+        if ((r = dg_side_ensure(s)) != QVA_OK) return r;
+        if ((e = cudaEventRecord(s->fork, st)) != cudaSuccess ||
+            (e = cudaStreamWaitEvent(s->side, s->fork, 0)) != cudaSuccess)
+            return qvc_cuda_fail(e, "draft: fork the preparation");
+        if ((r = dg_prep(&pl, L, &qv, &kv, &vv, &s->ops, s->side)) != QVA_OK) return r;
+        if ((e = cudaEventRecord(s->join, s->side)) != cudaSuccess)
+            return qvc_cuda_fail(e, "draft: join the preparation");
+    }
     if ((r = qvc_draft_route(&qv, &kv, cfg, L, &s->route, st)) != QVA_OK) return r;
     if (memcmp(s->route.quota, pl.quota, sizeof pl.quota))
         return qvi_fail(QVA_ERR_SHAPE, "draft (cuda): router quotas differ from the plan's");
     if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
-
-    if ((r = dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl.with4, pl.with8)) != QVA_OK) return r;
-    if ((r = dg_prep(&pl, L, &qv, &kv, &vv, &s->ops, st)) != QVA_OK) return r;
+    if (serial) {
+        if ((r = dg_prep(&pl, L, &qv, &kv, &vv, &s->ops, st)) != QVA_OK) return r;
+    } else {
+        const cudaError_t e = cudaStreamWaitEvent(st, s->join, 0);
+        if (e != cudaSuccess) return qvc_cuda_fail(e, "draft: wait for the preparation");
+    }
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     dg_params p;
