@@ -86,7 +86,7 @@ def parse_args(argv):
     p.add_argument("--kernels", default="",
                    help="comma list of kernel versions to time side by side: 8-bit ones "
                         "(QVA_ATTN_KERNEL: mma, ws0..ws7) for the dense methods, draft ones "
-                        "(QVA_DRAFT_KERNEL: dw0..dw8, dmma = the mma.sync kernel) for draft; "
+                        "(QVA_DRAFT_KERNEL: dw0..dw11, dmma = the mma.sync kernel) for draft; "
                         "empty = the library default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=30.0,

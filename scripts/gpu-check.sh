@@ -153,7 +153,7 @@ if [ $have_build -eq 1 ]; then
         run_step "backend-$kv" "${CTEST_TIMEOUT:-600}" env QVA_ATTN_KERNEL=$kv "$BUILD/test_backend"
     done
     # The draft kernel versions that are not the default (dw7).
-    for dk in mma dw0 dw1 dw2 dw3 dw4 dw5 dw6 dw8; do
+    for dk in mma dw0 dw1 dw2 dw3 dw4 dw5 dw6 dw8 dw9 dw10 dw11; do
         run_step "backend-draft-$dk" "${CTEST_TIMEOUT:-600}" env QVA_DRAFT_KERNEL=$dk "$BUILD/test_backend"
     done
     run_step perf 300 "$BUILD/test_backend" perf

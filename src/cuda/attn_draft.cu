@@ -1261,13 +1261,15 @@ static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
 }
 
 /* Which phased kernel runs: the Hopper block-sparse one (attn_draft_ws.cu,
- * version 0..9) for head dim 128 without an NVFP4 phase, else the
- * mma.sync one (-1).  QVA_DRAFT_KERNEL=mma|dw0..dw9 pins one so that
+ * version 0..11) for head dim 128 without an NVFP4 phase, else the
+ * mma.sync one (-1).  QVA_DRAFT_KERNEL=mma|dw0..dw11 pins one so that
  * bench/compare.py and gpu-check can run them side by side. */
 extern "C" int qvc_draft_kernel_choice(int D, int with4) {
     const char *e = getenv("QVA_DRAFT_KERNEL");
     if (D != 128 || with4 || (e && !strcmp(e, "mma"))) return -1;
     if (e && e[0] == 'd' && e[1] == 'w' && e[2] >= '0' && e[2] <= '9' && !e[3]) return e[2] - '0';
+    if (e && !strcmp(e, "dw10")) return 10;
+    if (e && !strcmp(e, "dw11")) return 11;
     return 7; /* the fastest on the H200 (bench/results/2026-11-30-h200-draft-kernels.md) */
 }
 

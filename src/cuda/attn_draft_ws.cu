@@ -43,7 +43,7 @@
  *   - 4-bit blocks are not handled here: a route with an NVFP4 phase runs
  *     the mma.sync kernel (qvc_draft_attention decides).
  *
- * Versions (QVA_DRAFT_KERNEL=mma|dw0..dw8; runtime default in attn_draft.cu;
+ * Versions (QVA_DRAFT_KERNEL=mma|dw0..dw11; runtime default in attn_draft.cu;
  * H200 figures in bench/results/2026-11-30-h200-draft-kernels.md).  The
  * C7513/C7514 "serialized" notes that ptxas printed for dw0, dw3 and dw5
  * until 2026-11-30 came from reg_fence's "+r" constraint on float arrays
@@ -70,6 +70,11 @@
  *   dw7  dw3's ping-pong with dw4's softmax, PV accumulating into O
  *   dw8  dw4 with PV accumulating into O
  *   dw9  dw7 with the INT8 phase in ping-pong as well
+ *   dw10 dw1 in FA3's form: the exponentials of block i computed in place
+ *        (FP32) under PV(i-1), P packed to 16 bits and O rescaled after
+ *        the wait -- no C7513; compile-checked, not yet run on the H200
+ *   dw11 dw10 with the two warpgroups taking turns to issue (dw7's
+ *        ping-pong): FA3's configuration; compile-checked, not yet run
  */
 #include "ws_common.cuh"
 
@@ -404,6 +409,41 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
         }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = enter ? __fdiv_rn(l[r], eta) : __fmul_rn(l[r], eta);
+}
+
+/* dw10: p = 2^(x f - m) written over the scores in place (keys >= valid
+ * give 0), with the row sums; the 16-bit packing comes later. */
+static __device__ __forceinline__ void exp16_inplace(float (&s)[64], float f, const float *m,
+                                                     int valid, int tig, float *rs) {
+    const float m0 = m[0] == -INFINITY ? 0.0f : -m[0], m1 = m[1] == -INFINITY ? 0.0f : -m[1];
+    const int lim = valid - 2 * tig;
+    float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        const bool v0 = nt * 8 < lim, v1 = nt * 8 + 1 < lim;
+        s[nt * 4 + 0] = v0 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 0], f, m0)) : 0.0f;
+        s[nt * 4 + 1] = v1 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 1], f, m0)) : 0.0f;
+        s[nt * 4 + 2] = v0 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 2], f, m1)) : 0.0f;
+        s[nt * 4 + 3] = v1 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 3], f, m1)) : 0.0f;
+        r0 += s[nt * 4 + 0] + s[nt * 4 + 1];
+        r1 += s[nt * 4 + 2] + s[nt * 4 + 3];
+    }
+    rs[0] = qvc_quad_sum(r0);
+    rs[1] = qvc_quad_sum(r1);
+}
+
+/* dw10: the probabilities in 16 bits as the PV A fragments (the layout
+ * probs16 writes). */
+template <int F16>
+static __device__ __forceinline__ void pack_p16(const float (&s)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const float *lo = s + 8 * kk, *hi = lo + 4;
+        pa[kk][0] = qvc_pack2<F16>(lo[0], lo[1]);
+        pa[kk][1] = qvc_pack2<F16>(lo[2], lo[3]);
+        pa[kk][2] = qvc_pack2<F16>(hi[0], hi[1]);
+        pa[kk][3] = qvc_pack2<F16>(hi[2], hi[3]);
+    }
 }
 
 /* ------------------------------------------------------------ INT8 phase */
@@ -884,8 +924,9 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             probs16<F16>(sacc, m, rs, pn);
             wg_wait<0>();
             reg_fence(o);
-            /* pa stays live until PV(i-1) has read it, so pn cannot take
-             * its registers (C7513) */
+            /* pa kept live until PV(i-1) has read it; ptxas still
+             * serializes (C7513): pn is written while PV(i-1) runs.  dw10
+             * packs P only after the wait instead. */
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
             mbar_arrive(bar_empty + 8 * sp);
@@ -898,6 +939,64 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                 for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
             sp = s;
         }
+        issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
+        wg_wait<0>();
+        reg_fence(o);
+        mbar_arrive(bar_empty + 8 * sp);
+    }
+
+    if ((VER == 10 || VER == 11) && nb16 > 0) {
+        /* FA3's intra-warpgroup overlap: QK of block i and PV of block
+         * i-1 in flight together; the row max and the exponentials of
+         * block i (in place, in FP32) run under PV(i-1); P is packed to
+         * 16 bits, and O rescaled, only after PV(i-1) has landed, so no
+         * register a running wgmma reads is written (dw1's C7513) */
+        uint32_t pa[8][4];
+        int sp = j % DW_STAGES; /* stage of the block whose P is in pa */
+        {
+            const int valid = block_valid(w, wk, 0);
+            float sacc[64];
+            mbar_wait(bar_full + 8 * sp, (j / DW_STAGES) & 1);
+            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(sp));
+            wg_wait<0>();
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            rescale_o(o, alpha);
+            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            ++j;
+        }
+        /* dw11: the two warpgroups also take turns issuing (dw7's named
+         * barriers; warpgroup 0 first) */
+        if (VER == 11 && cw == 1) named_arrive(1, 256);
+        for (int i = 1; i < nb16; ++i, ++j) {
+            const int s = j % DW_STAGES;
+            const int valid = block_valid(w, wk, i);
+            float sacc[64];
+            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
+            if (VER == 11) named_sync(1 + cw, 256);
+            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+            issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
+            if (VER == 11) named_arrive(2 - cw, 256);
+            wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
+            reg_fence(sacc);
+            float mx[2], alpha[2], rs[2];
+            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            new_max(mx, m, l, alpha);
+            exp16_inplace(sacc, w.scale_log2, m, valid, tig, rs);
+            wg_wait<0>();
+            reg_fence(o);
+            mbar_arrive(bar_empty + 8 * sp);
+            rescale_o(o, alpha);
+            l[0] += rs[0];
+            l[1] += rs[1];
+            pack_p16<F16>(sacc, pa);
+            sp = s;
+        }
+        if (VER == 11 && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
         issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
         wg_wait<0>();
         reg_fence(o);
@@ -964,7 +1063,7 @@ static qva_status launch_ver(const CUtensorMap *m, const dw_params *p, cudaStrea
 }
 
 extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st) {
-    if (version < 0 || version > 9)
+    if (version < 0 || version > 11)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws: no version %d", version);
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
@@ -998,6 +1097,8 @@ extern "C" qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version,
     case 6: return launch_ver<6>(maps, &p, st);
     case 7: return launch_ver<7>(maps, &p, st);
     case 8: return launch_ver<8>(maps, &p, st);
-    default: return launch_ver<9>(maps, &p, st);
+    case 9: return launch_ver<9>(maps, &p, st);
+    case 10: return launch_ver<10>(maps, &p, st);
+    default: return launch_ver<11>(maps, &p, st);
     }
 }
