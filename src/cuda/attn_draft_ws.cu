@@ -54,7 +54,8 @@
  *   dw1  16-bit phase software-pipelined (FA3's intra-warpgroup overlap):
  *        QK of block i and PV of block i-1 in flight together, the softmax
  *        of block i under PV of i-1; O rescaled after that PV lands.
- *        ptxas still serializes it (C7513)
+ *        ptxas still serializes it (C7513: the 16-bit P of block i is
+ *        written while PV(i-1) runs)
  *   dw2  dw0 with the PV product into a fresh per-block partial, added to
  *        O (the CPU's order)
  *   dw3  dw2 with the two consumer warpgroups in ping-pong in the 16-bit
@@ -887,116 +888,88 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             reg_fence(sacc);
         }
         if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
-    } else if (VER == 1 && nb16 > 0) {
-        /* software pipeline: P of block i-1 waits in pa while QK(i) and
-         * PV(i-1) run; O's rescale by alpha(i) waits for PV(i-1) */
+    } else if ((VER == 1 || VER >= 10) && nb16 > 0) {
+        /* Software pipeline: QK of block i and PV of block i-1 in flight
+         * together, P of block i-1 waiting in pa.
+         *   dw1   the softmax of block i writes its 16-bit P (pn) while
+         *         PV(i-1) runs: ptxas serializes (C7513)
+         *   dw10  FA3's form: the row max and the exponentials of block i
+         *         go into the S registers in FP32 under PV(i-1); P is
+         *         packed to 16 bits, and O rescaled, after PV(i-1) lands,
+         *         so no register a running wgmma reads is written
+         *   dw11  dw10 with the warpgroups taking turns to issue (dw7's
+         *         named barriers, warpgroup 0 first) */
+        constexpr bool FA3 = VER >= 10, PP = VER == 11;
         uint32_t pa[8][4];
         int sp = j % DW_STAGES; /* stage of the block whose P is in pa */
         {
             const int valid = block_valid(w, wk, 0);
             float sacc[64];
             mbar_wait(bar_full + 8 * sp, (j / DW_STAGES) & 1);
-            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(sp));
+            if (FA3)
+                issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(sp));
+            else
+                issue_qk16<F16>(sacc, qa, base + DW_K_OFF(sp));
             wg_wait<0>();
             reg_fence(sacc);
             float mx[2], alpha[2], rs[2];
-            scores16(sacc, w.scale_log2, valid, tig, m, mx);
+            if (FA3)
+                raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+            else
+                scores16(sacc, w.scale_log2, valid, tig, m, mx);
             new_max(mx, m, l, alpha);
             rescale_o(o, alpha);
-            probs16<F16>(sacc, m, rs, pa);
+            if (FA3)
+                probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
+            else
+                probs16<F16>(sacc, m, rs, pa);
             l[0] += rs[0];
             l[1] += rs[1];
             ++j;
         }
+        if (PP && cw == 1) named_arrive(1, 256);
         for (int i = 1; i < nb16; ++i, ++j) {
             const int s = j % DW_STAGES;
             const int valid = block_valid(w, wk, i);
             float sacc[64];
             mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
-            issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
+            if (PP) named_sync(1 + cw, 256);
+            if (FA3)
+                issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+            else
+                issue_qk16<F16>(sacc, qa, base + DW_K_OFF(s));
             issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
+            if (PP) named_arrive(2 - cw, 256);
             wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
             reg_fence(sacc);
             float mx[2], alpha[2], rs[2];
-            scores16(sacc, w.scale_log2, valid, tig, m, mx);
-            new_max(mx, m, l, alpha);
             uint32_t pn[8][4];
-            probs16<F16>(sacc, m, rs, pn);
-            wg_wait<0>();
-            reg_fence(o);
-            /* pa kept live until PV(i-1) has read it; ptxas still
-             * serializes (C7513): pn is written while PV(i-1) runs.  dw10
-             * packs P only after the wait instead. */
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
-            mbar_arrive(bar_empty + 8 * sp);
-            rescale_o(o, alpha);
-            l[0] += rs[0];
-            l[1] += rs[1];
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
-            sp = s;
-        }
-        issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
-        wg_wait<0>();
-        reg_fence(o);
-        mbar_arrive(bar_empty + 8 * sp);
-    }
-
-    if ((VER == 10 || VER == 11) && nb16 > 0) {
-        /* FA3's intra-warpgroup overlap: QK of block i and PV of block
-         * i-1 in flight together; the row max and the exponentials of
-         * block i (in place, in FP32) run under PV(i-1); P is packed to
-         * 16 bits, and O rescaled, only after PV(i-1) has landed, so no
-         * register a running wgmma reads is written (dw1's C7513) */
-        uint32_t pa[8][4];
-        int sp = j % DW_STAGES; /* stage of the block whose P is in pa */
-        {
-            const int valid = block_valid(w, wk, 0);
-            float sacc[64];
-            mbar_wait(bar_full + 8 * sp, (j / DW_STAGES) & 1);
-            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(sp));
-            wg_wait<0>();
-            reg_fence(sacc);
-            float mx[2], alpha[2], rs[2];
-            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
-            new_max(mx, m, l, alpha);
-            rescale_o(o, alpha);
-            probs16_fused<F16>(sacc, w.scale_log2, m, valid, tig, rs, pa);
-            l[0] += rs[0];
-            l[1] += rs[1];
-            ++j;
-        }
-        /* dw11: the two warpgroups also take turns issuing (dw7's named
-         * barriers; warpgroup 0 first) */
-        if (VER == 11 && cw == 1) named_arrive(1, 256);
-        for (int i = 1; i < nb16; ++i, ++j) {
-            const int s = j % DW_STAGES;
-            const int valid = block_valid(w, wk, i);
-            float sacc[64];
-            mbar_wait(bar_full + 8 * s, (j / DW_STAGES) & 1);
-            if (VER == 11) named_sync(1 + cw, 256);
-            issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
-            issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
-            if (VER == 11) named_arrive(2 - cw, 256);
-            wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
-            reg_fence(sacc);
-            float mx[2], alpha[2], rs[2];
-            raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
-            new_max(mx, m, l, alpha);
-            exp16_inplace(sacc, w.scale_log2, m, valid, tig, rs);
+            if (FA3) {
+                raw_max16(sacc, w.scale_log2, valid, tig, m, mx);
+                new_max(mx, m, l, alpha);
+                exp16_inplace(sacc, w.scale_log2, m, valid, tig, rs);
+            } else {
+                scores16(sacc, w.scale_log2, valid, tig, m, mx);
+                new_max(mx, m, l, alpha);
+                probs16<F16>(sacc, m, rs, pn);
+            }
             wg_wait<0>();
             reg_fence(o);
             mbar_arrive(bar_empty + 8 * sp);
             rescale_o(o, alpha);
             l[0] += rs[0];
             l[1] += rs[1];
-            pack_p16<F16>(sacc, pa);
+            if (FA3) {
+                pack_p16<F16>(sacc, pa);
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+            }
             sp = s;
         }
-        if (VER == 11 && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+        if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
         issue_pv16<F16>(o, pa, base + DW_V_OFF(sp));
         wg_wait<0>();
         reg_fence(o);
