@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo asan clean
+.PHONY: all build test demo asan dev clean
 
 all: build
 
@@ -18,6 +18,10 @@ test: build
 
 demo: build
 	./$(BUILD)/qvattn eval --synthetic wan-small
+
+# Kernel versions under trial and their driver (dev/cuda/README.md); needs nvcc.
+dev: $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS) --target dev_attn
 
 # CPU tests under AddressSanitizer + UBSan (CUDA off: the sanitizers are host-only).
 asan:

@@ -58,6 +58,7 @@ typedef enum qvi_slot {
     QVI_SLOT_DRAFT = 0,      /* host partition cache (src/cpu/partition.c)      */
     QVI_SLOT_CUDA = 1,       /* CUDA workspace (src/cuda/runtime.cu)             */
     QVI_SLOT_CUDA_DRAFT = 2, /* CUDA draft layout/route/operands (attn_draft.cu) */
+    QVI_SLOT_CUDA_DEV = 3,   /* kernel versions under trial (dev/cuda)          */
     QVI_SLOT_COUNT_
 } qvi_slot;
 /* A per-context slot that a module owns.  If dtor points to a non-NULL

@@ -9,6 +9,9 @@
  *     are poisoned with NaN before every run; NaN/Inf or an unwritten
  *     element fails.
  *   perf mode (`test_backend perf`): times each method per backend.
+ *   hash mode (`test_backend hash`): runs every CUDA case without the CPU
+ *     and prints a 64-bit hash of each output's and LSE's bits, so two
+ *     builds can be compared bit for bit (scripts/gpu-check.sh --compare).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -278,6 +281,45 @@ static void compare_lse(const char *label, const char *method, const float *got,
           bad ? (double)got[first] : 0.0, bad ? (double)ref[first] : 0.0);
 }
 
+/* FNV-1a of n bytes. */
+static uint64_t fnv64(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Hash mode also runs longer sequences (many key blocks per row, and a
+ * draft grid of R = 64 regions), which the CPU reference would be slow on. */
+static const tcase HASH_CASES[] = {
+    {1, 4, 4096, 4096, 128, QVA_BF16, 0, 0, 0, 0, 0, 0, 0},
+    {1, 2, 8192 + 100, 8192 + 100, 128, QVA_BF16, 1, 8, 32, 32, 100, 0, 0},
+};
+
+/* Hash mode: the CUDA output and LSE bits of every (case, method). */
+static void hash_case(const tcase *c, int ci) {
+    host_io h = make_case(c);
+    const size_t nl = (size_t)c->B * c->H * c->Nq;
+    float *got = malloc(h.nq * 4), *lgot = malloc(nl * 4);
+    for (int m = 0; m < NTOLS; ++m) {
+        const tol *t = &TOLS[m];
+        if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue;
+        if (is_draft(t->method) ? c->T == 0 : c->draft_only) continue;
+        qva_config cfg;
+        make_config(c, t, &cfg);
+        char why[256] = "";
+        if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, why, sizeof why)) continue;
+        CHECK(run_cuda(c, &h, t, got, lgot) == QVA_OK, "case %d %s: %s", ci, t->method,
+              qva_last_error());
+        printf("hash case %d %-28s%s out %016llx lse %016llx  [%s]\n", ci, t->method,
+               t->draft_warmup ? " (warm-up)" : "",
+               (unsigned long long)fnv64(h.o, h.nq * qva_dtype_size(c->dt)),
+               (unsigned long long)fnv64(lgot, nl * 4), why);
+    }
+    free(got), free(lgot);
+    free_case(&h);
+}
+
 /* Only methods whose name starts with this (argv[2]; NULL: all). */
 static const char *method_filter;
 
@@ -328,8 +370,18 @@ static void run_case(int ci, int perf) {
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
     int perf = argc > 1 && !strcmp(argv[1], "perf");
+    if (argc > 1 && !strcmp(argv[1], "hash")) {
+        if (!qva_cuda_available()) {
+            fprintf(stderr, "test_backend hash: no CUDA device\n");
+            return 2;
+        }
+        for (int i = 0; i < NCASES; ++i) hash_case(&CASES[i], i);
+        for (int i = 0; i < (int)(sizeof HASH_CASES / sizeof *HASH_CASES); ++i)
+            hash_case(&HASH_CASES[i], NCASES + i);
+        return check_summary("test_backend hash");
+    }
     if (argc > 1 && strcmp(argv[1], "perf") && strcmp(argv[1], "test")) {
-        fprintf(stderr, "usage: test_backend [test|perf] [METHOD_PREFIX]\n");
+        fprintf(stderr, "usage: test_backend [test|perf|hash] [METHOD_PREFIX]\n");
         return 2;
     }
     method_filter = argc > 2 ? argv[2] : NULL;

@@ -57,7 +57,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_common.cuh"
+#include "common/attn_common.cuh"
+#include "common/softmax.cuh"
 #include "cpu/draft.h"
 
 #define DG_ROWS 64       /* query rows per CTA (half a region)  */
@@ -597,26 +598,9 @@ static __device__ __forceinline__ void dg_mask(float (&s)[DG_KEYS / 8][4], int v
 /* qvi_row_raise_max for both rows. */
 template <int D>
 static __device__ __forceinline__ void dg_raise(dg_acc<D> &r, const float (&s)[DG_KEYS / 8][4]) {
-    float mx[2] = {r.m[0], r.m[1]};
-#pragma unroll
-    for (int nt = 0; nt < DG_KEYS / 8; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx[0] = qvc_quad_max(mx[0]);
-    mx[1] = qvc_quad_max(mx[1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const bool rise = mx[h] > r.m[h];
-        const float alpha = (rise && r.m[h] != -INFINITY) ? exp2f(__fsub_rn(r.m[h], mx[h])) : 1.0f;
-        r.l[h] = __fmul_rn(r.l[h], alpha);
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            r.o[n][2 * h] = __fmul_rn(r.o[n][2 * h], alpha);
-            r.o[n][2 * h + 1] = __fmul_rn(r.o[n][2 * h + 1], alpha);
-        }
-        if (rise) r.m[h] = mx[h];
-    }
+    float mx[2];
+    qvc_softmax_row_max(s, r.m, mx);
+    qvc_softmax_raise<QVC_SM_EXACT_MUL>(mx, r.m, r.l, r.o);
 }
 
 /* Q rows (g, g+8) of a 16-bit [rows][D] operand as m16n8k16 A fragments. */
@@ -662,8 +646,7 @@ static __device__ __forceinline__ void dg_block16(dg_acc<D> &r, const uint32_t (
     float s[DG_KEYS / 8][4];
     dg_scores16<D, F16>(s, qf, smem, f, valid);
     dg_raise<D>(r, s);
-    const float mr0 = r.m[0] == -INFINITY ? 0.0f : r.m[0];
-    const float mr1 = r.m[1] == -INFINITY ? 0.0f : r.m[1];
+    const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
     uint32_t pa[DG_KEYS / 16][4];
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -737,7 +720,7 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
     float s[DG_KEYS / 8][4];
     dg_scores16<D, 0>(s, qf, smem, f, valid);
     dg_raise<D>(r, s);
-    const float mr[2] = {r.m[0] == -INFINITY ? 0.0f : r.m[0], r.m[1] == -INFINITY ? 0.0f : r.m[1]};
+    const float mr[2] = {qvc_softmax_shift(r.m[0]), qvc_softmax_shift(r.m[1])};
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < DG_KEYS / 8; ++nt)
@@ -817,8 +800,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
     }
     dg_mask(s, valid);
     dg_raise<D>(r, s);
-    const float mr0 = r.m[0] == -INFINITY ? 0.0f : r.m[0];
-    const float mr1 = r.m[1] == -INFINITY ? 0.0f : r.m[1];
+    const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
     uint32_t pa[DG_KEYS / 32][4];
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -965,7 +947,7 @@ attn_draft_mma_64x128(dg_params p) {
         const int lr = lr0 + 8 * rr;
         if (lr >= cnt) continue;
         const int64_t orig = p.pack[p.prefix_pad + (int64_t)a * DG_KEYS + lr];
-        const bool empty = r.m[rr] == -INFINITY || !(r.l[rr] > 0.0f);
+        const bool empty = qvc_softmax_empty(r.m[rr], r.l[rr]);
         const int64_t base = b * A.osb + h * A.osh + orig * A.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -1024,13 +1006,6 @@ static qva_status dg_side_ensure(dg_state *s) {
     if (e == cudaSuccess && !s->fork) e = cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming);
     if (e == cudaSuccess && !s->join) e = cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming);
     return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: side stream");
-}
-
-/* QVA_DRAFT_SERIAL_PREP=1 keeps the preparation on the caller's stream
- * after the router (the order before the side stream, for comparison). */
-static int dg_serial_prep(void) {
-    const char *e = getenv("QVA_DRAFT_SERIAL_PREP");
-    return e && e[0] == '1';
 }
 
 static dg_state *dg_get_state(qva_context_t *ctx) {
@@ -1260,20 +1235,9 @@ static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
     return qvc_launch_check("attn_draft");
 }
 
-/* Which phased kernel runs: the Hopper block-sparse one (attn_draft_ws.cu,
- * version 0..11) for head dim 128 without an NVFP4 phase, else the
- * mma.sync one (-1).  QVA_DRAFT_KERNEL=mma|dw0..dw11 pins one so that
- * bench/compare.py and gpu-check can run them side by side. */
-extern "C" int qvc_draft_kernel_choice(int D, int with4) {
-    const char *e = getenv("QVA_DRAFT_KERNEL");
-    if (D != 128 || with4 || (e && !strcmp(e, "mma"))) return -1;
-    if (e && e[0] == 'd' && e[1] == 'w' && e[2] >= '0' && e[2] <= '9' && !e[3]) return e[2] - '0';
-    if (e && !strcmp(e, "dw10")) return 10;
-    if (e && !strcmp(e, "dw11")) return 11;
-    return 7; /* the fastest on the H200 (bench/results/2026-11-30-h200-draft-kernels.md) */
-}
-
-static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, int version, cudaStream_t st) {
+/* The Hopper block-sparse kernel, or the dev driver's version of it. */
+static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, const qvc_dev_kernels *dev,
+                               cudaStream_t st) {
     qvc_draft_ws_args w;
     memset(&w, 0, sizeof w);
     w.BH = BH, w.R = p->R, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
@@ -1284,7 +1248,8 @@ static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, int version,
     w.count = p->count, w.pack = p->pack, w.offsets = p->offsets, w.cols = p->cols;
     w.scale_log2 = p->scale_log2, w.eta = p->eta;
     w.a = p->a;
-    return qvc_attn_draft_ws(&w, version, st);
+    if (dev && dev->draft_ws) return dev->draft_ws(&w, st);
+    return qvc_attn_draft_ws_128x128(&w, st);
 }
 
 /* Phase timings: grouping_ms is the router, prep_ms the operand
@@ -1335,7 +1300,10 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
      * caller queued before this call and overlaps the router; the kernel
      * waits for both.  Timings: grouping_ms is the router on the caller's
      * stream, prep_ms the part of the preparation not hidden under it. */
-    const int serial = dg_serial_prep();
+    /* the dev driver can keep the preparation on the caller's stream after
+     * the router, to time the overlap */
+    const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
+    const int serial = dev && dev->serial_draft_prep;
     if (!serial) {
         cudaError_t e;
         if ((r = dg_side_ensure(s)) != QVA_OK) return r;
@@ -1373,9 +1341,12 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     p.eta = pl.eta;
     p.expcast = pl.expcast;
     p.a = dg_args(pl.scale_log2, q, out, lse, 0);
-    const int dk = qvc_draft_kernel_choice(D, pl.with4);
-    if (dk >= 0)
-        r = dg_launch_ws(&p, BH, pl.use_f16, dk, st);
+    const qvc_kernel kern = qvc_choose_kernel(cfg, D, NULL, 0);
+    const int hopper = kern == QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    if (hopper == (D != 128 || pl.with4))
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
+    if (hopper)
+        r = dg_launch_ws(&p, BH, pl.use_f16, dev, st);
     else if (D == 128)
         r = pl.use_f16 ? dg_launch_attn<128, 1>(p, BH, st) : dg_launch_attn<128, 0>(p, BH, st);
     else
@@ -1383,7 +1354,7 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     if (r != QVA_OK) return r;
     /* The prefix queries: dense over every key, as the bf16 method.  The
      * Hopper kernel computes them itself (its prefix-query CTAs). */
-    if (dk < 0 && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
+    if (!hopper && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
     return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }

@@ -153,15 +153,15 @@ typedef struct qvc_attn_args {
      * method does not smooth K. */
     const float *lse_shift;
 } qvc_attn_args;
-qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
-                            const qvc_attn_args *a, cudaStream_t st);
-/* The Hopper kernel (attn_qk8_pv8_ws.cu): wgmma + TMA, warp-specialized,
- * head dim 128 only; version 0..7 (the file's header says what each is;
- * the fp8 method always runs version 0). */
-qva_status qvc_attn_qk8_pv8_ws(const qvc_ops *ops, qvc_qk_format fmt,
-                               const qvc_attn_args *a, int version, cudaStream_t st);
+/* The mma.sync 8-bit kernel (dense/attn8_mma_64x128.cu): head dim 64 or 128. */
+qva_status qvc_attn8_mma_64x128(const qvc_ops *ops, qvc_qk_format fmt,
+                                const qvc_attn_args *a, cudaStream_t st);
+/* The Hopper 8-bit kernel (dense/attn8_ws_128x128.cu): wgmma + TMA,
+ * warp-specialized, head dim 128 only. */
+qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
+                                const qvc_attn_args *a, cudaStream_t st);
 
-/* The block-sparse Hopper draft kernel (attn_draft_ws.cu), head dim 128,
+/* The block-sparse Hopper draft kernel (draft/attn_draft_ws_128x128.cu), head dim 128,
  * routes without an NVFP4 phase.  Operands as attn_draft.cu prepares them
  * (its header): q16/k16 [BH][n_pack][128], v16t [BH][n_pack/128][128][128]
  * (16-bit, f16 iff f16), q8/k8 [BH][R][128][128] INT8 with q8s/k8s [BH][R],
@@ -178,9 +178,7 @@ typedef struct qvc_draft_ws_args {
     float scale_log2, eta;
     qvc_attn_args a;
 } qvc_draft_ws_args;
-qva_status qvc_attn_draft_ws(const qvc_draft_ws_args *w, int version, cudaStream_t st);
-/* -1: the mma.sync draft kernel; 0, 1: attn_draft_ws version (attn_draft.cu). */
-int qvc_draft_kernel_choice(int D, int with4);
+qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st);
 
 /* ---- 4-bit methods sage4 / vc4 (src/cuda/prep.cu, src/cuda/attn_fp4.cu) -- */
 /*
@@ -246,6 +244,38 @@ qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
 qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
                                const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
                                const qva_tensor *lse);
+
+/* ---- the kernel chooser (src/cuda/choose.cu) ------------------------- */
+/* The kernels of the library, one per path. */
+typedef enum qvc_kernel {
+    QVC_KERNEL_NONE = 0,
+    QVC_KERNEL_ATTN8_WS_128X128,       /* sage8, vc8, fp8 at head dim 128   */
+    QVC_KERNEL_ATTN8_MMA_64X128,       /* sage8, vc8, fp8 at head dim 64    */
+    QVC_KERNEL_ATTN_BF16_MMA_64X128,   /* bf16; the draft's dense warm-up   */
+    QVC_KERNEL_ATTN_FP4_SIMT_64X128,   /* sage4, vc4 (emulated NVFP4)       */
+    QVC_KERNEL_ATTN_DRAFT_WS_128X128,  /* draft, head dim 128, no NVFP4     */
+    QVC_KERNEL_ATTN_DRAFT_MMA_64X128,  /* draft with NVFP4 blocks, or d 64  */
+} qvc_kernel;
+/* The one decision of which kernel runs cfg at head dim d; both
+ * qva_supports() (through qvi_cuda_supports) and the dispatch ask it.
+ * QVC_KERNEL_NONE with the reason in why, else the kernel and what it is. */
+qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, char *why, size_t len);
+
+/* ---- kernel versions under trial (dev/cuda) --------------------------- */
+/* The dev driver runs another launcher in place of a library kernel, on
+ * one context, through the library's own preparation; the library never
+ * sets these.  NULL members keep the library's kernel. */
+typedef qva_status (*qvc_attn8_launcher)(const qvc_ops *ops, qvc_qk_format fmt,
+                                         const qvc_attn_args *a, cudaStream_t st);
+typedef qva_status (*qvc_draft_ws_launcher)(const qvc_draft_ws_args *w, cudaStream_t st);
+typedef struct qvc_dev_kernels {
+    qvc_attn8_launcher attn8_ws;     /* in place of attn8_ws_128x128       */
+    qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
+    int serial_draft_prep;           /* draft prep on the caller's stream  */
+} qvc_dev_kernels;
+qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
+/* The context's dev kernels, or NULL (every library kernel). */
+const qvc_dev_kernels *qvc_dev_kernels_of(qva_context_t *ctx);
 
 #ifdef __cplusplus
 }

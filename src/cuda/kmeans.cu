@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 
 /* Defined in prep.cu: FP64 means of row lists equal to the CPU's
  * sequential sums; to move into cuda_internal.h. */

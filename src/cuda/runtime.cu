@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 
 #define CUDA_TRY(call, what)                                   \
     do {                                                       \
@@ -25,81 +25,10 @@ extern "C" int qva_cuda_available(void) {
 }
 
 /* ---------------------------------------------------------- capability */
-/* The draft method (src/cuda/attn_draft.cu): every quota mix, the dense
- * warm-up, prefix tokens first or last, LSE; no Hadamard variant exists. */
-static int draft_on_gpu(const qva_config *cfg, char *why, size_t len) {
-    if (cfg->hadamard) {
-        snprintf(why, len, "draft has no +hadamard variant");
-        return 0;
-    }
-    if (qvc_draft_kernel_choice(128, cfg->draft.frac4 > 0.0f) >= 0)
-        snprintf(why, len,
-                 "cuda: attn_draft_ws_128x128 (block-sparse wgmma/TMA, BF16/FP16 and INT8/E4M3 "
-                 "phases) at head dim 128 without NVFP4 blocks; else attn_draft_mma_64x128 "
-                 "(NVFP4 phase emulated with exact BF16 MMAs)");
-    else
-        snprintf(why, len,
-                 "cuda: draft phased mma.sync kernel (attn_draft_mma_64x128: BF16/FP16 and "
-                 "INT8/E4M3 phases native, NVFP4 phase emulated with exact BF16 MMAs)");
-    return 1;
-}
-
 static int is_fp4(qva_method m) { return m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4; }
 /* Methods whose K is smoothed: their LSE needs the per-row shift. */
 static int smooths_k(qva_method m) {
     return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8 || is_fp4(m);
-}
-
-static int method_on_gpu(const qva_config *cfg, char *why, size_t len) {
-    switch (cfg->method) {
-    case QVA_METHOD_BF16:
-    case QVA_METHOD_SAGE8:
-    case QVA_METHOD_VC8:
-    case QVA_METHOD_FP8:
-    case QVA_METHOD_SAGE4: /* NVFP4 emulated in FP32 (no FP4 tensor cores on sm_90) */
-    case QVA_METHOD_VC4: return 1;
-    case QVA_METHOD_EXACT:
-        snprintf(why, len, "exact (FP64) is the CPU ground truth only");
-        return 0;
-    case QVA_METHOD_DRAFT: return draft_on_gpu(cfg, why, len);
-    default: {
-        char name[64] = "?";
-        qva_config_method_name(cfg, name, sizeof name);
-        snprintf(why, len, "no CUDA kernel for %s yet (CPU reference only)", name);
-        return 0;
-    }
-    }
-}
-
-/* Which 8-bit kernel runs.  The default is the fastest correct one for the
- * head dim; QVA_ATTN_KERNEL=mma|ws0..ws7 pins a version so that
- * bench/compare.py can time the kernel versions side by side. */
-typedef enum attn8_kernel { K8_MMA = -1, K8_WS0 = 0, K8_WS1, K8_WS2, K8_WS3, K8_WS4, K8_WS5, K8_WS6, K8_WS7 } attn8_kernel;
-#define K8_DEFAULT K8_WS6
-static attn8_kernel attn8_choice(int D) {
-    const char *e = getenv("QVA_ATTN_KERNEL");
-    if (e && !strcmp(e, "mma")) return K8_MMA;
-    if (D != 128) return K8_MMA;
-    if (e && e[0] == 'w' && e[1] == 's' && e[2] >= '0' && e[2] <= '7' && !e[3])
-        return (attn8_kernel)(e[2] - '0');
-    return K8_DEFAULT;
-}
-static const char *attn8_name(attn8_kernel k) {
-    static const char *ws[] = {"attn_qk8_pv8_ws_128x128 v0 (sequential)",
-                               "attn_qk8_pv8_ws_128x128 v1 (QK/softmax overlap)",
-                               "attn_qk8_pv8_ws_128x128 v2 (4 stages, conversion-free softmax)",
-                               "attn_qk8_pv8_ws_128x128 v3 (v2 + QK/softmax overlap)",
-                               "attn_qk8_pv8_ws_128x128 v4 (v2 + fused score FMA)",
-                               "attn_qk8_pv8_ws_128x128 v5 (v4 + warpgroup ping-pong)",
-                               "attn_qk8_pv8_ws_128x128 v6 (v5 + short softmax chains)",
-                               "attn_qk8_pv8_ws_192x128 v7 (3 consumer warpgroups)"};
-    return k == K8_MMA ? "attn_qk8_pv8_mma_64x128" : ws[k];
-}
-static qva_status attn_8bit(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
-                            cudaStream_t st) {
-    const attn8_kernel k = attn8_choice(ops->D);
-    if (k == K8_MMA) return qvc_attn_qk8_pv8(ops, fmt, a, st);
-    return qvc_attn_qk8_pv8_ws(ops, fmt, a, (int)k, st);
 }
 
 extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
@@ -109,20 +38,16 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    if (d != 64 && d != 128) {
-        snprintf(why, len, "head dim %lld: 64 or 128", (long long)d);
-        return 0;
-    }
-    if (!method_on_gpu(cfg, why, len)) return 0;
-    if (cfg->method == QVA_METHOD_DRAFT) return 1; /* draft_on_gpu said why */
-    if (cfg->method == QVA_METHOD_BF16)
-        snprintf(why, len, "cuda: mma.sync BF16 kernel (attn_bf16_mma_64x128)");
-    else if (is_fp4(cfg->method))
-        snprintf(why, len, "cuda: NVFP4 emulated in FP32, no FP4 tensor cores on sm_90 "
-                           "(attn_fp4_simt_64x128)");
-    else
-        snprintf(why, len, "cuda: %s", attn8_name(attn8_choice((int)d)));
-    return 1;
+    return qvc_choose_kernel(cfg, d, why, len) != QVC_KERNEL_NONE;
+}
+
+/* The 8-bit kernel the chooser picked, or the dev driver's version of it. */
+static qva_status attn_8bit(qva_context_t *ctx, qvc_kernel k, const qvc_ops *ops,
+                            qvc_qk_format fmt, const qvc_attn_args *a, cudaStream_t st) {
+    if (k == QVC_KERNEL_ATTN8_MMA_64X128) return qvc_attn8_mma_64x128(ops, fmt, a, st);
+    const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
+    if (dev && dev->attn8_ws) return dev->attn8_ws(ops, fmt, a, st);
+    return qvc_attn8_ws_128x128(ops, fmt, a, st);
 }
 
 /* ---------------------------------------------------------- state */
@@ -325,6 +250,9 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
                                          const qva_tensor *q, const qva_tensor *k,
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
+    char why[256];
+    const qvc_kernel kern = qvc_choose_kernel(cfg, q->shape[3], why, sizeof why);
+    if (kern == QVC_KERNEL_NONE) return qvi_fail(QVA_ERR_UNSUPPORTED, "%s", why);
     if (cfg->method == QVA_METHOD_DRAFT) return qvc_draft_attention(ctx, cfg, q, k, v, out, lse);
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
     cuda_state *s = get_state(ctx);
@@ -340,9 +268,9 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = vsmooth_perm(s, cfg, &vv, &perm, &demean, NULL, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
 
-    if (is_fp4(cfg->method))
+    if (kern == QVC_KERNEL_ATTN_FP4_SIMT_64X128)
         return run_fp4(ctx, s, cfg, q, k, out, lse, &qv, &kv, &vv, perm, demean, prof, st);
-    if (cfg->method == QVA_METHOD_BF16) {
+    if (kern == QVC_KERNEL_ATTN_BF16_MMA_64X128) {
         /* The CPU reference rounds Q, K and V to FP16 when q is f16, else
          * to BF16 (prepare_head: use_f16 = q dtype == f16). */
         const int use_f16 = q->dtype == QVA_F16;
@@ -380,7 +308,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
 
     qvc_attn_args a = make_args(cfg, q, out, lse);
     a.lse_shift = shift;
-    if ((r = attn_8bit(&ops, pa.qk_format, &a, st)) != QVA_OK) return r;
+    if ((r = attn_8bit(ctx, kern, &ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
     return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
 }

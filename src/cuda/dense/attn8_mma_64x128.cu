@@ -1,5 +1,5 @@
 /*
- * attn_qk8_pv8_mma_64x128: the correct-first 8-bit attention kernel.
+ * attn8_mma_64x128: the correct-first 8-bit attention kernel.
  *
  *   S  = Q K^T   mma.sync m16n8k32 s8 (sage8/vc8) or e4m3 (fp8), per-block
  *                scales applied to the INT32/FP32 accumulator
@@ -14,9 +14,11 @@
  * The QK accumulator fragment of 32 keys is repacked in registers into the
  * PV A-operand fragment; V was transposed by the prep kernel with the
  * matching key order (qvc_pv_slot_key, DA2 Eq. 22), so no shuffles.
- * This is mma.sync on Hopper: a stepping stone, not the fast kernel.
+ * mma.sync on Hopper: the path for head dim 64; at 128 attn8_ws_128x128
+ * runs.
  */
-#include "attn_common.cuh"
+#include "common/attn_common.cuh"
+#include "common/softmax.cuh"
 
 #define ROWS_PER_CTA 64
 #define KEYS 128
@@ -46,7 +48,7 @@ static __device__ __forceinline__ void load_block(tiles<D> &t, const qvc_ops &op
 
 template <int D, int FMT>
 __global__ void __launch_bounds__(128)
-attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
+attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
     __shared__ __align__(16) tiles<D> t;
     const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
@@ -103,29 +105,15 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         }
 
         /* ---- online softmax: raise the max, rescale (VC Eq. 1) ---- */
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < KEYS / 8; ++nt) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx[0] = qvc_quad_max(mx[0]);
-        mx[1] = qvc_quad_max(mx[1]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (mx[r] > m[r]) {
-                const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);
-                l[r] *= alpha;
-#pragma unroll
-                for (int n = 0; n < D / 8; ++n) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
-                m[r] = mx[r];
-            }
-        }
+        float mx[2];
+        qvc_softmax_row_max(s, m, mx);
+        /* exact multiplies: O and l then meet the block's partial unfused */
+        qvc_softmax_raise<QVC_SM_EXACT_MUL>(mx, m, l, o);
 
         /* ---- P codes, packed straight into PV A fragments ---- */
         uint32_t pa[KEYS / 32][4];
         float rs[2] = {0.0f, 0.0f};
-        const float mr0 = m[0] == -INFINITY ? 0.0f : m[0], mr1 = m[1] == -INFINITY ? 0.0f : m[1];
+        const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
 #pragma unroll
         for (int c = 0; c < KEYS / 32; ++c)
             qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, rs, pa[c]);
@@ -178,7 +166,7 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= ops.nq) continue;
-        const int empty = m[r] == -INFINITY || !(l[r] > 0.0f);
+        const int empty = qvc_softmax_empty(m[r], l[r]);
         const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -200,19 +188,17 @@ attn_qk8_pv8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 template <int D, int FMT>
 static qva_status launch(const qvc_ops *ops, const qvc_attn_args *a, cudaStream_t st) {
     dim3 grid((unsigned)(ops->nq_pad / ROWS_PER_CTA), (unsigned)ops->BH);
-    attn_qk8_pv8_mma_64x128<D, FMT><<<grid, 128, 0, st>>>(*ops, *a);
+    attn8_mma_64x128<D, FMT><<<grid, 128, 0, st>>>(*ops, *a);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? QVA_OK
-                            : qvi_fail(QVA_ERR_DEVICE, "attn_qk8_pv8 launch: %s", cudaGetErrorString(e));
+                            : qvi_fail(QVA_ERR_DEVICE, "attn8_mma_64x128 launch: %s", cudaGetErrorString(e));
 }
 
-extern "C" qva_status qvc_attn_qk8_pv8(const qvc_ops *ops, qvc_qk_format fmt,
-                                       const qvc_attn_args *a, cudaStream_t st) {
-    if (ops->D == 128)
-        return fmt == QVC_QK_INT8 ? launch<128, QVC_QK_INT8>(ops, a, st)
-                                  : launch<128, QVC_QK_E4M3>(ops, a, st);
+/* Head dim 64 only: at 128 the chooser runs attn8_ws_128x128. */
+extern "C" qva_status qvc_attn8_mma_64x128(const qvc_ops *ops, qvc_qk_format fmt,
+                                           const qvc_attn_args *a, cudaStream_t st) {
     if (ops->D == 64)
         return fmt == QVC_QK_INT8 ? launch<64, QVC_QK_INT8>(ops, a, st)
                                   : launch<64, QVC_QK_E4M3>(ops, a, st);
-    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_qk8_pv8: head dim %d", ops->D);
+    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_mma_64x128: head dim %d (64 only)", ops->D);
 }

@@ -59,7 +59,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 #include "cpu/draft.h"
 
 

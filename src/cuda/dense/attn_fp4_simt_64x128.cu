@@ -35,7 +35,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
+#include "common/softmax.cuh"
 
 #define F4_ROWS 64
 #define F4_KEYS 128
@@ -55,10 +56,6 @@ struct f4_smem {
     float mu[D];               /* vc4: FP16-rounded mean of this block            */
 };
 
-/* Correctly rounded exp2 in FP32 (see the header comment). */
-static __device__ __forceinline__ float exp2_rn(float x) {
-    return __double2float_rn(exp2((double)x));
-}
 
 /* Eight decoded values sigma * e2m1 of the nibbles of w (nibble u = element u). */
 static __device__ __forceinline__ float nib_value(uint32_t w, int u, float sigma) {
@@ -207,11 +204,8 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
         __syncthreads();
         {
             const float mx = fmaxf(m_row, fmaxf(sm.red[0][pr], sm.red[1][pr]));
-            float alpha = 1.0f; /* x * 1 is exact: the CPU's "no rescale" */
-            if (mx > m_row) {
-                if (m_row != -INFINITY) alpha = exp2_rn(__fsub_rn(m_row, mx));
-                m_row = mx;
-            }
+            const float alpha = qvc_softmax_alpha<QVC_SM_EXP2_RN>(m_row, mx);
+            m_row = fmaxf(m_row, mx);
             if (ph == 0) {
                 l_row = __fmul_rn(l_row, alpha);
                 sm.alpha[pr] = alpha;
@@ -278,7 +272,7 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
     /* ---- epilogue (qvi_row_finish): out = acc / l, LSE ---- */
     const int b = bh / a.H, h = bh % a.H;
     if (ph == 0) {
-        const bool empty = m_row == -INFINITY || !(l_row > 0.0f);
+        const bool empty = qvc_softmax_empty(m_row, l_row);
         sm.l[pr] = l_row;
         sm.empty[pr] = empty;
         const int row = row_base + pr;

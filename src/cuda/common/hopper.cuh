@@ -1,17 +1,17 @@
 /*
  * Hopper building blocks shared by the warp-specialized kernels
- * (attn_qk8_pv8_ws.cu: dense 8-bit; attn_draft_ws.cu: block-sparse draft):
- * mbarrier / TMA / wgmma PTX wrappers, the 128-byte-swizzle descriptors,
- * the INT8 QK and E4M3 PV wgmma forms, the conversion-free softmax pieces
- * and the host tensor-map encoder.  Moved here unchanged from
- * attn_qk8_pv8_ws.cu (its PTX is byte-identical before and after).
+ * (dense/attn8_ws_128x128.cu, draft/attn_draft_ws_128x128.cu, and the
+ * versions in dev/cuda): mbarrier / TMA / wgmma PTX wrappers, the
+ * 128-byte-swizzle descriptors, the INT8 QK and E4M3 PV wgmma forms, the
+ * 8-bit P codes from the S accumulators, and the host tensor-map encoder.
  */
-#ifndef QVATTN_WS_COMMON_CUH
-#define QVATTN_WS_COMMON_CUH
+#ifndef QVATTN_HOPPER_CUH
+#define QVATTN_HOPPER_CUH
 
 #include <cuda.h>
 
 #include "attn_common.cuh"
+#include "softmax.cuh"
 #include "expcast_magic.h"
 
 #define WS_KEYS 128   /* keys per block */
@@ -220,7 +220,7 @@ static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64]
     wg_commit();
 }
 
-/* ---- ws0/ws1 softmax: float scores, then float max ---- */
+/* ---- the E4M3 path: float scores, masked keys -inf ---- */
 template <int FMT, typename SACC>
 static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float (&s)[16][4],
                                                     float f, int key0, int nk, int tig) {
@@ -238,48 +238,10 @@ static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float
     }
 }
 
-/* Raise the running max of both rows to mx; rescale O and l (VC Eq. 1).
- * skip_same: leave O alone when no row of the warp moved (alpha == 1
- * exactly, so the result is the same). */
-static __device__ __forceinline__ void raise_max(float *mx, float *m, float *l, float (&o)[64],
-                                                 int skip_same) {
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        alpha[r] = (mx[r] > m[r] && m[r] != -INFINITY) ? exp2f(m[r] - mx[r]) : 1.0f;
-        l[r] *= alpha[r];
-        m[r] = fmaxf(m[r], mx[r]);
-    }
-    if (skip_same && !__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-        o[n * 4 + 0] *= alpha[0], o[n * 4 + 1] *= alpha[0];
-        o[n * 4 + 2] *= alpha[1], o[n * 4 + 3] *= alpha[1];
-    }
-}
-
-static __device__ __forceinline__ void online_max(const float (&s)[16][4], float *m, float *l,
-                                                  float (&o)[64]) {
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx[0] = qvc_quad_max(mx[0]);
-    mx[1] = qvc_quad_max(mx[1]);
-    raise_max(mx, m, l, o, 0);
-}
-
-/* ---- ws2/ws3 softmax: integers until the max is known ---- */
+/* ---- the INT8 path: integers until the max is known ---- */
 /* The conversion-free pieces (INT32 -> FP32 by the magic add, ExpCast
  * rounded by the magic add) live in src/expcast_magic.h, shared with their
  * CPU test tests/test_expcast_magic.c. */
-static __device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 /* ExpCast (VC Eq. 7) of u = s - m as float bits whose low byte is the
  * E4M3 code: the reference's t = fma(8, u, 119.65), rounded by the magic
  * add (equal to qvc_expcast_code on every u <= 0: tests/test_expcast_magic.c). */
@@ -337,55 +299,10 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int 
     mx[1] = (float)m1 * f;
 }
 
-/* P codes of one block from the raw scores: pa[c] is the A fragment of
- * keys 32c..32c+31 (qvc_pack_p32's order). */
-template <int EXPCAST>
-static __device__ __forceinline__ void make_p(const int (&acc)[64], float f, float m0, float m1,
-                                              int key0, int nk, int tig, float *rs,
-                                              uint32_t (&pa)[4][4]) {
-    const int masked = key0 + WS_KEYS > nk;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        float sv[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int nt = 4 * c + i;
-                float x = __fmul_rn(qvi_i2f_magic(acc[nt * 4 + e]), f);
-                if (masked && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
-                sv[i][e] = __fsub_rn(x, (e < 2) ? m0 : m1);
-            }
-        if (EXPCAST) {
-            pa[c][0] = pack_low_bytes(expcast_bits(sv[0][0]), expcast_bits(sv[0][1]),
-                                      expcast_bits(sv[1][0]), expcast_bits(sv[1][1]));
-            pa[c][1] = pack_low_bytes(expcast_bits(sv[0][2]), expcast_bits(sv[0][3]),
-                                      expcast_bits(sv[1][2]), expcast_bits(sv[1][3]));
-            pa[c][2] = pack_low_bytes(expcast_bits(sv[2][0]), expcast_bits(sv[2][1]),
-                                      expcast_bits(sv[3][0]), expcast_bits(sv[3][1]));
-            pa[c][3] = pack_low_bytes(expcast_bits(sv[2][2]), expcast_bits(sv[2][3]),
-                                      expcast_bits(sv[3][2]), expcast_bits(sv[3][3]));
-        } else {
-            float p[4][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    p[i][e] = ex2_ftz(__fadd_rn(sv[i][e], QVC_P_AMP));
-                    rs[e >> 1] += p[i][e];
-                }
-#define CVT2(x, y) \
-    ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3))
-            pa[c][0] = CVT2(p[0][0], p[0][1]) | (CVT2(p[1][0], p[1][1]) << 16);
-            pa[c][1] = CVT2(p[0][2], p[0][3]) | (CVT2(p[1][2], p[1][3]) << 16);
-            pa[c][2] = CVT2(p[2][0], p[2][1]) | (CVT2(p[3][0], p[3][1]) << 16);
-            pa[c][3] = CVT2(p[2][2], p[2][3]) | (CVT2(p[3][2], p[3][3]) << 16);
-#undef CVT2
-        }
-    }
-}
-
-/* ws4: the same codes from one FMA per score (see the header).  MASK: the
+/* P codes of one block from the raw INT32 scores, one FMA per score
+ * before the rounding (see attn8_ws_128x128.cu); pa[c] is the A fragment
+ * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
+ * in 4 partial sums.  MASK: the
  * block holds padding keys (only the last one can). */
 template <int EXPCAST, int MASK, int SPLIT_SUM>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f, float m0,

@@ -11,8 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device_util.cuh"
-#include "mma_sync.cuh"
+#include "common/device_util.cuh"
+#include "common/mma_sync.cuh"
+#include "common/softmax.cuh"
 
 
 #define B16_ROWS 64    /* query rows per CTA            */
@@ -111,33 +112,12 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
         }
 
         /* ---- online softmax: raise the max, rescale l and O ---- */
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < B16_KEYS / 8; ++nt) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx[0] = qvc_quad_max(mx[0]);
-        mx[1] = qvc_quad_max(mx[1]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            /* qvi_row_raise_max: no rescale before the first key or when
-             * the max did not rise (x * 1 is exact, so multiply anyway). */
-            const bool rise = mx[r] > m[r];
-            const float alpha =
-                (rise && m[r] != -INFINITY) ? exp2f(__fsub_rn(m[r], mx[r])) : 1.0f;
-            l[r] = __fmul_rn(l[r], alpha);
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][2 * r] = __fmul_rn(o[n][2 * r], alpha);
-                o[n][2 * r + 1] = __fmul_rn(o[n][2 * r + 1], alpha);
-            }
-            if (rise) m[r] = mx[r];
-        }
+        float mx[2];
+        qvc_softmax_row_max(s, m, mx);
+        qvc_softmax_raise<QVC_SM_EXACT_MUL>(mx, m, l, o);
 
         /* ---- P: FP32 weights into l, 16-bit into the PV A fragments ---- */
-        const float mr0 = m[0] == -INFINITY ? 0.0f : m[0];
-        const float mr1 = m[1] == -INFINITY ? 0.0f : m[1];
+        const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
         uint32_t pa[B16_KEYS / 16][4];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -183,7 +163,7 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= ops.nq) continue;
-        const bool empty = m[r] == -INFINITY || !(l[r] > 0.0f);
+        const bool empty = qvc_softmax_empty(m[r], l[r]);
         const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 
 
 #define P16_THREADS 256

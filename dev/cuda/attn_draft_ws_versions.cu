@@ -1,0 +1,246 @@
+/*
+ * Versions of the block-sparse Hopper draft kernel under trial, built from
+ * the library's pieces (src/cuda/draft/attn_draft_ws.cuh); the driver
+ * (driver.c) runs each through the library's router and preparation and
+ * checks it against the CPU reference.  README.md says how to add one and
+ * how to promote it.
+ *
+ *   dw9   the library kernel (dw7) with the INT8 phase in ping-pong too:
+ *         one warpgroup issues PV(i) and QK(i+1) while the other makes its
+ *         P codes (measured equal to dw7 within noise at 85/0/7.5/7.5)
+ *   dw10  the 16-bit phase software-pipelined in FA3's form: QK(i) and
+ *         PV(i-1) in flight together, the exponentials of block i written
+ *         over the S registers in FP32 under PV(i-1), P packed to 16 bits
+ *         and O rescaled after PV(i-1) lands (no register a running wgmma
+ *         reads is written); compile-checked, not yet run on a GPU
+ *   dw11  dw10 with the two warpgroups taking turns to issue (dw7's named
+ *         barriers): FA3's configuration; compile-checked, not yet run
+ */
+#include "draft/attn_draft_ws.cuh"
+
+/* dw9: the INT8 blocks with the two consumer warpgroups in ping-pong. */
+template <int EXPCAST>
+static __device__ __forceinline__ void dw9_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                      const dw_walk &wk, int a, int bh,
+                                                      uint32_t base, dw_bars b, int cw, int tig) {
+    const int64_t hr = (int64_t)bh * w.R;
+    const float *dv = w.dv + (int64_t)bh * 128;
+    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
+    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
+    const float dq = w.q8s[hr + a];
+    mbar_wait(b.q8, 0);
+    int sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8, kb = w.cols[wk.e1 + i];
+        const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + kb]), w.scale_log2);
+        float rs[2];
+        uint32_t pa[4][4];
+        softmax8<EXPCAST>(sacc, f, w.count[kb], tig, r.m, r.l, r.o, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        named_sync(1 + cw, 256);
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        /* always issued (no wgmma on a divergent path); after the last INT8
+         * block it re-reads this K tile, unused */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+        reg_fence(part);
+        mbar_arrive(b.empty + 8 * s);
+        add_part8<EXPCAST>(r.o, r.l, part, rs);
+        wg_wait<0>();
+        reg_fence(sacc);
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
+}
+
+/* p = 2^(x f - m) written over the scores (keys >= valid give 0), with
+ * the row sums; the 16-bit packing comes later. */
+static __device__ __forceinline__ void exp16_inplace(float (&s)[64], float f, const float *m,
+                                                     int valid, int tig, float *rs) {
+    const float m0 = -qvc_softmax_shift(m[0]), m1 = -qvc_softmax_shift(m[1]);
+    const int lim = valid - 2 * tig;
+    float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        const bool v0 = nt * 8 < lim, v1 = nt * 8 + 1 < lim;
+        s[nt * 4 + 0] = v0 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 0], f, m0)) : 0.0f;
+        s[nt * 4 + 1] = v1 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 1], f, m0)) : 0.0f;
+        s[nt * 4 + 2] = v0 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 2], f, m1)) : 0.0f;
+        s[nt * 4 + 3] = v1 ? ex2_ftz(__fmaf_rn(s[nt * 4 + 3], f, m1)) : 0.0f;
+        r0 += s[nt * 4 + 0] + s[nt * 4 + 1];
+        r1 += s[nt * 4 + 2] + s[nt * 4 + 3];
+    }
+    rs[0] = qvc_quad_sum(r0);
+    rs[1] = qvc_quad_sum(r1);
+}
+
+/* The probabilities in 16 bits as the PV A fragments (probs16_fused's layout). */
+template <int F16>
+static __device__ __forceinline__ void pack_p16(const float (&s)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const float *lo = s + 8 * kk, *hi = lo + 4;
+        pa[kk][0] = qvc_pack2<F16>(lo[0], lo[1]);
+        pa[kk][1] = qvc_pack2<F16>(lo[2], lo[3]);
+        pa[kk][2] = qvc_pack2<F16>(hi[0], hi[1]);
+        pa[kk][3] = qvc_pack2<F16>(hi[2], hi[3]);
+    }
+}
+
+/* dw10 / dw11 (PP): the 16-bit phase with QK(i) and PV(i-1) in flight
+ * together; P of block i-1 waits in pa. */
+template <int F16, int PP>
+static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                        const dw_walk &wk, uint32_t base,
+                                                        dw_bars b, int cw, int tig) {
+    const int nb16 = wk.total - wk.nb8;
+    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
+    mbar_wait(b.q16, 0);
+    if (nb16 <= 0) return;
+    uint32_t pa[8][4];
+    int sp = r.j % DW_STAGES; /* stage of the block whose P is in pa */
+    {
+        const int valid = block_valid(w, wk, 0);
+        float sacc[64];
+        mbar_wait(b.full + 8 * sp, (r.j / DW_STAGES) & 1);
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(sp));
+        wg_wait<0>();
+        reg_fence(sacc);
+        float mx[2], rs[2];
+        raw_max16(sacc, w.scale_log2, valid, tig, r.m, mx);
+        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+        probs16_fused<F16>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        ++r.j;
+    }
+    if (PP && cw == 1) named_arrive(1, 256);
+    for (int i = 1; i < nb16; ++i, ++r.j) {
+        const int s = r.j % DW_STAGES, valid = block_valid(w, wk, i);
+        float sacc[64];
+        mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+        if (PP) named_sync(1 + cw, 256);
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+        issue_pv16<F16>(r.o, pa, base + DW_V_OFF(sp));
+        if (PP) named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
+        reg_fence(sacc);
+        float mx[2], alpha[2], rs[2];
+        raw_max16(sacc, w.scale_log2, valid, tig, r.m, mx);
+        qvc_softmax_new_max<0>(mx, r.m, r.l, alpha);
+        exp16_inplace(sacc, w.scale_log2, r.m, valid, tig, rs);
+        wg_wait<0>();
+        reg_fence(r.o);
+        mbar_arrive(b.empty + 8 * sp);
+        qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        pack_p16<F16>(sacc, pa);
+        sp = s;
+    }
+    if (PP && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    issue_pv16<F16>(r.o, pa, base + DW_V_OFF(sp));
+    wg_wait<0>();
+    reg_fence(r.o);
+    mbar_arrive(b.empty + 8 * sp);
+}
+
+/* The library kernel's frame with the version's phases. */
+template <int F16, int EXPCAST, int VER>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
+                    const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
+                    const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
+                    const dw_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    dw_bars b;
+    b.q8 = base + DW_BAR_OFF, b.q16 = b.q8 + 8;
+    b.full = b.q8 + 16, b.empty = b.full + 8 * DW_STAGES;
+    const qvc_draft_ws_args &w = p.w;
+    int a, bh;
+    dw_walk wk;
+    dw_work(w, p.npre, a, bh, wk);
+    if (EXPCAST)
+        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
+            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q8, 1);
+        mbar_init(b.q16, 1);
+        for (int s = 0; s < DW_STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw_producer(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    dw_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    r.j = 0;
+    if (wk.nb8) {
+        if (VER == 9)
+            dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+        else
+            dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+    }
+    if (VER >= 10)
+        dw10_16bit_phase<F16, VER == 11>(r, w, wk, base, b, cw, tig);
+    else
+        dw_16bit_phase<F16>(r, w, wk, base, b, cw, tig);
+    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+}
+
+template <int VER, int F16, int EXPCAST>
+static qva_status launch_one(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        dev_draft_ws_kernel<F16, EXPCAST, VER>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws smem attribute");
+    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+    k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("dev draft ws");
+}
+
+template <int VER>
+static qva_status launch_version(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (f16) return ec ? launch_one<VER, 1, 1>(maps, &p, st) : launch_one<VER, 1, 0>(maps, &p, st);
+    return ec ? launch_one<VER, 0, 1>(maps, &p, st) : launch_one<VER, 0, 0>(maps, &p, st);
+}
+
+extern "C" qva_status dev_draft_ws_dw9(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<9>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<10>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<11>(w, st);
+}

@@ -1,0 +1,106 @@
+/* The one place that decides which kernel runs a config on the device
+ * (ggml's fattn.cu pattern): qvi_cuda_supports() reports its answer, and
+ * the dispatch (runtime.cu, draft/host.cu) runs it.  Nothing here reads
+ * the environment; kernel versions under trial are set on a context by
+ * the dev driver (dev/cuda), never by the library. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu/draft.h"
+#include "cuda_internal.h"
+
+static const char *kernel_what(qvc_kernel k) {
+    switch (k) {
+    case QVC_KERNEL_ATTN8_WS_128X128:
+        return "attn8_ws_128x128 (wgmma/TMA, warp-specialized; INT8 or E4M3 QK, E4M3 PV)";
+    case QVC_KERNEL_ATTN8_MMA_64X128:
+        return "attn8_mma_64x128 (mma.sync; INT8 or E4M3 QK, E4M3 PV)";
+    case QVC_KERNEL_ATTN_BF16_MMA_64X128: return "attn_bf16_mma_64x128 (mma.sync BF16/FP16)";
+    case QVC_KERNEL_ATTN_FP4_SIMT_64X128:
+        return "attn_fp4_simt_64x128 (NVFP4 emulated in FP32: no FP4 tensor cores on sm_90)";
+    case QVC_KERNEL_ATTN_DRAFT_WS_128X128:
+        return "attn_draft_ws_128x128 (block-sparse wgmma/TMA, BF16/FP16 and INT8/E4M3 phases)";
+    case QVC_KERNEL_ATTN_DRAFT_MMA_64X128:
+        return "attn_draft_mma_64x128 (mma.sync phases; NVFP4 emulated with exact BF16 MMAs)";
+    default: return "none";
+    }
+}
+
+/* Whether the draft route of cfg has NVFP4 blocks: the plan's quotas
+ * (qvi_draft_plan_make) when the grid is set, else the fraction asked. */
+static int draft_with4(const qva_draft_params *dp) {
+    if (dp->grid_t <= 0 || dp->grid_h <= 0 || dp->grid_w <= 0 || dp->capacity <= 0 ||
+        dp->grid_h > (1 << 20) || dp->grid_w > (1 << 20) || dp->grid_t > (1 << 20))
+        return dp->frac4 > 0.0f;
+    const int64_t rf = ((int64_t)dp->grid_h * dp->grid_w + dp->capacity - 1) / dp->capacity;
+    const int64_t regions = (int64_t)dp->grid_t * rf;
+    if (regions > (1 << 20)) return dp->frac4 > 0.0f;
+    int64_t quota[4];
+    if (qvi_draft_quotas(dp, regions * regions, quota) != QVA_OK) return dp->frac4 > 0.0f;
+    return quota[QVI_Q_4] > 0;
+}
+
+static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, char *why, size_t len) {
+    if (cfg->hadamard) {
+        snprintf(why, len, "draft has no +hadamard variant");
+        return QVC_KERNEL_NONE;
+    }
+    if (cfg->step < cfg->draft.dense_warmup_steps)
+        return QVC_KERNEL_ATTN_BF16_MMA_64X128; /* the dense warm-up is the bf16 method */
+    if (d == 128 && !draft_with4(&cfg->draft)) return QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    return QVC_KERNEL_ATTN_DRAFT_MMA_64X128;
+}
+
+static qvc_kernel choose(const qva_config *cfg, int64_t d, char *why, size_t len) {
+    if (d != 64 && d != 128) {
+        snprintf(why, len, "head dim %lld: 64 or 128", (long long)d);
+        return QVC_KERNEL_NONE;
+    }
+    switch (cfg->method) {
+    case QVA_METHOD_BF16: return QVC_KERNEL_ATTN_BF16_MMA_64X128;
+    case QVA_METHOD_SAGE8:
+    case QVA_METHOD_VC8:
+    case QVA_METHOD_FP8:
+        return d == 128 ? QVC_KERNEL_ATTN8_WS_128X128 : QVC_KERNEL_ATTN8_MMA_64X128;
+    case QVA_METHOD_SAGE4:
+    case QVA_METHOD_VC4: return QVC_KERNEL_ATTN_FP4_SIMT_64X128;
+    case QVA_METHOD_DRAFT: return choose_draft(cfg, d, why, len);
+    case QVA_METHOD_EXACT:
+        snprintf(why, len, "exact (FP64) is the CPU ground truth only");
+        return QVC_KERNEL_NONE;
+    default: {
+        char name[64] = "?";
+        qva_config_method_name(cfg, name, sizeof name);
+        snprintf(why, len, "no CUDA kernel for %s yet (CPU reference only)", name);
+        return QVC_KERNEL_NONE;
+    }
+    }
+}
+
+extern "C" qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, char *why,
+                                        size_t len) {
+    char none[8];
+    if (!why) why = none, len = sizeof none;
+    const qvc_kernel k = choose(cfg, d, why, len);
+    if (k != QVC_KERNEL_NONE) snprintf(why, len, "cuda: %s", kernel_what(k));
+    return k;
+}
+
+/* ---------------------------------------------------------- dev kernels */
+static void dev_kernels_free(void *p) { free(p); }
+
+extern "C" qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k) {
+    void (*dtor)(void *) = dev_kernels_free;
+    void **slot = qvi_context_slot(ctx, QVI_SLOT_CUDA_DEV, &dtor);
+    if (!slot) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "dev kernels: no context slot");
+    if (!*slot) *slot = calloc(1, sizeof(qvc_dev_kernels));
+    if (!*slot) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "dev kernels");
+    *(qvc_dev_kernels *)*slot = *k;
+    return QVA_OK;
+}
+
+extern "C" const qvc_dev_kernels *qvc_dev_kernels_of(qva_context_t *ctx) {
+    void (*dtor)(void *) = dev_kernels_free;
+    void **slot = qvi_context_slot(ctx, QVI_SLOT_CUDA_DEV, &dtor);
+    return slot ? (const qvc_dev_kernels *)*slot : NULL;
+}

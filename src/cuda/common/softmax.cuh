@@ -1,0 +1,150 @@
+/*
+ * The online softmax of every device kernel (VC Eq. 1; the CPU's
+ * qvi_row_raise_max and qvi_row_finish): the running max m and row sum l of
+ * a thread's rows, the rescale of O when the max rises, the convention for
+ * a row that has seen no finite score, and the empty-row test of the
+ * epilogue.
+ *
+ * The -inf convention: while a row's running max is -inf, its O and l are
+ * still zero, so the rescale factor alpha is 1 (x * 1 is exact: the CPU's
+ * "no rescale"), and the exponent is taken against 0, not -inf, so that a
+ * masked score gives exp2(-inf) = 0 and never NaN.
+ *
+ * Paths differ in how they round, and each keeps its bits through named
+ * options:
+ *   QVC_SM_SKIP_UNCHANGED  leave O alone when no row of the warp moved
+ *                          (alpha == 1 exactly: the same result, fewer
+ *                          multiplies; warp-uniform, so call it from all 32
+ *                          lanes)
+ *   QVC_SM_EXACT_MUL       the l and O rescale as __fmul_rn, never fused
+ *                          with a later add (the mma.sync bf16 and draft
+ *                          kernels, which match the CPU's separate roundings)
+ *   QVC_SM_EXP2_RN         alpha by a correctly rounded exp2 (the emulated
+ *                          FP4 kernel's order of operations), not exp2f
+ *
+ * Thread layout: a thread holds two rows (r = 0, 1: g and g + 8 of an
+ * m16n8 fragment); O is [NT][4] with columns 0, 1 of row 0 and 2, 3 of
+ * row 1, as both mma.sync and wgmma accumulators lay it out.
+ */
+#ifndef QVATTN_SOFTMAX_CUH
+#define QVATTN_SOFTMAX_CUH
+
+#include "common/mma_sync.cuh"
+
+enum {
+    QVC_SM_SKIP_UNCHANGED = 1,
+    QVC_SM_EXACT_MUL = 2,
+    QVC_SM_EXP2_RN = 4,
+};
+
+/* A flat wgmma accumulator float[4 NT] seen as the [NT][4] fragment rows. */
+template <int N>
+static __device__ __forceinline__ float (&qvc_rows_of(float (&o)[N]))[N / 4][4] {
+    return *(float(*)[N / 4][4])o;
+}
+
+/* ex2.approx.ftz: 2 ulp, flushes subnormal results. */
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Correctly rounded exp2 in FP32. */
+static __device__ __forceinline__ float exp2_rn(float x) {
+    return __double2float_rn(exp2((double)x));
+}
+
+/* The rescale factor when the running max moves from m to mx >= m. */
+template <int OPTS>
+static __device__ __forceinline__ float qvc_softmax_alpha(float m, float mx) {
+    if (!(mx > m && m != -INFINITY)) return 1.0f;
+    return (OPTS & QVC_SM_EXP2_RN) ? exp2_rn(__fsub_rn(m, mx)) : exp2f(__fsub_rn(m, mx));
+}
+
+/* The max an exponent is taken against: 0 for a row with no finite score. */
+static __device__ __forceinline__ float qvc_softmax_shift(float m) {
+    return m == -INFINITY ? 0.0f : m;
+}
+
+/* A row that saw no finite score or no weight: written as zeros, LSE -inf. */
+static __device__ __forceinline__ bool qvc_softmax_empty(float m, float l) {
+    return m == -INFINITY || !(l > 0.0f);
+}
+
+static __device__ __forceinline__ float qvc_sm_mul(float x, float a, int exact) {
+    return exact ? __fmul_rn(x, a) : x * a;
+}
+
+/* Raise the running max of both rows to mx (mx >= m): alpha per row, and m
+ * and l updated; O is left to qvc_softmax_rescale (a kernel may still have
+ * a wgmma writing it). */
+template <int OPTS>
+static __device__ __forceinline__ void qvc_softmax_new_max(const float *mx, float *m, float *l,
+                                                           float *alpha) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        alpha[r] = qvc_softmax_alpha<OPTS>(m[r], mx[r]);
+        l[r] = qvc_sm_mul(l[r], alpha[r], OPTS & QVC_SM_EXACT_MUL);
+        m[r] = fmaxf(m[r], mx[r]);
+    }
+}
+
+template <int OPTS, int NT>
+static __device__ __forceinline__ void qvc_softmax_rescale(float (&o)[NT][4], const float *alpha) {
+    if ((OPTS & QVC_SM_SKIP_UNCHANGED) &&
+        !__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+        return;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        o[n][0] = qvc_sm_mul(o[n][0], alpha[0], OPTS & QVC_SM_EXACT_MUL);
+        o[n][1] = qvc_sm_mul(o[n][1], alpha[0], OPTS & QVC_SM_EXACT_MUL);
+        o[n][2] = qvc_sm_mul(o[n][2], alpha[1], OPTS & QVC_SM_EXACT_MUL);
+        o[n][3] = qvc_sm_mul(o[n][3], alpha[1], OPTS & QVC_SM_EXACT_MUL);
+    }
+}
+
+/* Both: the new max, then O rescaled. */
+template <int OPTS, int NT>
+static __device__ __forceinline__ void qvc_softmax_raise(const float *mx, float *m, float *l,
+                                                         float (&o)[NT][4]) {
+    float alpha[2];
+    qvc_softmax_new_max<OPTS>(mx, m, l, alpha);
+    qvc_softmax_rescale<OPTS>(o, alpha);
+}
+
+/* The running max raised by a block of scores s ([NT][4] fragment rows):
+ * mx = max(m, the row's scores), reduced over the quad. */
+template <int NT>
+static __device__ __forceinline__ void qvc_softmax_row_max(const float (&s)[NT][4], const float *m,
+                                                           float *mx) {
+    mx[0] = m[0], mx[1] = m[1];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx[0] = qvc_quad_max(mx[0]);
+    mx[1] = qvc_quad_max(mx[1]);
+}
+
+/* The same over a flat wgmma accumulator in a 4-way tree (shorter
+ * dependency chains; max is exact, so the order changes no bit). */
+static __device__ __forceinline__ void qvc_softmax_row_max_tree(const float (&s)[64],
+                                                                const float *m, float *mx) {
+    float a0[4], a1[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        a0[q] = fmaxf(s[q * 4 + 0], s[q * 4 + 1]);
+        a1[q] = fmaxf(s[q * 4 + 2], s[q * 4 + 3]);
+    }
+#pragma unroll
+    for (int nt = 4; nt < 16; ++nt) {
+        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
+        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+    }
+    mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))));
+    mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))));
+}
+
+#endif

@@ -1,0 +1,328 @@
+/*
+ * The pieces of attn8_ws_128x128 (dense/attn8_ws_128x128.cu holds the
+ * kernel and its launcher; its header comment says what the kernel does):
+ * the flags, the shared-memory layout, the producer, the two mainloops and
+ * the epilogue.  Kernel versions under trial (dev/cuda) build on them.
+ */
+#ifndef QVATTN_ATTN8_WS_CUH
+#define QVATTN_ATTN8_WS_CUH
+
+#include <type_traits>
+
+#include "common/hopper.cuh"
+#include "common/softmax.cuh"
+
+/* ------------------------------------------------------------ flags */
+/* The compile-time shape of the kernel for one QK format; the one place
+ * where its options are chosen.  Rejected (dev/cuda/README.md):
+ *   QK(j+1) issued before the softmax of j in one warpgroup: spills (ws1, ws3)
+ *   three consumer warpgroups of 64 rows: spills at 160 registers (ws7)
+ *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0) */
+template <int QK_FMT>
+struct attn8_ws_flags {
+    static constexpr int FMT = QK_FMT;
+    static constexpr bool INT8 = FMT == QVC_QK_INT8;
+    static constexpr int STAGES = INT8 ? 4 : 2;   /* K/V ring depth */
+    static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns */
+    static constexpr bool MU_IN_SMEM = INT8;      /* V-Smooth means ride with the tile */
+    static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
+    static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
+    static constexpr int ROWS = 64 * CONSUMERS;
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    /* registers per consumer thread after setmaxnreg: the file (64K)
+     * minus the producer's 128 x 24, in multiples of 8 */
+    static constexpr int CONSUMER_REGS = 240;
+    static constexpr int PRODUCER_REGS = 24;
+};
+
+#define A8_TILE 16384 /* 128 rows x 128 bytes */
+#define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
+#define A8_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
+#define A8_STAGE_BYTES (2 * A8_TILE + A8_ONES + A8_MU)
+/* Shared memory from a 1024-byte aligned base:
+ *   Q (128 rows) | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers */
+#define A8_Q_OFF 0
+#define A8_QB (128 * 128)
+#define A8_V_OFF(s) (A8_QB + (s) * A8_STAGE_BYTES)
+#define A8_ONES_OFF(s) (A8_V_OFF(s) + A8_TILE)
+#define A8_K_OFF(s) (A8_ONES_OFF(s) + A8_ONES)
+#define A8_MU_OFF(s) (A8_K_OFF(s) + A8_TILE)
+#define A8_BAR_OFF(S) (A8_QB + (S) * A8_STAGE_BYTES)
+#define A8_SMEM_BYTES(S) (A8_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
+
+typedef struct attn8_params {
+    qvc_ops ops;
+    qvc_attn_args a;
+} attn8_params;
+
+/* The mbarriers of the ring: Q, then full[s], then empty[s]. */
+typedef struct attn8_bars {
+    uint32_t q, full, empty;
+} attn8_bars;
+
+/* ------------------------------------------------------------ producer */
+template <class F>
+static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, const CUtensorMap &tk,
+                                                      const CUtensorMap &tv, const qvc_ops &ops,
+                                                      uint32_t base, attn8_bars b, int bh,
+                                                      int tile, const float *vmu, int mu_smem) {
+    mbar_expect_tx(b.q, A8_QB);
+    tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES;
+        const uint32_t full = b.full + 8 * s;
+        mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
+        mbar_expect_tx(full, 2 * A8_TILE + (mu_smem ? 512 : 0));
+        tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+        tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+        if (mu_smem) bulk_load(base + A8_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
+    }
+}
+
+/* ------------------------------------------------------------ mainloops */
+/* The per-consumer state: O, the running max m and the row sum l of the
+ * thread's two rows (g and g + 8 of its warp's 16). */
+typedef struct attn8_acc {
+    float o[64];
+    float m[2], l[2];
+} attn8_acc;
+
+/* INT8 QK, consumer warpgroups in ping-pong: warpgroup cw issues its
+ * GEMMs after named barrier 1 + cw and then lets the other go (2 - cw);
+ * the O update of block j runs under QK(j+1).  sacc holds QK(0). */
+template <class F, int EXPCAST>
+static __device__ __forceinline__ void attn8_mainloop_pingpong(
+    attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
+    const uint8_t *sm, attn8_bars b, uint64_t qd, float dq, const float *kscale,
+    const float *vblk, int mu_smem, int cw, int tig) {
+    if (cw == 1) named_arrive(1, 256);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+        const float f = (dq * kscale[j]) * a.scale_log2;
+        const float vb = vblk[j];
+        uint32_t pa[4][4];
+        float rs[2] = {0.0f, 0.0f};
+        float mx[2];
+        int_row_max<F::SHORT_CHAINS>(sacc, f, j * WS_KEYS, ops.nk, tig, mx);
+        mx[0] = fmaxf(mx[0], r.m[0]);
+        mx[1] = fmaxf(mx[1], r.m[1]);
+        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+        if ((j + 1) * WS_KEYS > ops.nk)
+            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+        else
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+        if (!EXPCAST) {
+            rs[0] = qvc_quad_sum(rs[0]);
+            rs[1] = qvc_quad_sum(rs[1]);
+        }
+        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+        named_sync(1 + cw, 256);
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        /* Always issued, so that no wgmma sits on a divergent path (ptxas
+         * would serialize them); after the last block it re-reads this
+         * block's K tile and the result is dropped. */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+
+        wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+        reg_fence(part);
+        if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
+        add_part<16>(r.o, part, 0, vb);
+        if (mu_smem) restore_mu(r.o, rs, (const float *)(sm + A8_MU_OFF(s)), tig);
+        mbar_arrive(b.empty + 8 * s);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        wg_wait<0>();
+        reg_fence(sacc);
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+/* E4M3 QK: per block QK, float-score softmax, PV in sequence; the means
+ * (if any) are read from global memory.  sacc holds QK(0). */
+template <class F, int EXPCAST>
+static __device__ __forceinline__ void attn8_mainloop_sequential(
+    attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
+    attn8_bars b, uint64_t qd, float dq, const float *kscale, const float *vblk,
+    const float *vmu, int tig) {
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES;
+        const float f = (dq * kscale[j]) * a.scale_log2;
+        const float vb = vblk[j];
+        uint32_t pa[4][4];
+        float rs[2] = {0.0f, 0.0f};
+        float sc[16][4];
+        scale_scores<QVC_QK_E4M3>(sacc, sc, f, j * WS_KEYS, ops.nk, tig);
+        float mx[2];
+        qvc_softmax_row_max(sc, r.m, mx);
+        qvc_softmax_raise<0>(mx, r.m, r.l, qvc_rows_of(r.o));
+        const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, rs, pa[c]);
+        if (!EXPCAST) {
+            rs[0] = qvc_quad_sum(rs[0]);
+            rs[1] = qvc_quad_sum(rs[1]);
+        }
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        wg_wait<0>();
+        reg_fence(part);
+        if (EXPCAST) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
+        mbar_arrive(b.empty + 8 * s);
+        const float *mu = vmu ? vmu + (size_t)j * 128 : NULL;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int col = n * 8 + 2 * tig;
+            const float mu0 = mu ? __ldg(mu + col) : 0.0f;
+            const float mu1 = mu ? __ldg(mu + col + 1) : 0.0f;
+            r.o[n * 4 + 0] += part[n * 4 + 0] * vb;
+            r.o[n * 4 + 1] += part[n * 4 + 1] * vb;
+            r.o[n * 4 + 2] += part[n * 4 + 2] * vb;
+            r.o[n * 4 + 3] += part[n * 4 + 3] * vb;
+            if (mu) {
+                r.o[n * 4 + 0] += rs[0] * mu0;
+                r.o[n * 4 + 1] += rs[0] * mu1;
+                r.o[n * 4 + 2] += rs[1] * mu0;
+                r.o[n * 4 + 3] += rs[1] * mu1;
+            }
+        }
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        if (j + 1 < ops.nblk) {
+            mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+            issue_qk<QVC_QK_E4M3>(sacc, qd, base + A8_K_OFF(sn));
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ epilogue */
+template <int EXPCAST>
+static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const qvc_ops &ops,
+                                                      const qvc_attn_args &a, int bh, int row0,
+                                                      int g, int tig) {
+    const int b = bh / a.H, h = bh % a.H;
+    const float amp = EXPCAST ? 8.0f : QVC_P_AMP;
+    const float *cs = ops.v_chan + (size_t)bh * 128;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = row0 + g + 8 * i;
+        if (row >= ops.nq) continue;
+        const int empty = qvc_softmax_empty(r.m[i], r.l[i]);
+        const float inv = empty ? 0.0f : 1.0f / r.l[i];
+        const int64_t ob = b * a.osb + h * a.osh + (int64_t)row * a.osn;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int col = n * 8 + 2 * tig;
+            const float2 c2 = __ldg((const float2 *)(cs + col));
+            qvc_store_out2(a.out, a.out_dtype, ob + col, r.o[n * 4 + 2 * i] * c2.x * inv,
+                           r.o[n * 4 + 2 * i + 1] * c2.y * inv);
+        }
+        if (a.lse && tig == 0) {
+            float lse = empty ? -INFINITY : (r.m[i] + log2f(r.l[i]) - amp) * 0.69314718055994531f;
+            /* K smoothing shifted every score of the row by q.kmean*sm_scale:
+             * add it back, as the CPU does (-inf stays -inf) */
+            if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
+            a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ kernel */
+/* F: the flags (attn8_ws_flags or a dev/cuda variant of them). */
+template <class F, int EXPCAST>
+__global__ void __launch_bounds__(F::THREADS, 1)
+attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, const attn8_params p) {
+    constexpr int FMT = F::FMT;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    attn8_bars b;
+    b.q = base + A8_BAR_OFF(F::STAGES);
+    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    const int wg = threadIdx.x >> 7;
+    const float *vmu = ops.v_mu ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
+    const int mu_smem = F::MU_IN_SMEM && vmu;
+
+    /* The ones rows after each V tile never change: write them once. */
+    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q, 1);
+        for (int s = 0; s < F::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128); /* every consumer thread */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, vmu, mu_smem);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
+    typedef typename std::conditional<F::INT8, int, float>::type sacc_t;
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7; /* consumer warpgroup */
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
+    const int qblocks = ops.nq_pad / 128; /* INT8 Q scales are per 128 rows */
+    const float dq = ops.q_scale[(size_t)bh * qblocks + min((tile * F::ROWS + cw * 64) / 128, qblocks - 1)];
+    const float *kscale = ops.k_scale + (size_t)bh * nblk;
+    const float *vblk = ops.v_blk + (size_t)bh * nblk;
+
+    attn8_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    sacc_t sacc[64];
+    mbar_wait(b.q, 0);
+    mbar_wait(b.full, 0);
+    issue_qk<FMT>(sacc, qd, base + A8_K_OFF(0));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if constexpr (F::PINGPONG)
+        attn8_mainloop_pingpong<F, EXPCAST>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale, vblk,
+                                         mu_smem, cw, tig);
+    else
+        attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, vmu,
+                                           tig);
+    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, tile * F::ROWS + cw * 64 + warp * 16, g, tig);
+}
+
+/* The launch of one flags variant. */
+template <class F, int EXPCAST>
+static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    const int smem = A8_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
+        attn8_ws_128x128<F, EXPCAST>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "attn8_ws_128x128 smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p);
+    return qvc_launch_check("attn8_ws_128x128");
+}
+
+/* The tensor maps of the operands. */
+static qva_status attn8_maps(const qvc_ops *ops, CUtensorMap *maps) {
+    if (ops->D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (128 only)", ops->D);
+    qva_status r;
+    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, 128)) != QVA_OK ||
+        (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
+        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
+        return r;
+    return QVA_OK;
+}
+
+#endif

@@ -1,0 +1,51 @@
+/*
+ * attn8_ws_128x128: the Hopper 8-bit attention kernel (head dim 128) of
+ * sage8, vc8 (INT8 QK) and fp8 (E4M3 QK); E4M3 PV, FP32 online softmax.
+ *
+ * Same arithmetic as attn8_mma_64x128 (the mma.sync kernel, d = 64): QK
+ * with per-block scales, E4M3 P codes from exp2 or ExpCast, a fresh FP32
+ * PV partial per 128-key block, the V-Smooth rank-1 restore.  How the
+ * tensor cores are fed:
+ *
+ *   producer   warpgroup 0: one thread TMA-loads the Q tile and a ring of
+ *              K / V^T (/ V-Smooth means) stages, each completing on an
+ *              mbarrier; its registers go to the consumers (setmaxnreg)
+ *   mainloop   warpgroups 1, 2, 64 query rows each:
+ *                S = Q K^T   wgmma m64n128k32, A and B from shared memory
+ *                P codes     built in registers (S accumulator layout)
+ *                O_j = P V   wgmma m64n128k32 (n136 with ExpCast: eight
+ *                            ones rows after V give the decoded row sum),
+ *                            A from registers
+ *   epilogue   out = O * chan_scale / l, and the LSE
+ *
+ * Every tile is 128-byte rows with the 128-byte swizzle, written by TMA and
+ * read by wgmma through the same layout.  V^T is K-major with the key order
+ * of qvc_pv_slot_key(), so the S accumulator fragment is the PV A fragment.
+ *
+ * The INT8 path's softmax is conversion-free (docs/NUMERICS.md): the row
+ * max on the integer scores, the ExpCast argument t = x * 8f + (119.65 -
+ * 8m) and the exp2 argument x * f + (8.807 - m) as one FMA per score, so a
+ * code can differ by one step from the reference's three-rounding form.
+ * Its two consumer warpgroups take turns (named barriers): one issues PV(j)
+ * and QK(j+1) while the other makes its P codes.  The fp8 path scales
+ * float scores and runs QK, softmax, PV in sequence.  Other schedules were
+ * tried in dev/cuda (its README says what each taught).
+ */
+#include "dense/attn8_ws.cuh"
+
+/* ------------------------------------------------------------ host */
+extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
+                                           const qvc_attn_args *a, cudaStream_t st) {
+    CUtensorMap maps[3];
+    const qva_status r = attn8_maps(ops, maps);
+    if (r != QVA_OK) return r;
+    attn8_params p;
+    p.ops = *ops;
+    p.a = *a;
+    typedef attn8_ws_flags<QVC_QK_INT8> I8;
+    typedef attn8_ws_flags<QVC_QK_E4M3> E4;
+    const int ec = a->expcast != 0;
+    if (fmt == QVC_QK_E4M3)
+        return ec ? attn8_launch<E4, 1>(maps, &p, st) : attn8_launch<E4, 0>(maps, &p, st);
+    return ec ? attn8_launch<I8, 1>(maps, &p, st) : attn8_launch<I8, 0>(maps, &p, st);
+}

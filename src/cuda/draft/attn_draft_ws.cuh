@@ -1,0 +1,500 @@
+/*
+ * The pieces of attn_draft_ws_128x128 (draft/attn_draft_ws_128x128.cu
+ * holds the kernel and its launcher; its header comment says what the
+ * kernel does): the shared-memory layout, the 16-bit wgmma forms, the
+ * softmax pieces, the walk of a CTA's route, the producer, the two phases'
+ * mainloops and the epilogue.  Kernel versions under trial (dev/cuda)
+ * build on them.
+ */
+#ifndef QVATTN_ATTN_DRAFT_WS_CUH
+#define QVATTN_ATTN_DRAFT_WS_CUH
+
+#include "common/hopper.cuh"
+#include "common/softmax.cuh"
+
+#define DW_ROWS 128
+#define DW_STAGES 2
+#define DW_HALF 16384                  /* [128 rows][128 B] */
+#define DW_Q16_OFF 0                   /* Q16: channels 0-63 | 64-127   */
+#define DW_Q8_OFF (2 * DW_HALF)        /* Q8 [128][128 B]               */
+#define DW_STAGE0 (3 * DW_HALF)
+#define DW_STAGE_BYTES (4 * DW_HALF + 1024) /* K 32 KB | V 32 KB | ones */
+#define DW_K_OFF(s) (DW_STAGE0 + (s) * DW_STAGE_BYTES)
+#define DW_V_OFF(s) (DW_K_OFF(s) + 2 * DW_HALF)
+/* INT8 V^T goes in the high half, so the ones rows follow it (n136) */
+#define DW_V8_OFF(s) (DW_V_OFF(s) + DW_HALF)
+#define DW_ONES_OFF(s) (DW_V_OFF(s) + 2 * DW_HALF)
+#define DW_BAR_OFF (DW_STAGE0 + DW_STAGES * DW_STAGE_BYTES)
+#define DW_SMEM_BYTES (DW_BAR_OFF + 64 + 1024)
+#define DW_THREADS 384
+#define DW_PRODUCER_REGS 24
+#define DW_CONSUMER_REGS 240
+
+typedef struct dw_params {
+    qvc_draft_ws_args w;
+    int npre; /* prefix blocks */
+} dw_params;
+
+/* The mbarriers: Q8, Q16, then full[s], then empty[s]. */
+typedef struct dw_bars {
+    uint32_t q8, q16, full, empty;
+} dw_bars;
+
+/* ------------------------------------------------------------ 16-bit wgmma */
+/* S (64x128) += Q (64x16, smem) K^T (16x128, smem), both K-major. */
+template <int F16>
+static __device__ __forceinline__ void wgmma_qk16(float (&d)[64], uint64_t da, uint64_t db,
+                                                  int acc) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : F64(d)
+            : "l"(da), "l"(db), "r"(acc));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : F64(d)
+            : "l"(da), "l"(db), "r"(acc));
+}
+/* O (64x128) += P (64x16, registers) V (16x128, smem V^T, K-major). */
+template <int F16>
+static __device__ __forceinline__ void wgmma_pv16(float (&d)[64], const uint32_t *a, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64
+            ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : F64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* First k-step of a fresh accumulator: outputs only (scale-d = 0), so
+ * neither the compiler nor ptxas sees a read of the old values. */
+#define W64(d) "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
+    "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), \
+    "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), \
+    "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), \
+    "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), \
+    "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), \
+    "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), \
+    "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+template <int F16>
+static __device__ __forceinline__ void wgmma_qk16_first(float (&d)[64], uint64_t da, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : W64(d)
+            : "l"(da), "l"(db));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : W64(d)
+            : "l"(da), "l"(db));
+}
+/* Descriptor of k-step kk (16 channels = 32 bytes) of a [rows][128] 16-bit
+ * tile stored as two swizzled halves of 64 channels, `half` bytes apart. */
+static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_t half) {
+    return sw128_desc(addr + (uint32_t)(kk >> 2) * half) + 2 * (kk & 3);
+}
+
+/* S = Q K^T of one block, the first k-step write-only (scale-d 0), so
+ * neither the compiler nor ptxas sees a read of the old S. */
+template <int F16>
+static __device__ __forceinline__ void issue_qk16_w(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+    wg_fence();
+    wgmma_qk16_first<F16>(s, desc16(q_addr, 0, DW_HALF), desc16(k_addr, 0, DW_HALF));
+#pragma unroll
+    for (int kk = 1; kk < 8; ++kk)
+        wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), 1);
+    wg_commit();
+}
+template <int F16>
+static __device__ __forceinline__ void issue_pv16(float (&o)[64], uint32_t (&pa)[8][4],
+                                                  uint32_t v_addr) {
+    /* P and O are final before the fence: otherwise the compiler may sink
+     * their last writes between the wgmmas, and ptxas serializes them */
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+    wg_commit();
+}
+
+/* ------------------------------------------------------------ softmax pieces */
+/* The row maxima from the raw scores, keys >= valid left out (the
+ * accumulators are only read: writing the mask into them made ptxas
+ * serialize the wgmmas), times f (> 0, so the max commutes with the
+ * scaling), raised by m. */
+static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, int valid, int tig,
+                                                 const float *m, float *mx) {
+    const int lim = valid - 2 * tig; /* key nt*8 + 2 tig + e1 is valid iff nt*8 + e1 < lim */
+    float a0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float a1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        const bool v0 = nt * 8 < lim, v1 = nt * 8 + 1 < lim;
+        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(v0 ? s[nt * 4 + 0] : -INFINITY, v1 ? s[nt * 4 + 1] : -INFINITY));
+        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(v0 ? s[nt * 4 + 2] : -INFINITY, v1 ? s[nt * 4 + 3] : -INFINITY));
+    }
+    mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))) * f);
+    mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))) * f);
+}
+
+/* p = 2^(x f - m) with one FMA per score; keys >= valid give 0. */
+template <int F16>
+static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float f, const float *m,
+                                                     int valid, int tig, float *rs,
+                                                     uint32_t (&pa)[8][4]) {
+    const float m0 = -qvc_softmax_shift(m[0]), m1 = -qvc_softmax_shift(m[1]);
+    const int lim = valid - 2 * tig;
+    float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
+#define DW_P(x, nt, e1, mm) ((nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const float *lo = s + 8 * kk, *hi = lo + 4;
+        const int na = 2 * kk, nb = 2 * kk + 1;
+        const float p0 = DW_P(lo[0], na, 0, m0), p1 = DW_P(lo[1], na, 1, m0);
+        const float p2 = DW_P(lo[2], na, 0, m1), p3 = DW_P(lo[3], na, 1, m1);
+        const float p4 = DW_P(hi[0], nb, 0, m0), p5 = DW_P(hi[1], nb, 1, m0);
+        const float p6 = DW_P(hi[2], nb, 0, m1), p7 = DW_P(hi[3], nb, 1, m1);
+        r0[kk & 1] += (p0 + p1) + (p4 + p5);
+        r1[kk & 1] += (p2 + p3) + (p6 + p7);
+        pa[kk][0] = qvc_pack2<F16>(p0, p1);
+        pa[kk][1] = qvc_pack2<F16>(p2, p3);
+        pa[kk][2] = qvc_pack2<F16>(p4, p5);
+        pa[kk][3] = qvc_pack2<F16>(p6, p7);
+    }
+#undef DW_P
+    rs[0] = qvc_quad_sum(r0[0] + r0[1]);
+    rs[1] = qvc_quad_sum(r1[0] + r1[1]);
+}
+
+/* Two values rounded to FP16 with saturation in one conversion:
+ * cvt.rn.satfinite rounds to FP16 and clamps to +-65504 (NaN stays NaN),
+ * which is exactly qvc_f16_sat (round_f16_sat). */
+static __device__ __forceinline__ float2 f16_sat2(float a, float b) {
+    uint32_t h;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(b), "f"(a));
+    return __half22float2(*(const __half2 *)&h);
+}
+
+/* Eq. 8 unit change of O and l: enter divides by eta*delta_c, exit
+ * multiplies (the mma.sync kernel's dg_phase_scale). */
+static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, const float *dv,
+                                                   float eta, int tig, int enter) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float sc = __fmul_rn(eta, __ldg(dv + n * 8 + 2 * tig + (e & 1)));
+            o[n * 4 + e] = enter ? __fdiv_rn(o[n * 4 + e], sc) : __fmul_rn(o[n * 4 + e], sc);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = enter ? __fdiv_rn(l[r], eta) : __fmul_rn(l[r], eta);
+}
+
+/* ------------------------------------------------------------ INT8 phase */
+/* One INT8 block's softmax: the row max on the integer scores, the new
+ * running max (O and l rescaled), and the E4M3 P codes by one FMA per
+ * score; rs gets the FP32 row sums (quad-partial) without ExpCast. */
+template <int EXPCAST>
+static __device__ __forceinline__ void softmax8(int (&sacc)[64], float f, int valid, int tig,
+                                                float (&m)[2], float (&l)[2], float (&o)[64],
+                                                float (&rs)[2], uint32_t (&pa)[4][4]) {
+    float mx[2];
+    rs[0] = rs[1] = 0.0f;
+    int_row_max<1>(sacc, f, 0, valid, tig, mx);
+    mx[0] = fmaxf(mx[0], m[0]);
+    mx[1] = fmaxf(mx[1], m[1]);
+    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
+    if (valid < WS_KEYS)
+        make_p_fused<EXPCAST, 1, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+    else
+        make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+}
+
+/* O += the block's PV partial rounded to FP16 with saturation (Table 6),
+ * l += its row sum (ExpCast: the decoded sum from the ones rows). */
+template <int EXPCAST>
+static __device__ __forceinline__ void add_part8(float (&o)[64], float (&l)[2],
+                                                 const float (&part)[EXPCAST ? 68 : 64],
+                                                 float (&rs)[2]) {
+    if (EXPCAST) {
+        rs[0] = part[64], rs[1] = part[66];
+    } else {
+        rs[0] = qvc_quad_sum(rs[0]);
+        rs[1] = qvc_quad_sum(rs[1]);
+    }
+#pragma unroll
+    for (int i2 = 0; i2 < 64; i2 += 2) {
+        const float2 h = f16_sat2(part[i2], part[i2 + 1]);
+        o[i2] = __fadd_rn(o[i2], h.x);
+        o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
+    }
+    l[0] = __fadd_rn(l[0], rs[0]);
+    l[1] = __fadd_rn(l[1], rs[1]);
+}
+
+/* ------------------------------------------------------------ the walk */
+/* Block i of the CTA's walk: INT8 regions first, then the prefix blocks,
+ * then the 16-bit regions.  A prefix-query CTA (dense) walks every prefix
+ * block and then every video region, all in 16 bits (docs/DRAFT.md §5:
+ * prefix queries attend to all valid keys). */
+typedef struct dw_walk {
+    int e1, nb8, npre, e2, total, dense;
+} dw_walk;
+
+/* The CTA's work item.  The first npre * BH linear block indices are the
+ * prefix-query CTAs (each walks R + npre blocks, about R / 16 times a
+ * video CTA's list), so the block scheduler starts them first and they
+ * cannot form a tail; then one CTA per (video region, head). */
+static __device__ __forceinline__ void dw_work(const qvc_draft_ws_args &w, int npre, int &a,
+                                               int &bh, dw_walk &wk) {
+    const int64_t idx = (int64_t)blockIdx.y * gridDim.x + blockIdx.x, nd = (int64_t)npre * w.BH;
+    wk.npre = npre;
+    if (idx < nd) {
+        bh = (int)(idx % w.BH), a = (int)(idx / w.BH);
+        wk.dense = 1, wk.e1 = wk.e2 = 0, wk.nb8 = 0;
+        wk.total = npre + w.R;
+        return;
+    }
+    bh = (int)((idx - nd) / w.R), a = (int)((idx - nd) % w.R);
+    const int32_t *off = w.offsets + ((int64_t)bh * w.R + a) * 3;
+    wk.dense = 0;
+    wk.e1 = off[1];
+    wk.nb8 = off[2] - off[1];
+    wk.e2 = off[2];
+    wk.total = wk.nb8 + npre + (off[3] - off[2]);
+}
+
+/* The video region of 16-bit block i >= npre. */
+static __device__ __forceinline__ int video_block(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int i) {
+    return wk.dense ? i - wk.npre : w.cols[wk.e2 + i - wk.npre];
+}
+
+/* Valid keys of 16-bit block i: a prefix block or a video region. */
+static __device__ __forceinline__ int block_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int i) {
+    return i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS) : w.count[video_block(w, wk, i)];
+}
+
+/* First packed row of the CTA's query block (in one head's n_pack rows)
+ * and its valid rows. */
+static __device__ __forceinline__ int64_t query_row0(const qvc_draft_ws_args &w,
+                                                     const dw_walk &wk, int a) {
+    return wk.dense ? (int64_t)a * DW_ROWS : w.prefix_pad + (int64_t)a * DW_ROWS;
+}
+static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int a) {
+    return wk.dense ? min(w.prefix - a * DW_ROWS, DW_ROWS) : w.count[a];
+}
+
+/* ------------------------------------------------------------ producer */
+/* One thread walks the CTA's route and TMA-loads each block's K and V^T
+ * into the 2-stage ring. */
+static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
+                                                   const CUtensorMap &tv16, const CUtensorMap &tq8,
+                                                   const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                   const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                   int a, int bh, uint32_t base, dw_bars b) {
+    const int64_t hr = (int64_t)bh * w.R, nv = (int64_t)w.R * DW_ROWS;
+    const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
+    if (wk.nb8) {
+        mbar_expect_tx(b.q8, DW_HALF);
+        tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
+    }
+    mbar_expect_tx(b.q16, 2 * DW_HALF);
+    tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
+    tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
+    for (int j = 0; j < wk.total; ++j) {
+        const int s = j % DW_STAGES;
+        const uint32_t full = b.full + 8 * s;
+        mbar_wait(b.empty + 8 * s, ((j / DW_STAGES) & 1) ^ 1);
+        if (j < wk.nb8) {
+            const int row = (int)((hr + w.cols[wk.e1 + j]) * DW_ROWS);
+            mbar_expect_tx(full, 2 * DW_HALF);
+            tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
+            tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+        } else {
+            const int i = j - wk.nb8;
+            const int64_t k0 = i < wk.npre ? (int64_t)i * DW_ROWS
+                                           : w.prefix_pad + (int64_t)video_block(w, wk, i) * DW_ROWS;
+            const int row = (int)((int64_t)bh * w.n_pack + k0);
+            mbar_expect_tx(full, 4 * DW_HALF);
+            tma_load_2d(base + DW_K_OFF(s), &tk16, 0, row, full);
+            tma_load_2d(base + DW_K_OFF(s) + DW_HALF, &tk16, 64, row, full);
+            tma_load_2d(base + DW_V_OFF(s), &tv16, 0, row, full);
+            tma_load_2d(base + DW_V_OFF(s) + DW_HALF, &tv16, 64, row, full);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ mainloop */
+/* The consumer state: O, the running max m and row sum l of the thread's
+ * two rows, and j, the blocks consumed so far (the ring position). */
+typedef struct dw_acc {
+    float o[64];
+    float m[2], l[2];
+    int j;
+} dw_acc;
+
+/* 1. The INT8 blocks, inside the Eq. 8 unit change; per block QK,
+ * softmax, PV in sequence. */
+template <int EXPCAST>
+static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                     const dw_walk &wk, int a, int bh,
+                                                     uint32_t base, dw_bars b, int cw, int tig) {
+    const int64_t hr = (int64_t)bh * w.R;
+    const float *dv = w.dv + (int64_t)bh * 128;
+    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
+    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
+    const float dq = w.q8s[hr + a];
+    mbar_wait(b.q8, 0);
+    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
+        const int s = r.j % DW_STAGES, kb = w.cols[wk.e1 + i];
+        const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + kb]), w.scale_log2);
+        int sacc[64];
+        mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        float rs[2];
+        uint32_t pa[4][4];
+        softmax8<EXPCAST>(sacc, f, w.count[kb], tig, r.m, r.l, r.o, rs, pa);
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        wg_wait<0>();
+        reg_fence(part);
+        mbar_arrive(b.empty + 8 * s);
+        add_part8<EXPCAST>(r.o, r.l, part, rs);
+    }
+    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
+}
+
+/* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
+ * two consumer warpgroups in ping-pong: one issues PV(i) into O and
+ * QK(i+1) while the other makes its P; warpgroup 0 first. */
+template <int F16>
+static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                      const dw_walk &wk, uint32_t base, dw_bars b,
+                                                      int cw, int tig) {
+    const int nb16 = wk.total - wk.nb8;
+    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
+    mbar_wait(b.q16, 0);
+    if (nb16 <= 0) return;
+    float sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < nb16; ++i, ++r.j) {
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < nb16, valid = block_valid(w, wk, i);
+        float mx[2], rs[2];
+        raw_max16(sacc, w.scale_log2, valid, tig, r.m, mx);
+        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+        uint32_t pa[8][4];
+        probs16_fused<F16>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        named_sync(1 + cw, 256);
+        issue_pv16<F16>(r.o, pa, base + DW_V_OFF(s));
+        /* always issued (no wgmma on a divergent path); after the last
+         * block it re-reads this K tile, unused */
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+        reg_fence(r.o);
+        mbar_arrive(b.empty + 8 * s);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        wg_wait<0>();
+        reg_fence(sacc);
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+/* ------------------------------------------------------------ epilogue */
+/* qvi_row_finish, scattered back to the sequence order. */
+static __device__ __forceinline__ void dw_epilogue(const dw_acc &r, const qvc_draft_ws_args &w,
+                                                   const dw_walk &wk, int a, int bh, int lr0,
+                                                   int tig) {
+    const qvc_attn_args &A = w.a;
+    const int b = bh / A.H, h = bh % A.H, cnt = query_valid(w, wk, a);
+    const int64_t row0 = query_row0(w, wk, a);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int lr = lr0 + 8 * i;
+        if (lr >= cnt) continue;
+        const int64_t orig = w.pack[row0 + lr];
+        const bool empty = qvc_softmax_empty(r.m[i], r.l[i]);
+        const int64_t ob = b * A.osb + h * A.osh + orig * A.osn;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            const int col = n * 8 + 2 * tig;
+            qvc_store_out2(A.out, A.out_dtype, ob + col,
+                           empty ? 0.0f : __fdiv_rn(r.o[n * 4 + 2 * i], r.l[i]),
+                           empty ? 0.0f : __fdiv_rn(r.o[n * 4 + 2 * i + 1], r.l[i]));
+        }
+        if (A.lse && tig == 0)
+            A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
+                empty ? -INFINITY : __fmul_rn(__fadd_rn(r.m[i], log2f(r.l[i])), 0.69314718055994531f);
+    }
+}
+
+/* ------------------------------------------------------------ host */
+/* A [rows][128] 16-bit matrix read as box_rows x 64 tiles (128 bytes
+ * wide, the swizzle span), 128-byte swizzle. */
+static qva_status make_map16(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+    encode_tiled_fn enc = get_encode_tiled();
+    if (!enc) return qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled is not available");
+    const cuuint64_t dims[2] = {128, rows}, strides[1] = {256};
+    const cuuint32_t box[2] = {64, box_rows}, estr[2] = {1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)data, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? QVA_OK
+                             : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
+}
+
+/* The layout checks, the six tensor maps and the launch parameters. */
+static qva_status dw_setup(const qvc_draft_ws_args *w, CUtensorMap *maps, dw_params *p) {
+    if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
+        (int64_t)w->BH * w->n_pack > INT32_MAX)
+        return qvi_fail(QVA_ERR_SHAPE, "attn_draft_ws_128x128: layout (n_pack %lld, prefix_pad %lld, R %d, BH %d)",
+                        (long long)w->n_pack, (long long)w->prefix_pad, w->R, w->BH);
+    const uint64_t rows16 = (uint64_t)w->BH * w->n_pack, rows8 = (uint64_t)w->BH * w->R * DW_ROWS;
+    /* Without an INT8 phase the 8-bit maps are never read: point them at
+     * a valid 16-bit buffer. */
+    const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->q16;
+    const void *k8 = w->k8 ? (const void *)w->k8 : (const void *)w->k16;
+    const void *v8 = w->v8t ? (const void *)w->v8t : (const void *)w->v16t;
+    qva_status r;
+    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map16(&maps[2], w->v16t, rows16, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[4], k8, w->k8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
+        (r = make_map(&maps[5], v8, w->v8t ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK)
+        return r;
+    p->w = *w;
+    p->npre = (int)(w->prefix_pad / DW_ROWS);
+    return QVA_OK;
+}
+
+#endif

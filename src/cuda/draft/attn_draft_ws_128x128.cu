@@ -1,0 +1,127 @@
+/*
+ * attn_draft_ws_128x128: DraftAttention2's phased kernel on Hopper's own
+ * instructions (DA2 §3.2-3.3, C.3; docs/DRAFT.md §5), head dim 128, routes
+ * without an NVFP4 phase (those run attn_draft_mma_64x128; the chooser,
+ * choose.cu, decides).  A block-sparse form of the dense 8-bit kernel's
+ * pipeline (dense/attn8_ws_128x128.cu):
+ *
+ *   one CTA per (video query region a, head bh): 128 packed query rows,
+ *   producer   warpgroup 0: one thread walks the route of (bh, a) -- the
+ *              INT8 key regions, then every prefix block, then the 16-bit
+ *              key regions -- and TMA-loads each block's K and V^T into a
+ *              2-stage ring (mbarriers, 128-byte swizzle)
+ *   mainloop   warpgroups 1, 2, 64 query rows each, ONE online-softmax
+ *              state across the phases:
+ *     INT8     S = Q8 K8^T  wgmma m64n128k32 s8 (SS); P codes by exp2 or
+ *              ExpCast from one FMA per score; the block's PV partial =
+ *              P V8 by wgmma e4m3 (RS; with ExpCast the n136 form whose
+ *              ones rows give the decoded row sum), rounded to FP16 with
+ *              saturation (Table 6) and added; entered and left by the
+ *              Eq. 8 unit change; QK, softmax, PV in sequence
+ *     16-bit   S = Q16 K16^T wgmma m64n128k16 bf16/f16 (SS); P in 16 bits
+ *              from the S registers; O += P V16 by wgmma (RS) straight into
+ *              the O accumulator; the two warpgroups in ping-pong
+ *   epilogue   O / l scattered back to the sequence order, and the LSE
+ *
+ * Prefix queries (a text prefix; DA2 C.1: dense over every valid key) run
+ * in the same kernel as extra CTAs whose walk is every prefix block and
+ * then every video region in 16 bits; they come first in the launch order
+ * (dw_work).
+ *
+ * Empty lists cost nothing: the producer skips them and the consumers
+ * never wait for them.  Query regions keep different numbers of key
+ * blocks; with one CTA per region (24,360 at Wan2.2-720p, ~185 per SM) the
+ * hardware block scheduler balances the load dynamically and the tail is
+ * under one CTA's run time, so there is no persistent scheduler.
+ *
+ * Numerics against the CPU reference (src/cpu/draft.c), as the mma.sync
+ * draft kernel except where marked:
+ *   - INT8 scores exact (INT32); the P codes from one FMA per score: a code
+ *     can differ by one step from the three-rounding reference
+ *     (docs/NUMERICS.md);
+ *   - 16-bit phase: p = exp2(s - m) by ex2.approx (2 ulp), the row sum of
+ *     the FP32 p, P rounded to 16 bits; the PV product accumulates into O
+ *     in the tensor core (the CPU adds a per-block FP32 partial): FP32
+ *     summation order only.
+ * Other schedules were tried in dev/cuda (its README says what each taught).
+ */
+#include "draft/attn_draft_ws.cuh"
+
+/* ------------------------------------------------------------ kernel */
+template <int F16, int EXPCAST>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
+                      const __grid_constant__ CUtensorMap tk16,
+                      const __grid_constant__ CUtensorMap tv16,
+                      const __grid_constant__ CUtensorMap tq8,
+                      const __grid_constant__ CUtensorMap tk8,
+                      const __grid_constant__ CUtensorMap tv8, const dw_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    dw_bars b;
+    b.q8 = base + DW_BAR_OFF, b.q16 = b.q8 + 8;
+    b.full = b.q8 + 16, b.empty = b.full + 8 * DW_STAGES;
+    const qvc_draft_ws_args &w = p.w;
+    int a, bh;
+    dw_walk wk;
+    dw_work(w, p.npre, a, bh, wk);
+
+    if (EXPCAST)
+        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
+            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q8, 1);
+        mbar_init(b.q16, 1);
+        for (int s = 0; s < DW_STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw_producer(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    dw_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    r.j = 0;
+    if (wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+    dw_16bit_phase<F16>(r, w, wk, base, b, cw, tig);
+    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+}
+
+/* ------------------------------------------------------------ host */
+template <int F16, int EXPCAST>
+static qva_status launch_dw(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        attn_draft_ws_128x128<F16, EXPCAST>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft_ws_128x128 smem attribute");
+    /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
+    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+    k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("attn_draft_ws_128x128");
+}
+
+extern "C" qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (f16) return ec ? launch_dw<1, 1>(maps, &p, st) : launch_dw<1, 0>(maps, &p, st);
+    return ec ? launch_dw<0, 1>(maps, &p, st) : launch_dw<0, 0>(maps, &p, st);
+}
