@@ -1,13 +1,19 @@
 /*
- * Tests of the CLI's file readers (tools/io.c): round trips through the
+ * Tests of the CLI's file readers (tools/io/): round trips through the
  * writers in every dtype and rank, then malformed files that must each give
  * one specific error, then a small mutation fuzz that must never crash
  * (run under `make asan` it also proves the reads stay in bounds).
  *
- * io.c is not part of the library, so it is compiled into this test.
+ * tools/io/ is not part of the library, so its files are compiled into this
+ * test (which also lets the test reach their internal helpers, e.g. wr_le).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
-#include "io.c"
+#include "io/common.c"
+#include "io/json.c"
+#include "io/load.c"
+#include "io/npy.c"
+#include "io/safetensors.c"
+#include "io/tensor.c"
 
 #include <unistd.h>
 

@@ -7,6 +7,10 @@
  * bounds-checked before it is used, and every malformed input is reported
  * as a qio_err code plus a message naming the problem.  Nothing here calls
  * the qvattn library, so the code can be tested on its own.
+ *
+ * safetensors.c and npy.c hold one format each, load.c picks between
+ * them, and common.c, tensor.c and json.c hold what both share
+ * (internal.h declares it).
  */
 #ifndef QVA_TOOLS_IO_H
 #define QVA_TOOLS_IO_H
