@@ -4,6 +4,19 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Raw outputs (JSON, markdown, logs) go here unless --out or $OUT says
+# otherwise; .gitignore ignores it.  Curated figures live in bench/RESULTS.md.
+DEFAULT_OUT = os.path.join(ROOT, "bench", "out")
+OUT_HELP = ("directory for the raw output files (default: $OUT if set, "
+            "else bench/out/, which git ignores; curated figures go in bench/RESULTS.md)")
+
+
+def out_dir(arg=None):
+    """The raw-output directory: --out if given, else $OUT (set by
+    scripts/gpu-check.sh and the device runs), else bench/out/.  Created."""
+    path = arg or os.environ.get("OUT") or DEFAULT_OUT
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def git_rev():

@@ -19,12 +19,14 @@ TOPS = 4*B*H*N^2*D / t / 1e12.  "vs cuDNN" = cuDNN time / this time.
 Fidelity: rel-L2 of each output against a float64 reference computed on the
 GPU for --rows sampled query rows of --heads heads (input set 0).
 
-Results: a markdown table on stdout (last), and JSON + markdown files in
-$OUT if set, else bench/results/ (written after every shape, so a killed run
-keeps what it finished).
+Results: a markdown table on stdout (last), and raw JSON + markdown files
+compare-<UTC date-time>-<gpu>.{json,md} in --out DIR, else $OUT if set, else
+bench/out/ (ignored by git; written after every shape, so a killed run keeps
+what it finished).  Raw files are not committed: figures worth keeping go,
+with their commit, GPU, date and command, into bench/RESULTS.md.
 
     QVATTN_LIB=build-gpu/libqvattn.so python3 bench/compare.py
-    python3 bench/compare.py --shapes small --methods sage8,vc8+expcast
+    python3 bench/compare.py --shapes small --methods sage8,vc8+expcast --out /tmp/bench
 """
 import argparse
 import datetime as _dt
@@ -41,7 +43,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import git_rev, use_checkout_package  # noqa: E402
+from benchutil import OUT_HELP, git_rev, out_dir, use_checkout_package  # noqa: E402
 
 SHAPES = {  # name -> (B, H, N, D)
     "wan2.2-720p": (1, 40, 75600, 128),
@@ -94,8 +96,7 @@ def parse_args(argv):
                         "fewer iterations (>= 3) and is flagged")
     p.add_argument("--time-limit-s", type=float, default=540.0,
                    help="soft limit for the whole run: later cases are skipped")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: $OUT, else bench/results)")
+    p.add_argument("--out", metavar="DIR", default=None, help=OUT_HELP)
     return p.parse_args(argv)
 
 
@@ -204,8 +205,7 @@ class Bench:
         self.timer = Timer(torch, args)
         self.qvattn, self.ffi, self.qva_err = load_qvattn()
         self.results = {"meta": self.meta(), "shapes": []}
-        self.out_dir = args.out or os.environ.get("OUT") or os.path.join(HERE, "results")
-        os.makedirs(self.out_dir, exist_ok=True)
+        self.out_dir = out_dir(args.out)
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         gpu = re.sub(r"[^A-Za-z0-9]+", "-", self.results["meta"]["gpu"]).strip("-").lower()
         self.base = os.path.join(self.out_dir, f"compare-{stamp}-{gpu}")

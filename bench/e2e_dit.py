@@ -35,10 +35,11 @@ sanity check).
     QVATTN_LIB=build-gpu/libqvattn.so python3 bench/e2e_dit.py   # H200
     python3 bench/e2e_dit.py --tiny                              # CPU smoke test
 
-Results: markdown on stdout and JSON + markdown as
-e2e-<UTC date-time>-<device>.{json,md} in --out, else $OUT, else
-bench/results/ (rewritten after each case, so a cut-short run keeps what it
-finished).
+Results: markdown on stdout and raw JSON + markdown as
+e2e-<UTC date-time>-<device>.{json,md} in --out DIR, else $OUT if set, else
+bench/out/ (ignored by git; rewritten after each case, so a cut-short run
+keeps what it finished).  Raw files are not committed: figures worth keeping
+go, with their commit, GPU, date and command, into bench/RESULTS.md.
 """
 import argparse
 import datetime as _dt
@@ -56,7 +57,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import git_rev, use_checkout_package  # noqa: E402
+from benchutil import OUT_HELP, git_rev, out_dir, use_checkout_package  # noqa: E402
 
 A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
             in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
@@ -101,8 +102,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit-s", type=float, default=540.0,
                    help="soft limit: no new case starts after this many seconds")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: $OUT, else bench/results)")
+    p.add_argument("--out", metavar="DIR", default=None, help=OUT_HELP)
     return p.parse_args(argv)
 
 
@@ -140,7 +140,7 @@ class Bench:
         self.tokens = self.grid[0] * self.grid[1] * self.grid[2]
         self.cases = []
         self.results = {"meta": self.meta(), "cases": self.cases}
-        self.out_dir = args.out or os.environ.get("OUT") or os.path.join(HERE, "results")
+        self.out_dir = out_dir(args.out)
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         name = self.results["meta"]["device_name"]
         tag = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "cpu"

@@ -43,7 +43,7 @@ for k in ${RACE_KERNELS:-}; do
     step "racecheck-$k" "${RACE_LIMIT:-90}" env QVA_DRAFT_KERNEL=$k "$CS" --tool racecheck --error-exitcode 1 build-gpu/test_backend test draft
 done
 fi
-step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py
+step profile 90 env QVATTN_LIB="$LIB" python3 bench/profile_draft.py --out "$OUT"
 step compare 200 env QVATTN_LIB="$LIB" python3 bench/compare.py \
     --shapes "${SHAPES:-wan2.2-720p,wan2.2-720p-text,hunyuanvideo1.5-720p}" \
     --methods draft@85/0/0/15,draft@85/0/7.5/7.5,draft@85/0/7.5/7.5+expcast \
