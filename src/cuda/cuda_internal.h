@@ -61,7 +61,7 @@ int qvc_pv_slot_key(int s) {
     return 8 * (2 * half + (j >> 1)) + 2 * tig + (j & 1);
 }
 
-/* ---- prep (src/cuda/prep.cu) ------------------------------------------ */
+/* ---- prep (src/cuda/prep/) -------------------------------------------- */
 typedef enum qvc_qk_format { QVC_QK_INT8 = 0, QVC_QK_E4M3 = 1 } qvc_qk_format;
 typedef struct qvc_prep_args {
     qvc_qk_format qk_format;
@@ -93,8 +93,8 @@ qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
                            float *centroids, int32_t *perm, cudaStream_t st);
 
 /* FP64 means of lists of V rows (segments of `rows`), equal to the CPU's
- * sequential sums (prep.cu); used by the K channel mean and the k-means
- * centroid update. */
+ * sequential sums (prep/colsum.cu); used by the K channel mean and the
+ * k-means centroid update. */
 qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
                            const uint32_t *pos_seg, int npos,
                            const int *seg_start, const int *seg_len,
@@ -180,7 +180,7 @@ typedef struct qvc_draft_ws_args {
 } qvc_draft_ws_args;
 qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st);
 
-/* ---- 4-bit methods sage4 / vc4 (src/cuda/prep.cu, src/cuda/attn_fp4.cu) -- */
+/* ---- 4-bit methods sage4 / vc4 (src/cuda/prep/fp4.cu, src/cuda/attn_fp4.cu) */
 /*
  * NVFP4 operands (DA2 Eq. 23), codes and scales bit-exact with the CPU
  * quantizers qvi_quant_nvfp4_rows / _cols (src/cpu/formats.c):

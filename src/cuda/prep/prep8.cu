@@ -1,0 +1,175 @@
+/*
+ * Host side of the 8-bit preparation: qvc_ops_alloc / qvc_ops_free and
+ * qvc_prep (cuda_internal.h), which runs Q and K through qk.cu, the K
+ * channel mean through colsum.cu and V through v.cu; and what qvc_prep4
+ * (fp4.cu) shares with it: the checks of the views and arguments, and K
+ * smoothing (the channel mean and the LSE shift it causes).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "device_util.cuh"
+#include "prep_internal.h"
+
+/* ------------------------------------------------------------ K smoothing */
+
+/* smooth_k() of the CPU: lse_shift[bh][i] = (float)(dot * sm_scale) with
+ * dot the FP64 sum, in channel order, of q_i[c] * mean[c] (each product of
+ * two floats is exact in FP64, so the rounding is the CPU's), q_i the
+ * loaded (unrotated) query row and mean the K' channel mean. */
+template <int DT>
+__global__ void lse_shift_kernel(qvc_view q, const float *kmean, float sm_scale, float *out) {
+    const int bh = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x, D = (int)q.D;
+    if (i >= q.N) return;
+    const int64_t row = qvc_head_base(q, bh) + (int64_t)i * q.sn;
+    const float *mean = kmean + (int64_t)bh * D;
+    double dot = 0.0;
+    for (int c = 0; c < D; ++c)
+        dot = __dadd_rn(dot, __dmul_rn((double)qvc_ld<DT>(q.data, row + c), (double)mean[c]));
+    out[(int64_t)bh * q.N + i] = __double2float_rn(__dmul_rn(dot, (double)sm_scale));
+}
+
+static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float sm_scale,
+                                   float *out, int BH, cudaStream_t st) {
+    dim3 grid((unsigned)qvi_cdiv((int)q->N, 128), (unsigned)BH);
+    QVC_DISPATCH_DTYPE(q->dtype, (lse_shift_kernel<DT_><<<grid, 128, 0, st>>>(*q, kmean, sm_scale, out)));
+    return qvc_launch_check("qvc_prep: LSE shift");
+}
+
+qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
+                            int BH, float *kmean, cudaStream_t st) {
+    qva_status s = QVA_OK;
+    if (kmean) s = qvc_colsum_mean(k, a->perm, NULL, nk, NULL, NULL, 1, BH, kmean, st);
+    if (s == QVA_OK && a->lse_shift)
+        s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
+    return s;
+}
+
+/* ------------------------------------------------------------ host side */
+
+extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
+                                    int D, int with_mu) {
+    if (!ops) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_ops_alloc: ops is NULL");
+    memset(ops, 0, sizeof *ops);
+    if (BH < 1 || nq < 1 || nk < 1 || D < 1 || D > MAX_D)
+        return qvi_fail(QVA_ERR_SHAPE, "qvc_ops_alloc: bad shape BH=%d nq=%d nk=%d D=%d",
+                        BH, nq, nk, D);
+    ops->BH = BH;
+    ops->nq = nq;
+    ops->nk = nk;
+    ops->D = D;
+    ops->nq_pad = qvi_cdiv(nq, QVI_BLOCK) * QVI_BLOCK;
+    ops->nk_pad = qvi_cdiv(nk, QVI_BLOCK) * QVI_BLOCK;
+    ops->nblk = ops->nk_pad / QVI_BLOCK;
+    const size_t bh = (size_t)BH, d = (size_t)D, nqb = (size_t)ops->nq_pad / QVI_BLOCK,
+                 nkb = (size_t)ops->nblk;
+    const qvc_alloc req[] = {
+        {(void **)&ops->q_i8, bh * (size_t)ops->nq_pad * d},
+        {(void **)&ops->q_scale, bh * nqb * sizeof(float)},
+        {(void **)&ops->k_i8, bh * (size_t)ops->nk_pad * d},
+        {(void **)&ops->k_scale, bh * nkb * sizeof(float)},
+        {(void **)&ops->v_t, bh * nkb * d * QVI_BLOCK},
+        {(void **)&ops->v_chan, bh * d * sizeof(float)},
+        {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
+        {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
+    };
+    qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_ops_alloc: cudaMalloc");
+    if (st != QVA_OK) qvc_ops_free(ops);
+    return st;
+}
+
+extern "C" void qvc_ops_free(qvc_ops *ops) {
+    if (!ops) return;
+    void *ptrs[] = {ops->q_i8, ops->q_scale, ops->k_i8, ops->k_scale,
+                    ops->v_t, ops->v_chan, ops->v_blk, ops->v_mu};
+    qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
+    memset(ops, 0, sizeof *ops);
+}
+
+qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_view *k,
+                                const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
+                                int nk, int D) {
+    qva_status s;
+    if ((s = qvc_check_view(who, q, "q")) || (s = qvc_check_view(who, k, "k")) ||
+        (s = qvc_check_view(who, v, "v")))
+        return s;
+    if (!a) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: NULL args", who);
+    if (q->B * q->H != BH || k->B != q->B || k->H != q->H || v->B != q->B || v->H != q->H ||
+        q->D != D || k->D != D || v->D != D || q->N != nq || k->N != nk || v->N != nk)
+        return qvi_fail(QVA_ERR_SHAPE, "%s: views do not match ops (BH=%d nq=%d nk=%d D=%d)", who,
+                        BH, nq, nk, D);
+    if (BH > 65535) return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: B*H = %d exceeds 65535", who, BH);
+    return QVA_OK;
+}
+
+extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
+                               const qvc_view *v, const qvc_prep_args *a,
+                               qvc_ops *ops, cudaStream_t st) {
+    qva_status s;
+    if (!ops || !ops->q_i8)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL or unallocated ops");
+    if ((s = qvc_prep_check_views("qvc_prep", q, k, v, a, ops->BH, ops->nq, ops->nk, ops->D)))
+        return s;
+    const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
+    if (a->qk_format != QVC_QK_INT8 && a->qk_format != QVC_QK_E4M3)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad qk_format %d", (int)a->qk_format);
+    if (a->v_mode != 0 && a->v_mode != 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad v_mode %d", a->v_mode);
+    const int demean = a->v_mode == 0 && a->demean;
+    if (demean && !ops->v_mu)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: demean needs ops allocated with_mu");
+    if (a->hadamard && (D & (D - 1)) != 0)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: Hadamard needs a power-of-two D, got %d", D);
+    if (a->lse_shift && !a->smooth_k)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: lse_shift needs smooth_k");
+
+    /* Temporaries: K channel mean [BH][D]; V block means and residual
+     * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
+    const size_t mean_b = a->smooth_k ? align256((size_t)BH * D * sizeof(float)) : 0;
+    const size_t stat_b = a->v_mode == 0 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b;
+    char *tmp = NULL;
+    cudaError_t e;
+    if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
+        return qvc_cuda_fail(e, "qvc_prep: cudaMallocAsync");
+    float *kmean = mean_b ? (float *)tmp : NULL;
+    float *bmu = stat_b ? (float *)(tmp + mean_b) : NULL;
+    float *bamax = stat_b ? (float *)(tmp + mean_b + stat_b) : NULL;
+
+    qk_params p;
+    memset(&p, 0, sizeof p);
+    p.signs = a->had_signs;
+    p.hadamard = a->hadamard;
+    p.had_scale = (float)(1.0 / sqrt((double)D));
+    p.fmt = (int)a->qk_format;
+
+    /* Q: no permutation, no smoothing. */
+    p.x = *q;
+    p.n = nq;
+    p.n_pad = ops->nq_pad;
+    p.codes = ops->q_i8;
+    p.scale = ops->q_scale;
+    s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: Q quantize");
+
+    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
+     * as the CPU does), then rotated. */
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, nk, BH, kmean, st);
+    if (s == QVA_OK) {
+        p.x = *k;
+        p.perm = a->perm;
+        p.mean = kmean;
+        p.n = nk;
+        p.n_pad = ops->nk_pad;
+        p.codes = ops->k_i8;
+        p.scale = ops->k_scale;
+        s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: K quantize");
+    }
+
+    /* V' = V[perm]. */
+    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, st);
+
+    if (tmp && (e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
+        s = qvc_cuda_fail(e, "qvc_prep: cudaFreeAsync");
+    return s;
+}

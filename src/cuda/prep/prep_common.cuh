@@ -1,0 +1,151 @@
+/*
+ * Operand preparation on the device: load the strided user Q, K, V, apply
+ * the permutation, K smoothing, the Hadamard rotation and V-Smooth block
+ * demeaning, and quantize into the layouts of cuda_internal.h.  The files
+ * of src/cuda/prep/, by role:
+ *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
+ *   colsum.cu  exact FP64 column means (qvc_colsum_mean): the K channel
+ *              mean here, the centroid update of kmeans.cu
+ *   v.cu       V: block statistics, per-channel scales, E4M3 codes
+ *   fp4.cu     the NVFP4 operands of sage4 / vc4 (qvc_prep4, qvc_ops4_*)
+ *   prep8.cu   qvc_prep, qvc_ops_alloc / free, the LSE shift
+ * This header holds the device helpers and constants that more than one of
+ * them needs; prep_internal.h the host functions they call in each other.
+ *
+ * The values are those of the CPU reference (src/cpu/attention.c,
+ * prepare_head / qvi_v8_prepare / quantize_ops, and the quantizers of
+ * src/cpu/formats.c), bit for bit:
+ *   - every float operation is written with an explicit _rn intrinsic, so
+ *     nvcc can never contract a multiply and an add into an FMA the CPU
+ *     does not form (the CPU is built -std=c11, which does not contract);
+ *   - the FP64 sums (K channel mean, V block means) give the CPU's
+ *     sequential sums exactly: V block means (128 rows) are summed
+ *     sequentially in row order (v.cu); the K mean is summed in parallel
+ *     when the data certify that no partial sum can round (then every
+ *     order is exact), and sequentially in the CPU's order otherwise
+ *     (colsum.cu);
+ *   - maxima are order-independent, so they use ordinary tree reductions.
+ * The input dtype is a template parameter of every kernel, so unrolled
+ * loops issue their loads back to back.
+ */
+#ifndef QVATTN_CUDA_PREP_COMMON_CUH
+#define QVATTN_CUDA_PREP_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "device_util.cuh"
+#include "prep_internal.h"
+
+#define PREP_THREADS 256
+#define PREP_WARPS (PREP_THREADS / 32)
+#define ROWS_PER_WARP (QVI_BLOCK / PREP_WARPS) /* 16 */
+#define FULL_MASK 0xffffffffu
+#define MAX_NC (MAX_D / 32)
+
+/* Source row of logical row i (perm: [BH][n] or NULL). */
+static __device__ __forceinline__ int64_t src_row(const int32_t *perm, int bh,
+                                                  int n, int i) {
+    return perm ? (int64_t)__ldg(perm + (int64_t)bh * n + i) : (int64_t)i;
+}
+
+/* qva_e4m3_encode for finite inputs: RNE, saturating to +-448 (the
+ * hardware cvt.rn.satfinite.e4m3x2.f32 on sm_89+). */
+static __device__ __forceinline__ uint8_t e4m3(float y) {
+    return (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+}
+
+static __device__ __forceinline__ float round_f16(float y) {
+    return __half2float(__float2half_rn(y));
+}
+
+static __device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+/* Block-wide max of a PREP_THREADS CTA; every thread gets the result. */
+static __device__ float block_max(float x, float *red /* [PREP_WARPS] */) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    x = warp_max(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < PREP_WARPS; ++w) m = fmaxf(m, red[w]);
+    return m;
+}
+
+/* The pair (a, b) -> (a + b, a - b) of qva_hadamard. */
+static __device__ __forceinline__ void butterfly(float &a, float &b) {
+    float s = __fadd_rn(a, b), d = __fsub_rn(a, b);
+    a = s;
+    b = d;
+}
+
+/* The per-lane channel constants of qk_row (K mean, Hadamard signs). */
+template <int NC>
+static __device__ __forceinline__ void qk_lane_consts(const qk_params &p, int bh, float *mu,
+                                                      float *sg) {
+    const int lane = threadIdx.x & 31, D = (int)p.x.D;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        mu[j] = (p.mean && c < D) ? p.mean[(int64_t)bh * D + c] : 0.0f;
+        sg[j] = (p.signs && c < D) ? p.signs[c] : 1.0f;
+    }
+}
+
+/*
+ * Row i of the block, as the CPU has it just before quantization: loaded,
+ * smoothed (K), rotated (if hadamard).  Deterministic, so the two passes
+ * of qk_quant_kernel see identical values.  Lane = channel lane + 32 j.
+ */
+template <int DT, int NC>
+static __device__ __forceinline__ void qk_row(const qk_params &p, int64_t base, int bh, int i,
+                                              const float *mu, const float *sg, float *x) {
+    const int lane = threadIdx.x & 31, D = (int)p.x.D;
+    const bool valid = i < p.n; /* warp-uniform */
+    const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.x.sn : 0;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        x[j] = (valid && c < D) ? qvc_ld<DT>(p.x.data, row + c) : 0.0f;
+    }
+    if (!valid) return; /* padding rows stay +0 (a sign flip would give -0) */
+    if (p.mean) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+            if (lane + 32 * j < D) x[j] = __fsub_rn(x[j], mu[j]);
+    }
+    if (p.hadamard) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], sg[j]);
+        /* Strides 1..16 live across lanes: the lane without bit h holds a
+         * (gets a + b), its partner holds b (gets a - b). */
+        for (int h = 1; h < 32 && h < D; h <<= 1) {
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const float o = __shfl_xor_sync(FULL_MASK, x[j], h);
+                x[j] = (lane & h) ? __fsub_rn(o, x[j]) : __fadd_rn(x[j], o);
+            }
+        }
+        /* Strides 32 and 64 pair registers j and j + h/32. */
+        if (D > 32) {
+#pragma unroll
+            for (int j = 0; j + 1 < NC; ++j)
+                if (!(j & 1)) butterfly(x[j], x[j + 1]);
+        }
+        if (D > 64) {
+#pragma unroll
+            for (int j = 0; j + 2 < NC; ++j)
+                if (!(j & 2)) butterfly(x[j], x[j + 2]);
+        }
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], p.had_scale);
+    }
+}
+
+#endif

@@ -1,0 +1,61 @@
+/*
+ * Host-side interface between the files of the operand preparation
+ * (src/cuda/prep/, listed in prep_common.cuh): the Q/K parameter block
+ * that the 8-bit and the NVFP4 kernels share, and the host functions one
+ * file calls in another.  Internal to these files (C++, included only by
+ * .cu files); the backend's entry points are in cuda_internal.h.
+ */
+#ifndef QVATTN_CUDA_PREP_INTERNAL_H
+#define QVATTN_CUDA_PREP_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_internal.h"
+
+#define MAX_D 128 /* largest head dim of the prepared operands */
+
+/* One Q or K operand: qk_quant_kernel (qk.cu) and the NVFP4 Q/K kernels
+ * (fp4.cu, which leave fmt, codes and scale unused) read it. */
+typedef struct qk_params {
+    qvc_view x;
+    const int32_t *perm;  /* [BH][n] or NULL                   */
+    const float *mean;    /* [BH][D] subtracted, or NULL       */
+    const float *signs;   /* [D] +-1 or NULL                   */
+    int hadamard;
+    float had_scale;      /* (float)(1/sqrt((double)D))        */
+    int fmt;              /* qvc_qk_format                     */
+    int n, n_pad;
+    int8_t *codes;        /* [BH][n_pad][D]                    */
+    float *scale;         /* [BH][n_pad/128]                   */
+} qk_params;
+
+static inline size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* ---- prep8.cu */
+/* What qvc_prep and qvc_prep4 both require of their views and arguments. */
+qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_view *k,
+                                const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
+                                int nk, int D);
+/* K smoothing: kmean [BH][D] (NULL: none) = the channel mean of K[a->perm],
+ * summed in that order as the CPU does, then a->lse_shift (if not NULL)
+ * = the LSE shift it causes (smooth_k() of the CPU). */
+qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
+                            int BH, float *kmean, cudaStream_t st);
+
+/* ---- qk.cu */
+/* Codes and block scales of one Q or K operand (p.fmt: qvc_qk_format). */
+qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what);
+
+/* ---- v.cu */
+/* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0
+ * unless demean) into bmu and the residual amax into bamax, [BH][nblk][D]. */
+qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int nblk, int BH,
+                            int demean, float *bmu, float *bamax, cudaStream_t st,
+                            const char *what);
+/* The V part of qvc_prep: ops->v_t, v_chan, v_blk and v_mu from V[a->perm]
+ * (bmu, bamax: [BH][nblk][D] scratch, used for a->v_mode 0). */
+qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, float *bmu,
+                       float *bamax, qvc_ops *ops, cudaStream_t st);
+
+#endif

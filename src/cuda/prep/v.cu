@@ -1,0 +1,229 @@
+/*
+ * V of the 8-bit methods: the E4M3 codes of V' = V[perm] (the residual
+ * when block-demeaned), transposed per 128-key block in the PV slot order
+ * (qvc_ops.v_t), with per-channel scales and FP16 means (v_mode 0:
+ * sage/vc) or one scale per block (v_mode 1: fp8).  qvc_prep (prep8.cu)
+ * runs it through qvc_prep_v8; qvc_prep4 (fp4.cu) reuses v_stats_kernel
+ * through qvc_prep_v_stats.
+ *
+ *   v_stats_kernel<DT>      one CTA per (block, bh), thread = channel:
+ *                           block mean (if demean), residual amax.
+ *   v_scale_kernel          thread per (bh, channel): per-channel scale and
+ *                           the FP16-rounded mean / scale.
+ *   v_encode_kernel<DT>     one CTA per (block, bh): E4M3 codes of the block
+ *                           into shared memory, written transposed [D][128]
+ *                           with the PV slot order of qvc_pv_slot_key().
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "prep_common.cuh"
+
+/* block_demean + the per-block part of v_channel_scale: the raw block mean
+ * (0 without demeaning) and the amax of the residual over the valid rows.
+ * A block has at most 128 rows and there are nblk x BH CTAs, so the
+ * plain per-thread chain is short and well hidden. */
+template <int DT>
+__global__ void __launch_bounds__(MAX_D)
+v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean,
+               float *bmu, float *bamax) {
+    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)v.D;
+    if (c >= D) return;
+    const int64_t base = qvc_head_base(v, bh);
+    const int r0 = blk * QVI_BLOCK, len = min(QVI_BLOCK, n - r0);
+    float m = 0.0f;
+    if (demean) {
+        double s = 0.0;
+        int i = 0;
+        for (; i + 16 <= len; i += 16) { /* loads ahead, adds in row order */
+            float t[16];
+#pragma unroll
+            for (int u = 0; u < 16; ++u)
+                t[u] = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i + u) * v.sn + c);
+#pragma unroll
+            for (int u = 0; u < 16; ++u) s += (double)t[u];
+        }
+        for (; i < len; ++i) s += (double)qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        m = (float)(s / (double)len);
+    }
+    float amax = 0.0f;
+#pragma unroll 16
+    for (int i = 0; i < len; ++i) {
+        float x = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
+        if (demean) x = __fsub_rn(x, m);
+        amax = fmaxf(amax, fabsf(x));
+    }
+    const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
+    bmu[o] = m;
+    bamax[o] = amax;
+}
+
+/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B). */
+__global__ void v_scale_kernel(int BH, int D, int nblk, int demean,
+                               const float *bmu, const float *bamax,
+                               float *v_chan, float *v_mu) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)BH * D) return;
+    const int bh = (int)(t / D), c = (int)(t % D);
+    const int64_t o0 = (int64_t)bh * nblk * D + c;
+    float amax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < nblk; ++j) {
+        amax = fmaxf(amax, bamax[o0 + (int64_t)j * D]);
+        if (demean) mmax = fmaxf(mmax, fabsf(bmu[o0 + (int64_t)j * D]));
+    }
+    float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
+    s = s > 0.0f ? s : 1.0f;
+    v_chan[t] = s;
+    if (v_mu)
+        for (int j = 0; j < nblk; ++j)
+            v_mu[o0 + (int64_t)j * D] = demean ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
+}
+
+typedef struct v_params {
+    qvc_view v;
+    const int32_t *perm;
+    int n, nblk;
+    int mode;            /* 0: per-channel (sage/vc); 1: per-block (fp8) */
+    int demean;          /* mode 0 */
+    const float *bmu;    /* mode 0 with demean: [BH][nblk][D] raw means */
+    const float *chan;   /* mode 0: [BH][D] scales                      */
+    uint8_t *v_t;        /* [BH][nblk][D][128]                          */
+    float *v_blk;        /* [BH][nblk]                                  */
+    float *v_chan;       /* [BH][D]: mode 1 writes 1                    */
+} v_params;
+
+/* Shared-memory row stride of the code tile: 132 makes the transposed
+ * read (fixed channel, 32 different keys) hit 32 different banks. */
+#define TILE_STRIDE (MAX_D + 4)
+
+template <int DT>
+__global__ void __launch_bounds__(PREP_THREADS)
+v_encode_kernel(v_params p) {
+    __shared__ uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    __shared__ float red[PREP_WARPS];
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.v.D;
+    const int64_t base = qvc_head_base(p.v, bh);
+
+    float bscale = 1.0f;
+    if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
+        float amax = 0.0f;
+#pragma unroll 4
+        for (int r = 0; r < ROWS_PER_WARP; ++r) {
+            const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
+            if (i >= p.n) break; /* warp-uniform */
+            const int64_t row = base + src_row(p.perm, bh, p.n, i) * p.v.sn;
+#pragma unroll
+            for (int j = 0; j < MAX_NC; ++j) {
+                const int c = lane + 32 * j;
+                if (c < D) amax = fmaxf(amax, fabsf(qvc_ld<DT>(p.v.data, row + c)));
+            }
+        }
+        amax = block_max(amax, red);
+        bscale = __fdiv_rn(amax, 448.0f);
+        if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
+    }
+
+    float mu[MAX_NC], cs[MAX_NC];
+#pragma unroll
+    for (int j = 0; j < MAX_NC; ++j) {
+        const int c = lane + 32 * j;
+        const bool in = p.mode == 0 && c < D;
+        mu[j] = in && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
+        cs[j] = in ? p.chan[(int64_t)bh * D + c] : 1.0f;
+    }
+    /* Codes of the warp's 16 keys into the tile (re-reading the rows the
+     * amax pass touched: L2 hits, and a small kernel). */
+#pragma unroll 2
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int key = warp * ROWS_PER_WARP + r, i = blk * QVI_BLOCK + key;
+        const bool valid = i < p.n;
+        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.v.sn : 0;
+        uint8_t *trow = tile + key * TILE_STRIDE;
+#pragma unroll
+        for (int j = 0; j < MAX_NC; ++j) {
+            const int c = lane + 32 * j;
+            if (c >= D) continue;
+            uint8_t code = 0; /* padding keys: code 0 */
+            if (valid) {
+                const float x = qvc_ld<DT>(p.v.data, row + c);
+                float y;
+                if (p.mode == 1) {
+                    y = __fdiv_rn(x, bscale);
+                } else {
+                    const float res = p.demean ? __fsub_rn(x, mu[j]) : x;
+                    y = __fdiv_rn(res, cs[j]);
+                }
+                code = e4m3(y);
+            }
+            trow[c] = code;
+        }
+    }
+    __syncthreads();
+
+    /* Transposed write-out: word w holds slots 4(w%32)..+3 of channel w/32,
+     * so each warp stores one channel's 128 contiguous bytes. */
+    uint32_t *dst = (uint32_t *)(p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
+    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
+        const int c = w >> 5, s0 = (w & 31) * 4;
+        uint32_t word = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q, key = (s & ~31) + qvc_pv_slot_key(s & 31);
+            word |= (uint32_t)tile[key * TILE_STRIDE + c] << (8 * q);
+        }
+        dst[w] = word;
+    }
+
+    if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = bscale;
+    if (p.mode == 1 && blk == 0)
+        for (int c = threadIdx.x; c < D; c += PREP_THREADS) p.v_chan[(int64_t)bh * D + c] = 1.0f;
+}
+
+qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int nblk, int BH,
+                            int demean, float *bmu, float *bamax, cudaStream_t st,
+                            const char *what) {
+    QVC_DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
+                                 *v, perm, nk, nblk, demean, bmu, bamax)));
+    return qvc_launch_check(what);
+}
+
+qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, float *bmu,
+                       float *bamax, qvc_ops *ops, cudaStream_t st) {
+    const int D = ops->D, BH = ops->BH, nk = ops->nk, nblk = ops->nblk;
+    qva_status s = QVA_OK;
+
+    /* V' = V[perm]. */
+    v_params vp;
+    memset(&vp, 0, sizeof vp);
+    vp.v = *v;
+    vp.perm = a->perm;
+    vp.n = nk;
+    vp.nblk = nblk;
+    vp.mode = a->v_mode;
+    vp.demean = demean;
+    vp.bmu = bmu;
+    vp.chan = ops->v_chan;
+    vp.v_t = ops->v_t;
+    vp.v_blk = ops->v_blk;
+    vp.v_chan = ops->v_chan;
+    if (a->v_mode == 0) {
+        s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
+        if (s == QVA_OK) {
+            const int64_t t = (int64_t)BH * D;
+            v_scale_kernel<<<(unsigned)((t + 127) / 128), 128, 0, st>>>(BH, D, nblk, demean, bmu, bamax,
+                                                                         ops->v_chan, ops->v_mu);
+            s = qvc_launch_check("qvc_prep: V scale");
+        }
+    } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
+        const cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
+        if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
+    }
+    if (s == QVA_OK) {
+        QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        s = qvc_launch_check("qvc_prep: V encode");
+    }
+    return s;
+}
