@@ -27,7 +27,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 
 #define CS_THREADS 256
 #define CS_ROWS 128

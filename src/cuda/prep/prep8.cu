@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 #include "prep_internal.h"
 
 /* ------------------------------------------------------------ K smoothing */

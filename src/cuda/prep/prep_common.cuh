@@ -36,7 +36,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "device_util.cuh"
+#include "common/device_util.cuh"
 #include "prep_internal.h"
 
 #define PREP_THREADS 256
