@@ -58,7 +58,8 @@
 #include <string.h>
 
 #include "attn_common.cuh"
-#include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
 
 #define DG_ROWS 64       /* query rows per CTA (half a region)  */
 #define DG_KEYS 128      /* keys per block (= region capacity)  */

@@ -60,7 +60,8 @@
 #include <string.h>
 
 #include "device_util.cuh"
-#include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
 
 
 #define DR_MAX_D 128
