@@ -2,7 +2,7 @@
  * its per-layer state, the step schedule, validation and dispatch. */
 #define _POSIX_C_SOURCE 199309L
 #include "internal.h"
-#include "cpu/draft.h"
+#include "draft/plan.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -599,7 +599,7 @@ qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t
     if (n_tokens < 1 || head_dim < 1)
         return qvi_fail(QVA_ERR_SHAPE, "qva_draft_step_check: N = %lld, D = %lld",
                         (long long)n_tokens, (long long)head_dim);
-    /* The plan is the one place that validates and decides (src/cpu/draft.c). */
+    /* The plan is the one place that validates and decides (src/draft/plan.c). */
     qva_tensor q;
     memset(&q, 0, sizeof q);
     q.dtype = QVA_BF16;

@@ -1,6 +1,6 @@
 /*
  * The DraftAttention2 router on the device (src/cuda/draft_router.cu)
- * against the CPU reference (src/cpu/draft.h), bit for bit: pooled
+ * against the CPU reference (src/draft/router.h), bit for bit: pooled
  * descriptors (Eq. 1), the draft map (Eq. 2), the quotas, the precision
  * matrix (Algorithm 1) and the per-(head, query region, phase) key lists.
  * The CPU side runs the pieces qvi_cpu_draft's route_head() runs, on the
@@ -16,7 +16,9 @@
 #include "check.h"
 #include "cuda_test_util.h"
 #include "cuda_internal.h"
-#include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
+#include "draft/router.h"
 
 #include <stdint.h>
 #include <stdlib.h>

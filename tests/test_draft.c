@@ -1,4 +1,4 @@
-/* DraftAttention2 (src/cpu/partition.c, src/cpu/draft.c): the ragged
+/* DraftAttention2 (src/draft/, src/cpu/draft.c): the ragged
  * partition (DA2 Eq. 20-21), packing, router (Eq. 2, Algorithm 1, C.1),
  * quotas, the Eq. 8 phase scaling, and the phased kernel end to end
  * against the bf16 and exact methods. */
@@ -8,6 +8,9 @@
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "check.h"
 #include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
+#include "draft/router.h"
 
 /* ------------------------------------------------------------ helpers */
 

@@ -165,7 +165,7 @@ def draft_dense_warmup(cfg):
     """True when qva_attention computes the call `cfg` as a draft dense
     warm-up step, i.e. exactly as the bf16 method (every row dense, BF16
     operands -- FP16 for float16 inputs -- FP32 softmax).  The library's
-    decision, mirrored: qvi_draft_plan_make (src/cpu/draft.c, used by the
+    decision, mirrored: qvi_draft_plan_make (src/draft/plan.c, used by the
     CPU and the CUDA backend) sets warmup = cfg->step < dense_warmup_steps.
     cfg is the call's final config (config_for: the step, and the
     draft.dense_warmup_frac -> dense_warmup_steps resolution, applied)."""

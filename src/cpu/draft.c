@@ -1,10 +1,13 @@
 /*
- * DraftAttention2 on the CPU: the draft router (DA2 §3.1, Algorithm 1,
- * C.1) and the phased mixed-precision attention (DA2 §3.3, C.3, C.4).
+ * DraftAttention2 on the CPU: the phased mixed-precision attention (DA2
+ * §3.3, C.3, C.4) over the plan, partition and route of src/draft/.
  * This is the bit-exact reference the CUDA kernels are checked against;
  * docs/DRAFT.md states every rounding step.
  */
 #include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
+#include "draft/router.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -15,161 +18,6 @@
 #else
 #define QVI_OMP_FOR
 #endif
-
-/* ------------------------------------------------------------ pooling */
-
-void qvi_draft_pool(const float *x, const int32_t *count, int64_t R, int c,
-                    int d, float *avg, float *mx) {
-    for (int64_t r = 0; r < R; ++r) {
-        const float *blk = x + r * c * d;
-        int n = count[r];
-        for (int ch = 0; ch < d; ++ch) {
-            double s = 0.0; /* FP64 sum in path order */
-            float m = blk[ch];
-            for (int i = 0; i < n; ++i) {
-                float v = blk[(int64_t)i * d + ch];
-                s += (double)v;
-                m = v > m ? v : m;
-            }
-            avg[r * d + ch] = (float)(s / (double)n);
-            mx[r * d + ch] = m;
-        }
-    }
-}
-
-/* ------------------------------------------------------------ draft map */
-
-/* out[b] = softmax_b(dot(qa, k_b) * sm) for one query region, in FP64:
- * dot products in channel order, max subtracted, sum in key order. */
-static void softmax_row_f64(const float *qa, const float *k, int64_t R, int d,
-                            double sm, double *out) {
-    double mx = -INFINITY, sum = 0.0;
-    for (int64_t b = 0; b < R; ++b) {
-        const float *kb = k + b * d;
-        double dot = 0.0;
-        for (int c = 0; c < d; ++c)
-            dot += (double)qa[c] * (double)kb[c];
-        out[b] = dot * sm;
-        mx = out[b] > mx ? out[b] : mx;
-    }
-    for (int64_t b = 0; b < R; ++b) {
-        out[b] = exp(out[b] - mx);
-        sum += out[b];
-    }
-    for (int64_t b = 0; b < R; ++b)
-        out[b] /= sum;
-}
-
-qva_status qvi_draft_map(const float *qavg, const float *qmax,
-                         const float *kavg, const float *kmax, int64_t R,
-                         int d, float sm_scale, float lambda, float *A) {
-    double sm = (double)sm_scale, lam = (double)lambda;
-    double *pa = malloc(sizeof(double) * (size_t)(R > 0 ? R : 1) * 2);
-    if (!pa)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: map of %lld regions",
-                        (long long)R);
-    double *pm = pa + R;
-    for (int64_t a = 0; a < R; ++a) {
-        softmax_row_f64(qavg + a * d, kavg, R, d, sm, pa);
-        softmax_row_f64(qmax + a * d, kmax, R, d, sm, pm);
-        for (int64_t b = 0; b < R; ++b)
-            A[a * R + b] = (float)((1.0 - lam) * pa[b] + lam * pm[b]);
-    }
-    free(pa);
-    return QVA_OK;
-}
-
-/* ------------------------------------------------------------ quotas */
-
-/* Fractions in [0,1] summing to 1 within 1e-4 (DA2 C.1 quotas). */
-static qva_status check_fractions(const float f[4]) {
-    static const char *name[4] = {"frac_skip", "frac4", "frac8", "frac16"};
-    double sum = 0.0;
-    for (int i = 0; i < 4; ++i) {
-        if (!(f[i] >= 0.0f && f[i] <= 1.0f))
-            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                            "draft: %s = %g is outside [0, 1]", name[i],
-                            (double)f[i]);
-        sum += (double)f[i];
-    }
-    if (fabs(sum - 1.0) > 1e-4)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: fractions skip/4/8/16 sum to %.6f, not 1", sum);
-    return QVA_OK;
-}
-
-qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
-                            int64_t quota[4]) {
-    const float f[4] = {p->frac_skip, p->frac4, p->frac8, p->frac16};
-    qva_status st = check_fractions(f);
-    if (st != QVA_OK)
-        return st;
-    if (pairs < 0 || pairs > INT64_MAX / 2000000)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs",
-                        (long long)pairs);
-    /* Exact rational arithmetic: fraction i is u[i]/U with u in ppm. */
-    int64_t u[4], U = 0, rem[4], total = 0;
-    for (int i = 0; i < 4; ++i) {
-        u[i] = llround((double)f[i] * 1e6);
-        U += u[i];
-    }
-    for (int i = 0; i < 4; ++i) {
-        quota[i] = u[i] * pairs / U;
-        rem[i] = u[i] * pairs % U;
-        total += quota[i];
-    }
-    /* Largest remainders get one more; ties favour 16, 8, 4, skip. */
-    int bumped[4] = {0, 0, 0, 0};
-    for (int64_t left = pairs - total; left > 0; --left) {
-        int best = -1;
-        for (int i = 3; i >= 0; --i)
-            if (!bumped[i] && (best < 0 || rem[i] > rem[best]))
-                best = i;
-        bumped[best] = 1;
-        ++quota[best];
-    }
-    return QVA_OK;
-}
-
-/* ------------------------------------------------------------ ranking */
-
-typedef struct ranked { float a; int64_t idx; } ranked;
-
-/* Descending A, ties (and NaN, which sorts last) by ascending index:
- * a strict total order, so qsort's result is the stable argsort. */
-static int cmp_ranked(const void *pa, const void *pb) {
-    const ranked *x = pa, *y = pb;
-    int xn = isnan(x->a), yn = isnan(y->a);
-    if (xn != yn)
-        return xn - yn;
-    if (!xn && x->a != y->a)
-        return x->a > y->a ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
-}
-
-qva_status qvi_draft_assign(const float *A, int64_t R, const int64_t quota[4],
-                            uint8_t *prec) {
-    int64_t M = R * R;
-    if (quota[0] + quota[1] + quota[2] + quota[3] != M || quota[0] < 0 ||
-        quota[1] < 0 || quota[2] < 0 || quota[3] < 0)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: quotas do not sum to R^2 = %lld", (long long)M);
-    ranked *rk = malloc(sizeof(ranked) * (size_t)(M > 0 ? M : 1));
-    if (!rk)
-        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: ranking %lld pairs",
-                        (long long)M);
-    for (int64_t i = 0; i < M; ++i) {
-        rk[i].a = A[i];
-        rk[i].idx = i;
-    }
-    qsort(rk, (size_t)M, sizeof(ranked), cmp_ranked);
-    int64_t e16 = quota[QVI_Q_16], e8 = e16 + quota[QVI_Q_8];
-    int64_t e4 = e8 + quota[QVI_Q_4];
-    for (int64_t k = 0; k < M; ++k)
-        prec[rk[k].idx] = k < e16 ? 16 : k < e8 ? 8 : k < e4 ? 4 : 0;
-    free(rk);
-    return QVA_OK;
-}
 
 /* ------------------------------------------------------------ Eq. 8 */
 
@@ -199,11 +47,6 @@ void qvi_draft_phase_exit_f64(double *acc, double *l, int d, double eta,
     for (int c = 0; c < d; ++c)
         acc[c] = acc[c] * (eta * dv[c]);
     *l = *l * eta;
-}
-
-float qvi_draft_eta(int expcast) {
-    /* ExpCast puts the row max at 2^8; the exp2 path adds 8.807. */
-    return expcast ? exp2f(-QVI_EXPCAST_LOG2_AMP) : QVI_SAGE_ETA;
 }
 
 /* ------------------------------------------------------------ the call */
@@ -518,78 +361,6 @@ static void compute_head(const draft_job *J, draft_head *H) {
         int64_t r1 = r0 + QVI_BLOCK < i1 ? r0 + QVI_BLOCK : i1;
         dense_rows(J, H, r0, r1, H->acc + (J->R + g) * J->d);
     }
-}
-
-/* ---- validation ---- */
-
-qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
-    const qva_draft_params *p = &cfg->draft;
-    int64_t n = q->shape[2];
-    if (p->grid_t < 1 || p->grid_h < 1 || p->grid_w < 1)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: grid %dx%dx%d must have every dimension >= 1",
-                        p->grid_t, p->grid_h, p->grid_w);
-    if (p->prefix_tokens < 0 || p->prefix_tokens >= n)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: prefix_tokens = %d must be in [0, N = %lld)",
-                        p->prefix_tokens, (long long)n);
-    int64_t video = (int64_t)p->grid_t * p->grid_h * p->grid_w;
-    if (video + p->prefix_tokens != n)
-        return qvi_fail(QVA_ERR_SHAPE,
-                        "draft: grid T*H*W + prefix = %lld*%d*%d + %d = %lld "
-                        "but the sequence length N = %lld",
-                        (long long)p->grid_t, p->grid_h, p->grid_w,
-                        p->prefix_tokens, (long long)(video + p->prefix_tokens),
-                        (long long)n);
-    if (p->capacity < 1)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: capacity = %d must be positive", p->capacity);
-    if (p->capacity != QVI_BLOCK)
-        return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "draft: capacity %d unsupported; the region capacity "
-                        "must equal the attention block (%d)",
-                        p->capacity, QVI_BLOCK);
-    if (!(p->lambda >= 0.0f && p->lambda <= 1.0f))
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "draft: lambda = %g is outside [0, 1]", (double)p->lambda);
-    return QVA_OK;
-}
-
-qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
-                               qvi_draft_plan *p) {
-    memset(p, 0, sizeof(*p));
-    qva_status st = qvi_draft_validate(cfg, q);
-    if (st != QVA_OK)
-        return st;
-    const qva_draft_params *dp = &cfg->draft;
-    p->n = q->shape[2];
-    p->d = (int)q->shape[3];
-    p->warmup = cfg->step < dp->dense_warmup_steps;
-    /* Eq. 20; validate() bounded C = 128 and the grid by N. */
-    int64_t hw = (int64_t)dp->grid_h * dp->grid_w;
-    p->rf = (int)((hw + dp->capacity - 1) / dp->capacity);
-    p->regions = (int64_t)dp->grid_t * p->rf;
-    st = qvi_draft_quotas(dp, p->regions * p->regions, p->quota);
-    if (st != QVA_OK)
-        return st;
-    p->with4 = !p->warmup && p->quota[QVI_Q_4] > 0;
-    p->with8 = !p->warmup && p->quota[QVI_Q_8] > 0;
-    if (p->with4 && p->d % 16 != 0)
-        return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", p->d);
-    if (p->warmup) {
-        p->dense_row0 = 0;
-        p->dense_rows = p->n;
-    } else {
-        p->dense_row0 = dp->prefix_at_end ? p->n - dp->prefix_tokens : 0;
-        p->dense_rows = dp->prefix_tokens;
-    }
-    p->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
-    p->scale_log2 = p->sm_scale * QVI_LOG2E;
-    p->expcast = cfg->expcast ? 1 : 0;
-    p->eta = qvi_draft_eta(p->expcast);
-    p->use_f16 = q->dtype == QVA_F16;
-    return QVA_OK;
 }
 
 /* Fills the call settings from the plan (quotas over R^2 video-region

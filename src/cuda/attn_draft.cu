@@ -59,7 +59,8 @@
 
 #include "common/attn_common.cuh"
 #include "common/softmax.cuh"
-#include "cpu/draft.h"
+#include "draft/partition.h"
+#include "draft/plan.h"
 
 #define DG_ROWS 64       /* query rows per CTA (half a region)  */
 #define DG_KEYS 128      /* keys per block (= region capacity)  */

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu/draft.h"
+#include "draft/plan.h"
 #include "cuda_internal.h"
 
 static const char *kernel_what(qvc_kernel k) {

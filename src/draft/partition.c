@@ -8,7 +8,7 @@
  * gives connected regions because consecutive path cells are grid
  * neighbours.  Among all candidates the least total perimeter wins.
  */
-#include "cpu/draft.h"
+#include "draft/partition.h"
 
 #include <limits.h>
 #include <stdlib.h>

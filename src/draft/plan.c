@@ -1,0 +1,141 @@
+/*
+ * DraftAttention2 plan: the one place that validates a draft call and
+ * decides what it computes (warm-up, region counts, quotas, the low-bit
+ * operands needed, the dense rows, eta), for the CPU reference and the
+ * CUDA backend alike; docs/DRAFT.md ("Plan", "Validation").
+ */
+#include "draft/plan.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ quotas */
+
+/* Fractions in [0,1] summing to 1 within 1e-4 (DA2 C.1 quotas). */
+static qva_status check_fractions(const float f[4]) {
+    static const char *name[4] = {"frac_skip", "frac4", "frac8", "frac16"};
+    double sum = 0.0;
+    for (int i = 0; i < 4; ++i) {
+        if (!(f[i] >= 0.0f && f[i] <= 1.0f))
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                            "draft: %s = %g is outside [0, 1]", name[i],
+                            (double)f[i]);
+        sum += (double)f[i];
+    }
+    if (fabs(sum - 1.0) > 1e-4)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: fractions skip/4/8/16 sum to %.6f, not 1", sum);
+    return QVA_OK;
+}
+
+qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
+                            int64_t quota[4]) {
+    const float f[4] = {p->frac_skip, p->frac4, p->frac8, p->frac16};
+    qva_status st = check_fractions(f);
+    if (st != QVA_OK)
+        return st;
+    if (pairs < 0 || pairs > INT64_MAX / 2000000)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs",
+                        (long long)pairs);
+    /* Exact rational arithmetic: fraction i is u[i]/U with u in ppm. */
+    int64_t u[4], U = 0, rem[4], total = 0;
+    for (int i = 0; i < 4; ++i) {
+        u[i] = llround((double)f[i] * 1e6);
+        U += u[i];
+    }
+    for (int i = 0; i < 4; ++i) {
+        quota[i] = u[i] * pairs / U;
+        rem[i] = u[i] * pairs % U;
+        total += quota[i];
+    }
+    /* Largest remainders get one more; ties favour 16, 8, 4, skip. */
+    int bumped[4] = {0, 0, 0, 0};
+    for (int64_t left = pairs - total; left > 0; --left) {
+        int best = -1;
+        for (int i = 3; i >= 0; --i)
+            if (!bumped[i] && (best < 0 || rem[i] > rem[best]))
+                best = i;
+        bumped[best] = 1;
+        ++quota[best];
+    }
+    return QVA_OK;
+}
+
+/* ------------------------------------------------------------ Eq. 8 eta */
+
+float qvi_draft_eta(int expcast) {
+    /* ExpCast puts the row max at 2^8; the exp2 path adds 8.807. */
+    return expcast ? exp2f(-QVI_EXPCAST_LOG2_AMP) : QVI_SAGE_ETA;
+}
+
+/* ------------------------------------------------------------ validation */
+
+qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
+    const qva_draft_params *p = &cfg->draft;
+    int64_t n = q->shape[2];
+    if (p->grid_t < 1 || p->grid_h < 1 || p->grid_w < 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: grid %dx%dx%d must have every dimension >= 1",
+                        p->grid_t, p->grid_h, p->grid_w);
+    if (p->prefix_tokens < 0 || p->prefix_tokens >= n)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: prefix_tokens = %d must be in [0, N = %lld)",
+                        p->prefix_tokens, (long long)n);
+    int64_t video = (int64_t)p->grid_t * p->grid_h * p->grid_w;
+    if (video + p->prefix_tokens != n)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "draft: grid T*H*W + prefix = %lld*%d*%d + %d = %lld "
+                        "but the sequence length N = %lld",
+                        (long long)p->grid_t, p->grid_h, p->grid_w,
+                        p->prefix_tokens, (long long)(video + p->prefix_tokens),
+                        (long long)n);
+    if (p->capacity < 1)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: capacity = %d must be positive", p->capacity);
+    if (p->capacity != QVI_BLOCK)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "draft: capacity %d unsupported; the region capacity "
+                        "must equal the attention block (%d)",
+                        p->capacity, QVI_BLOCK);
+    if (!(p->lambda >= 0.0f && p->lambda <= 1.0f))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: lambda = %g is outside [0, 1]", (double)p->lambda);
+    return QVA_OK;
+}
+
+qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
+                               qvi_draft_plan *p) {
+    memset(p, 0, sizeof(*p));
+    qva_status st = qvi_draft_validate(cfg, q);
+    if (st != QVA_OK)
+        return st;
+    const qva_draft_params *dp = &cfg->draft;
+    p->n = q->shape[2];
+    p->d = (int)q->shape[3];
+    p->warmup = cfg->step < dp->dense_warmup_steps;
+    /* Eq. 20; validate() bounded C = 128 and the grid by N. */
+    int64_t hw = (int64_t)dp->grid_h * dp->grid_w;
+    p->rf = (int)((hw + dp->capacity - 1) / dp->capacity);
+    p->regions = (int64_t)dp->grid_t * p->rf;
+    st = qvi_draft_quotas(dp, p->regions * p->regions, p->quota);
+    if (st != QVA_OK)
+        return st;
+    p->with4 = !p->warmup && p->quota[QVI_Q_4] > 0;
+    p->with8 = !p->warmup && p->quota[QVI_Q_8] > 0;
+    if (p->with4 && p->d % 16 != 0)
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", p->d);
+    if (p->warmup) {
+        p->dense_row0 = 0;
+        p->dense_rows = p->n;
+    } else {
+        p->dense_row0 = dp->prefix_at_end ? p->n - dp->prefix_tokens : 0;
+        p->dense_rows = dp->prefix_tokens;
+    }
+    p->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
+    p->scale_log2 = p->sm_scale * QVI_LOG2E;
+    p->expcast = cfg->expcast ? 1 : 0;
+    p->eta = qvi_draft_eta(p->expcast);
+    p->use_f16 = q->dtype == QVA_F16;
+    return QVA_OK;
+}

@@ -1,0 +1,71 @@
+/*
+ * DraftAttention2 plan: what one draft call computes, decided once for the
+ * CPU reference and the CUDA backend alike (src/draft/plan.c): the
+ * call-level validation, the warm-up decision, the region counts, the
+ * integer quotas and the eta of the INT8 phase.  docs/DRAFT.md ("Plan",
+ * "Validation") states the rules.
+ */
+#ifndef QVATTN_DRAFT_PLAN_H
+#define QVATTN_DRAFT_PLAN_H
+
+#include "internal.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ quotas */
+/* Quota slots, in the order of the method string draft@S0/S4/S8/S16. */
+enum { QVI_Q_SKIP = 0, QVI_Q_4 = 1, QVI_Q_8 = 2, QVI_Q_16 = 3 };
+/*
+ * Integer quotas over `pairs` region pairs by the largest-remainder method
+ * on the fractions quantised to parts per million; remainder ties go to
+ * 16, then 8, then 4, then skip.  quota[0..3] sums to pairs exactly.
+ */
+qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
+                            int64_t quota[4]);
+
+/* eta of the INT8 phase: 2^-8 with ExpCast, QVI_SAGE_ETA otherwise. */
+float qvi_draft_eta(int expcast);
+
+/* ------------------------------------------------------------ the call */
+/*
+ * Call-level checks of docs/DRAFT.md ("Validation"): grid, prefix, N,
+ * capacity, lambda.  Shapes, dtypes and D were checked by the dispatcher.
+ */
+qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
+/*
+ * What one draft call computes, shared by the CPU reference and the CUDA
+ * backend so both take the same decisions:
+ *   warmup      cfg->step < dense_warmup_steps: every row dense (bf16 path)
+ *   rf, regions R_f = ceil(H*W / C) and R = T * R_f (the partition's counts)
+ *   quota       skip/4/8/16 over R^2 video-region pairs (qvi_draft_quotas)
+ *   with4/with8 the NVFP4 / INT8 operands are needed (not in warm-up and a
+ *               non-zero quota)
+ *   dense_row0, dense_rows   the rows computed by the dense 16-bit path in
+ *               sequence order: all N in warm-up, else the prefix queries
+ *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
+ *               16-bit format is FP16 iff q is f16, else BF16), expcast.
+ * Runs qvi_draft_validate and the quota checks; p is zeroed first.
+ */
+typedef struct qvi_draft_plan {
+    int64_t n;
+    int d;
+    int warmup;
+    int rf;
+    int64_t regions;
+    int64_t quota[4];
+    int with4, with8;
+    int64_t dense_row0, dense_rows;
+    float sm_scale, scale_log2, eta;
+    int use_f16, expcast;
+} qvi_draft_plan;
+qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
+                               qvi_draft_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
