@@ -59,14 +59,9 @@
 #include <stdint.h>
 #include <string.h>
 
-<<<<<<< HEAD:src/cuda/draft/router.cu
 #include "common/device_util.cuh"
-#include "cpu/draft.h"
-=======
-#include "device_util.cuh"
 #include "draft/partition.h"
 #include "draft/plan.h"
->>>>>>> h-draft:src/cuda/draft_router.cu
 
 
 #define DR_MAX_D 128
