@@ -85,11 +85,6 @@ def parse_args(argv):
     p.add_argument("--q-scale", type=float, default=2.0,
                    help="std of q (k, v are N(0,1) plus per-head channel offsets); "
                         "larger = sharper softmax")
-    p.add_argument("--kernels", default="",
-                   help="comma list of kernel versions to time side by side: 8-bit ones "
-                        "(QVA_ATTN_KERNEL: mma, ws0..ws7) for the dense methods, draft ones "
-                        "(QVA_DRAFT_KERNEL: dw0..dw11, dmma = the mma.sync kernel) for draft; "
-                        "empty = the library default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=30.0,
                    help="max seconds of timed calls per case; a slower case runs "
@@ -348,21 +343,8 @@ class Bench:
                      "status": f"unsupported: qvattn not loadable ({self.qva_err})"}
                     for m in methods]
         qv, ffi = self.qvattn, self.ffi
-        kernels = [k.strip() for k in self.args.kernels.split(",") if k.strip()] or [None]
-        for method, kern in [(m, k) for m in methods for k in kernels]:
-            os.environ.pop("QVA_ATTN_KERNEL", None)
-            os.environ.pop("QVA_DRAFT_KERNEL", None)
-            draft_kern = kern is not None and (kern.startswith("dw") or kern == "dmma")
-            if kern is not None:
-                if draft_kern != method.startswith("draft"):
-                    continue  # a draft kernel version times draft methods only, and back
-                if draft_kern:
-                    os.environ["QVA_DRAFT_KERNEL"] = "mma" if kern == "dmma" else kern
-                else:
-                    os.environ["QVA_ATTN_KERNEL"] = kern
-            label = method if kern is None or method.startswith("bf16") else f"{method}@{kern}"
-            if kern is not None and method.startswith("bf16") and kern != kernels[0]:
-                continue  # the kernel versions are 8-bit ones: time bf16 once
+        for method in methods:
+            label = method
             try:
                 base = ffi.make_config(method)
             except qv.QvaError as ex:
@@ -414,8 +396,6 @@ class Bench:
                     ctx.close()
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-        os.environ.pop("QVA_ATTN_KERNEL", None)
-        os.environ.pop("QVA_DRAFT_KERNEL", None)
         return entries
 
     def qvattn_case(self, e, ctx, method, vc, step, descs, t_out, out, ref, fl, nsets):

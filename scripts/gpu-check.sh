@@ -9,6 +9,7 @@
 #   cuda        the built library reports CUDA and a device (python ctypes)
 #   ctest       the CTest suite (test_backend checks every CUDA method
 #               against the CPU reference)
+#   dev         the kernel versions under trial (dev/cuda/dev_attn test)
 #   perf        build-gpu/test_backend perf
 #   pytest      python/tests against build-gpu/libqvattn.so (if pytest+numpy)
 #   memcheck    compute-sanitizer --tool memcheck  build-gpu/test_backend  [--sanitize]
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
         --bench) BENCH=1 ;;
         --bench-args) shift; BENCH_ARGS=${1:-} ;;
         --bench-args=*) BENCH_ARGS=${1#--bench-args=} ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -148,14 +149,12 @@ if [ $have_build -eq 1 ]; then
     fi
     # ctest --test-dir needs CMake >= 3.20; running inside the build dir does not.
     run_step ctest 900 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout ${CTEST_TIMEOUT:-600} -j ${CTEST_JOBS:-4}"
-    # The 8-bit kernel versions that are not the default, against the same reference.
-    for kv in mma ws0 ws1 ws2 ws3 ws4 ws5 ws7; do  # ws6, the default, ran in ctest
-        run_step "backend-$kv" "${CTEST_TIMEOUT:-600}" env QVA_ATTN_KERNEL=$kv "$BUILD/test_backend"
-    done
-    # The draft kernel versions that are not the default (dw7).
-    for dk in mma dw0 dw1 dw2 dw3 dw4 dw5 dw6 dw8 dw9 dw10 dw11; do
-        run_step "backend-draft-$dk" "${CTEST_TIMEOUT:-600}" env QVA_DRAFT_KERNEL=$dk "$BUILD/test_backend"
-    done
+    # The kernel versions under trial (dev/cuda), against the CPU reference.
+    if run_step dev-build 600 cmake --build "$BUILD" -j "$JOBS" --target dev_attn; then
+        for m in sage8 vc8+expcast draft@85/0/0/15 draft@85/0/7.5/7.5+expcast; do
+            run_step "dev-$(printf '%s' "$m" | tr '@/+' '_-p')" 300 "$BUILD/dev/cuda/dev_attn" test --method "$m"
+        done
+    fi
     run_step perf 300 "$BUILD/test_backend" perf
     if python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
         run_step pytest 300 env QVATTN_LIB="$LIB" python3 -m pytest -q -p no:cacheprovider -rs python/tests
