@@ -1,6 +1,6 @@
 /*
  * The conversion-free score arithmetic of the Hopper 8-bit kernel
- * (src/cuda/attn_qk8_pv8_ws.cu), in one header that the kernel and its CPU
+ * (src/cuda/dense/attn8_ws.cuh, via common/hopper.cuh), in one header that the kernel and its CPU
  * test (tests/test_expcast_magic.c) both compile, so the test checks the
  * expressions the GPU runs (docs/NUMERICS.md §6, "The wgmma kernel's score
  * arithmetic").

@@ -101,7 +101,7 @@ qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
                            int seg_per_bh, int nseg, float *out,
                            cudaStream_t st);
 
-/* ---- DraftAttention2 router (src/cuda/draft_router.cu) ---------------- */
+/* ---- DraftAttention2 router (src/cuda/draft/router.cu) ---------------- */
 /* The packing of the host partition (src/cpu/draft.h), uploaded once per
  * (partition, T, prefix); the route lists are CSR rows
  * i = (bh*R + a)*3 + phase (0: 4-bit, 1: 8-bit, 2: 16-bit) with ascending
@@ -180,7 +180,7 @@ typedef struct qvc_draft_ws_args {
 } qvc_draft_ws_args;
 qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st);
 
-/* ---- 4-bit methods sage4 / vc4 (src/cuda/prep/fp4.cu, src/cuda/attn_fp4.cu) */
+/* ---- 4-bit methods sage4 / vc4 (src/cuda/prep/fp4.cu, dense/attn_fp4_simt_64x128.cu) */
 /*
  * NVFP4 operands (DA2 Eq. 23), codes and scales bit-exact with the CPU
  * quantizers qvi_quant_nvfp4_rows / _cols (src/cpu/formats.c):
@@ -216,7 +216,7 @@ qva_status qvc_prep4(const qvc_view *q, const qvc_view *k, const qvc_view *v,
  * operands, FP32 FMAs in the CPU's order; a->expcast is ignored. */
 qva_status qvc_attn_fp4(const qvc_ops4 *ops, const qvc_attn_args *a, cudaStream_t st);
 
-/* ---- bf16 method (src/cuda/prep16.cu, src/cuda/attn_bf16.cu) ----------- */
+/* ---- bf16 method (prep/bf16.cu, dense/attn_bf16_mma_64x128.cu) ----------- */
 #define QVC_HAVE_OPS16 1
 /* 16-bit operands: BF16 bits, FP16 if use_f16 (the CPU takes the format
  * from q's dtype), RNE from the input; padding is +0.

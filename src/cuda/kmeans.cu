@@ -13,7 +13,7 @@
  *   - updates: the CPU adds token by token, so a cluster's FP64 sum runs
  *     over its members in token order.  The members come from the stable
  *     sort that also yields the final permutation (CUB radix sort, stable,
- *     key = bh*k + label, value = token index); qvc_colsum_mean (prep.cu)
+ *     key = bh*k + label, value = token index); qvc_colsum_mean (prep/colsum.cu)
  *     then sums each member list: in parallel where the data certify that
  *     no partial sum can round (every order is then exact), sequentially
  *     in token order otherwise.  So the centroids equal the CPU's, not
@@ -33,7 +33,7 @@
 
 #include "common/device_util.cuh"
 
-/* Defined in prep.cu: FP64 means of row lists equal to the CPU's
+/* Defined in prep/colsum.cu: FP64 means of row lists equal to the CPU's
  * sequential sums; to move into cuda_internal.h. */
 
 #define KM_THREADS 128

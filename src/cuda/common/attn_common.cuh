@@ -1,6 +1,7 @@
 /*
  * Per-element pieces shared by the 8-bit attention kernels
- * (attn_qk8_pv8.cu: mma.sync; attn_qk8_pv8_ws.cu: wgmma, warp-specialized).
+ * (dense/attn8_mma_64x128.cu: mma.sync; dense/attn8_ws.cuh: wgmma,
+ * warp-specialized).
  * Both kernels keep S and O in the m16n8 accumulator layout (row g and
  * g+8, columns 2*tig and 2*tig+1 of every 8-column chunk), so the
  * probability packing and the epilogue are the same code.

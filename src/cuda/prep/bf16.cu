@@ -2,7 +2,7 @@
  * Operand preparation of the 16-bit method (bf16) on the device: the
  * strided user Q, K, V are rounded to BF16 (FP16 when use_f16; the CPU
  * reference takes that from the dtype of q) and laid out for
- * attn_bf16_mma_64x128 (src/cuda/attn_bf16.cu):
+ * attn_bf16_mma_64x128 (src/cuda/dense/attn_bf16_mma_64x128.cu):
  *   q   [BH][nq_pad][D]       rows >= nq are +0
  *   k   [BH][nk_pad][D]       rows >= nk are +0
  *   v_t [BH][nblk][D][128]    V transposed per 128-key block, keys >= nk +0
