@@ -128,23 +128,4 @@ static __device__ __forceinline__ void qvc_softmax_row_max(const float (&s)[NT][
     mx[1] = qvc_quad_max(mx[1]);
 }
 
-/* The same over a flat wgmma accumulator in a 4-way tree (shorter
- * dependency chains; max is exact, so the order changes no bit). */
-static __device__ __forceinline__ void qvc_softmax_row_max_tree(const float (&s)[64],
-                                                                const float *m, float *mx) {
-    float a0[4], a1[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        a0[q] = fmaxf(s[q * 4 + 0], s[q * 4 + 1]);
-        a1[q] = fmaxf(s[q * 4 + 2], s[q * 4 + 3]);
-    }
-#pragma unroll
-    for (int nt = 4; nt < 16; ++nt) {
-        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
-        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
-    }
-    mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))));
-    mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))));
-}
-
 #endif
