@@ -57,7 +57,7 @@ static inline int qvi_cdiv(int a, int b) { return (a + b - 1) / b; }
 typedef enum qvi_slot {
     QVI_SLOT_DRAFT = 0,      /* host partition cache (src/draft/partition.c)    */
     QVI_SLOT_CUDA = 1,       /* CUDA workspace (src/cuda/runtime.cu)             */
-    QVI_SLOT_CUDA_DRAFT = 2, /* CUDA draft layout/route/operands (attn_draft.cu) */
+    QVI_SLOT_CUDA_DRAFT = 2, /* CUDA draft layout/route/operands (draft/host.cu) */
     QVI_SLOT_CUDA_DEV = 3,   /* kernel versions under trial (dev/cuda)          */
     QVI_SLOT_COUNT_
 } qvi_slot;

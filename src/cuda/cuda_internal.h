@@ -162,8 +162,8 @@ qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
                                 const qvc_attn_args *a, cudaStream_t st);
 
 /* The block-sparse Hopper draft kernel (draft/attn_draft_ws_128x128.cu), head dim 128,
- * routes without an NVFP4 phase.  Operands as attn_draft.cu prepares them
- * (its header): q16/k16 [BH][n_pack][128], v16t [BH][n_pack/128][128][128]
+ * routes without an NVFP4 phase.  Operands as draft/prep.cu prepares them
+ * (draft/draft_internal.h): q16/k16 [BH][n_pack][128], v16t [BH][n_pack/128][128][128]
  * (16-bit, f16 iff f16), q8/k8 [BH][R][128][128] INT8 with q8s/k8s [BH][R],
  * v8t [BH][R][128][128] E4M3 in the PV slot order, dv [BH][128]; the
  * 8-bit ones may be NULL when no route has an INT8 phase. */
@@ -237,7 +237,7 @@ qva_status qvc_prep16(const qvc_view *q, const qvc_view *k, const qvc_view *v,
 qva_status qvc_attn_bf16(const qvc_ops16 *ops, int use_f16,
                          const qvc_attn_args *a, cudaStream_t st);
 
-/* ---- DraftAttention2 phased attention (src/cuda/attn_draft.cu) -------- */
+/* ---- DraftAttention2 phased attention (src/cuda/draft/host.cu) -------- */
 /* The whole `draft@...` call on the device (validated by the dispatcher):
  * plan, router, prep, the phased kernel and the dense rows (prefix queries,
  * or every row during the dense warm-up), on the context's stream. */

@@ -1,0 +1,541 @@
+/*
+ * The operands of the DraftAttention2 kernels (draft_internal.h gives
+ * their layout) from the user's Q, K, V, in the packed region order:
+ *   dg_pack16_kernel    Q, K 16-bit rows, and each video block's channel amax
+ *   dg_pack16t_kernel   V 16-bit, transposed per block, and its amax
+ *   dg_scale_kernel     V's channel scales delta_c, the NVFP4 tensor scales
+ *   dg_int8_kernel      Q, K INT8 codes and one delta per region block
+ *   dg_v8_kernel        V E4M3 codes, transposed in the PV slot order
+ *   dg_fp4_rows_kernel  Q, K NVFP4 reconstructions (groups of 16 channels)
+ *   dg_fp4_cols_kernel  V NVFP4 reconstructions (groups of 16 keys)
+ * dg_prep launches what the plan needs; host.cu runs it on the side
+ * stream, under the router.
+ *
+ * Every quantizer is the CPU's expression (src/cpu/draft.c,
+ * src/cpu/formats.c) with explicit _rn intrinsics (no FMA contraction), so
+ * codes and scales are bit-exact with the CPU reference.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/device_util.cuh"
+#include "draft_internal.h"
+
+#define DG_PREP_THREADS 256
+#define DG_FULL 0xffffffffu
+
+/* ================================================================ device helpers */
+
+/* qva_int8_round. */
+static __device__ __forceinline__ int8_t dg_int8_round(float y) {
+    if (isnan(y)) return 0;
+    if (y >= 127.0f) return 127;
+    if (y <= -127.0f) return -127;
+    return (int8_t)(int)roundf(y);
+}
+
+/* qva_nvfp4_tensor_scale. */
+static __device__ __forceinline__ float dg_tensor_scale(float amax) {
+    if (!isfinite(amax)) return 1.0f;
+    const float g = __fdiv_rn(amax, 2688.0f);
+    return g > 0.0f ? g : 1.0f;
+}
+
+/* nvfp4_group + nvfp4_group_unscaled of src/cpu/formats.c on 16 values:
+ * out = sigma * e2m1(x / (g * sigma)). */
+static __device__ __forceinline__ void dg_nvfp4_group(float *x, float g) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 16; ++u) amax = fmaxf(amax, fabsf(x[u]));
+    const float sigma = dg_e4m3_decode(dg_e4m3(__fdiv_rn(amax, __fmul_rn(6.0f, g))));
+    const float denom = __fmul_rn(g, sigma);
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+        const uint32_t code = sigma == 0.0f ? 0u : dg_e2m1(__fdiv_rn(x[u], denom));
+        x[u] = __fmul_rn(sigma, dg_e2m1_decode(code));
+    }
+}
+
+template <int F16>
+static __device__ __forceinline__ uint16_t dg_round16(float a) {
+    if constexpr (F16)
+        return __half_as_ushort(__float2half_rn(a));
+    else
+        return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+}
+
+/* BF16 bits of a value BF16 holds exactly. */
+static __device__ __forceinline__ uint16_t dg_bf16_bits(float a) {
+    return (uint16_t)(__float_as_uint(a) >> 16);
+}
+
+/* ---- prep kernels: one CTA of 2*D threads per (128-slot block, bh) ----
+ *
+ * Rows of the user view are read in chunks of 8 channels (16-byte loads
+ * where dg_vec_ok holds, else scalar), so the 16 (D 128) or 8 (D 64) lanes
+ * of a row read it in one coalesced piece and share its pack index (a
+ * broadcast load).  Thread t keeps chunk c = 8 (t % (D/8)) and takes the
+ * rows t / (D/8) + 16 k: with 2*D threads the trip counts are constants
+ * for both D, so the loops unroll without branches and no load waits on
+ * another's result but its pack index (a padding slot reads row 0 and is
+ * replaced by +0 afterwards); ptxas then keeps 2-8 row loads per thread in
+ * flight.  The channel amax is a running max per thread, reduced once.
+ * Transposed outputs go through a shared tile of 32-bit words, XOR
+ * swizzled by chunk (dg_swz): a warp's column writes then hit 32 distinct
+ * banks and the row reads stay 16-byte vectors.  Every value is the old
+ * per-element expression, so the outputs are unchanged bit for bit. */
+
+#define DG_CPR_LG(D) ((D) == 128 ? 4 : 3) /* log2 of the 8-channel chunks per row */
+#define DG_RSTEP 16                       /* rows (or tile words) between a thread's tasks */
+
+/* Channels off .. off+7 of a user view, widened to f32 exactly (qvc_ld).
+ * VEC: off is 16-byte aligned (dg_vec_ok). */
+template <int DT, bool VEC>
+static __device__ __forceinline__ void dg_ld8(const void *p, int64_t off, float *x) {
+    if constexpr (VEC && DT == QVA_F32) {
+        const float4 a = __ldg((const float4 *)((const float *)p + off));
+        const float4 b = __ldg((const float4 *)((const float *)p + off) + 1);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+        x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else if constexpr (VEC) {
+        const uint4 u = __ldg((const uint4 *)((const unsigned short *)p + off));
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (DT == QVA_BF16) {
+                x[2 * i] = __uint_as_float(w[i] << 16);
+                x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+            } else {
+                x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
+                x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = qvc_ld<DT>(p, off + i);
+    }
+}
+
+/* x = +0 where the slot is padding. */
+static __device__ __forceinline__ void dg_mask8(float *x, bool valid) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = valid ? x[i] : 0.0f;
+}
+
+/* Two 16-bit RNE values in one word, a at the lower address. */
+template <int F16>
+static __device__ __forceinline__ uint32_t dg_pair16(float a, float b) {
+    return (uint32_t)dg_round16<F16>(a) | ((uint32_t)dg_round16<F16>(b) << 16);
+}
+
+/* Tile row c stores logical word j at j ^ dg_swz(c).  A warp's column
+ * write covers D/8 chunks x 256/D consecutive words (the lowest a multiple
+ * of 256/D), so chunk * 256/D spreads the 32 lanes over all banks. */
+static __device__ __forceinline__ int dg_swz(int c, int lg) { return (c >> 3) << (5 - lg); }
+
+/* Logical words 4q .. 4q+3 of a swizzled tile row (s = its dg_swz, even):
+ * one aligned 16-byte group, its two halves swapped when s & 2. */
+static __device__ __forceinline__ uint4 dg_tile_ld(const uint32_t *row, int q, int s) {
+    const uint4 u = *(const uint4 *)(row + ((4 * q) ^ (s & ~3)));
+    return (s & 2) ? make_uint4(u.z, u.w, u.x, u.y) : u;
+}
+
+/* out[0..D) = channel max over the CTA of m (this thread's chunk).  The
+ * values are |x| >= 0 and never NaN (fmaxf drops NaN), so any reduction
+ * order gives the same bits. */
+static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int lg, float *out) {
+    __shared__ float red[DG_PREP_THREADS / 32][128]; /* [warp][channel] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float r[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r[e] = m[e];
+    for (int o = 1 << lg; o < 32; o <<= 1) /* the lanes with the same chunk */
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] = fmaxf(r[e], __shfl_xor_sync(DG_FULL, r[e], o));
+    if (lane < (1 << lg))
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[warp][lane * 8 + e] = r[e];
+    __syncthreads();
+    if ((int)threadIdx.x < D) {
+        float a = red[0][threadIdx.x];
+        for (int w = 1; w < D / 16; ++w) a = fmaxf(a, red[w][threadIdx.x]);
+        out[threadIdx.x] = a;
+    }
+}
+
+/* Q, K 16-bit rows [slot][D].  amax (low-bit calls): the channel amax of
+ * each video block (blk >= pblk) into amax[bh][blk - pblk][D].  Padding
+ * slots (pack -1) give +0, which leaves the max alone; partition.c puts
+ * a region's count cells first, so the rest are exactly its valid tokens. */
+template <int DT, int F16, bool VEC>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int R, uint16_t *dst,
+                 float *amax) {
+    const int blk = blockIdx.x, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
+    const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
+    const int64_t base = qvc_head_base(x, bh);
+    const int32_t *pk = pack + (int64_t)blk * DG_KEYS + r0;
+    int32_t orig[8];
+    float v[8][8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+        dg_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
+    uint16_t *o = dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c;
+    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        dg_mask8(v[k], orig[k] >= 0);
+        *(uint4 *)(o + k * DG_RSTEP * D) =
+            make_uint4(dg_pair16<F16>(v[k][0], v[k][1]), dg_pair16<F16>(v[k][2], v[k][3]),
+                       dg_pair16<F16>(v[k][4], v[k][5]), dg_pair16<F16>(v[k][6], v[k][7]));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[k][e]));
+    }
+    if (amax && blk >= pblk) dg_amax_store(m, D, lg, amax + ((int64_t)bh * R + (blk - pblk)) * D);
+}
+
+/* V 16-bit transposed [blk][D][128], amax as dg_pack16_kernel.  A task is
+ * keys 2j, 2j+1 x one chunk: per channel the two values are tile word j of
+ * row c (little-endian: key 2j first); the tile rows then go out whole. */
+template <int DT, int F16, bool VEC>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_pack16t_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int R, uint16_t *dst,
+                  float *amax) {
+    __shared__ __align__(16) uint32_t tile[128 * (DG_KEYS / 2)]; /* [c][key pair], swizzled */
+    const int blk = blockIdx.x, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
+    const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, j0 = threadIdx.x >> lg;
+    const int64_t base = qvc_head_base(x, bh);
+    const int32_t *pk = pack + (int64_t)blk * DG_KEYS + 2 * j0;
+    int32_t orig[4][2];
+    float v[4][2][8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) orig[k][h] = __ldg(pk + 2 * k * DG_RSTEP + h);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            dg_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k][h], 0) * x.sn + c, v[k][h]);
+    const int s = dg_swz(c, lg);
+    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int j = j0 + k * DG_RSTEP;
+        dg_mask8(v[k][0], orig[k][0] >= 0);
+        dg_mask8(v[k][1], orig[k][1] >= 0);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            tile[(c + e) * (DG_KEYS / 2) + (j ^ s)] = dg_pair16<F16>(v[k][0][e], v[k][1][e]);
+            m[e] = fmaxf(m[e], fmaxf(fabsf(v[k][0][e]), fabsf(v[k][1][e])));
+        }
+    }
+    __syncthreads();
+    uint4 *o = (uint4 *)(dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS) * D);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) { /* D * 16 pieces of 16 bytes, row cc = t / 16 */
+        const int t = threadIdx.x + k * 2 * D, cc = t >> 4;
+        o[t] = dg_tile_ld(tile + cc * (DG_KEYS / 2), t & 15, dg_swz(cc, lg));
+    }
+    if (amax && blk >= pblk) dg_amax_store(m, D, lg, amax + ((int64_t)bh * R + (blk - pblk)) * D);
+}
+
+/* Per (tensor w, head): the channel amax over all regions; V's gives the
+ * channel scales delta_c = amax/2.25 (1 if zero), and with NVFP4 each
+ * tensor scale comes from the max over channels.  Thread = 4 channels of
+ * every (DG_SCALE_THREADS / (D/4))-th region; a max in any order (values
+ * >= 0, never NaN) is the serial loop's bits. */
+#define DG_SCALE_THREADS 512
+__global__ void __launch_bounds__(DG_SCALE_THREADS)
+dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int with8, float *g4,
+                float *dv) {
+    __shared__ __align__(16) float red[DG_SCALE_THREADS * 4]; /* [slice][D] */
+    __shared__ float wm[DG_SCALE_THREADS / 32];
+    const int w = w0 + (int)blockIdx.x, bh = blockIdx.y, t = threadIdx.x;
+    const int c4 = D / 4, q = t % c4, slice = t / c4, slices = DG_SCALE_THREADS / c4;
+    const float4 *am = (const float4 *)(amax + ((int64_t)w * BH + bh) * R * D) + q;
+    float4 m = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int a = slice; a < R; a += slices) {
+        const float4 u = __ldg(am + (int64_t)a * c4);
+        m.x = fmaxf(m.x, u.x), m.y = fmaxf(m.y, u.y), m.z = fmaxf(m.z, u.z), m.w = fmaxf(m.w, u.w);
+    }
+    *(float4 *)&red[slice * D + 4 * q] = m;
+    __syncthreads();
+    float cm = 0.0f;
+    if (t < D) {
+        for (int sl = 0; sl < slices; ++sl) cm = fmaxf(cm, red[sl * D + t]);
+        if (w == 2 && with8) {
+            const float sc = __fdiv_rn(cm, 2.25f); /* v_channel_scale, no means */
+            dv[(int64_t)bh * D + t] = sc > 0.0f ? sc : 1.0f;
+        }
+    }
+    if (with4) {
+        for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(DG_FULL, cm, o));
+        if ((t & 31) == 0) wm[t >> 5] = cm;
+        __syncthreads();
+        if (t == 0) {
+            float tm = 0.0f;
+            for (int i = 0; i < DG_SCALE_THREADS / 32; ++i) tm = fmaxf(tm, wm[i]);
+            g4[(int64_t)bh * 3 + w] = dg_tensor_scale(tm);
+        }
+    }
+}
+
+/* INT8 codes of Q or K for one region block, and its delta
+ * amax/127 + 1e-7 (the block amax = the max of its channel amax, which
+ * dg_pack16_kernel wrote) into delta[bh][a]. */
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
+               const float *amax, float *delta, int8_t *codes) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a], lg = DG_CPR_LG(D);
+    const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const int64_t blk = (int64_t)bh * R + a;
+    int32_t orig[8];
+    float v[8][8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int i = r0 + k * DG_RSTEP;
+        orig[k] = i < n ? __ldg(pack + slot0 + i) : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dg_ld8<DT, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
+    float bm = 0.0f; /* every warp reduces the D channel values itself */
+    for (int i = threadIdx.x & 31; i < D; i += 32) bm = fmaxf(bm, __ldg(amax + blk * D + i));
+    for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(DG_FULL, bm, o));
+    const float dl = __fadd_rn(__fdiv_rn(bm, 127.0f), 1e-7f);
+    if (threadIdx.x == 0) delta[blk] = dl;
+    int8_t *o = codes + (blk * DG_KEYS + r0) * D + c;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        dg_mask8(v[k], r0 + k * DG_RSTEP < n);
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            w[e >> 2] |= (uint32_t)(uint8_t)dg_int8_round(__fdiv_rn(v[k][e], dl)) << (8 * (e & 3));
+        *(uint2 *)(o + k * DG_RSTEP * D) = make_uint2(w[0], w[1]);
+    }
+}
+
+/* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
+ * the PV slot order.  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
+ * is those 4 keys x one chunk. */
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
+             const float *dv, uint8_t *v8t) {
+    __shared__ __align__(16) uint32_t tile[128 * (DG_KEYS / 4)]; /* [c][slot quad], swizzled */
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a], lg = DG_CPR_LG(D);
+    const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, w0 = threadIdx.x >> lg;
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    int key[2][4], orig[2][4];
+    float v[2][4][8];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int w = w0 + k * DG_RSTEP;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int slot = 4 * w + u;
+            key[k][u] = (slot & ~31) + qvc_pv_slot_key(slot & 31);
+            orig[k][u] = key[k][u] < n ? __ldg(pack + slot0 + key[k][u]) : 0;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            dg_ld8<DT, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
+    float d[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = __ldg(dv + (int64_t)bh * D + c + e);
+    const int s = dg_swz(c, lg);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int w = w0 + k * DG_RSTEP;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) dg_mask8(v[k][u], key[k][u] < n);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            uint32_t word = 0u;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) word |= dg_e4m3(__fdiv_rn(v[k][u][e], d[e])) << (8 * u);
+            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = word;
+        }
+    }
+    __syncthreads();
+    uint4 *o = (uint4 *)(v8t + ((int64_t)bh * R + a) * D * DG_KEYS);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) { /* D * 8 pieces of 16 bytes, row cc = t / 8 */
+        const int t = threadIdx.x + k * 2 * D, cc = t >> 3;
+        o[t] = dg_tile_ld(tile + cc * (DG_KEYS / 4), t & 7, dg_swz(cc, lg));
+    }
+}
+
+/* NVFP4 of Q or K (groups of 16 channels of a row), BF16 reconstructions. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_fp4_rows_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad,
+                   int R, const float *g4, int which, uint16_t *dst) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, G = D / 16, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const float g = g4[(int64_t)bh * 3 + which];
+    for (int idx = threadIdx.x; idx < DG_KEYS * G; idx += DG_PREP_THREADS) {
+        const int i = idx / G, grp = idx % G;
+        float v[16];
+        const int64_t row = i < n ? base + (int64_t)__ldg(pack + slot0 + i) * x.sn : -1;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) v[u] = row >= 0 ? qvc_ld<DT>(x.data, row + grp * 16 + u) : 0.0f;
+        dg_nvfp4_group(v, g);
+        uint16_t *o = dst + (((int64_t)bh * R + a) * DG_KEYS + i) * D + grp * 16;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) o[u] = dg_bf16_bits(v[u]);
+    }
+}
+
+/* NVFP4 of V (groups of 16 keys of a channel), transposed [D][128]. */
+template <int DT>
+__global__ void __launch_bounds__(DG_PREP_THREADS)
+dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad,
+                   int R, const float *g4, uint16_t *dst) {
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a];
+    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
+    const float g = g4[(int64_t)bh * 3 + 2];
+    for (int idx = threadIdx.x; idx < D * (DG_KEYS / 16); idx += DG_PREP_THREADS) {
+        const int c = idx % D, grp = idx / D;
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+            const int key = grp * 16 + u;
+            v[u] = key < n ? qvc_ld<DT>(x.data, base + (int64_t)__ldg(pack + slot0 + key) * x.sn + c)
+                           : 0.0f;
+        }
+        dg_nvfp4_group(v, g);
+        uint16_t *o = dst + (((int64_t)bh * R + a) * D + c) * DG_KEYS + grp * 16;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) o[u] = dg_bf16_bits(v[u]);
+    }
+}
+
+/* ================================================================ launchers */
+
+/* 16-byte row loads are legal when the base and every row start are
+ * 16-byte aligned (chunks start at multiples of 8 elements). */
+static bool dg_vec_ok(const qvc_view *x) {
+    const int64_t step = x->dtype == QVA_F32 ? 4 : 8; /* elements per 16 bytes */
+    return ((uintptr_t)x->data & 15u) == 0 && x->sb % step == 0 && x->sh % step == 0 &&
+           x->sn % step == 0;
+}
+
+/* One 16-bit operand (trans: V^T) and, with amax, its channel amax. */
+template <int DT, int F16>
+static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
+                             uint16_t *dst, float *amax, int trans, cudaStream_t st) {
+    const dim3 grid((unsigned)(L->n_pack / DG_KEYS), (unsigned)BH);
+    const int pblk = (int)(L->prefix_pad / DG_KEYS);
+    const int32_t *pk = L->pack_to_orig;
+    const int64_t np = L->n_pack;
+    const unsigned nt = 2 * (unsigned)x.D;
+    const bool vec = dg_vec_ok(&x);
+    if (trans && vec)
+        dg_pack16t_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+    else if (trans)
+        dg_pack16t_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+    else if (vec)
+        dg_pack16_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+    else
+        dg_pack16_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+}
+
+/* The 8-bit operand of tensor w (0 Q, 1 K: INT8 and delta; 2 V: E4M3). */
+template <int DT>
+static void dg_launch_8bit(const qvc_view &x, const qvc_draft_layout *L, const dg_ops *o, int w,
+                           cudaStream_t st) {
+    const dim3 grid((unsigned)o->R, (unsigned)o->BH);
+    const unsigned nt = 2 * (unsigned)o->D;
+    const int32_t *pk = L->pack_to_orig, *cnt = L->count;
+    const int64_t pp = L->prefix_pad;
+    const bool vec = dg_vec_ok(&x);
+    const float *am = o->amax + (size_t)w * o->BH * o->R * o->D;
+    float *dl = w ? o->k8s : o->q8s;
+    int8_t *codes = w ? o->k8 : o->q8;
+    if (w == 2 && vec)
+        dg_v8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
+    else if (w == 2)
+        dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
+    else if (vec)
+        dg_int8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+    else
+        dg_int8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+}
+
+/* The NVFP4 reconstructions q4, k4, v4t (after dg_scale_kernel's g4). */
+static qva_status dg_prep_fp4(const qvc_draft_layout *L, const qvc_view *qv, const qvc_view *kv,
+                              const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+    const dim3 grid((unsigned)o->R, (unsigned)o->BH);
+    const int32_t *pk = L->pack_to_orig, *cnt = L->count;
+    const int64_t pp = L->prefix_pad;
+    const int R = o->R;
+    qva_status r;
+    QVC_DISPATCH_DTYPE(qv->dtype, (dg_fp4_rows_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                      *qv, pk, cnt, pp, R, o->g4, 0, o->q4)));
+    if ((r = qvc_launch_check("draft prep: Q nvfp4")) != QVA_OK) return r;
+    QVC_DISPATCH_DTYPE(kv->dtype, (dg_fp4_rows_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                      *kv, pk, cnt, pp, R, o->g4, 1, o->k4)));
+    if ((r = qvc_launch_check("draft prep: K nvfp4")) != QVA_OK) return r;
+    QVC_DISPATCH_DTYPE(vv->dtype, (dg_fp4_cols_kernel<DT_><<<grid, DG_PREP_THREADS, 0, st>>>(
+                                      *vv, pk, cnt, pp, R, o->g4, o->v4t)));
+    return qvc_launch_check("draft prep: V nvfp4");
+}
+
+/* The 16-bit operands q16, k16, v16t and, with amax, each region's
+ * channel amax of Q, K, V into amax [3][BH][R][D]. */
+static qva_status dg_prep16(const qvi_draft_plan *pl, const qvc_draft_layout *L,
+                            const qvc_view *const xs[3], dg_ops *o, float *amax,
+                            cudaStream_t st) {
+    const int BH = o->BH, R = o->R;
+    uint16_t *d16[3] = {o->q16, o->k16, o->v16t};
+    const size_t plane = (size_t)BH * R * o->D;
+    for (int w = 0; w < 3; ++w) {
+        const qvc_view &x = *xs[w];
+        float *am = amax ? amax + w * plane : NULL;
+        const int tr = w == 2;
+        if (pl->use_f16)
+            QVC_DISPATCH_DTYPE(x.dtype,
+                               (dg_launch_pack16<DT_, 1>(x, L, R, BH, d16[w], am, tr, st)));
+        else
+            QVC_DISPATCH_DTYPE(x.dtype,
+                               (dg_launch_pack16<DT_, 0>(x, L, R, BH, d16[w], am, tr, st)));
+        const qva_status r = qvc_launch_check("draft prep: 16-bit operands");
+        if (r != QVA_OK) return r;
+    }
+    return QVA_OK;
+}
+
+/* All operands of the phased kernel.  Each input is read once by its
+ * 16-bit pack (which also gives the channel amax of every region) and
+ * once more by its 8-bit quantizer; the scales need only the amax. */
+qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
+                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+    const int lowbit = pl->with4 || pl->with8;
+    const qvc_view *const xs[3] = {qv, kv, vv};
+    qva_status r = dg_prep16(pl, L, xs, o, lowbit ? o->amax : NULL, st);
+    if (r != QVA_OK || !lowbit) return r;
+    const int w0 = pl->with4 ? 0 : 2; /* without NVFP4 only V's channel scales */
+    dg_scale_kernel<<<dim3((unsigned)(3 - w0), (unsigned)o->BH), DG_SCALE_THREADS, 0, st>>>(
+        o->amax, o->BH, o->R, o->D, w0, pl->with4, pl->with8, o->g4, o->dv);
+    if ((r = qvc_launch_check("draft prep: scales")) != QVA_OK) return r;
+    if (pl->with8)
+        for (int w = 0; w < 3; ++w) {
+            QVC_DISPATCH_DTYPE(xs[w]->dtype, (dg_launch_8bit<DT_>(*xs[w], L, o, w, st)));
+            if ((r = qvc_launch_check("draft prep: 8-bit operands")) != QVA_OK) return r;
+        }
+    return pl->with4 ? dg_prep_fp4(L, qv, kv, vv, o, st) : QVA_OK;
+}
