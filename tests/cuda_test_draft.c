@@ -1,5 +1,5 @@
 /*
- * The DraftAttention2 router on the device (src/cuda/draft_router.cu)
+ * The DraftAttention2 router on the device (src/cuda/draft/router.cu)
  * against the CPU reference (src/draft/router.h), bit for bit: pooled
  * descriptors (Eq. 1), the draft map (Eq. 2), the quotas, the precision
  * matrix (Algorithm 1) and the per-(head, query region, phase) key lists.

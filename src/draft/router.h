@@ -2,7 +2,7 @@
  * DraftAttention2 router, the reference arithmetic (src/draft/router.c):
  * region pooling (DA2 Eq. 1, C.1), the draft map (Eq. 2) and the ranking
  * with quotas (Algorithm 1).  The CPU reference routes with these; the
- * CUDA router (src/cuda/draft_router.cu) is checked against them bit for
+ * CUDA router (src/cuda/draft/router.cu) is checked against them bit for
  * bit.  Pure and deterministic; docs/DRAFT.md §3 gives the numerics.
  */
 #ifndef QVATTN_DRAFT_ROUTER_H

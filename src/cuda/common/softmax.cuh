@@ -29,6 +29,7 @@
 #ifndef QVATTN_SOFTMAX_CUH
 #define QVATTN_SOFTMAX_CUH
 
+#include "common/device_util.cuh"
 #include "common/mma_sync.cuh"
 
 enum {
@@ -126,6 +127,50 @@ static __device__ __forceinline__ void qvc_softmax_row_max(const float (&s)[NT][
     }
     mx[0] = qvc_quad_max(mx[0]);
     mx[1] = qvc_quad_max(mx[1]);
+}
+
+/* The 16-bit P of one block of m16n8 fragments s[NT][4]: p = exp2(s - m)
+ * in FP32, the thread's row sums rs in key order (exact adds, the CPU's
+ * order within a thread), p rounded to BF16 (FP16 if F16) as the PV A
+ * fragments: pa[c] holds keys 16c .. 16c + 15. */
+template <int F16, int NT>
+static __device__ __forceinline__ void qvc_softmax_probs16(const float (&s)[NT][4], const float *m,
+                                                           float *rs, uint32_t (&pa)[NT / 2][4]) {
+    const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
+#pragma unroll
+    for (int c = 0; c < NT / 2; ++c) {
+        const float *lo = s[2 * c], *hi = s[2 * c + 1];
+        const float p0 = exp2f(__fsub_rn(lo[0], mr0)), p1 = exp2f(__fsub_rn(lo[1], mr0));
+        const float p2 = exp2f(__fsub_rn(lo[2], mr1)), p3 = exp2f(__fsub_rn(lo[3], mr1));
+        const float p4 = exp2f(__fsub_rn(hi[0], mr0)), p5 = exp2f(__fsub_rn(hi[1], mr0));
+        const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
+        rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
+        rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
+        pa[c][0] = qvc_pack2<F16>(p0, p1); /* row g,     keys 16c + 2t     */
+        pa[c][1] = qvc_pack2<F16>(p2, p3); /* row g + 8, keys 16c + 2t     */
+        pa[c][2] = qvc_pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
+        pa[c][3] = qvc_pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
+    }
+}
+
+/* The row sums of a block of E4M3 P codes pa (keys 32c .. 32c + 31 in
+ * pa[c]): with ExpCast the sum of the values the codes decode to (Prop.
+ * 3.1), from one extra MMA against a column of E4M3 ones (0x38), with no
+ * per-element decode (every column of the 16x8 tile holds the same sums);
+ * else the quad sum of the thread's FP32 partials rs. */
+template <int NC>
+static __device__ __forceinline__ void qvc_softmax_code_sums(const uint32_t (&pa)[NC][4],
+                                                             int expcast, float *rs) {
+    if (expcast) {
+        float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < NC; ++c) qvc_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
+        rs[0] = ones[0];
+        rs[1] = ones[2];
+    } else {
+        rs[0] = qvc_quad_sum(rs[0]);
+        rs[1] = qvc_quad_sum(rs[1]);
+    }
 }
 
 #endif

@@ -117,19 +117,7 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 #pragma unroll
         for (int c = 0; c < KEYS / 32; ++c)
             qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, rs, pa[c]);
-        if (a.expcast) {
-            /* Row sum of the decoded codes (Prop. 3.1) from one extra MMA
-             * against a column of E4M3 ones (0x38): no per-element decode.
-             * Every column of the 16x8 tile holds the same sums. */
-            float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int c = 0; c < KEYS / 32; ++c) qvc_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
-            rs[0] = ones[0];
-            rs[1] = ones[2];
-        } else {
-            rs[0] = qvc_quad_sum(rs[0]);
-            rs[1] = qvc_quad_sum(rs[1]);
-        }
+        qvc_softmax_code_sums(pa, a.expcast, rs);
         l[0] += rs[0];
         l[1] += rs[1];
 

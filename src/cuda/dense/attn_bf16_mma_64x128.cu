@@ -117,23 +117,9 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
         qvc_softmax_raise<QVC_SM_EXACT_MUL>(mx, m, l, o);
 
         /* ---- P: FP32 weights into l, 16-bit into the PV A fragments ---- */
-        const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
         uint32_t pa[B16_KEYS / 16][4];
         float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int c = 0; c < B16_KEYS / 16; ++c) {
-            const float *lo = s[2 * c], *hi = s[2 * c + 1];
-            const float p0 = exp2f(__fsub_rn(lo[0], mr0)), p1 = exp2f(__fsub_rn(lo[1], mr0));
-            const float p2 = exp2f(__fsub_rn(lo[2], mr1)), p3 = exp2f(__fsub_rn(lo[3], mr1));
-            const float p4 = exp2f(__fsub_rn(hi[0], mr0)), p5 = exp2f(__fsub_rn(hi[1], mr0));
-            const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
-            rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
-            rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
-            pa[c][0] = qvc_pack2<F16>(p0, p1); /* row g,     keys 16c + 2t     */
-            pa[c][1] = qvc_pack2<F16>(p2, p3); /* row g + 8, keys 16c + 2t     */
-            pa[c][2] = qvc_pack2<F16>(p4, p5); /* row g,     keys 16c + 8 + 2t */
-            pa[c][3] = qvc_pack2<F16>(p6, p7); /* row g + 8, keys 16c + 8 + 2t */
-        }
+        qvc_softmax_probs16<F16>(s, m, rs, pa);
         l[0] = __fadd_rn(l[0], qvc_quad_sum(rs[0]));
         l[1] = __fadd_rn(l[1], qvc_quad_sum(rs[1]));
 

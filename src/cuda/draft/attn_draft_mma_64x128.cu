@@ -154,23 +154,9 @@ static __device__ __forceinline__ void dg_block16(dg_acc<D> &r, const uint32_t (
     float s[DG_KEYS / 8][4];
     dg_scores16<D, F16>(s, qf, smem, f, valid);
     dg_raise<D>(r, s);
-    const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
     uint32_t pa[DG_KEYS / 16][4];
     float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int c = 0; c < DG_KEYS / 16; ++c) {
-        const float *lo = s[2 * c], *hi = s[2 * c + 1];
-        const float p0 = exp2f(__fsub_rn(lo[0], mr0)), p1 = exp2f(__fsub_rn(lo[1], mr0));
-        const float p2 = exp2f(__fsub_rn(lo[2], mr1)), p3 = exp2f(__fsub_rn(lo[3], mr1));
-        const float p4 = exp2f(__fsub_rn(hi[0], mr0)), p5 = exp2f(__fsub_rn(hi[1], mr0));
-        const float p6 = exp2f(__fsub_rn(hi[2], mr1)), p7 = exp2f(__fsub_rn(hi[3], mr1));
-        rs[0] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[0], p0), p1), p4), p5);
-        rs[1] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(rs[1], p2), p3), p6), p7);
-        pa[c][0] = qvc_pack2<F16>(p0, p1);
-        pa[c][1] = qvc_pack2<F16>(p2, p3);
-        pa[c][2] = qvc_pack2<F16>(p4, p5);
-        pa[c][3] = qvc_pack2<F16>(p6, p7);
-    }
+    qvc_softmax_probs16<F16>(s, r.m, rs, pa);
     r.l[0] = __fadd_rn(r.l[0], qvc_quad_sum(rs[0]));
     r.l[1] = __fadd_rn(r.l[1], qvc_quad_sum(rs[1]));
     const uint16_t *vt = (const uint16_t *)(smem + dg_smem16_k<D>());
@@ -326,16 +312,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
         pa[c][2] = lo2 | (hi2 << 16);
         pa[c][3] = lo3 | (hi3 << 16);
     }
-    if (expcast) { /* the row sum of the decoded codes, from a ones column */
-        float ones[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int c = 0; c < DG_KEYS / 32; ++c) qvc_mma_e4m3(ones, pa[c], 0x38383838u, 0x38383838u);
-        rs[0] = ones[0];
-        rs[1] = ones[2];
-    } else {
-        rs[0] = qvc_quad_sum(rs[0]);
-        rs[1] = qvc_quad_sum(rs[1]);
-    }
+    qvc_softmax_code_sums(pa, expcast, rs);
     r.l[0] = __fadd_rn(r.l[0], rs[0]);
     r.l[1] = __fadd_rn(r.l[1], rs[1]);
 #pragma unroll
