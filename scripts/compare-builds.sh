@@ -10,7 +10,8 @@
 #          output and LSE of every (case, method); the two lists must match
 #          line for line (kernel names in the [why] column may differ)
 #   speed  bench/compare.py on Wan2.2-720p for sage8, vc8+expcast and
-#          draft@85/0/0/15, the two builds alternating ROUNDS times (default
+#          draft@85/0/0/15 (and draft@70/10/10/10, the mma.sync draft kernel
+#          with an NVFP4 phase), the two builds alternating ROUNDS times (default
 #          2), each run with its own cuDNN baseline; the medians of the
 #          full-call ratios to cuDNN are compared
 # Logs and JSON go to $OUT (default ./out).  Exit status non-zero if the
@@ -58,7 +59,7 @@ if [ "$WHAT" != hash ]; then
             [ $b = base ] && lib="$BASE/build-gpu/libqvattn.so"
             mkdir -p "$OUT/speed-$b-$r"
             QVATTN_LIB="$lib" timeout 300 python3 bench/compare.py --shapes wan2.2-720p \
-                --methods sage8,vc8+expcast,draft@85/0/0/15 --baselines cudnn --iters 5 \
+                --methods sage8,vc8+expcast,draft@85/0/0/15,draft@70/10/10/10 --baselines cudnn --iters 5 \
                 --out "$OUT/speed-$b-$r" >"$OUT/speed-$b-$r.log" 2>&1 || echo "speed $b $r: rc=$?"
         done
     done

@@ -348,10 +348,34 @@ static __device__ __forceinline__ void dg_phase_scale(dg_acc<D> &r, const float 
  * grid (2 R, BH): CTA x covers rows [64 (x & 1), +64) of video region
  * a = x >> 1 of head bh; warp w rows 16 w + g and + 8 of that half.
  */
+/* The kernel's dynamic shared memory: the K and V^T tiles of one block. */
+extern __shared__ __align__(16) unsigned char dg_smem[];
+
+/* The 16-bit phase of one CTA: every prefix block, then the 16-bit video
+ * blocks cols[e2 .. e3). */
 template <int D, int F16>
+static __device__ __forceinline__ void dg_phase16(dg_acc<D> &r, const dg_params &p, int a, int bh,
+                                                  int lr0, int e2, int e3) {
+    const dg_ops &op = p.ops;
+    uint32_t qf[D / 16][4];
+    const int64_t hp = (int64_t)bh * p.n_pack;
+    dg_qfrag16<D>(qf, op.q16 + (hp + p.prefix_pad + (int64_t)a * DG_KEYS + lr0) * D);
+    for (int64_t k0 = 0; k0 < p.prefix_pad; k0 += DG_KEYS) {
+        const int64_t left = (int64_t)p.prefix - k0;
+        dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
+                           (int)(left < DG_KEYS ? left : DG_KEYS), p.scale_log2);
+    }
+    for (int i = e2; i < e3; ++i) {
+        const int b = p.cols[i];
+        const int64_t k0 = p.prefix_pad + (int64_t)b * DG_KEYS;
+        dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
+                           p.count[b], p.scale_log2);
+    }
+}
+
+template <int D>
 __global__ void __launch_bounds__(DG_THREADS)
 attn_draft_mma_64x128(dg_params p) {
-    extern __shared__ __align__(16) unsigned char dg_smem[];
     const int bh = blockIdx.y, a = blockIdx.x >> 1, half = blockIdx.x & 1;
     const int cnt = p.count[a];
     if (half * DG_ROWS >= cnt) return; /* only padding rows: uniform exit */
@@ -406,23 +430,13 @@ attn_draft_mma_64x128(dg_params p) {
         dg_phase_scale<D>(r, dv, p.eta, 0);
     }
 
-    /* 3. 16-bit: every prefix block, then the 16-bit video blocks */
-    {
-        uint32_t qf[D / 16][4];
-        const int64_t hp = (int64_t)bh * p.n_pack;
-        dg_qfrag16<D>(qf, op.q16 + (hp + p.prefix_pad + (int64_t)a * DG_KEYS + lr0) * D);
-        for (int64_t k0 = 0; k0 < p.prefix_pad; k0 += DG_KEYS) {
-            const int64_t left = (int64_t)p.prefix - k0;
-            dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
-                               (int)(left < DG_KEYS ? left : DG_KEYS), p.scale_log2);
-        }
-        for (int i = e2; i < e3; ++i) {
-            const int b = p.cols[i];
-            const int64_t k0 = p.prefix_pad + (int64_t)b * DG_KEYS;
-            dg_block16<D, F16>(r, qf, dg_smem, op.k16 + (hp + k0) * D, op.v16t + (hp + k0) * D,
-                               p.count[b], p.scale_log2);
-        }
-    }
+    /* 3. 16-bit: every prefix block, then the 16-bit video blocks; the
+     * format is a runtime choice so that the NVFP4 and INT8 phases are
+     * compiled once per head dim */
+    if (p.f16)
+        dg_phase16<D, 1>(r, p, a, bh, lr0, e2, e3);
+    else
+        dg_phase16<D, 0>(r, p, a, bh, lr0, e2, e3);
 
     /* qvi_row_finish, scattered back to the sequence order */
     const qvc_attn_args &A = p.a;
@@ -449,19 +463,19 @@ attn_draft_mma_64x128(dg_params p) {
 
 /* ================================================================ launcher */
 
-template <int D, int F16>
+template <int D>
 static qva_status dg_launch_attn(const dg_params &p, int BH, cudaStream_t st) {
     const int smem = dg_smem_bytes<D>(); /* 69632 (D 128) or 35840 (D 64) bytes */
-    cudaError_t e = cudaFuncSetAttribute(attn_draft_mma_64x128<D, F16>,
+    cudaError_t e = cudaFuncSetAttribute(attn_draft_mma_64x128<D>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft: shared memory attribute");
     const dim3 grid((unsigned)(2 * p.R), (unsigned)BH);
-    attn_draft_mma_64x128<D, F16><<<grid, DG_THREADS, smem, st>>>(p);
+    attn_draft_mma_64x128<D><<<grid, DG_THREADS, smem, st>>>(p);
     return qvc_launch_check("attn_draft");
 }
 
 qva_status dg_launch_mma(const dg_params *p, int BH, int D, int f16, cudaStream_t st) {
-    if (D == 128)
-        return f16 ? dg_launch_attn<128, 1>(*p, BH, st) : dg_launch_attn<128, 0>(*p, BH, st);
-    return f16 ? dg_launch_attn<64, 1>(*p, BH, st) : dg_launch_attn<64, 0>(*p, BH, st);
+    dg_params q = *p;
+    q.f16 = f16 != 0;
+    return D == 128 ? dg_launch_attn<128>(q, BH, st) : dg_launch_attn<64>(q, BH, st);
 }
