@@ -19,7 +19,7 @@
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-[ $# -ge 1 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,21p' "$0"; exit 2; }
 BASE=$(cd "$1" && pwd) || exit 2
 WHAT=${2:-both}
 ROUNDS=${3:-2}
