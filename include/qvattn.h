@@ -168,6 +168,18 @@ int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
  * them through torch SDPA). */
 qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t head_dim,
                                 int *dense_warmup);
+/* The checks qva_attention makes on a call before it computes: the config
+ * (step inside the schedule, sm_scale, method options), the descriptors on
+ * `device` and their agreement, self-attention for vc8, vc4 and draft, the
+ * lse descriptor and, with cfg->check_finite, the NaN/Inf scan of CPU
+ * inputs.  out and lse may be NULL (not checked).  Returns the status (and
+ * qva_last_error() message) qva_attention gives for these; the draft plan's
+ * own checks are qva_draft_step_check's.  For callers that compute a call
+ * elsewhere (the PyTorch layer's draft warm-up steps on torch SDPA). */
+qva_status qva_attention_check(qva_device device, const qva_config *cfg,
+                               const qva_tensor *q, const qva_tensor *k,
+                               const qva_tensor *v, const qva_tensor *out,
+                               const qva_tensor *lse);
 /* 1 if the library was built with CUDA and a device is present. */
 int qva_cuda_available(void);
 /* Device memory helpers, so C callers need no CUDA headers.  Without CUDA

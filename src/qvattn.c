@@ -613,6 +613,17 @@ qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t
     return QVA_OK;
 }
 
+qva_status qva_attention_check(qva_device device, const qva_config *cfg,
+                               const qva_tensor *q, const qva_tensor *k,
+                               const qva_tensor *v, const qva_tensor *out,
+                               const qva_tensor *lse) {
+    qvi_clear_error();
+    if (device != QVA_DEVICE_CPU && device != QVA_DEVICE_CUDA)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown device %d", (int)device);
+    /* out has q's rows, B, H and D when the caller has none yet */
+    return qvi_validate_call(cfg, q, k, v, out ? out : q, lse, device);
+}
+
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,

@@ -19,9 +19,9 @@ try:  # torch is optional: numpy-only callers never need it
 except ImportError:  # pragma: no cover - depends on the environment
     _torch = None
 
-from . import _ffi  # noqa: E402  (after torch, see above)
+from . import _config, _ffi  # noqa: E402  (after torch, see above)
 from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noqa: E402
-                   build_info, cuda_available, last_error)
+                   build_info, cuda_available, default_context, last_error)
 
 __all__ = ["attention", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
@@ -35,7 +35,6 @@ except ImportError:  # pragma: no cover
     _np = None
 
 _LAYOUTS = ("HND", "NHD")
-_contexts = {}  # (device kind, cuda index) -> Context, for ctx=None calls
 
 
 def _is_torch(x):
@@ -106,15 +105,6 @@ def describe(x, layout="HND"):
     return _ffi.make_tensor(ptr, dt, dev, shape, stride), dev
 
 
-def default_context(device=_ffi.QVA_DEVICE_CPU, index=0):
-    """The shared context used when attention() gets ctx=None."""
-    key = (device, index if device == _ffi.QVA_DEVICE_CUDA else 0)
-    c = _contexts.get(key)
-    if c is None:
-        c = _contexts[key] = Context(device)
-    return c
-
-
 def _empty_like(x, dtype=None, shape=None):
     if _is_torch(x):
         if shape is None:
@@ -171,7 +161,7 @@ def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
     the backend cannot run, QvaError (RuntimeError) otherwise.
     """
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
-        from . import ops
+        from . import ops  # on first use: numpy-only callers never import torch's op
         return ops.attention_torch(
             q, k, v, method=method, layout=layout, sm_scale=sm_scale,
             attn_mask=attn_mask, return_lse=return_lse, layer=layer, step=step,
@@ -204,14 +194,13 @@ def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse
     if not dev == dev_k == dev_v:
         raise ValueError("qvattn: q, k and v must be on the same device")
 
-    from ._config import config_for, options_string
     n_tokens = int(tk.shape[2])
     if prefix is not None and int(prefix) < 0:
         raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
-    cfg = config_for(method, options_string(options),  # ValueError on a bad method
-                     0.0 if sm_scale is None else sm_scale, layer or 0, step or 0,
-                     num_steps or 0, grid, -1 if prefix is None else int(prefix),
-                     prefix_at_end, n_tokens)
+    cfg = _config.config_for(  # ValueError on a bad method or option
+        method, _config.options_string(options), 0.0 if sm_scale is None else sm_scale,
+        layer or 0, step or 0, num_steps or 0, grid, -1 if prefix is None else int(prefix),
+        prefix_at_end, n_tokens)
 
     # The CPU reference implements every method: if it declines, the request
     # itself is bad (config, dtype, head dim) -> ValueError.  If only the

@@ -2,8 +2,12 @@
 
 options_string() turns a dict of config overrides into the canonical string
 the torch op receives; _base_config() builds (and caches) the qva_config of
-a (method, options) pair.
+a (method, options) pair, config_for() the config of one call.  What the
+library decides about a config -- can it run it (support_reason), is a
+draft step a dense warm-up step (draft_dense_warmup) -- is asked of the
+library (_ffi), never decided here.  Imports _ffi only.
 """
+import functools
 import math
 import threading
 
@@ -123,10 +127,10 @@ def _option_float(options, name):
     return None if v is None else float(v)
 
 
-def _method_enum(method):
-    return _base_config(method, "").method
-
-
+def dense_warmup_steps(frac, num_steps):
+    """Steps of a num_steps run that option draft.dense_warmup_frac = frac
+    makes dense: ceil(frac * num_steps)."""
+    return int(math.ceil(frac * num_steps - 1e-9))
 
 
 def config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
@@ -145,11 +149,39 @@ def config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
     cfg.draft.prefix_at_end = 1 if prefix_at_end else 0
     frac = _option_float(options, "draft.dense_warmup_frac")
     if frac is not None and cfg.num_steps > 0:
-        cfg.draft.dense_warmup_steps = int(math.ceil(frac * cfg.num_steps - 1e-9))
+        cfg.draft.dense_warmup_steps = dense_warmup_steps(frac, cfg.num_steps)
     return cfg
 
 
-# ------------------------------------------------------------------ draft dense warm-up
+# ------------------------------------------------------------------ the library's answers
+@functools.lru_cache(maxsize=512)
+def support_reason(device, method, options, dtype, head_dim, step=0, num_steps=0):
+    """'' if the library runs (method, options) at dtype and head_dim on
+    `device` at `step` of a num_steps schedule (0: unknown), else a code:
+
+    'E:<msg>'  a bad request (method string, options, a step outside the
+               schedule): always a ValueError;
+    'V:<msg>'  declined by the reference backend (e.g. head dim 96): a
+               ValueError, or the SDPA fallback where the caller opted in;
+    'U:<msg>'  valid, but the device backend cannot run it today (e.g. draft
+               on CUDA): QvaUnsupportedError, or the fallback.
+    The answers are qva_supports' (cached: one query per distinct request).
+    """
+    try:
+        cfg = _base_config(method, options)
+    except ValueError as e:
+        return "E:" + str(e)
+    cfg.step, cfg.num_steps = int(step), max(0, int(num_steps))
+    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, dtype, head_dim)
+    if not ok:
+        return ("E:" if why.startswith("invalid config") else "V:") + why
+    if device != _ffi.QVA_DEVICE_CPU:
+        ok, why = _ffi.supports(device, cfg, dtype, head_dim)
+        if not ok:
+            return "U:cuda backend: " + why
+    return ""
+
+
 def dense_backend(options, cuda):
     """Who computes a draft dense warm-up step: "sdpa" or "qvattn".
 
@@ -161,20 +193,30 @@ def dense_backend(options, cuda):
     return v
 
 
-def draft_dense_warmup(cfg):
-    """True when qva_attention computes the call `cfg` as a draft dense
-    warm-up step, i.e. exactly as the bf16 method (every row dense, BF16
-    operands -- FP16 for float16 inputs -- FP32 softmax).  The library's
-    decision, mirrored: qvi_draft_plan_make (src/draft/plan.c, used by the
-    CPU and the CUDA backend) sets warmup = cfg->step < dense_warmup_steps.
-    cfg is the call's final config (config_for: the step, and the
-    draft.dense_warmup_frac -> dense_warmup_steps resolution, applied)."""
-    return (cfg.method == _ffi.QVA_METHOD_DRAFT
-            and cfg.step < cfg.draft.dense_warmup_steps)
+def draft_dense_warmup(cfg, n_tokens, head_dim, func="qvattn.attention"):
+    """True when qva_attention computes the call `cfg` over n_tokens tokens
+    of head_dim as a draft dense warm-up step, i.e. exactly as the bf16
+    method (every row dense, BF16 operands -- FP16 for float16 inputs --
+    FP32 softmax); False for the other methods.  The library decides
+    (qva_draft_step_check, the draft plan), and raises what qva_attention
+    raises for a draft config it rejects (grid, prefix, capacity, lambda,
+    quotas).  cfg is the call's final config (config_for)."""
+    if cfg.method != _ffi.QVA_METHOD_DRAFT:
+        return False
+    return _ffi.draft_step_check(cfg, n_tokens, head_dim, func)
 
 
-def draft_check(cfg, n_tokens, head_dim, func="qvattn.attention"):
-    """Raises what qva_attention raises for a draft call over n_tokens
-    tokens of head_dim (the library's own checks, qva_draft_step_check), so
-    a warm-up step computed outside the library rejects the same configs."""
-    _ffi.draft_step_check(cfg, n_tokens, head_dim, func)
+_SCHEDULE_GRID = (1, 1, 128)  # a stand-in grid: the warm-up decision ignores it
+
+
+def draft_warmup_schedule(method, warmup_steps, num_steps):
+    """[True if dense] for each step of a num_steps run of the draft method
+    with option draft.dense_warmup_steps = warmup_steps: the library's
+    decision per step (draft_dense_warmup)."""
+    n = _SCHEDULE_GRID[0] * _SCHEDULE_GRID[1] * _SCHEDULE_GRID[2]
+    # within a C int; the same steps are dense
+    opts = options_string({"draft.dense_warmup_steps":
+                           max(0, min(int(warmup_steps), num_steps))})
+    return [draft_dense_warmup(config_for(method, opts, 0.0, 0, s, num_steps, _SCHEDULE_GRID,
+                                          0, False, n), n, 128)
+            for s in range(num_steps)]

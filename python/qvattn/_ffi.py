@@ -206,6 +206,8 @@ _SIGS = {
                              c_size_t]),
     "qva_cuda_available": (c_int, []),
     "qva_draft_step_check": (c_enum, [_P(QvaConfig), c_int64, c_int64, _P(c_int)]),
+    "qva_attention_check": (c_enum, [c_enum, _P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
+                                     _P(QvaTensor), _P(QvaTensor), _P(QvaTensor)]),
     "qva_device_synchronize": (c_enum, []),
     "qva_attention": (c_enum, [c_void_p, _P(QvaConfig), _P(QvaTensor),
                                _P(QvaTensor), _P(QvaTensor), _P(QvaTensor),
@@ -241,6 +243,10 @@ def has_symbol(name):
 # ------------------------------------------------------------------ wrappers
 def _s(b):
     return b.decode("utf-8", "replace") if b is not None else ""
+
+
+def _ref(x):
+    return byref(x) if x is not None else None
 
 
 def status_string(status):
@@ -324,6 +330,20 @@ def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):
     warm = c_int(0)
     check(lib.qva_draft_step_check(byref(cfg), int(n_tokens), int(head_dim), byref(warm)), func)
     return bool(warm.value)
+
+
+def attention_check_status(device, cfg, q, k, v, out=None, lse=None):
+    """qva_attention_check without raising: the status qva_attention gives
+    this call before computing (config, descriptors, self-attention, lse,
+    NaN/Inf of CPU inputs with cfg.check_finite); out, lse may be None."""
+    return lib.qva_attention_check(device, byref(cfg), byref(q), byref(k), byref(v),
+                                   _ref(out), _ref(lse))
+
+
+def attention_check(device, cfg, q, k, v, out=None, lse=None, func="qva_attention_check"):
+    """qva_attention_check: raises what qva_attention would raise for this
+    call before computing (see attention_check_status)."""
+    check(attention_check_status(device, cfg, q, k, v, out, lse), func)
 
 
 def schedule_action(cfg, step, num_steps):
@@ -418,14 +438,24 @@ class Context:
             pass
 
 
-def attention_raw(ctx, cfg, q, k, v, out, lse=None):
-    """qva_attention on prepared descriptors (QvaTensor); raises on failure."""
-    st = lib.qva_attention(ctx.handle, byref(cfg), byref(q), byref(k), byref(v),
-                           byref(out), byref(lse) if lse is not None else None)
-    check(st, "qva_attention")
+_default_contexts = {}  # (device kind, cuda index) -> Context, for ctx=None calls
+
+
+def default_context(device=QVA_DEVICE_CPU, index=0):
+    """The shared context used when attention() gets ctx=None."""
+    key = (device, index if device == QVA_DEVICE_CUDA else 0)
+    c = _default_contexts.get(key)
+    if c is None:
+        c = _default_contexts[key] = Context(device)
+    return c
 
 
 def attention_status(ctx, cfg, q, k, v, out, lse=None):
     """qva_attention without raising: returns the status code (hot loops)."""
     return lib.qva_attention(ctx.handle, byref(cfg), byref(q), byref(k), byref(v),
-                             byref(out), byref(lse) if lse is not None else None)
+                             byref(out), _ref(lse))
+
+
+def attention_raw(ctx, cfg, q, k, v, out, lse=None):
+    """qva_attention on prepared descriptors (QvaTensor); raises on failure."""
+    check(attention_status(ctx, cfg, q, k, v, out, lse), "qva_attention")

@@ -41,7 +41,7 @@ import warnings
 
 import torch
 
-from . import ops
+from . import _config, ops
 
 __all__ = ["QvattnOverride", "attention", "optimized_attention_override",
            "patch_model", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
@@ -67,8 +67,7 @@ class QvattnOverride:
 
     def __init__(self, method="vc8+expcast", *, fallback=True, min_cross_tokens=4096,
                  options=None, grid=None, draft_warmup=0.25, num_steps=None):
-        from ._config import _base_config
-        _base_config(method, "")  # ValueError on a bad method name
+        _config._base_config(method, "")  # ValueError on a bad method name
         opts = dict(options or {})
         if method.startswith("draft") and "draft.dense_warmup_steps" not in opts:
             if isinstance(draft_warmup, float) and draft_warmup < 1:

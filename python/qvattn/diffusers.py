@@ -42,13 +42,12 @@ Routing inside the processors:
 Method ``"sdpa"`` installs the same processors but computes attention with
 torch SDPA (a baseline with identical plumbing; capture uses it).
 """
-import math
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import _config, _ffi, ops
 
 __all__ = ["apply", "remove", "set_step", "layer_ids", "state", "transformers_of",
            "QvattnWanAttnProcessor", "QvattnHunyuanVideoAttnProcessor"]
@@ -372,8 +371,7 @@ def apply(pipe, method="vc8+expcast", *, num_steps=None, layers=None,
     models = transformers_of(pipe)
     opts = dict(options or {})
     if method != "sdpa":
-        from ._config import _base_config
-        _base_config(method, "")  # ValueError on a bad method string now
+        _config._base_config(method, "")  # ValueError on a bad method string now
         if method.startswith("draft") and "draft.dense_warmup_steps" not in opts:
             if isinstance(draft_warmup, float) and 0 <= draft_warmup < 1:
                 opts["draft.dense_warmup_frac"] = draft_warmup
@@ -469,13 +467,13 @@ def schedule_cost(times, num_steps, method, draft_warmup_steps=0):
     """Total time of a num_steps run from per-step times {action: seconds}.
 
     vc*: actions 'group', 'reuse', 'plain' (the V-Smooth schedule);
-    draft: 'dense' (warm-up) and 'sparse'; others: 'step'."""
-    from . import _ffi
+    draft: 'dense' (warm-up) and 'sparse'; others: 'step'.  Which step does
+    what is the library's decision (qva_schedule_action, the draft plan)."""
     if method.startswith("vc"):
         cfg = _ffi.make_config(method)
         return sum(times[_ffi.schedule_action(cfg, s, num_steps)] for s in range(num_steps))
     if method.startswith("draft"):
-        w = min(num_steps, max(0, int(draft_warmup_steps)))
+        w = sum(_config.draft_warmup_schedule(method, draft_warmup_steps, num_steps))
         return w * times["dense"] + (num_steps - w) * times["sparse"]
     return num_steps * times["step"]
 
@@ -483,5 +481,5 @@ def schedule_cost(times, num_steps, method, draft_warmup_steps=0):
 def draft_warmup_steps(num_steps, draft_warmup=_DRAFT_WARMUP_DEFAULT):
     """Dense warm-up steps apply() gives draft for a num_steps run."""
     if isinstance(draft_warmup, float) and draft_warmup < 1:
-        return int(math.ceil(draft_warmup * num_steps - 1e-9))
+        return _config.dense_warmup_steps(draft_warmup, num_steps)
     return int(draft_warmup)

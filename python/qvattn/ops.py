@@ -2,12 +2,14 @@
 
 ``qvattn.attention(q, k, v, ...)`` on torch tensors lands here.  The split:
 
-* ``attention_torch`` (the Python front) validates the call from shapes,
-  dtypes, devices and strides only, decides statically whether qvattn can
-  run it (``support_reason``) and otherwise raises or, if the caller opted
-  in with ``fallback=True``, warns and runs ``torch.nn.functional.
-  scaled_dot_product_attention``.  It reads no tensor data, so
-  ``torch.compile`` traces it without graph breaks.
+* ``attention_torch`` (the Python front) checks the arguments' types,
+  ranks, dtypes, devices and layout, asks the library (through _config,
+  constant-folded) whether it can run the request (``support_reason``) and
+  otherwise raises or, if the caller opted in with ``fallback=True``, warns
+  and runs ``torch.nn.functional.scaled_dot_product_attention``.  It reads
+  no tensor data, so ``torch.compile`` traces it without graph breaks.
+  What the library checks on the call itself (the step of a StepState,
+  shapes, self-attention, NaN/Inf of CPU inputs) it checks in the op.
 * ``torch.ops.qvattn.attention`` (``_attention_op``) is a
   ``torch.library.custom_op`` with a fake (meta) implementation, opaque to
   the compiler.  Its real implementation allocates the outputs with torch
@@ -22,6 +24,9 @@ the call: the op receives ``state_id`` and ``step=-1`` and reads the step
 at run time.  That keeps ``torch.compile`` from specializing (and
 recompiling) on every step.  Under CUDA-graph replay no Python runs, so a
 replayed graph repeats the step it was captured at (docs/PYTHON.md).
+
+Imports go one way: ops uses _config and _ffi, never the package
+(qvattn/__init__.py), which uses ops.
 
 Key-padding masks (``attn_mask`` boolean, broadcastable to [B,1,1,Nk],
 True = attend, SDPA's convention) are honoured by computing attention
@@ -39,11 +44,12 @@ method".  With option "draft.dense_backend" = "sdpa" (the default for CUDA
 tensors) the op computes such a step with torch SDPA instead (cuDNN on
 Hopper, about 2x the library's mma.sync BF16 kernel), on the current stream,
 with the same scale, mask handling and layout.  The decision is the
-library's (_config.draft_dense_warmup), taken at run time from the call's
-config; calls with return_lse keep the library path (public SDPA returns no
-LSE).  "qvattn" keeps the library for every step.
+library's (_config.draft_dense_warmup: qva_draft_step_check), taken at run
+time from the call's config, and so are the call's checks before SDPA
+computes (qva_attention_check); calls with return_lse keep the library
+path (public SDPA returns no LSE).  "qvattn" keeps the library for every
+step.
 """
-import functools
 import itertools
 import math
 import warnings
@@ -52,9 +58,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _ffi
-from ._config import (_base_config, _method_enum, config_for, dense_backend,
-                      draft_check, draft_dense_warmup, options_string)
+from . import _config, _ffi
+from ._config import _base_config, options_string  # noqa: F401  (ops.options_string)
 
 __all__ = ["attention_torch", "StepState", "support_reason", "options_string",
            "QvattnFallbackWarning", "sdpa_reference"]
@@ -62,7 +67,6 @@ __all__ = ["attention_torch", "StepState", "support_reason", "options_string",
 _LAYOUTS = ("HND", "NHD")
 _TORCH_DTYPES = {torch.float32: _ffi.QVA_F32, torch.bfloat16: _ffi.QVA_BF16,
                  torch.float16: _ffi.QVA_F16}
-_SELF_ONLY = {_ffi.QVA_METHOD_VC8, _ffi.QVA_METHOD_VC4, _ffi.QVA_METHOD_DRAFT}
 
 
 class QvattnFallbackWarning(UserWarning):
@@ -72,39 +76,13 @@ class QvattnFallbackWarning(UserWarning):
 # ------------------------------------------------------------------ static checks
 @torch.compiler.assume_constant_result
 def support_reason(device: int, method: str, options: str, dtype: int,
-                   head_dim: int) -> str:
-    """'' if qvattn runs (method, dtype, head_dim) on `device`, else a code:
-
-    'E:<msg>'  a bad request (bad method string or options): always ValueError;
-    'V:<msg>'  declined by the reference backend (e.g. head dim 96): a
-               ValueError, or the SDPA fallback where the caller opted in;
-    'U:<msg>'  valid, but the device backend cannot run it today (e.g. draft
-               on CUDA): QvaUnsupportedError, or the fallback.
-    Constant-folded under torch.compile (no ctypes call in a traced graph)
-    and cached (one qva_supports query per distinct request).
+                   head_dim: int, step: int = 0, num_steps: int = 0) -> str:
+    """'' if the library runs the request, else 'E:', 'V:' or 'U:' and its
+    reason (_config.support_reason: qva_supports' answer, cached).
+    Constant-folded under torch.compile (no ctypes call in a traced graph).
     """
-    return _support_reason_cached(device, method, options, dtype, head_dim)
-
-
-@functools.lru_cache(maxsize=512)
-def _support_reason_cached(device, method, options, dtype, head_dim):
-    try:
-        cfg = _base_config(method, options)
-    except ValueError as e:
-        return "E:" + str(e)
-    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, dtype, head_dim)
-    if not ok:
-        return ("E:" if why.startswith("invalid config") else "V:") + why
-    if device != _ffi.QVA_DEVICE_CPU:
-        ok, why = _ffi.supports(device, cfg, dtype, head_dim)
-        if not ok:
-            return "U:cuda backend: " + why
-    return ""
-
-
-@torch.compiler.assume_constant_result
-def _self_only(method: str) -> bool:
-    return _method_enum(method) in _SELF_ONLY
+    return _config.support_reason(device, method, options, dtype, head_dim, step,
+                                  num_steps)
 
 
 # ------------------------------------------------------------------ step state
@@ -236,15 +214,13 @@ def _context(ctx_id, state, device):
             raise ValueError(f"qvattn: context {ctx_id} was closed or never existed")
     elif state is not None:
         ctx = state.context_for(device)
+    elif device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        ctx = _ffi.default_context(_ffi.QVA_DEVICE_CUDA, idx)
+        if getattr(ctx, "_cuda_index", None) is None:
+            ctx._cuda_index = idx
     else:
-        from . import default_context
-        if device.type == "cuda":
-            idx = device.index if device.index is not None else torch.cuda.current_device()
-            ctx = default_context(_ffi.QVA_DEVICE_CUDA, idx)
-            if getattr(ctx, "_cuda_index", None) is None:
-                ctx._cuda_index = idx
-        else:
-            ctx = default_context(_ffi.QVA_DEVICE_CPU)
+        ctx = _ffi.default_context(_ffi.QVA_DEVICE_CPU)
     want = _ffi.QVA_DEVICE_CUDA if device.type == "cuda" else _ffi.QVA_DEVICE_CPU
     if ctx.device != want:
         raise ValueError("qvattn: ctx is on a different device than the tensors")
@@ -260,24 +236,26 @@ def _context(ctx_id, state, device):
 
 
 # ------------------------------------------------------------------ the C call
+def _device(t):
+    return _ffi.QVA_DEVICE_CUDA if t.is_cuda else _ffi.QVA_DEVICE_CPU
+
+
 def _desc(t, layout):
     dt = _TORCH_DTYPES[t.dtype] if t.dtype in _TORCH_DTYPES else _ffi.QVA_F32
-    dev = _ffi.QVA_DEVICE_CUDA if t.is_cuda else _ffi.QVA_DEVICE_CPU
     s = t.stride()
     if layout == "HND":
         shape, stride = list(t.shape), list(s)
     else:
         b, n, h, d = t.shape
         shape, stride = [b, h, n, d], [s[0], s[2], s[1], s[3]]
-    return _ffi.make_tensor(t.data_ptr(), dt, dev, shape, stride)
+    return _ffi.make_tensor(t.data_ptr(), dt, _device(t), shape, stride)
 
 
 def _lse_desc(lse):
     # lse: f32 [B, H, N] (any strides) -> a [B,H,N,1] descriptor
     s = lse.stride()
-    dev = _ffi.QVA_DEVICE_CUDA if lse.is_cuda else _ffi.QVA_DEVICE_CPU
-    return _ffi.make_tensor(lse.data_ptr(), _ffi.QVA_F32, dev, list(lse.shape) + [1],
-                            [s[0], s[1], s[2], 1])
+    return _ffi.make_tensor(lse.data_ptr(), _ffi.QVA_F32, _device(lse),
+                            list(lse.shape) + [1], [s[0], s[1], s[2], 1])
 
 
 def _c_attention(ctx, cfg, q, k, v, out, lse, layout):
@@ -296,30 +274,22 @@ def _tokdim(layout):
 
 
 # ------------------------------------------------------------------ draft warm-up on SDPA
-def _warmup_on_sdpa(cfg, backend, want_lse):
-    """True: compute this call with torch SDPA (a draft dense warm-up step,
-    backend "sdpa", no LSE wanted)."""
-    return backend == "sdpa" and not want_lse and draft_dense_warmup(cfg)
-
-
-def _check_finite_cpu(name, x, layout):
-    """The library's check_finite scan (CPU inputs only), same message."""
-    xh = x if layout == "HND" else x.transpose(1, 2)
-    bad = ~torch.isfinite(xh)
-    if bool(bad.any()):
-        b, h, i, c = (int(t) for t in torch.nonzero(bad)[0])
-        raise _ffi.error_for(_ffi.QVA_ERR_NONFINITE, "qvattn.attention",
-                             f"{name}[{b},{h},{i},{c}] is not finite")
+def _warmup_on_sdpa(cfg, backend, want_lse, k, layout):
+    """True: compute this call with torch SDPA (backend "sdpa", no LSE
+    wanted, and the library says: a draft dense warm-up step; it raises
+    for a draft config it rejects)."""
+    return (backend == "sdpa" and not want_lse
+            and _config.draft_dense_warmup(cfg, k.shape[_tokdim(layout)], k.shape[-1]))
 
 
 def _sdpa_dense(cfg, q, k, v, layout):
     """The bf16 method's computation with torch SDPA: BF16 operands (FP16
     for float16 inputs, as the library's use_f16), scale cfg.sm_scale or
-    1/sqrt(D).  Returns out in q's layout and dtype (a new tensor)."""
-    draft_check(cfg, q.shape[_tokdim(layout)], q.shape[-1])
-    if cfg.check_finite and not q.is_cuda:
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_finite_cpu(name, x, layout)
+    1/sqrt(D), after the library's own checks of the call (config, shapes,
+    NaN/Inf of CPU inputs: qva_attention_check).  Returns out in q's layout
+    and dtype (a new tensor)."""
+    _ffi.attention_check(_device(q), cfg, *(_desc(x, layout) for x in (q, k, v)),
+                         func="qvattn.attention")
     dt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
     def hnd(x):
@@ -334,7 +304,7 @@ def _sdpa_dense(cfg, q, k, v, layout):
 def _attend(ctx, cfg, q, k, v, out, lse, layout, backend):
     """One qva_attention call into out (and lse), or its SDPA equivalent
     on a draft dense warm-up step (_warmup_on_sdpa)."""
-    if _warmup_on_sdpa(cfg, backend, lse is not None):
+    if _warmup_on_sdpa(cfg, backend, lse is not None, k, layout):
         out.copy_(_sdpa_dense(cfg, q, k, v, layout))
     else:
         _c_attention(ctx, cfg, q, k, v, out, lse, layout)
@@ -352,8 +322,8 @@ def _config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
             num_steps = state.num_steps
     if not grid and state is not None and state.grid is not None:
         grid = state.grid
-    return config_for(method, options, sm_scale, layer, step, num_steps, grid,
-                      prefix, prefix_at_end, n_tokens)
+    return _config.config_for(method, options, sm_scale, layer, step, num_steps, grid,
+                              prefix, prefix_at_end, n_tokens)
 
 
 # ------------------------------------------------------------------ torch reference
@@ -425,10 +395,23 @@ def _select_tokens(x, layout, idx, n, is_prefix):
     return x.index_select(d, idx.to(x.device))
 
 
+def _needs_self_attention(cfg, q, k, v, layout):
+    """True when the library declines q's rows against the keys k, v for
+    their count alone: vc8, vc4 and draft are self-attention methods
+    (qva_attention_check answers QVA_ERR_SHAPE).  q, k and v agree on
+    everything but the token count here, so that is the only shape it can
+    decline; any other error is left to the call itself."""
+    probe = _ffi.QvaConfig.from_buffer_copy(cfg)
+    probe.check_finite = 0  # a question about shapes: no NaN/Inf scan
+    st = _ffi.attention_check_status(_device(q), probe,
+                                     *(_desc(x, layout) for x in (q, k, v)))
+    return st == _ffi.QVA_ERR_SHAPE
+
+
 def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
                 prefix, prefix_at_end, q, k, v, mask, out, lse, layout, state):
     d = _tokdim(layout)
-    backend = dense_backend(options, q.is_cuda)
+    backend = _config.dense_backend(options, q.is_cuda)
     B, Nk = q.shape[0], k.shape[d]
     host = _mask_patterns(mask, state)
     if host.shape[0] == 1 and B > 1:
@@ -436,7 +419,6 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
     groups = {}
     for b in range(B):
         groups.setdefault(host[b].numpy().tobytes(), []).append(b)
-    self_only = _self_only(method)
     for gi, bidx in enumerate(groups.values()):
         # batch elements with different padding run as separate calls on
         # different N: give each its own per-layer state key, so the
@@ -468,7 +450,9 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
             vs = _select_tokens(vb, layout, idx, n, is_prefix)
             cfg = _config_for(method, options, sm_scale, glayer, step, num_steps, grid,
                               prefix, prefix_at_end, n, state)
-            if not self_only:
+            if q.shape[d] != Nk or not _needs_self_attention(cfg, qb, ks, vs, layout):
+                # every query row over the valid keys (cross-attention: the
+                # library rejects it here for the self-attention methods)
                 _attend(ctx, cfg, qb, ks, vs, ob, lb, layout, backend)
             else:
                 # self-attention over the valid tokens; padded query rows
@@ -536,7 +520,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         d = _tokdim(layout)
         cfg = _config_for(method, options, sm_scale, layer, step, num_steps, grid,
                           prefix, prefix_at_end, k.shape[d], state)
-        if _warmup_on_sdpa(cfg, dense_backend(options, q.is_cuda), return_lse):
+        backend = _config.dense_backend(options, q.is_cuda)
+        if _warmup_on_sdpa(cfg, backend, return_lse, k, layout):
             out = _sdpa_dense(cfg, q, k, v, layout)
             if not out.is_contiguous():  # the fake's (and the library's) layout
                 out = out.contiguous()
@@ -665,11 +650,6 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
         sm_scale = float(sm_scale)
         if not (sm_scale > 0 and math.isfinite(sm_scale)):
             raise ValueError(f"qvattn: sm_scale must be finite and > 0, got {sm_scale}")
-    if num_steps is not None and step is not None and num_steps > 0 and not (
-            0 <= step < num_steps):
-        raise ValueError(f"qvattn: step {step} is outside the {num_steps}-step schedule")
-    if step is not None and step < 0:
-        raise ValueError(f"qvattn: step must be >= 0, got {step}")
     opts = options_string(options)
     if ctx is not None and not isinstance(ctx, _ffi.Context):
         raise TypeError(f"qvattn: ctx must be a qvattn.Context, got {type(ctx).__name__}")
@@ -692,15 +672,15 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
     if mkind.startswith("U:"):
         reasons.append(mkind)
     dev = _ffi.QVA_DEVICE_CUDA if q.device.type == "cuda" else _ffi.QVA_DEVICE_CPU
-    why = support_reason(dev, method, opts, _TORCH_DTYPES[q.dtype], int(D))
+    # the library's answer for the request, an explicit step included (a
+    # StepState's step is checked by qva_attention at run time); the rest
+    # of what it checks (shapes, self-attention, NaN/Inf) it checks in the op
+    why = support_reason(dev, method, opts, _TORCH_DTYPES[q.dtype], int(D),
+                         0 if step is None else int(step), int(num_steps or 0))
     if why.startswith("E:"):
         raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why[2:], "qvattn.attention")
     if why:
         reasons.append(why)
-    if not why and Nq != Nk and _self_only(method):
-        raise _ffi.QvaValueError(
-            _ffi.QVA_ERR_SHAPE, f"{method} needs self-attention (q and k with the same "
-            f"N; got {Nq} and {Nk}); use sage8 for cross-attention", "qvattn.attention")
     if reasons:
         reason = reasons[0][2:]
         if fallback:

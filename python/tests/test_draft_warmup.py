@@ -1,9 +1,9 @@
 """Draft dense warm-up steps on torch SDPA (option "draft.dense_backend").
 
-CPU: the warm-up decision (qvattn._config.draft_dense_warmup) against the
-library's own, the option's defaults and values, the grid checks, and the
-SDPA path forced on the CPU (routing, closeness, masks, lse, opcheck,
-torch.compile).  GPU (skip without CUDA): the default "sdpa" backend vs the
+CPU: the warm-up decision (qvattn._config.draft_dense_warmup, which asks the
+library: qva_draft_step_check) against the library's output, the option's
+defaults and values, the grid checks, and the SDPA path forced on the CPU
+(routing, closeness, masks, lse, opcheck, torch.compile).  GPU (skip without CUDA): the default "sdpa" backend vs the
 library's BF16 kernel on a warm-up step, sparse steps still on the
 library, masks, CUDA graphs.
 """
@@ -49,7 +49,9 @@ def _cfg(method, options, step, num_steps):
 
 
 def test_decision_function():
-    f = _config.draft_dense_warmup
+    def f(cfg):  # the library's decision (qva_draft_step_check), N tokens, D = 64
+        return _config.draft_dense_warmup(cfg, N, 64)
+
     assert [f(_cfg(DRAFT, {"draft.dense_warmup_steps": 2}, s, 4)) for s in range(4)] == \
         [True, True, False, False]
     # the fraction resolves against num_steps: ceil(0.25 * 40) = 10 steps
@@ -81,7 +83,7 @@ def test_decision_is_the_library_decision(options, num_steps):
                                step=step, num_steps=ns, options=opts, ctx=qvattn.Context())
         lib_warm = torch.equal(out, dense)
         cfg = _cfg(DRAFT, options, step, ns)
-        assert lib_warm == _config.draft_dense_warmup(cfg), step
+        assert lib_warm == _config.draft_dense_warmup(cfg, N, q.shape[-1]), step
         assert lib_warm == _ffi.draft_step_check(cfg, N, q.shape[-1]), step
 
 
@@ -187,7 +189,10 @@ def test_cpu_sdpa_warmup_checks_like_the_library(sdpa_calls):
         bad[0, 1, 5, 3] = float("nan")
         with pytest.raises(ValueError, match=r"q\[0,1,5,3\] is not finite"):
             draft(bad, k, v, step=0, backend=backend)
-    assert sdpa_calls == [(0, 1)] * 3  # reached SDPA, rejected before computing
+    # grid and capacity: rejected by the library's warm-up decision itself
+    # (qva_draft_step_check); the NaN reached SDPA and was rejected before
+    # computing (qva_attention_check)
+    assert sdpa_calls == [(0, 1)]
 
 
 def test_cpu_sdpa_warmup_opcheck_and_compile(sdpa_calls):

@@ -303,6 +303,42 @@ def test_raw_errors_carry_last_error():
         assert _ffi.attention_status(ctx, cfg, tq, tk, tv, to) == _ffi.QVA_ERR_SHAPE
 
 
+def test_attention_check_is_qva_attentions_validation():
+    """qva_attention_check gives qva_attention's errors without computing."""
+    q, k, v = make_qkv(N=64)
+    out = np.empty_like(q)
+    tq, tk, tv, to = (qvattn.describe(x)[0] for x in (q, k, v, out))
+    cpu = _ffi.QVA_DEVICE_CPU
+
+    def both(cfg, k=tk, v=tv):
+        with qvattn.Context() as ctx:
+            ran = _ffi.attention_status(ctx, cfg, tq, k, v, to)
+        return _ffi.attention_check_status(cpu, cfg, tq, k, v, to), ran
+
+    assert both(_ffi.make_config("sage8")) == (_ffi.QVA_OK, _ffi.QVA_OK)
+    _ffi.attention_check(cpu, _ffi.make_config("sage8"), tq, tk, tv)  # out, lse: None
+    assert both(_ffi.make_config("sage8", step=4, num_steps=4)) == \
+        (_ffi.QVA_ERR_INVALID_ARGUMENT,) * 2
+    with pytest.raises(qvattn.QvaValueError, match="outside the 4-step schedule"):
+        _ffi.attention_check(cpu, _ffi.make_config("vc8", step=4, num_steps=4), tq, tk, tv)
+    short = [x[:, :, :32].copy() for x in (k, v)]  # alive while described
+    k32, v32 = (qvattn.describe(x)[0] for x in short)
+    for method in ("vc8", "vc4", "draft@85/0/0/15"):  # self-attention methods
+        assert both(_ffi.make_config(method), k32, v32) == (_ffi.QVA_ERR_SHAPE,) * 2, method
+    assert both(_ffi.make_config("sage8"), k32, v32) == (_ffi.QVA_OK, _ffi.QVA_OK)
+    bad = q.copy()
+    bad[0, 1, 7, 3] = np.nan
+    tb, _ = qvattn.describe(bad)
+    with pytest.raises(qvattn.QvaValueError, match=r"q\[0,1,7,3\] is not finite") as ei:
+        _ffi.attention_check(cpu, _ffi.make_config("exact"), tb, tk, tv, func="f")
+    assert ei.value.status == _ffi.QVA_ERR_NONFINITE and str(ei.value).startswith("f: ")
+    assert _ffi.attention_check_status(cpu, _ffi.make_config("exact", check_finite=0),
+                                       tb, tk, tv) == _ffi.QVA_OK
+    assert _ffi.attention_check_status(_ffi.QVA_DEVICE_CUDA, _ffi.make_config("exact"),
+                                       tq, tk, tv) == _ffi.QVA_ERR_INVALID_ARGUMENT
+    assert "cpu" in _ffi.last_error()  # the tensors are on the CPU
+
+
 @pytest.mark.skipif(_ffi.cuda_available(), reason="a CUDA device is present")
 def test_cuda_context_without_device():
     with pytest.raises(RuntimeError) as ei:

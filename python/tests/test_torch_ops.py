@@ -251,6 +251,30 @@ def test_mask_errors_and_unsupported_masks():
         qvattn.attention(q, k, v, attn_mask=additive)
 
 
+def test_library_checks_reach_torch_callers():
+    """Checks the library makes (qva_supports, qva_attention, its masked
+    and SDPA paths) surface as before, with the library's message."""
+    q, k, v = make_qkv(N=128)
+    # a step outside the schedule is a bad request, never a fallback reason
+    for kw in (dict(step=4, num_steps=4), dict(step=-1)):
+        for extra in (dict(), dict(fallback=True, is_causal=True)):
+            with pytest.raises(ValueError, match="step") as ei:
+                qvattn.attention(q, k, v, method="sage8", **kw, **extra)
+            assert isinstance(ei.value, qvattn.QvaValueError)
+    # self-attention methods on cross-attention, with and without a mask
+    qc = q[:, :, :64]
+    mask = _pad_mask(1, 128, [100])
+    for method in ("vc8", "vc4", "draft@85/0/0/15"):
+        for m in (None, mask):
+            with pytest.raises(ValueError, match="self-attention"):
+                qvattn.attention(qc, k, v, method=method, attn_mask=m, grid=(1, 8, 8))
+    # the masked self-attention path still runs the valid tokens' queries
+    out = qvattn.attention(q, k, v, method="vc8", attn_mask=mask)
+    o1 = qvattn.attention(q[:, :, :100], k[:, :, :100], v[:, :, :100], method="vc8",
+                          ctx=qvattn.Context())
+    torch.testing.assert_close(out[:, :, :100], o1, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------ fallback
 @pytest.mark.parametrize("what", ["causal", "dropout", "dense-mask", "head-dim-96"])
 def test_fallback_opt_in(what):
