@@ -55,12 +55,14 @@ fi
 if [ "$WHAT" != hash ]; then
     for r in $(seq 1 "$ROUNDS"); do
         for b in base new; do
-            lib="$ROOT/build-gpu/libqvattn.so"
-            [ $b = base ] && lib="$BASE/build-gpu/libqvattn.so"
+            # each build with its own Python package and bench script
+            tree="$ROOT"
+            [ $b = base ] && tree="$BASE"
             mkdir -p "$OUT/speed-$b-$r"
-            QVATTN_LIB="$lib" timeout 300 python3 bench/compare.py --shapes wan2.2-720p \
+            QVATTN_LIB="$tree/build-gpu/libqvattn.so" timeout 300 python3 "$tree/bench/compare.py" --shapes wan2.2-720p \
                 --methods sage8,vc8+expcast,draft@85/0/0/15,draft@70/10/10/10 --baselines cudnn --iters 5 \
                 --out "$OUT/speed-$b-$r" >"$OUT/speed-$b-$r.log" 2>&1 || echo "speed $b $r: rc=$?"
+            grep -E "qvattn |error|Error" "$OUT/speed-$b-$r.log" | head -12
         done
     done
     python3 - "$OUT" "$ROUNDS" <<'PY'
