@@ -12,7 +12,9 @@
  *     time, KM_ILP centroids interleaved (each chain still in order).
  *   - updates: the CPU adds token by token, so a cluster's FP64 sum runs
  *     over its members in token order.  The members come from the stable
- *     sort that also yields the final permutation (CUB radix sort, stable,
+ *     sort that also yields the final permutation (a counting sort: the
+ *     counts are known from the assignment, so each token's slot is its
+ *     label's offset plus the number of earlier tokens with that label;
  *     key = bh*k + label, value = token index); qvc_colsum_mean (prep/colsum.cu)
  *     then sums each member list: in parallel where the data certify that
  *     no partial sum can round (every order is then exact), sequentially
@@ -22,11 +24,10 @@
  *   - the N x k distance matrix is never stored.
  *
  * Per iteration: memset counts -> assign (labels as sort keys, counts by
- * atomics: integers, so order-free) -> sort -> offsets -> update.  After
- * the iterations one more assign + sort writes the permutation straight
- * into perm.
+ * atomics: integers, so order-free) -> offsets -> sort -> update.  After
+ * the iterations one more assign + offsets + sort writes the permutation
+ * straight into perm.
  */
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
@@ -63,11 +64,6 @@ __global__ void km_init_kernel(qvc_view v, int k, float *cent) {
     if (c >= D) return;
     const int64_t row = (int64_t)j * v.N / k;
     cent[((int64_t)bh * k + j) * D + c] = km_load<-1>(v, bh, row, c);
-}
-
-__global__ void km_iota_kernel(int32_t *vals, int n, int64_t total) {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < total) vals[t] = (int32_t)(t % n);
 }
 
 /* Stages rows i0..i0+127, channels c0..c0+31 of head bh into tile (zeros
@@ -222,6 +218,46 @@ __global__ void km_offsets_kernel(const int *cnt, int *start, int BH, int k) {
     }
 }
 
+/*
+ * The stable sort of one head's labels, CTA per (batch, head): token i goes
+ * to slot start[label] + (the tokens before i with its label), the slots of
+ * head bh beginning at bh*n.  The cursors (one per label) live in shared
+ * memory; chunks of KM_SORT_THREADS tokens are taken in order, the warps of
+ * a chunk in order, and the lanes of a warp that share a label are ranked
+ * by lane (__match_any_sync), so equal labels keep token order: the unique
+ * stable order, as the CPU's qvi_stable_argsort_labels.
+ */
+#define KM_SORT_THREADS 512
+__global__ void __launch_bounds__(KM_SORT_THREADS)
+km_sort_kernel(const uint32_t *keys, const int *start, int n, int k, uint32_t *keys_out,
+               int32_t *vals_out) {
+    extern __shared__ int km_cursor[];
+    const int bh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned below = (1u << lane) - 1u;
+    const int64_t base = (int64_t)bh * n;
+    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) km_cursor[j] = start[(int64_t)bh * k + j];
+    __syncthreads();
+    for (int c0 = 0; c0 < n; c0 += KM_SORT_THREADS) {
+        const int i = c0 + threadIdx.x;
+        const bool valid = i < n;
+        const uint32_t key = valid ? keys[base + i] : 0xffffffffu;
+        const int label = valid ? (int)(key - (uint32_t)bh * (uint32_t)k) : 0;
+        for (int w = 0; w < KM_SORT_THREADS / 32; ++w) {
+            if (warp == w) {
+                const unsigned same = __match_any_sync(0xffffffffu, key);
+                if (valid) {
+                    const int pos = km_cursor[label] + __popc(same & below);
+                    keys_out[base + pos] = key;
+                    vals_out[base + pos] = i;
+                }
+                __syncwarp();
+                if (valid && (same & below) == 0) km_cursor[label] += __popc(same);
+            }
+            __syncthreads();
+        }
+    }
+}
+
 static size_t km_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 typedef struct km_state {
@@ -230,11 +266,8 @@ typedef struct km_state {
     int use_smem;
     size_t smem;
     uint32_t *keys, *keys_sorted;
-    int32_t *iota, *members;
+    int32_t *members;
     int *cnt, *start;
-    void *cub_tmp;
-    size_t cub_bytes;
-    int end_bit;
     cudaStream_t st;
 } km_state;
 
@@ -269,13 +302,14 @@ static qva_status km_assign(const km_state *s, const float *cent) {
     return qvc_launch_check("qvc_kmeans_perm: assign");
 }
 
+/* The label offsets of each head, then the stable sort by label. */
 static qva_status km_sort(km_state *s, int32_t *vals_out) {
-    size_t bytes = s->cub_bytes;
-    cudaError_t e = cub::DeviceRadixSort::SortPairs(s->cub_tmp, bytes, s->keys, s->keys_sorted,
-                                                    s->iota, vals_out, s->BH * s->n, 0, s->end_bit,
-                                                    s->st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: radix sort");
-    return qvc_launch_check("qvc_kmeans_perm: radix sort");
+    km_offsets_kernel<<<qvi_cdiv(s->BH, 128), 128, 0, s->st>>>(s->cnt, s->start, s->BH, s->k);
+    qva_status r = qvc_launch_check("qvc_kmeans_perm: offsets");
+    if (r != QVA_OK) return r;
+    km_sort_kernel<<<s->BH, KM_SORT_THREADS, (size_t)s->k * sizeof(int), s->st>>>(
+        s->keys, s->start, s->n, s->k, s->keys_sorted, vals_out);
+    return qvc_launch_check("qvc_kmeans_perm: sort");
 }
 
 /* Chooses the assign kernel: the shared-memory one when the centroids and
@@ -327,45 +361,32 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.D = (int)v->D;
     s.DW = s.D <= 32 ? 32 : s.D <= 64 ? 64 : 128;
     s.st = st;
-    const uint64_t maxkey = (uint64_t)BH * (uint64_t)k - 1;
-    s.end_bit = 1;
-    while (s.end_bit < 32 && (maxkey >> s.end_bit) != 0) ++s.end_bit;
+    if ((size_t)k * sizeof(int) > 48 * 1024)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_kmeans_perm: k = %d (at most %d)", k,
+                        (int)(48 * 1024 / sizeof(int)));
 
     qva_status rs = km_smem_setup(&s);
     if (rs != QVA_OK) return rs;
 
-    /* CUB temp size for this problem (no work is done by this call). */
-    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, s.cub_bytes, (const uint32_t *)NULL,
-                                                    (uint32_t *)NULL, (const int32_t *)NULL,
-                                                    (int32_t *)NULL, (int)total, 0, s.end_bit, st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: radix sort size");
-
     const size_t nb = km_align((size_t)total * 4), kb = km_align((size_t)BH * k * sizeof(int));
-    const size_t tmp_b = 4 * nb + 2 * kb + km_align(s.cub_bytes);
+    const size_t tmp_b = 3 * nb + 2 * kb;
     char *tmp = NULL;
+    cudaError_t e;
     if ((e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMallocAsync");
     s.keys = (uint32_t *)tmp;
     s.keys_sorted = (uint32_t *)(tmp + nb);
-    s.iota = (int32_t *)(tmp + 2 * nb);
-    s.members = (int32_t *)(tmp + 3 * nb);
-    s.cnt = (int *)(tmp + 4 * nb);
-    s.start = (int *)(tmp + 4 * nb + kb);
-    s.cub_tmp = tmp + 4 * nb + 2 * kb;
+    s.members = (int32_t *)(tmp + 2 * nb);
+    s.cnt = (int *)(tmp + 3 * nb);
+    s.start = (int *)(tmp + 3 * nb + kb);
 
-    km_iota_kernel<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(s.iota, s.n, total);
-    rs = qvc_launch_check("qvc_kmeans_perm: iota");
-    if (rs == QVA_OK && !warm) {
+    if (!warm) {
         km_init_kernel<<<dim3(k, s.BH), KM_MAX_D, 0, st>>>(s.v, k, centroids);
         rs = qvc_launch_check("qvc_kmeans_perm: init");
     }
     for (int it = 0; it < iters && rs == QVA_OK; ++it) {
         rs = km_assign(&s, centroids);
         if (rs == QVA_OK) rs = km_sort(&s, s.members);
-        if (rs == QVA_OK) {
-            km_offsets_kernel<<<qvi_cdiv(s.BH, 128), 128, 0, st>>>(s.cnt, s.start, s.BH, k);
-            rs = qvc_launch_check("qvc_kmeans_perm: offsets");
-        }
         if (rs == QVA_OK) /* empty clusters (count 0) are left as they are */
             rs = qvc_colsum_mean(&s.v, s.members, s.keys_sorted, s.n, s.start, s.cnt, k, s.BH * k,
                                  centroids, st);
