@@ -1,9 +1,9 @@
-# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make asan`.
+# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make asan`, `make tsan`.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo asan dev clean
+.PHONY: all build test demo asan tsan dev clean
 
 all: build
 
@@ -29,5 +29,16 @@ asan:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# The threads test under ThreadSanitizer: CUDA off, and OpenMP off since
+# libgomp is not TSan-instrumented (so the other, single-threaded tests
+# would give TSan nothing to see).  Runs with ASLR off where setarch allows
+# it: the TSan of older compilers cannot map its shadow memory under the
+# 32-bit mmap randomization of recent kernels.
+TSAN_RUN = $(shell setarch $$(uname -m) -R true 2>/dev/null && echo setarch $$(uname -m) -R)
+tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQVA_TSAN=ON -DQVA_CUDA=OFF -DQVA_OPENMP=OFF
+	cmake --build build-tsan -j $(JOBS) --target test_threads
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(TSAN_RUN) ctest --output-on-failure -R '^test_threads$$'
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

@@ -9,6 +9,8 @@
  *  - Tensors are rank-4 [B, H, N, D] descriptors with element strides, so
  *    [B,H,N,D] ("HND") and [B,N,H,D] ("NHD") memory both work without copies.
  *  - Attention is non-causal softmax(Q K^T * sm_scale) V.
+ *  - Threads: every function may be called from any thread.  See
+ *    "Threads" at qva_context_t for what may run at the same time.
  */
 #ifndef QVATTN_H
 #define QVATTN_H
@@ -129,6 +131,48 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name);
 qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len);
 
 /* ------------------------------------------------------------------ context */
+/*
+ * A context holds a device's mutable state: the V-Smooth permutations and
+ * centroids of each (layer, batch, head), the draft partition cache, the
+ * CUDA workspace, the stream, the profiling flag and the last timings.
+ *
+ * Threads
+ *  - Separate contexts are independent: threads may use different
+ *    contexts at the same time with no lock shared between them.
+ *  - One context may be shared by several host threads.  Its calls
+ *    (qva_attention, qva_context_reset, qva_context_set_stream,
+ *    qva_context_set_profiling, qva_context_last_timings) are serialized
+ *    by a per-context lock held for the whole call, so every state change
+ *    (V-Smooth state of a layer, the partition cache, the workspace, the
+ *    timings, the stream, the flag) is made under it and two calls never
+ *    interleave.  Calls on one context therefore do not run in parallel;
+ *    use one context per thread (or per stream) for parallel work.
+ *  - Shared state is keyed by cfg->layer: threads that share a context and
+ *    must not see each other's V-Smooth state use different layer ids.
+ *    Calls to one layer from several threads run in the order the lock
+ *    is taken, which the caller must fix if the step sequence matters.
+ *    qva_context_last_timings returns the last call's timings, whichever
+ *    thread made it; a reset from one thread drops the state of all.
+ *  - qva_last_error() is per thread: it reports the calling thread's
+ *    last failure only.
+ *  - Not safe: qva_context_free while another thread uses (or may still
+ *    enter) the context; it must be the context's last call.  Tensors are
+ *    the caller's: two calls writing the same out (or one writing what
+ *    another reads) at the same time race, context shared or not.
+ *  - On CUDA the lock covers the host side of a call; the kernels it
+ *    launched run on after it returns, ordered by the context's stream.
+ *    Threads sharing a CUDA context keep that one stream (see
+ *    qva_context_set_stream) and synchronize before switching it.
+ *  - A CUDA context works on the calling thread's current device
+ *    (cudaSetDevice) with buffers it allocated there: every thread that
+ *    uses it must have that device current.
+ *  - The CPU backend parallelises inside a call with OpenMP when built
+ *    with it; the lock is taken around the call, outside those regions.
+ *  - Everything else (configs, codecs, metrics, synthetic data,
+ *    qva_vsmooth_permutation, qva_supports, qva_draft_step_check) keeps
+ *    no state and may run concurrently without restriction, on arguments
+ *    that no other thread writes meanwhile.
+ */
 typedef struct qva_context qva_context_t;
 
 qva_status qva_context_create(qva_context_t **ctx, qva_device device);

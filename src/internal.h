@@ -61,6 +61,13 @@ typedef enum qvi_slot {
     QVI_SLOT_CUDA_DEV = 3,   /* kernel versions under trial (dev/cuda)          */
     QVI_SLOT_COUNT_
 } qvi_slot;
+/* The context's lock (include/qvattn.h, "Threads").  qva_attention holds
+ * it around the whole backend call, so everything below is called with it
+ * held; code that reaches the context's state from elsewhere takes it
+ * (not recursive: never call a locking qva_context_* or qva_attention with
+ * it held). */
+void qvi_context_lock(qva_context_t *ctx);
+void qvi_context_unlock(qva_context_t *ctx);
 /* A per-context slot that a module owns.  If dtor points to a non-NULL
  * function it is registered as the slot's destructor (run on context free
  * and reset); if it points to NULL it receives the registered one. */

@@ -5,6 +5,7 @@
 #include "draft/plan.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,9 @@
 #endif
 #ifndef QVA_SANITIZE_ON
 #define QVA_SANITIZE_ON 0
+#endif
+#ifndef QVA_TSAN_ON
+#define QVA_TSAN_ON 0
 #endif
 
 /* ------------------------------------------------------------ errors */
@@ -312,7 +316,10 @@ typedef struct vs_entry {
     qvi_vs_state st;
 } vs_entry;
 
+/* Every field but device (fixed at creation) is read and written only
+ * under lock: see "Threads" in include/qvattn.h. */
 struct qva_context {
+    pthread_mutex_t lock;
     qva_device device;
     void *stream;
     int profiling;
@@ -333,6 +340,10 @@ qva_status qva_context_create(qva_context_t **ctx, qva_device device) {
                         "no CUDA device (or library built without CUDA)");
     qva_context_t *c = calloc(1, sizeof *c);
     if (!c) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "context allocation");
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "context lock");
+    }
     c->device = device;
     *ctx = c;
     return QVA_OK;
@@ -355,20 +366,28 @@ static void free_state(qva_context_t *c) {
 void qva_context_free(qva_context_t *ctx) {
     if (!ctx) return;
     free_state(ctx);
+    pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
 
 qva_status qva_context_reset(qva_context_t *ctx) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    qvi_context_lock(ctx);
     free_state(ctx);
+    qvi_context_unlock(ctx);
     return QVA_OK;
 }
 
 qva_status qva_context_set_stream(qva_context_t *ctx, void *stream) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    qvi_context_lock(ctx);
     ctx->stream = stream;
+    qvi_context_unlock(ctx);
     return QVA_OK;
 }
+
+void qvi_context_lock(qva_context_t *ctx) { pthread_mutex_lock(&ctx->lock); }
+void qvi_context_unlock(qva_context_t *ctx) { pthread_mutex_unlock(&ctx->lock); }
 
 void *qvi_context_stream(const qva_context_t *ctx) { return ctx->stream; }
 int qvi_context_profiling(const qva_context_t *ctx) { return ctx->profiling; }
@@ -378,13 +397,18 @@ void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t) {
 
 qva_status qva_context_set_profiling(qva_context_t *ctx, int on) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    qvi_context_lock(ctx);
     ctx->profiling = on != 0;
+    qvi_context_unlock(ctx);
     return QVA_OK;
 }
 
 qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t) {
     if (!ctx || !t) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
-    *t = ctx->timings;
+    qva_context_t *c = (qva_context_t *)ctx; /* the lock is not the state */
+    qvi_context_lock(c);
+    *t = c->timings;
+    qvi_context_unlock(c);
     return QVA_OK;
 }
 
@@ -636,9 +660,13 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
         char why[256];
         if (!qvi_cuda_supports(cfg, q->dtype, q->shape[3], why, sizeof why))
             return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
-        return qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
+        qvi_context_lock(ctx);
+        st = qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
+        qvi_context_unlock(ctx);
+        return st;
     }
     struct timespec t0, t1;
+    qvi_context_lock(ctx);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     st = cfg->method == QVA_METHOD_DRAFT
              ? qvi_cpu_draft(ctx, cfg, q, k, v, out, lse)
@@ -648,6 +676,7 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
                       (float)((double)(t1.tv_sec - t0.tv_sec) * 1e3 +
                               (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6)};
     ctx->timings = tm; /* the CPU reference does not separate phases */
+    qvi_context_unlock(ctx);
     return st;
 }
 
@@ -663,6 +692,9 @@ const char *qva_build_info(void) {
 #endif
 #if QVA_SANITIZE_ON
            ", ASan+UBSan"
+#endif
+#if QVA_TSAN_ON
+           ", TSan"
 #endif
            ", " QVA_BUILD_TYPE ")";
 }

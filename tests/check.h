@@ -30,12 +30,15 @@ static int check_count_ = 0;
 #define TEST_RNG_SEED 0x243F6A8885A308D3ull
 #endif
 static uint64_t rng_state = TEST_RNG_SEED;
-static uint64_t rng_u64(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+/* The next number of the generator whose state is *s (for a state of its
+ * own, e.g. one per thread). */
+static uint64_t rng_u64_of(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+static uint64_t rng_u64(void) { return rng_u64_of(&rng_state); }
 /* Uniform in [0, 1). */
 static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
 

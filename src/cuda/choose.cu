@@ -89,14 +89,17 @@ extern "C" qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, char *
 /* ---------------------------------------------------------- dev kernels */
 static void dev_kernels_free(void *p) { free(p); }
 
+/* Called outside qva_attention (dev/cuda/driver.c), so it takes the
+ * context's lock itself; qvc_dev_kernels_of runs inside qva_attention. */
 extern "C" qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k) {
     void (*dtor)(void *) = dev_kernels_free;
+    qvi_context_lock(ctx);
     void **slot = qvi_context_slot(ctx, QVI_SLOT_CUDA_DEV, &dtor);
-    if (!slot) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "dev kernels: no context slot");
     if (!*slot) *slot = calloc(1, sizeof(qvc_dev_kernels));
-    if (!*slot) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "dev kernels");
-    *(qvc_dev_kernels *)*slot = *k;
-    return QVA_OK;
+    const int ok = *slot != NULL;
+    if (ok) *(qvc_dev_kernels *)*slot = *k;
+    qvi_context_unlock(ctx);
+    return ok ? QVA_OK : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "dev kernels");
 }
 
 extern "C" const qvc_dev_kernels *qvc_dev_kernels_of(qva_context_t *ctx) {

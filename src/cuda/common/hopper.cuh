@@ -387,18 +387,20 @@ typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32
                                     const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
+static encode_tiled_fn lookup_encode_tiled(void) {
+    void *ptr = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                         cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        return (encode_tiled_fn)ptr;
+    cudaGetLastError();
+    return NULL;
+}
+/* Process-wide, shared by every context: a C++11 static, initialised once
+ * even when two threads on two contexts get here together. */
 static encode_tiled_fn get_encode_tiled(void) {
-    static encode_tiled_fn fn = NULL;
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
-                                             cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (encode_tiled_fn)ptr;
-        else
-            cudaGetLastError();
-    }
+    static const encode_tiled_fn fn = lookup_encode_tiled();
     return fn;
 }
 
