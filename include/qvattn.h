@@ -48,7 +48,13 @@ const char *qva_last_error(void);
 typedef enum qva_dtype { QVA_F32 = 0, QVA_BF16 = 1, QVA_F16 = 2 } qva_dtype;
 typedef enum qva_device { QVA_DEVICE_CPU = 0, QVA_DEVICE_CUDA = 1 } qva_device;
 
-/* shape = {B, H, N, D}; stride[i] is the element step along shape[i]. */
+/* shape = {B, H, N, D}; stride[i] is the element step along shape[i].
+ * qva_attention accepts a descriptor when every shape[i] is in [1, 2^30],
+ * every stride is >= 0, stride[3] == 1, and both its element count times
+ * the dtype size and the bytes its strides span ((sum (shape[i]-1) *
+ * stride[i] + 1) * dtype size) are at most QVA_MAX_TENSOR_BYTES; all of
+ * it is computed with overflow checks (QVA_ERR_SHAPE otherwise). */
+#define QVA_MAX_TENSOR_BYTES ((int64_t)1 << 48)
 typedef struct qva_tensor {
     void *data;
     qva_dtype dtype;
@@ -57,7 +63,9 @@ typedef struct qva_tensor {
     int64_t stride[4];
 } qva_tensor;
 
-/* A contiguous descriptor for memory laid out [B,H,N,D] (layout "HND"). */
+/* A contiguous descriptor for memory laid out [B,H,N,D] (layout "HND").
+ * A stride whose product overflows int64 saturates to INT64_MAX, so such a
+ * descriptor is refused by qva_attention (QVA_ERR_SHAPE), never wrapped. */
 qva_tensor qva_tensor_hnd(void *data, qva_dtype dt, qva_device dev,
                           int64_t B, int64_t H, int64_t N, int64_t D);
 /* A contiguous descriptor for memory laid out [B,N,H,D] (layout "NHD"). */
@@ -90,8 +98,13 @@ typedef struct qva_vsmooth_params {
     int warm_start;    /* start from the layer's stored centroids         */
     int block;         /* B_v; must be 128                                */
     qva_schedule schedule;
-    int refresh_every; /* steps between permutation refreshes (paper: 4)  */
+    int refresh_every; /* steps between permutation refreshes (paper: 4),
+                          >= 1                                           */
 } qva_vsmooth_params;
+/* Limits of vsmooth.clusters and vsmooth.iters, for qva_attention and
+ * qva_vsmooth_permutation alike. */
+#define QVA_VSMOOTH_MAX_CLUSTERS 4096
+#define QVA_VSMOOTH_MAX_ITERS 1000
 
 typedef struct qva_draft_params {
     float lambda;          /* max-pool weight of Eq. 2 (paper: 0.2)           */
@@ -124,7 +137,12 @@ void qva_config_default(qva_config *cfg);
 /*
  * Parses a method name into cfg (other fields untouched):
  *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
- * optionally followed by "+expcast" and/or "+hadamard" (8-bit methods).
+ * optionally followed by "+expcast" and/or "+hadamard" (8-bit methods),
+ * each at most once.  Strict: no blanks, case folding or trailing text;
+ * each quota S is a plain decimal percentage in [0,100] (digits, an
+ * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
+ * the four sum to 100.  QVA_ERR_PARSE with a message naming the problem,
+ * cfg untouched, otherwise.
  */
 qva_status qva_config_set_method(qva_config *cfg, const char *name);
 /* Writes the canonical method name of cfg into buf. */
@@ -227,7 +245,8 @@ qva_status qva_attention_check(qva_device device, const qva_config *cfg,
 /* 1 if the library was built with CUDA and a device is present. */
 int qva_cuda_available(void);
 /* Device memory helpers, so C callers need no CUDA headers.  Without CUDA
- * they return QVA_ERR_UNSUPPORTED. */
+ * they return QVA_ERR_UNSUPPORTED, except qva_device_free(NULL), which
+ * like free(NULL) does nothing and returns QVA_OK on every build. */
 qva_status qva_device_malloc(void **ptr, size_t bytes);
 qva_status qva_device_free(void *ptr);
 qva_status qva_memcpy_to_device(void *dst, const void *src, size_t bytes);
@@ -242,6 +261,17 @@ qva_status qva_device_synchronize(void);
  * K-smoothed methods the smoothing shift is added back, on every backend,
  * so it is the LSE of the original scores).  Rows with no retained key get
  * -inf.
+ *
+ * Aliasing: q, k and v are only read and may share memory (e.g. views of
+ * one fused QKV buffer).  out and lse are written: the byte range of each
+ * (from data to the end of its last element, see qva_tensor) must not
+ * intersect that of q, k, v or of the other one, and neither may overlap
+ * itself (a zero or too-short stride along a dimension of size > 1).  Even
+ * exact aliasing (out == q) is refused: there is no in-place attention,
+ * since a failing call could leave an input half overwritten.  Interleaved
+ * layouts whose ranges intersect are refused even when no element is
+ * shared.  Violations are QVA_ERR_INVALID_ARGUMENT (overlap with another
+ * tensor) or QVA_ERR_SHAPE (an output overlapping itself).
  */
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,
@@ -336,7 +366,9 @@ typedef struct qva_vquant_stats {
 qva_status qva_vquant_stats_compute(const float *v, int n, int d,
                                     const int32_t *perm, int block,
                                     qva_vquant_stats *st);
-/* k-means order of one head (what vc8 computes); perm receives n entries. */
+/* k-means order of one head (what vc8 computes); perm receives n entries.
+ * clusters in [1, QVA_VSMOOTH_MAX_CLUSTERS], iters in [0,
+ * QVA_VSMOOTH_MAX_ITERS] (the limits of qva_attention). */
 qva_status qva_vsmooth_permutation(const float *v, int n, int d, int clusters,
                                    int iters, int32_t *perm);
 

@@ -2,6 +2,7 @@
  * its per-layer state, the step schedule, validation and dispatch. */
 #define _POSIX_C_SOURCE 199309L
 #include "internal.h"
+#include "checked.h"
 #include "draft/plan.h"
 
 #include <ctype.h>
@@ -71,14 +72,16 @@ static qva_tensor make_tensor(void *data, qva_dtype dt, qva_device dev,
 qva_tensor qva_tensor_hnd(void *data, qva_dtype dt, qva_device dev, int64_t B,
                           int64_t H, int64_t N, int64_t D) {
     const int64_t shape[4] = {B, H, N, D};
-    const int64_t stride[4] = {H * N * D, N * D, D, 1};
+    const int64_t nd = qvi_mul_sat_i64(N, D);
+    const int64_t stride[4] = {qvi_mul_sat_i64(H, nd), nd, D, 1};
     return make_tensor(data, dt, dev, shape, stride);
 }
 
 qva_tensor qva_tensor_nhd(void *data, qva_dtype dt, qva_device dev, int64_t B,
                           int64_t H, int64_t N, int64_t D) {
     const int64_t shape[4] = {B, H, N, D};
-    const int64_t stride[4] = {N * H * D, D, H * D, 1};
+    const int64_t hd = qvi_mul_sat_i64(H, D);
+    const int64_t stride[4] = {qvi_mul_sat_i64(N, hd), D, hd, 1};
     return make_tensor(data, dt, dev, shape, stride);
 }
 
@@ -186,26 +189,76 @@ static int method_is_quantized(qva_method m) {
     return method_is_8bit(m) || m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
 }
 
-/* Parses "S0/S4/S8/S16" percentages into the draft fractions. */
-static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp) {
+/* A plain decimal number, digits[.digits][e[+-]digits] (what %g prints),
+ * read without strtod: no sign, blank, hex, inf or nan, and no locale.
+ * Returns the characters read, 0 if s does not start with such a number. */
+static size_t scan_decimal(const char *s, double *out) {
+    const char *p = s;
+    uint64_t mant = 0;
+    int exp10 = 0, digits = 0;
+    for (; isdigit((unsigned char)*p); ++p, ++digits) {
+        if (mant < 100000000000000000ull) mant = mant * 10 + (uint64_t)(*p - '0');
+        else if (exp10 < 10000) ++exp10; /* past 17 digits: scale only */
+    }
+    if (!digits) return 0;
+    if (*p == '.') {
+        if (!isdigit((unsigned char)p[1])) return 0;
+        for (++p; isdigit((unsigned char)*p); ++p)
+            if (mant < 100000000000000000ull) {
+                mant = mant * 10 + (uint64_t)(*p - '0');
+                --exp10;
+            }
+    }
+    if (*p == 'e' || *p == 'E') {
+        const char *e = p + 1;
+        int neg = *e == '-', x = 0, n = 0;
+        if (*e == '+' || *e == '-') ++e;
+        for (; isdigit((unsigned char)*e); ++e, ++n)
+            if (x < 10000) x = x * 10 + (*e - '0');
+        if (!n) return 0;
+        exp10 += neg ? -x : x;
+        p = e;
+    }
+    /* 10^k is exact in a double for k <= 22: one correctly rounded step. */
+    double v = (double)mant;
+    if (mant == 0) v = 0.0; /* 0e999 */
+    else if (exp10 >= 0 && exp10 <= 22) v *= pow(10.0, exp10);
+    else if (exp10 < 0 && exp10 >= -22) v /= pow(10.0, -exp10);
+    else v *= pow(10.0, exp10);
+    *out = v;
+    return (size_t)(p - s);
+}
+
+/* Parses "S0/S4/S8/S16" percentages into the draft fractions; *end is
+ * where the method string goes on (its end or a '+' option). */
+static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp,
+                                     const char **end) {
     double f[4];
     for (int i = 0; i < 4; ++i) {
-        char *end;
-        f[i] = strtod(s, &end);
-        if (end == s || !isfinite(f[i]) || f[i] < 0 || f[i] > 100)
+        /* S0..S8 end at '/', S16 at the end or a '+' option (an exponent
+         * such as 1.5e+1 may hold a '+' too) */
+        size_t tok = strcspn(s, i < 3 ? "/" : "/+"), len = scan_decimal(s, &f[i]);
+        if (i == 3 && len > tok && (s[len] == 0 || s[len] == '+'))
+            tok = len;
+        const int shown = tok < 40 ? (int)tok : 40; /* quoted in messages */
+        if ((i < 3) != (s[tok] == '/'))
             return qvi_fail(QVA_ERR_PARSE,
-                            "draft quotas must be four percentages "
-                            "S0/S4/S8/S16 in [0,100], e.g. draft@85/0/7.5/7.5");
-        s = end;
-        if (i < 3) {
-            if (*s != '/')
-                return qvi_fail(QVA_ERR_PARSE,
-                                "draft quotas need the form S0/S4/S8/S16");
-            ++s;
-        }
+                            "draft quotas need the form S0/S4/S8/S16, e.g. "
+                            "draft@85/0/7.5/7.5");
+        if (len != tok || tok == 0)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quota %d '%.*s' is not a plain decimal "
+                            "number (digits with an optional fraction, no "
+                            "sign, blank or hex), e.g. draft@85/0/7.5/7.5",
+                            i + 1, shown, s);
+        if (!isfinite(f[i]) || f[i] > 100)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quota %d '%.*s' is outside [0,100]: the "
+                            "quotas are percentages, e.g. draft@85/0/7.5/7.5",
+                            i + 1, shown, s);
+        s += tok + (i < 3);
     }
-    if (*s != 0 && *s != '+')
-        return qvi_fail(QVA_ERR_PARSE, "trailing text after draft quotas");
+    *end = s;
     if (fabs(f[0] + f[1] + f[2] + f[3] - 100.0) > 1e-3)
         return qvi_fail(QVA_ERR_PARSE,
                         "draft quotas %g/%g/%g/%g do not sum to 100", f[0],
@@ -221,10 +274,14 @@ static qva_status parse_suffixes(const char *s, qva_config *c) {
     while (*s == '+') {
         ++s;
         size_t len = strcspn(s, "+");
-        if (len == 7 && !strncmp(s, "expcast", 7))
-            c->expcast = 1;
-        else if (len == 8 && !strncmp(s, "hadamard", 8))
-            c->hadamard = 1;
+        int *flag = len == 7 && !strncmp(s, "expcast", 7)    ? &c->expcast
+                    : len == 8 && !strncmp(s, "hadamard", 8) ? &c->hadamard
+                                                             : NULL;
+        if (flag && *flag)
+            return qvi_fail(QVA_ERR_PARSE, "method option '+%.*s' given twice",
+                            (int)len, s);
+        if (flag)
+            *flag = 1;
         else
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected "
@@ -260,8 +317,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         if (*rest != '@')
             return qvi_fail(QVA_ERR_PARSE,
                             "draft needs quotas: draft@S0/S4/S8/S16");
-        if ((st = parse_draft_quotas(rest + 1, &c.draft)) != QVA_OK) return st;
-        rest += strcspn(rest, "+");
+        if ((st = parse_draft_quotas(rest + 1, &c.draft, &rest)) != QVA_OK) return st;
     } else if (*rest == '@') {
         return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
     }
@@ -303,7 +359,7 @@ qva_step_action qva_schedule_action(const qva_vsmooth_params *p, int step,
                                     int num_steps) {
     if (p->schedule == QVA_SCHEDULE_ALWAYS || num_steps <= 0)
         return QVA_STEP_GROUP;
-    int window = (num_steps + 3) / 4; /* ceil(n/4): VC App. A */
+    int window = num_steps / 4 + (num_steps % 4 != 0); /* ceil(n/4): VC App. A */
     int every = p->refresh_every > 0 ? p->refresh_every : 4;
     if (step >= window) return QVA_STEP_PLAIN;
     return step % every == 0 ? QVA_STEP_GROUP : QVA_STEP_REUSE;
@@ -445,6 +501,23 @@ float qvi_sm_scale(const qva_config *cfg, int64_t d) {
     return cfg->sm_scale > 0 ? cfg->sm_scale : 1.0f / sqrtf((float)d);
 }
 
+/* The totals of a descriptor with shapes >= 1 and strides >= 0: the bytes
+ * of its elements and the bytes from data to the end of its last element.
+ * 1 if both are at most QVA_MAX_TENSOR_BYTES, so that every offset is a
+ * defined int64; 0 if not (or if they overflow). */
+static int tensor_bytes(const qva_tensor *t, int64_t *elem_bytes, int64_t *span_bytes) {
+    const int64_t esize = (int64_t)qva_dtype_size(t->dtype);
+    int64_t count, last = 0, term;
+    if (!qvi_prod_i64(t->shape, 4, &count) || !qvi_mul_i64(count, esize, elem_bytes))
+        return 0;
+    for (int i = 0; i < 4; ++i)
+        if (!qvi_mul_i64(t->shape[i] - 1, t->stride[i], &term) ||
+            !qvi_add_i64(last, term, &last))
+            return 0;
+    return qvi_add_i64(last, 1, &last) && qvi_mul_i64(last, esize, span_bytes) &&
+           *elem_bytes <= QVA_MAX_TENSOR_BYTES && *span_bytes <= QVA_MAX_TENSOR_BYTES;
+}
+
 static qva_status check_tensor(const qva_tensor *t, const char *name,
                                qva_device dev) {
     if (!t) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s is NULL", name);
@@ -452,6 +525,10 @@ static qva_status check_tensor(const qva_tensor *t, const char *name,
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s has no data pointer", name);
     if (t->dtype != QVA_F32 && t->dtype != QVA_BF16 && t->dtype != QVA_F16)
         return qvi_fail(QVA_ERR_DTYPE, "%s: unknown dtype %d", name, (int)t->dtype);
+    if (t->device != QVA_DEVICE_CPU && t->device != QVA_DEVICE_CUDA)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "%s: unknown device %d (QVA_DEVICE_CPU = 0, "
+                        "QVA_DEVICE_CUDA = 1)", name, (int)t->device);
     if (t->device != dev)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "%s is on the %s but the context is %s", name,
@@ -472,6 +549,75 @@ static qva_status check_tensor(const qva_tensor *t, const char *name,
                         "%s: the head dimension must be contiguous (stride[3] "
                         "= %lld, need 1)",
                         name, (long long)t->stride[3]);
+    int64_t elem_bytes, span_bytes;
+    if (!tensor_bytes(t, &elem_bytes, &span_bytes))
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "%s: shape [%lld,%lld,%lld,%lld] with strides "
+                        "[%lld,%lld,%lld,%lld] is too large: its elements or "
+                        "the span of its strides exceed 2^48 bytes "
+                        "(QVA_MAX_TENSOR_BYTES)",
+                        name, (long long)t->shape[0], (long long)t->shape[1],
+                        (long long)t->shape[2], (long long)t->shape[3],
+                        (long long)t->stride[0], (long long)t->stride[1],
+                        (long long)t->stride[2], (long long)t->stride[3]);
+    return QVA_OK;
+}
+
+/* An output must give each element its own memory.  Definite overlaps:
+ * along a dimension of size > 1 a step shorter than one row (stride[3] is
+ * 1, so a row is shape[3] elements), or two such dimensions with the same
+ * stride. */
+static qva_status check_no_self_overlap(const qva_tensor *t, const char *name) {
+    for (int i = 0; i < 3; ++i) {
+        if (t->shape[i] == 1) continue;
+        if (t->stride[i] < t->shape[3])
+            return qvi_fail(QVA_ERR_SHAPE,
+                            "%s overlaps itself: stride[%d] = %lld is shorter "
+                            "than a row of %lld elements",
+                            name, i, (long long)t->stride[i], (long long)t->shape[3]);
+        for (int j = 0; j < i; ++j)
+            if (t->shape[j] > 1 && t->stride[j] == t->stride[i])
+                return qvi_fail(QVA_ERR_SHAPE,
+                                "%s overlaps itself: stride[%d] == stride[%d] "
+                                "= %lld", name, j, i, (long long)t->stride[i]);
+    }
+    return QVA_OK;
+}
+
+/* 1 if the byte ranges [data, data + span) of a and b (both passed
+ * check_tensor) intersect. */
+static int spans_overlap(const qva_tensor *a, const qva_tensor *b) {
+    int64_t unused, sa = 0, sb = 0;
+    tensor_bytes(a, &unused, &sa);
+    tensor_bytes(b, &unused, &sb);
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + (uintptr_t)sb && b0 < a0 + (uintptr_t)sa;
+}
+
+/* The aliasing rule of qva_attention (include/qvattn.h): out and lse
+ * overlap none of q, k, v and not each other; q, k, v may share memory. */
+static qva_status check_aliasing(const qva_tensor *q, const qva_tensor *k,
+                                 const qva_tensor *v, const qva_tensor *out,
+                                 const qva_tensor *lse) {
+    const qva_tensor *in[3] = {q, k, v};
+    static const char *const in_name[3] = {"q", "k", "v"};
+    const qva_tensor *outs[2] = {out, lse};
+    static const char *const out_name[2] = {"out", "lse"};
+    for (int o = 0; o < 2; ++o) {
+        if (!outs[o]) continue;
+        qva_status st = check_no_self_overlap(outs[o], out_name[o]);
+        if (st != QVA_OK) return st;
+        for (int i = 0; i < 3; ++i)
+            if (spans_overlap(outs[o], in[i]))
+                return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                                "%s overlaps the memory of %s: outputs must "
+                                "not share memory with the inputs (no in-place "
+                                "attention; see qva_attention in qvattn.h)",
+                                out_name[o], in_name[i]);
+    }
+    if (lse && spans_overlap(out, lse))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "out and lse overlap: they need separate memory");
     return QVA_OK;
 }
 
@@ -493,18 +639,25 @@ static qva_status check_config(const qva_config *cfg) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "hadamard needs a quantized method");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
-        if (p->clusters < 1 || p->clusters > 4096)
+        if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                            "vsmooth.clusters = %d must be in [1, 4096]", p->clusters);
-        if (p->iters < 0 || p->iters > 1000)
+                            "vsmooth.clusters = %d must be in [1, %d]", p->clusters,
+                            QVA_VSMOOTH_MAX_CLUSTERS);
+        if (p->iters < 0 || p->iters > QVA_VSMOOTH_MAX_ITERS)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                            "vsmooth.iters = %d must be in [0, 1000]", p->iters);
+                            "vsmooth.iters = %d must be in [0, %d]", p->iters,
+                            QVA_VSMOOTH_MAX_ITERS);
         if (p->block != QVI_BLOCK)
             return qvi_fail(QVA_ERR_UNSUPPORTED,
                             "vsmooth.block = %d: only B_v = 128 is implemented",
                             p->block);
         if (p->schedule != QVA_SCHEDULE_PAPER && p->schedule != QVA_SCHEDULE_ALWAYS)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown vsmooth schedule");
+        if (p->refresh_every < 1)
+            return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                            "vsmooth.refresh_every = %d must be >= 1 (steps "
+                            "between permutation refreshes; paper: 4)",
+                            p->refresh_every);
     }
     if (cfg->step < 0)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "step = %d must be >= 0", cfg->step);
@@ -549,6 +702,9 @@ qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
                         (long long)v->shape[0], (long long)v->shape[1],
                         (long long)v->shape[3], (long long)out->shape[0],
                         (long long)out->shape[1], (long long)out->shape[3]);
+    if (q->shape[0] * q->shape[1] > INT32_MAX) /* the backends count heads in int */
+        return qvi_fail(QVA_ERR_SHAPE, "B*H = %lld*%lld heads: at most 2^31-1",
+                        (long long)q->shape[0], (long long)q->shape[1]);
     if (k->shape[2] != v->shape[2])
         return qvi_fail(QVA_ERR_SHAPE, "k has %lld tokens but v has %lld",
                         (long long)k->shape[2], (long long)v->shape[2]);
@@ -575,6 +731,7 @@ qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
             lse->shape[3] != 1)
             return qvi_fail(QVA_ERR_SHAPE, "lse must be f32 [B,H,N,1]");
     }
+    if ((st = check_aliasing(q, k, v, out, lse)) != QVA_OK) return st;
     if (dev == QVA_DEVICE_CPU && cfg->check_finite) {
         if ((st = check_finite_head(q, "q")) || (st = check_finite_head(k, "k")) ||
             (st = check_finite_head(v, "v")))
@@ -592,7 +749,11 @@ int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
         why_len = sizeof tmp;
     }
     why[0] = 0;
-    if (!cfg || check_config(cfg) != QVA_OK) {
+    if (!cfg) {
+        snprintf(why, why_len, "cfg is NULL");
+        return 0;
+    }
+    if (check_config(cfg) != QVA_OK) { /* sets the message just read */
         snprintf(why, why_len, "invalid config: %s", qva_last_error());
         return 0;
     }
@@ -620,8 +781,9 @@ qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qva_draft_step_check: NULL argument");
     if (cfg->method != QVA_METHOD_DRAFT)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qva_draft_step_check: not a draft config");
-    if (n_tokens < 1 || head_dim < 1)
-        return qvi_fail(QVA_ERR_SHAPE, "qva_draft_step_check: N = %lld, D = %lld",
+    if (n_tokens < 1 || head_dim < 1 || n_tokens > (1 << 30) || head_dim > (1 << 30))
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qva_draft_step_check: N = %lld, D = %lld (each in [1, 2^30])",
                         (long long)n_tokens, (long long)head_dim);
     /* The plan is the one place that validates and decides (src/draft/plan.c). */
     qva_tensor q;

@@ -18,8 +18,10 @@ bad() {
     sed 's/^/     stderr: /' "$T/err" | head -5
 }
 
-# run ARGS...: stdout -> $T/out, stderr -> $T/err, status -> RC
-run() { "$BIN" "$@" >"$T/out" 2>"$T/err"; RC=$?; }
+# run ARGS...: stdout -> $T/out, stderr -> $T/err, status -> RC.  With
+# LIMIT=S set (LIMIT=S expect_err ...), a run past S seconds is killed
+# (status 124): for inputs that used to make the tool run forever.
+run() { ${LIMIT:+timeout "$LIMIT"} "$BIN" "$@" >"$T/out" 2>"$T/err"; RC=$?; }
 
 # expect_ok NAME ARGS...
 expect_ok() {
@@ -242,6 +244,43 @@ expect_err "step outside steps" 2 "--step 5 is outside --steps 2" eval --synthet
 expect_err "two inputs" 2 "only one of" eval --synthetic tiny --input "$T/ok.safetensors"
 expect_err "bench bad shape" 2 "head dim D=96" bench --shape 1,1,128,96
 expect_err "sweep too many clusters" 2 "more clusters than" sweep-vsmooth --synthetic tiny --clusters 1000
+
+# ---------------------------------------------------------------- hostile numbers (issue 13)
+# T*H*W used to wrap: 8*1263665316*1824726041 = 32 (mod 2^64), + 96 = N.
+expect_err "grid product overflow" 2 "8x1263665316x1824726041 \+ prefix 96: T\*H\*W\+P overflows int64.*N=128" \
+    eval --synthetic tiny --grid 8,1263665316,1824726041 --prefix 96 --methods bf16
+expect_err "grid larger than N" 2 "T\*H\*W\+P = 3458764513820540928 tokens.*N=128" \
+    eval --synthetic tiny --grid 3,1073741824,1073741824 --methods bf16
+expect_err "grid entry past int" 2 "--grid: 4294967296 is outside \[1, 2147483647\]" \
+    eval --synthetic tiny --grid 2,8,4294967296
+expect_err "hex draft quota" 2 "draft quota 1 '0x55' is not a plain decimal" \
+    eval --synthetic tiny --methods draft@0x55/0/0/15
+expect_err "blank in draft quota" 2 "draft quota 1 ' 85' is not a plain decimal" \
+    eval --synthetic tiny --methods "draft@ 85/0/0/15"
+expect_err "option given twice" 2 "'\+expcast' given twice" \
+    eval --synthetic tiny --methods vc8+expcast+expcast
+expect_err "seed past 2^64" 2 "--seed 99999999999999999999999 is out of range" \
+    eval --synthetic tiny --seed 99999999999999999999999 --methods bf16
+expect_err "signed seed" 2 "--seed expects a non-negative integer" \
+    eval --synthetic tiny --seed +5 --methods bf16
+expect_ok "seed 2^64-1" eval --synthetic tiny --seed 18446744073709551615 --methods bf16
+expect_ok "hex seed" eval --synthetic tiny --seed 0xFFFFFFFFFFFFFFFF --methods bf16
+expect_err "int option past int" 2 "--layer 99999999999 does not fit an int" \
+    eval --synthetic tiny --layer 99999999999
+expect_err "int option with a sign" 2 "--heads expects an integer, got '\+1'" \
+    eval --synthetic tiny --heads +1
+expect_err "int option with a blank" 2 "--step expects an integer" \
+    eval --synthetic tiny --step " 1"
+LIMIT=60 expect_err "sweep-vsmooth --iters INT_MAX" 2 "--iters: 2147483647 is outside \[1, 1000\]" \
+    sweep-vsmooth --synthetic tiny --clusters 2 --iters 2147483647
+expect_err "sweep-vsmooth --clusters past the cap" 2 "--clusters: 5000 is outside \[1, 4096\]" \
+    sweep-vsmooth --synthetic tiny --clusters 5000 --iters 1
+LIMIT=60 expect_err "bench --iters INT_MAX" 2 "--iters 2147483647 is outside \[1, 100000\]" \
+    bench --device cpu --synthetic tiny --methods bf16 --iters 2147483647
+# (num_steps + 3) / 4 overflowed at INT_MAX (UBSan); the window is 2^29.
+run eval --device cpu --synthetic tiny --methods vc8 --steps 2147483647 --step 2147483646 --json
+check_json "vc8 at step INT_MAX-1 of INT_MAX" "assert d['methods']['vc8']['rel_l2'] < 0.1"
+
 run
 if [ "$RC" -eq 2 ] && grep -q "usage" "$T/err"; then ok "no command"; else bad "no command"; fi
 

@@ -88,9 +88,17 @@ void qvi_stable_argsort_labels(const int32_t *labels, int n, int k,
 
 qva_status qva_vsmooth_permutation(const float *v, int n, int d, int clusters,
                                    int iters, int32_t *perm) {
-    if (!v || !perm || n <= 0 || d <= 0 || clusters < 1 || iters < 0)
+    if (!v || !perm || n <= 0 || d <= 0)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "qva_vsmooth_permutation: bad arguments");
+                        "qva_vsmooth_permutation: NULL pointer or n, d <= 0");
+    if (clusters < 1 || clusters > QVA_VSMOOTH_MAX_CLUSTERS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qva_vsmooth_permutation: clusters = %d must be in [1, %d]",
+                        clusters, QVA_VSMOOTH_MAX_CLUSTERS);
+    if (iters < 0 || iters > QVA_VSMOOTH_MAX_ITERS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qva_vsmooth_permutation: iters = %d must be in [0, %d]",
+                        iters, QVA_VSMOOTH_MAX_ITERS);
     float *cent = malloc((size_t)clusters * d * sizeof *cent);
     int32_t *labels = malloc((size_t)n * sizeof *labels);
     if (!cent || !labels) {

@@ -25,7 +25,7 @@ static qva_status no_cuda(void) {
     return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
 }
 qva_status qva_device_malloc(void **p, size_t n) { (void)p, (void)n; return no_cuda(); }
-qva_status qva_device_free(void *p) { (void)p; return no_cuda(); }
+qva_status qva_device_free(void *p) { return p ? no_cuda() : QVA_OK; /* free(NULL) */ }
 qva_status qva_memcpy_to_device(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return no_cuda(); }
 qva_status qva_memcpy_to_host(void *d, const void *s, size_t n) { (void)d, (void)s, (void)n; return no_cuda(); }
 qva_status qva_device_synchronize(void) { return no_cuda(); }

@@ -320,6 +320,7 @@ extern "C" qva_status qva_device_malloc(void **p, size_t n) {
     return QVA_OK;
 }
 extern "C" qva_status qva_device_free(void *p) {
+    if (!p) return QVA_OK; /* like free(NULL), even with no device present */
     CUDA_TRY(cudaFree(p), "cudaFree");
     return QVA_OK;
 }

@@ -5,6 +5,7 @@
  * CUDA backend alike; docs/DRAFT.md ("Plan", "Validation").
  */
 #include "draft/plan.h"
+#include "checked.h"
 
 #include <math.h>
 #include <string.h>
@@ -81,14 +82,24 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: prefix_tokens = %d must be in [0, N = %lld)",
                         p->prefix_tokens, (long long)n);
-    int64_t video = (int64_t)p->grid_t * p->grid_h * p->grid_w;
-    if (video + p->prefix_tokens != n)
+    const int64_t grid[3] = {p->grid_t, p->grid_h, p->grid_w};
+    int64_t video, total;
+    if (!qvi_prod_i64(grid, 3, &video) || !qvi_add_i64(video, p->prefix_tokens, &total))
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "draft: grid T*H*W + prefix = %d*%d*%d + %d overflows "
+                        "int64: far more than the sequence length N = %lld",
+                        p->grid_t, p->grid_h, p->grid_w, p->prefix_tokens,
+                        (long long)n);
+    if (total != n)
         return qvi_fail(QVA_ERR_SHAPE,
                         "draft: grid T*H*W + prefix = %lld*%d*%d + %d = %lld "
                         "but the sequence length N = %lld",
                         (long long)p->grid_t, p->grid_h, p->grid_w,
-                        p->prefix_tokens, (long long)(video + p->prefix_tokens),
-                        (long long)n);
+                        p->prefix_tokens, (long long)total, (long long)n);
+    if (p->dense_warmup_steps < 0)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: dense_warmup_steps = %d must be >= 0",
+                        p->dense_warmup_steps);
     if (p->capacity < 1)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: capacity = %d must be positive", p->capacity);

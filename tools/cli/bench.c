@@ -20,7 +20,7 @@ static const char USAGE_BENCH[] =
     "  --seed S             seed of the synthetic or random data\n"
     "  --grid T,H,W --prefix P --prefix-at-end   video layout (draft@)\n"
     "  --methods a,b,c      default: " DEFAULT_METHODS "\n"
-    "  --iters N            timed calls per method (default 3)\n"
+    "  --iters N            timed calls per method (default 3, at most 100000)\n"
     "  --heads H            only the first H heads\n"
     "  --layer L --step I --steps N   schedule position\n"
     "  --device cpu|cuda|auto\n"
@@ -113,7 +113,8 @@ int cmd_bench(int argc, char **argv) {
     int rc = method_session_open(&s);
     if (!rc) rc = parse_opts(argc, argv, BENCH_OPTS, USAGE_BENCH, &o);
     int iters = rc ? 0 : opt_or(o.iters, 3);
-    if (!rc && iters < 1) rc = usage_error("--iters must be >= 1");
+    if (!rc && (iters < 1 || iters > MAX_BENCH_ITERS))
+        rc = usage_error("--iters %d is outside [1, %d]", iters, MAX_BENCH_ITERS);
     if (!rc) rc = method_session_prepare(&s, &o, 0);
     if (!rc && !(out = malloc(s.vw.out_elems * sizeof *out)))
         rc = runtime_error("out of memory for the output");

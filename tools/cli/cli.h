@@ -23,6 +23,8 @@ enum { RC_OK = 0, RC_RUNTIME = 1, RC_USAGE = 2, RC_HELP = 3 };
     "exact,bf16,fp8,sage8,vc8,vc8+expcast,sage8+hadamard,draft@85/0/0/15,"  \
     "draft@85/0/7.5/7.5"
 #define MAX_METHODS 64
+/* bench --iters: timed calls per method at most. */
+#define MAX_BENCH_ITERS 100000
 /* Progress lines go to stderr only once a run has taken this long, so
  * quick runs stay quiet. */
 #define PROGRESS_AFTER_MS 1000.0
@@ -85,9 +87,9 @@ void opts_init(opts *o);
 /* Parses argv[2..]; RC_HELP after printing `help` for --help. */
 int parse_opts(int argc, char **argv, const opt_spec *specs, const char *help,
                opts *o);
-/* "a,b,c" of ints >= lo into v; count <= max. */
-int parse_int_list(const char *s, const char *what, int lo, int *v, int max,
-                   int *count);
+/* "a,b,c" of ints in [lo, hi] into v; count <= max. */
+int parse_int_list(const char *s, const char *what, int lo, int hi, int *v,
+                   int max, int *count);
 int opt_or(int v, int dflt);
 
 /* ------------------------------------------------------------ workload */

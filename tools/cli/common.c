@@ -3,6 +3,8 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,13 +65,16 @@ void opts_init(opts *o) {
     o->heads = o->query_sample = o->iters = UNSET;
 }
 
-/* Strict decimal int: the whole string, within int range. */
+/* Strict decimal int: an optional '-' and digits, the whole string (no
+ * blank, '+' or hex).  1 and *v if it is an int (> INT_MIN, which is
+ * UNSET), 0 if it is no integer, -1 if it is one outside that range. */
 static int parse_int(const char *s, int *v) {
     char *end;
-    long x;
-    if (!s || !*s) return 0;
-    x = strtol(s, &end, 10);
-    if (*end || x < INT_MIN + 1 || x > INT_MAX) return 0;
+    if (!s || !isdigit((unsigned char)(s[0] == '-' ? s[1] : s[0]))) return 0;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (*end) return 0;
+    if (errno == ERANGE || x < INT_MIN + 1 || x > INT_MAX) return -1;
     *v = (int)x;
     return 1;
 }
@@ -87,9 +92,11 @@ static int set_opt(opts *o, const opt_spec *s, const char *val) {
         memcpy(base, &val, sizeof val);
         return RC_OK;
     }
-    int v;
-    if (!parse_int(val, &v))
-        return usage_error("--%s expects an integer, got '%s'", s->name, val);
+    int v, r = parse_int(val, &v);
+    if (r < 0)
+        return usage_error("--%s %s does not fit an int (at most %d in magnitude)",
+                           s->name, val, INT_MAX);
+    if (!r) return usage_error("--%s expects an integer, got '%s'", s->name, val);
     memcpy(base, &v, sizeof v);
     return RC_OK;
 }
@@ -132,9 +139,9 @@ int parse_opts(int argc, char **argv, const opt_spec *specs, const char *help,
     return RC_OK;
 }
 
-/* "a,b,c" of ints >= lo into v; count <= max. */
-int parse_int_list(const char *s, const char *what, int lo, int *v, int max,
-                   int *count) {
+/* "a,b,c" of ints in [lo, hi] into v; count <= max. */
+int parse_int_list(const char *s, const char *what, int lo, int hi, int *v,
+                   int max, int *count) {
     char buf[256];
     if (strlen(s) >= sizeof buf) return usage_error("--%s: list too long", what);
     strcpy(buf, s);
@@ -142,9 +149,10 @@ int parse_int_list(const char *s, const char *what, int lo, int *v, int max,
     for (char *tok = buf, *next; tok; tok = next) {
         next = strchr(tok, ',');
         if (next) *next++ = '\0';
-        int x;
-        if (!parse_int(tok, &x) || x < lo)
-            return usage_error("--%s: '%s' is not an integer >= %d", what, tok, lo);
+        int x, r = parse_int(tok, &x);
+        if (!r) return usage_error("--%s: '%s' is not an integer", what, tok);
+        if (r < 0 || x < lo || x > hi)
+            return usage_error("--%s: %s is outside [%d, %d]", what, tok, lo, hi);
         if (*count >= max) return usage_error("--%s: more than %d entries", what, max);
         v[(*count)++] = x;
     }

@@ -191,6 +191,11 @@ static int skip_or_fail(const runner *r, method_run *mr, qva_status st) {
     return lib_error(st, what);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Runs mr `iters` times (after `warmup` untimed calls) on a fresh context,
  * so no method inherits another's per-layer state. */
 int run_method(runner *r, method_run *mr, int warmup, int iters, float *out) {
@@ -201,20 +206,16 @@ int run_method(runner *r, method_run *mr, int warmup, int iters, float *out) {
     if (st == QVA_OK && mr->dev == QVA_DEVICE_CUDA && !r->gpu.ready)
         st = gpu_upload(&r->gpu, r->w, r->vw->out_elems);
     if (st == QVA_OK) st = qva_context_create(&ctx, mr->dev);
-    for (int i = 0; st == QVA_OK && i < warmup + iters; ++i) {
+    for (int i = 0; st == QVA_OK && i < warmup; ++i) {
         double ms;
         st = call_once(r, ctx, &mr->cfg, mr->dev, out, &ms);
-        if (i >= warmup) t[i - warmup] = ms;
     }
+    for (int i = 0; st == QVA_OK && i < iters; ++i)
+        st = call_once(r, ctx, &mr->cfg, mr->dev, out, &t[i]);
     qva_context_free(ctx);
     int rc = st == QVA_OK ? RC_OK : skip_or_fail(r, mr, st);
     if (st == QVA_OK) {
-        for (int i = 1; i < iters; ++i) /* insertion sort: iters is small */
-            for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
-                double x = t[j];
-                t[j] = t[j - 1];
-                t[j - 1] = x;
-            }
+        qsort(t, (size_t)iters, sizeof *t, cmp_double);
         mr->ms = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
         mr->ms_min = t[0];
     }

@@ -21,8 +21,8 @@ static const char USAGE_SWEEP[] =
     "  --synthetic NAME     preset (default wan-small)\n"
     "  --input PATH         as for eval\n"
     "  --seed S             seed of the synthetic preset\n"
-    "  --clusters LIST      default 4,8,16,32,64\n"
-    "  --iters LIST         default 1,2,4,8\n"
+    "  --clusters LIST      default 4,8,16,32,64 (each in [1, 4096])\n"
+    "  --iters LIST         default 1,2,4,8 (each in [1, 1000])\n"
     "  --heads H            only the first H heads (of each batch)\n"
     "  --json               one JSON object on stdout\n";
 
@@ -155,9 +155,9 @@ static int sweep_setup(const opts *o, const workload *w, sweep *s) {
     qva_config_default(&cfg);
     s->block = cfg.vsmooth.block;
     int rc = parse_int_list(o->clusters ? o->clusters : "4,8,16,32,64", "clusters",
-                            1, s->ks, MAX_LIST, &s->nk);
+                            1, QVA_VSMOOTH_MAX_CLUSTERS, s->ks, MAX_LIST, &s->nk);
     if (!rc) rc = parse_int_list(o->iters_list ? o->iters_list : "1,2,4,8", "iters",
-                                 1, s->its, MAX_LIST, &s->ni);
+                                 1, QVA_VSMOOTH_MAX_ITERS, s->its, MAX_LIST, &s->ni);
     if (rc) return rc;
     for (int i = 0; i < s->nk; ++i)
         if (s->ks[i] > w->x.N)

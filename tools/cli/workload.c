@@ -2,11 +2,14 @@
  * The input q, k, v of a command: a synthetic preset, random data of a
  * given shape or a file, plus its video layout and the views evaluated.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "cli.h"
 
 void workload_free(workload *w) { qio_qkv_free(&w->x); }
@@ -25,12 +28,21 @@ static int alloc_qkv(qio_qkv *x, int64_t B, int64_t H, int64_t N, int64_t D) {
     return runtime_error("out of memory for q, k, v (%zu floats each)", n);
 }
 
+/* --seed: digits (decimal, or hex after 0x), the whole string, < 2^64. */
 static int parse_seed(const opts *o, uint64_t *seed) {
     char *end;
     if (!o->seed) return RC_OK;
-    unsigned long long s = strtoull(o->seed, &end, 0);
-    if (!*o->seed || *end || o->seed[0] == '-')
+    int hex = o->seed[0] == '0' && (o->seed[1] == 'x' || o->seed[1] == 'X');
+    const char *digits = o->seed + (hex ? 2 : 0);
+    if (!(hex ? isxdigit((unsigned char)*digits) : isdigit((unsigned char)*digits)))
         return usage_error("--seed expects a non-negative integer, got '%s'", o->seed);
+    errno = 0;
+    unsigned long long s = strtoull(digits, &end, hex ? 16 : 10);
+    if (*end)
+        return usage_error("--seed expects a non-negative integer, got '%s'", o->seed);
+    if (errno == ERANGE)
+        return usage_error("--seed %s is out of range (at most 2^64-1 = %llu)",
+                           o->seed, (unsigned long long)UINT64_MAX);
     *seed = (uint64_t)s;
     return RC_OK;
 }
@@ -77,7 +89,7 @@ static void fill_normal(float *x, size_t n, uint64_t *s) {
 static int load_random(const opts *o, workload *w) {
     int v[4], count;
     uint64_t seed = 0;
-    int rc = parse_int_list(o->shape, "shape", 1, v, 4, &count);
+    int rc = parse_int_list(o->shape, "shape", 1, INT_MAX, v, 4, &count);
     if (rc) return rc;
     if (count != 4) return usage_error("--shape expects B,H,N,D");
     if (v[3] != 64 && v[3] != 128)
@@ -125,7 +137,7 @@ int resolve_grid(const opts *o, workload *w) {
             return usage_error("--prefix needs --grid T,H,W");
         if (o->prefix != UNSET) w->prefix = o->prefix;
     } else {
-        int rc = parse_int_list(o->grid, "grid", 1, g, 3, &count);
+        int rc = parse_int_list(o->grid, "grid", 1, INT_MAX, g, 3, &count);
         if (rc) return rc;
         if (count != 3) return usage_error("--grid expects T,H,W");
         memcpy(w->grid, g, sizeof g);
@@ -134,13 +146,19 @@ int resolve_grid(const opts *o, workload *w) {
     }
     if (!w->has_grid) return RC_OK;
     if (w->prefix < 0) return usage_error("--prefix must be >= 0");
-    int64_t thw = (int64_t)w->grid[0] * w->grid[1] * w->grid[2];
-    if (thw + w->prefix != w->x.N)
+    const int64_t grid[3] = {w->grid[0], w->grid[1], w->grid[2]};
+    int64_t thw, total;
+    if (!qvi_prod_i64(grid, 3, &thw) || !qvi_add_i64(thw, w->prefix, &total))
+        return usage_error("grid %dx%dx%d + prefix %d: T*H*W+P overflows int64, "
+                           "but the input has N=%lld",
+                           w->grid[0], w->grid[1], w->grid[2], w->prefix,
+                           (long long)w->x.N);
+    if (total != w->x.N)
         return usage_error(
             "grid %dx%dx%d + prefix %d: T*H*W+P = %lld tokens, but the input "
             "has N=%lld%s",
             w->grid[0], w->grid[1], w->grid[2], w->prefix,
-            (long long)(thw + w->prefix), (long long)w->x.N,
+            (long long)total, (long long)w->x.N,
             thw < w->x.N && o->prefix == UNSET ? " (missing --prefix?)" : "");
     return RC_OK;
 }
