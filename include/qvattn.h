@@ -129,7 +129,9 @@ typedef struct qva_config {
     int layer;             /* layer id: keys the per-layer state            */
     int step;              /* denoising step index, 0-based                 */
     int num_steps;         /* steps in the schedule; <= 0: unknown          */
-    int check_finite;      /* scan inputs for NaN/Inf (CPU inputs)          */
+    int check_finite;      /* CPU: NaN/Inf inputs, and outputs or LSE that
+                            * overflow FP32, are QVA_ERR_NONFINITE (see
+                            * qva_attention); no effect on CUDA          */
 } qva_config;
 
 /* Fills the paper defaults (method = VC8 with ExpCast, lambda 0.2, C 128...) */
@@ -259,8 +261,26 @@ qva_status qva_device_synchronize(void);
  * [B,H,N,1]-shaped descriptor receiving the natural-log sum-exp of the
  * scaled scores q.k * sm_scale over the keys the method retained (for the
  * K-smoothed methods the smoothing shift is added back, on every backend,
- * so it is the LSE of the original scores).  Rows with no retained key get
- * -inf.
+ * so it is the LSE of the original scores).
+ *
+ * Rows that cannot be computed are never quiet zeros (docs/NUMERICS.md §2,
+ * "Rows the arithmetic cannot finish"); every backend, every method:
+ *  - a row that retained no key (only draft: every block of its region
+ *    skipped and no prefix) is written as zeros with LSE -inf;
+ *  - a row whose running max or row sum is not finite and positive — a
+ *    score q.k * sm_scale overflowed FP32 (|q|, |k| near 1e19 in the
+ *    16-bit and 8-bit methods), or a NaN input reached it with
+ *    check_finite = 0 — is written as NaN with LSE NaN.  Every other row
+ *    takes the method's usual arithmetic, unchanged bit for bit.
+ * With cfg->check_finite (CPU only; the default) the call returns
+ * QVA_ERR_NONFINITE instead, naming the row, when an input holds NaN/Inf or
+ * an output (or a requested LSE) is not finite, the -inf LSE of an empty
+ * row aside; out and lse are then left unwritten for that (b, h) and
+ * later ones.  `exact` computes in FP64, so finite inputs give finite
+ * outputs; only its LSE can overflow FP32 (+inf).  With check_finite = 0
+ * (and on CUDA, which does not scan), a NaN or Inf input gives NaN rows in
+ * exact and bf16; in the quantized methods what it gives depends on the
+ * quantizer (an INT8 code of NaN is 0), so scan inputs you do not trust.
  *
  * Aliasing: q, k and v are only read and may share memory (e.g. views of
  * one fused QKV buffer).  out and lse are written: the byte range of each

@@ -156,14 +156,17 @@ void qvi_v8_free(qvi_v8 *x);
  * (a = 8.807 for exp2, 8 for ExpCast) and acc in value-code units.
  */
 typedef struct qvi_row {
-    float m;    /* running max, -INFINITY before any key */
-    float l;    /* denominator                             */
-    float *acc; /* numerator [d]                           */
+    float m;       /* running max, -INFINITY before any key          */
+    float l;       /* denominator                                     */
+    float *acc;    /* numerator [d]                                   */
     int d;
+    int nonfinite; /* a score was NaN or +inf (the max ignores NaN)   */
 } qvi_row;
 
 void qvi_row_init(qvi_row *r, float *acc, int d);
-/* Raises m to cover s[0..nk) (masked = -INFINITY) and rescales l, acc. */
+/* Raises m to cover s[0..nk) (masked = -INFINITY) and rescales l, acc.
+ * Like fmaxf on the GPU, the max ignores NaN scores; a NaN or +inf score
+ * sets r->nonfinite (for check_finite). */
 void qvi_row_raise_max(qvi_row *r, const float *s, int nk);
 
 /* Scores: s[j] = dot(q, K_j) * scale_log2, FP32 sum in channel order. */
@@ -196,11 +199,27 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */
 void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
                   const float *mu, int nk);
-/* Final output of a row: out_c = acc_c * chan_scale_c / l (chan_scale may
- * be NULL), zeros if no key was retained.  Returns the natural-log LSE
- * (log2_amp: the amplification of l), -INFINITY for an empty row. */
-float qvi_row_finish(const qvi_row *r, const float *chan_scale,
+/* Final output of a row (docs/NUMERICS.md §2, "Rows the arithmetic cannot
+ * finish"), the rule of qvc_softmax_row on the GPU:
+ *  - m and l finite, l > 0: out_c = acc_c * chan_scale_c / l (chan_scale
+ *    may be NULL); returns the natural-log LSE (log2_amp: the
+ *    amplification of l);
+ *  - else, a row that retained no key (flags without QVI_ROW_RETAINED):
+ *    zeros, returns -INFINITY (empty row);
+ *  - else (a score overflowed FP32, a NaN reached the max or the sum):
+ *    NaN, returns NaN.
+ * QVI_ROW_STRICT (check_finite) also makes a row NaN that saw a NaN or
+ * +inf score (r->nonfinite) although its max and sum stayed finite. */
+enum { QVI_ROW_RETAINED = 1, QVI_ROW_STRICT = 2 };
+float qvi_row_finish(const qvi_row *r, int flags, const float *chan_scale,
                      float log2_amp, float *out);
+/* check_finite after a head's rows (n rows of d outputs; lse NULL when the
+ * caller asked for none): QVA_ERR_NONFINITE naming the first row whose
+ * output is not finite or whose LSE is NaN or +inf (an empty row, zeros
+ * and LSE -inf, passes).  The inputs were checked finite, so the cause is
+ * FP32 overflow inside the method. */
+qva_status qvi_check_rows(const float *out, const float *lse, int64_t n, int d,
+                          int64_t b, int64_t h);
 
 /* ------------------------------------------------------------ backends */
 qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,

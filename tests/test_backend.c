@@ -12,6 +12,9 @@
  *   hash mode (`test_backend hash`): runs every CUDA case without the CPU
  *     and prints a 64-bit hash of each output's and LSE's bits, so two
  *     builds can be compared bit for bit (scripts/gpu-check.sh --compare).
+ *   test mode with CUDA also runs the non-finite cases (run_nonfinite):
+ *     scores that overflow FP32 and a NaN input with check_finite = 0 must
+ *     give every row the same kind (finite, NaN, empty) on both backends.
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -101,11 +104,16 @@ static const tcase CASES[] = {
 
 static int is_draft(const char *method) { return !strncmp(method, "draft", 5); }
 
+/* make_config's check_finite (run_nonfinite turns it off: the GPU never
+ * scans, and the CPU would fail the call instead of writing the rows). */
+static int g_check_finite = 1;
+
 /* The config of one (case, method): the method string, and for draft the
  * case's grid and prefix (and the warm-up step if asked). */
 static qva_status make_config(const tcase *c, const tol *t, qva_config *cfg) {
     qva_config_default(cfg);
     qva_status st = qva_config_set_method(cfg, t->method);
+    cfg->check_finite = g_check_finite;
     if (st != QVA_OK || !is_draft(t->method)) return st;
     cfg->draft.grid_t = c->T;
     cfg->draft.grid_h = c->GH;
@@ -366,6 +374,82 @@ static void run_case(int ci, int perf) {
     free_case(&h);
 }
 
+/* The kind of output row i of an HND case with its LSE: 0 finite, 1 NaN
+ * (LSE NaN), 2 empty (zeros, LSE -inf), 3 finite with LSE +inf (the
+ * K-smoothing shift q.mean(K) sm_scale of 1e19 inputs overflows FP32),
+ * 4 none of these. */
+static int row_kind(const float *o, const float *lse, int D, size_t i) {
+    int fin = 1, nan = 1, zero = 1;
+    for (int c = 0; c < D; ++c) {
+        const float x = o[i * D + c];
+        fin &= isfinite(x) != 0, nan &= isnan(x) != 0, zero &= x == 0.0f;
+    }
+    if (fin && isfinite(lse[i])) return 0;
+    if (nan && isnan(lse[i])) return 1;
+    if (zero && lse[i] == -INFINITY) return 2;
+    if (fin && lse[i] == INFINITY) return 3;
+    return 4;
+}
+
+/* docs/NUMERICS.md §2, "Rows the arithmetic cannot finish", on the GPU:
+ * q, k ~ 1e19 (every bf16, fp8 and INT8-phase score overflows FP32; the
+ * K-smoothed methods stay finite) and, for bf16, a NaN in one q row, with
+ * check_finite = 0.  Each row must be of the same kind on both backends;
+ * the values of finite rows are not compared (scores ~1e37 make the
+ * softmax one-hot, and an ulp can move its argmax).  HND cases only (the
+ * output rows and the LSE share one order). */
+static void run_nonfinite(int ci) {
+    const tcase *c = &CASES[ci];
+    if (c->nhd || c->dt == QVA_F16 || c->Nq != c->Nk) return; /* f16 cannot hold 1e19 */
+    host_io h = make_case(c);
+    qva_tensor q = desc(h.q, c, c->Nq, QVA_DEVICE_CPU), k = desc(h.k, c, c->Nk, QVA_DEVICE_CPU);
+    const size_t nl = (size_t)c->B * c->H * c->Nq;
+    float *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4), *lref = malloc(nl * 4),
+          *lgot = malloc(nl * 4);
+    for (int variant = 0; variant < 2; ++variant) {
+        for (size_t i = 0; i < h.nq; ++i) /* scale 1 for the NaN variant */
+            qvi_store_elem(&q, (int64_t)i, (variant ? 1.0f : 1e19f) * (0.75f + 0.25f * frand()));
+        for (size_t i = 0; i < h.nk; ++i)
+            qvi_store_elem(&k, (int64_t)i, (variant ? 1.0f : 1e19f) * (0.75f + 0.25f * frand()));
+        if (variant) qvi_store_elem(&q, 3 * c->D + 5, NAN); /* head 0, row 3 */
+        for (int m = 0; m < NTOLS; ++m) {
+            const tol *t = &TOLS[m];
+            if (variant && strcmp(t->method, "bf16")) continue;
+            if (is_draft(t->method) ? c->T == 0 : c->draft_only) continue;
+            qva_config cfg;
+            make_config(c, t, &cfg);
+            if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
+            char label[112];
+            snprintf(label, sizeof label, "nonfinite case %d %s%s%s", ci, t->method,
+                     t->draft_warmup ? " (warm-up)" : "", variant ? " NaN q" : " 1e19");
+            g_check_finite = 0;
+            qva_status sc = run_cpu(c, &h, t, ref, lref, NULL);
+            qva_status sg = run_cuda(c, &h, t, got, lgot);
+            g_check_finite = 1;
+            CHECK(sc == QVA_OK && sg == QVA_OK, "%s: cpu %s, cuda %s (%s)", label,
+                  qva_status_string(sc), qva_status_string(sg), qva_last_error());
+            int n[5] = {0, 0, 0, 0, 0}, differ = 0;
+            size_t first = nl;
+            for (size_t i = 0; i < nl; ++i) {
+                const int kc = row_kind(ref, lref, c->D, i), kg = row_kind(got, lgot, c->D, i);
+                ++n[kc];
+                if (kc != kg && differ++ == 0) first = i;
+            }
+            printf("%-52s rows: %d finite, %d NaN, %d empty, %d LSE +inf; %d differ on cuda\n",
+                   label, n[0], n[1], n[2], n[3], differ);
+            CHECK(differ == 0, "%s: %d rows of another kind on cuda (first row %zu: cpu %d, cuda %d)",
+                  label, differ, first, first < nl ? row_kind(ref, lref, c->D, first) : -1,
+                  first < nl ? row_kind(got, lgot, c->D, first) : -1);
+            CHECK(n[4] == 0 && (n[2] == 0 || is_draft(t->method)),
+                  "%s: cpu rows neither finite nor NaN (%d), or empty in a dense method (%d)",
+                  label, n[4], n[2]);
+            if (variant) CHECK(n[1] == 1, "%s: %d NaN rows, want the one NaN q row", label, n[1]);
+        }
+    }
+    free(ref), free(got), free(lref), free(lgot);
+    free_case(&h);
+}
+
 /* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
@@ -387,5 +471,7 @@ int main(int argc, char **argv) {
     method_filter = argc > 2 ? argv[2] : NULL;
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
+    if (!perf && qva_cuda_available())
+        for (int i = 0; i < NCASES; ++i) run_nonfinite(i);
     return check_summary("test_backend");
 }

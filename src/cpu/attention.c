@@ -6,6 +6,7 @@
  */
 #include "internal.h"
 
+#include <float.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +29,18 @@ void qvi_row_init(qvi_row *r, float *acc, int d) {
     r->l = 0.0f;
     r->acc = acc;
     r->d = d;
+    r->nonfinite = 0;
     memset(acc, 0, (size_t)d * sizeof *acc);
 }
 
 void qvi_row_raise_max(qvi_row *r, const float *s, int nk) {
     float mx = r->m;
-    for (int j = 0; j < nk; ++j)
+    int bad = 0;
+    for (int j = 0; j < nk; ++j) {
         if (s[j] > mx) mx = s[j];
+        bad |= !(s[j] <= FLT_MAX); /* NaN or +inf: FP32 overflow */
+    }
+    r->nonfinite |= bad;
     if (!(mx > r->m)) return; /* unchanged (or still no key) */
     if (r->m != -INFINITY) {
         float alpha = exp2f(r->m - mx); /* VC Eq. 1 */
@@ -170,11 +176,15 @@ void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
     }
 }
 
-float qvi_row_finish(const qvi_row *r, const float *chan_scale,
+float qvi_row_finish(const qvi_row *r, int flags, const float *chan_scale,
                      float log2_amp, float *out) {
-    if (r->m == -INFINITY || !(r->l > 0.0f)) { /* no retained key */
-        memset(out, 0, (size_t)r->d * sizeof *out);
-        return -INFINITY;
+    if (!(isfinite(r->m) && r->l > 0.0f && isfinite(r->l)) ||
+        ((flags & QVI_ROW_STRICT) && r->nonfinite)) {
+        /* no retained key: zeros, LSE -inf; otherwise the arithmetic broke
+         * (an overflowed score, a NaN): NaN, never a quiet zero */
+        const int empty = !(flags & QVI_ROW_RETAINED);
+        for (int c = 0; c < r->d; ++c) out[c] = empty ? 0.0f : NAN;
+        return empty ? -INFINITY : NAN;
     }
     for (int c = 0; c < r->d; ++c)
         out[c] = (r->acc[c] * (chan_scale ? chan_scale[c] : 1.0f)) / r->l;
@@ -264,6 +274,7 @@ typedef struct head_ops {
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
     int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
+    int strict;            /* check_finite: a NaN/+inf score fails the row */
     float scale_log2;
     float *qf, *kf, *vf;   /* PATH_16 (rounded) and PATH_FP4 (unscaled) */
     float gq, gk, gv;      /* NVFP4 tensor scales                      */
@@ -456,6 +467,7 @@ static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
     o->use_f16 = qt->dtype == QVA_F16;
+    o->strict = cfg->check_finite != 0;
     o->scale_log2 = qvi_sm_scale(cfg, o->d) * QVI_LOG2E;
     const int d = o->d;
     float *q = alloc_padded(o->nq_pad, d), *k = alloc_padded(o->nk_pad, d),
@@ -559,10 +571,14 @@ static float run_row(const head_ops *o, int i, float *out) {
         block_pv(o, &r, j, s);
     }
     const float *cs = o->kind == PATH_I8 ? o->v8.chan_scale : NULL;
-    return qvi_row_finish(&r, cs, path_log2_amp(o), out);
+    /* a dense row retains every key (N >= 1): it is never empty */
+    return qvi_row_finish(&r, QVI_ROW_RETAINED | (o->strict ? QVI_ROW_STRICT : 0), cs,
+                          path_log2_amp(o), out);
 }
 
-/* FP64 two-pass softmax attention of one row: the ground truth. */
+/* FP64 two-pass softmax attention of one row: the ground truth.  A NaN
+ * input reaching the row (check_finite = 0) makes it NaN by plain IEEE
+ * propagation; FP64 scores of finite FP32 inputs never overflow. */
 static float exact_row(const float *q, const float *k, const float *v, int nk,
                        int d, double scale, double *sbuf, float *out) {
     double mx = -INFINITY;
@@ -588,7 +604,7 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
     const int nq = (int)qt->shape[2], nk = (int)kt->shape[2], d = (int)qt->shape[3];
     float *q = malloc((size_t)nq * d * sizeof *q), *k = malloc((size_t)nk * d * sizeof *k),
           *v = malloc((size_t)nk * d * sizeof *v);
-    int ok = q && k && v;
+    int ok = q && k && v, no_sbuf = 0; /* a thread without its score buffer */
     if (ok) {
         qvi_load_head(qt, b, h, q);
         qvi_load_head(kt, b, h, k);
@@ -597,16 +613,18 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
 #pragma omp parallel
         {
             double *sbuf = malloc((size_t)nk * sizeof *sbuf);
+            if (!sbuf) {
+#pragma omp atomic write
+                no_sbuf = 1;
+            }
 #pragma omp for schedule(static)
             for (int i = 0; i < nq; ++i)
                 if (sbuf)
                     lb[i] = exact_row(q + (size_t)i * d, k, v, nk, d, scale, sbuf,
                                       ob + (size_t)i * d);
-                else
-                    lb[i] = NAN; /* reported below */
             free(sbuf);
         }
-        for (int i = 0; i < nq; ++i) ok &= !isnan(lb[i]);
+        ok = !no_sbuf;
     }
     free(q), free(k), free(v);
     return ok ? QVA_OK : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "exact attention buffers");
@@ -627,6 +645,27 @@ static qva_status quantized_head(qva_context_t *ctx, const qva_config *cfg,
     }
     head_ops_free(&o);
     return st;
+}
+
+qva_status qvi_check_rows(const float *out, const float *lse, int64_t n, int d,
+                          int64_t b, int64_t h) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float *o = out + i * d;
+        int c = 0;
+        while (c < d && isfinite(o[c])) ++c;
+        if (c < d)
+            return qvi_fail(QVA_ERR_NONFINITE,
+                            "output[%lld,%lld,%lld,%d] is %g although the inputs are finite: "
+                            "the row's scores or sums overflow FP32 in this method "
+                            "(scale q, k or v down, or use exact)",
+                            (long long)b, (long long)h, (long long)i, c, (double)o[c]);
+        if (lse && (isnan(lse[i]) || lse[i] == INFINITY))
+            return qvi_fail(QVA_ERR_NONFINITE,
+                            "LSE[%lld,%lld,%lld] is %g: the row's log-sum-exp overflows FP32 "
+                            "(scale q or k down, or pass no LSE)",
+                            (long long)b, (long long)h, (long long)i, (double)lse[i]);
+    }
+    return QVA_OK;
 }
 
 static void store_lse(const qva_tensor *lse, int64_t b, int64_t h,
@@ -651,6 +690,8 @@ qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
             st = cfg->method == QVA_METHOD_EXACT
                      ? exact_head(cfg, q, k, v, b, h, ob, lb)
                      : quantized_head(ctx, cfg, q, k, v, b, h, ob, lb);
+            if (st == QVA_OK && cfg->check_finite)
+                st = qvi_check_rows(ob, lse ? lb : NULL, nq, (int)d, b, h);
             if (st != QVA_OK) break;
             qvi_store_head(out, b, h, ob);
             if (lse) store_lse(lse, b, h, lb, nq);

@@ -58,6 +58,7 @@ typedef struct draft_job {
     int d, c;
     float sm_scale, scale_log2, eta;
     int use_f16, expcast, warmup;
+    int strict; /* check_finite: a NaN/+inf score fails the row */
     int64_t quota[4];
 } draft_job;
 
@@ -162,6 +163,16 @@ static void phase_16(const draft_job *J, const draft_head *H, qvi_row *r,
             block16(J, H, r, q, L->prefix_pad + b * J->c, L->count[b], s);
 }
 
+/* qvi_row_finish's flags for the rows of one video region: it retains a
+ * key if the sequence has a prefix or a block of the region is kept (every
+ * region holds at least one token); otherwise its rows are empty. */
+static int row_flags(const draft_job *J, const qvi_draft_layout *L, const uint8_t *prec) {
+    int retained = L->prefix > 0;
+    for (int64_t b = 0; b < J->R && !retained; ++b)
+        retained = prec[b] != 0;
+    return (retained ? QVI_ROW_RETAINED : 0) | (J->strict ? QVI_ROW_STRICT : 0);
+}
+
 /* All valid query rows of video region a. */
 static void video_region(const draft_job *J, draft_head *H, int64_t a,
                          float *acc) {
@@ -177,7 +188,8 @@ static void video_region(const draft_job *J, draft_head *H, int64_t a,
         phase_nvfp4(J, H, &r, prec, qrow, s);
         phase_int8(J, H, &r, prec, a, qrow, s);
         phase_16(J, H, &r, prec, slot, s);
-        H->lse[orig] = qvi_row_finish(&r, NULL, 0.0f, H->out + (int64_t)orig * J->d);
+        H->lse[orig] = qvi_row_finish(&r, row_flags(J, L, prec), NULL, 0.0f,
+                                      H->out + (int64_t)orig * J->d);
     }
 }
 
@@ -197,7 +209,8 @@ static void dense_rows(const draft_job *J, draft_head *H, int64_t i0,
             qvi_row_raise_max(&r, s, nk);
             qvi_pv_16(&r, s, H->v16 + j0 * d, nk, J->use_f16);
         }
-        H->lse[i] = qvi_row_finish(&r, NULL, 0.0f, H->out + i * d);
+        H->lse[i] = qvi_row_finish(&r, QVI_ROW_RETAINED | (J->strict ? QVI_ROW_STRICT : 0),
+                                   NULL, 0.0f, H->out + i * d);
     }
 }
 
@@ -397,8 +410,11 @@ static qva_status run_heads(const draft_job *J, const qva_config *cfg,
     for (int64_t b = 0; st == QVA_OK && b < q->shape[0]; ++b)
         for (int64_t h = 0; st == QVA_OK && h < q->shape[1]; ++h) {
             st = prep_head(J, &H, cfg, q, k, v, b, h);
-            if (st == QVA_OK)
+            if (st == QVA_OK) {
                 compute_head(J, &H);
+                if (cfg->check_finite)
+                    st = qvi_check_rows(H.out, lse ? H.lse : NULL, J->n, J->d, b, h);
+            }
             lowbit_free(&H);
             if (st != QVA_OK)
                 break;
@@ -432,6 +448,7 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
     if (st == QVA_OK) {
         draft_job J;
         st = job_init(&J, &plan, &lay);
+        J.strict = cfg->check_finite != 0;
         if (st == QVA_OK)
             st = run_heads(&J, cfg, q, k, v, out, lse);
         qvi_draft_layout_free(&lay);

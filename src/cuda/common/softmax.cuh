@@ -2,8 +2,8 @@
  * The online softmax of every device kernel (VC Eq. 1; the CPU's
  * qvi_row_raise_max and qvi_row_finish): the running max m and row sum l of
  * a thread's rows, the rescale of O when the max rises, the convention for
- * a row that has seen no finite score, and the empty-row test of the
- * epilogue.
+ * a row that has seen no finite score, and the epilogue's test of what a
+ * row writes (qvc_softmax_row: the result, zeros, or NaN).
  *
  * The -inf convention: while a row's running max is -inf, its O and l are
  * still zero, so the rescale factor alpha is 1 (x * 1 is exact: the CPU's
@@ -68,9 +68,29 @@ static __device__ __forceinline__ float qvc_softmax_shift(float m) {
     return m == -INFINITY ? 0.0f : m;
 }
 
-/* A row that saw no finite score or no weight: written as zeros, LSE -inf. */
-static __device__ __forceinline__ bool qvc_softmax_empty(float m, float l) {
-    return m == -INFINITY || !(l > 0.0f);
+/* What the epilogue writes for a row: the CPU's qvi_row_finish
+ * (docs/NUMERICS.md §2, "Rows the arithmetic cannot finish"), so every
+ * backend keeps one contract.
+ *   QVC_ROW_NORMAL  m and l finite, l > 0: O / l and the LSE, as before
+ *   QVC_ROW_EMPTY   not normal, and the row retained no key (a draft row
+ *                   whose blocks were all skipped, with no prefix): zeros,
+ *                   LSE -inf
+ *   QVC_ROW_NAN     not normal although the row retained keys: a score
+ *                   overflowed FP32 (+inf max; or every score -inf), or a
+ *                   NaN reached the sum: NaN, LSE NaN — never quiet zeros
+ * retained: the row had a key to attend to (dense kernels: always). */
+enum { QVC_ROW_NORMAL = 0, QVC_ROW_EMPTY = 1, QVC_ROW_NAN = 2 };
+static __device__ __forceinline__ int qvc_softmax_row(float m, float l, bool retained) {
+    if (isfinite(m) && l > 0.0f && isfinite(l)) return QVC_ROW_NORMAL;
+    return retained ? QVC_ROW_NAN : QVC_ROW_EMPTY;
+}
+/* What a row that is not QVC_ROW_NORMAL writes for each output (0 or NaN)
+ * and for its LSE (-inf or NaN); the LSE shift keeps either. */
+static __device__ __forceinline__ float qvc_softmax_fill(int kind) {
+    return kind == QVC_ROW_EMPTY ? 0.0f : __int_as_float(0x7fc00000);
+}
+static __device__ __forceinline__ float qvc_softmax_lse_fill(int kind) {
+    return kind == QVC_ROW_EMPTY ? -INFINITY : __int_as_float(0x7fc00000);
 }
 
 static __device__ __forceinline__ float qvc_sm_mul(float x, float a, int exact) {

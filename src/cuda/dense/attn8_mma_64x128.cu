@@ -154,19 +154,20 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= ops.nq) continue;
-        const int empty = qvc_softmax_empty(m[r], l[r]);
+        const int kind = qvc_softmax_row(m[r], l[r], true); /* a dense row retains every key */
+        const float fill = qvc_softmax_fill(kind);
         const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
             const float *cs = ops.v_chan + (size_t)bh * D;
-            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : (o[n][2 * r] * cs[col]) / l[r]);
-            qvc_store_out(a.out, a.out_dtype, base + col + 1, empty ? 0.0f : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
+            qvc_store_out(a.out, a.out_dtype, base + col, kind ? fill : (o[n][2 * r] * cs[col]) / l[r]);
+            qvc_store_out(a.out, a.out_dtype, base + col + 1, kind ? fill : (o[n][2 * r + 1] * cs[col + 1]) / l[r]);
         }
         if (a.lse && tig == 0) {
-            float lse = empty ? -INFINITY : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
+            float lse = kind ? qvc_softmax_lse_fill(kind) : (m[r] + log2f(l[r]) - amp) * 0.69314718055994531f;
             /* K smoothing shifted every score of the row by q.mean(K) sm_scale:
-             * add it back (the CPU's lb[i] += lse_shift[i]; -inf stays -inf). */
+             * add it back (the CPU's lb[i] += lse_shift[i]; -inf and NaN stay). */
             if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
         }

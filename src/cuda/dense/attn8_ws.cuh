@@ -211,8 +211,8 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
     for (int i = 0; i < 2; ++i) {
         const int row = row0 + g + 8 * i;
         if (row >= ops.nq) continue;
-        const int empty = qvc_softmax_empty(r.m[i], r.l[i]);
-        const float inv = empty ? 0.0f : 1.0f / r.l[i];
+        const int kind = qvc_softmax_row(r.m[i], r.l[i], true); /* a dense row retains every key */
+        const float inv = kind ? qvc_softmax_fill(kind) : 1.0f / r.l[i]; /* NaN, or 0 times O = 0 */
         const int64_t ob = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
@@ -222,9 +222,9 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
                            r.o[n * 4 + 2 * i + 1] * c2.y * inv);
         }
         if (a.lse && tig == 0) {
-            float lse = empty ? -INFINITY : (r.m[i] + log2f(r.l[i]) - amp) * 0.69314718055994531f;
+            float lse = kind ? qvc_softmax_lse_fill(kind) : (r.m[i] + log2f(r.l[i]) - amp) * 0.69314718055994531f;
             /* K smoothing shifted every score of the row by q.kmean*sm_scale:
-             * add it back, as the CPU does (-inf stays -inf) */
+             * add it back, as the CPU does (-inf and NaN stay) */
             if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
         }

@@ -149,18 +149,19 @@ attn_bf16_mma_64x128(qvc_ops16 ops, qvc_attn_args a) {
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= ops.nq) continue;
-        const bool empty = qvc_softmax_empty(m[r], l[r]);
+        const int kind = qvc_softmax_row(m[r], l[r], true); /* a dense row retains every key */
+        const float fill = qvc_softmax_fill(kind);
         const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
-            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(o[n][2 * r], l[r]));
-            qvc_store_out(a.out, a.out_dtype, base + col + 1, empty ? 0.0f : __fdiv_rn(o[n][2 * r + 1], l[r]));
+            qvc_store_out(a.out, a.out_dtype, base + col, kind ? fill : __fdiv_rn(o[n][2 * r], l[r]));
+            qvc_store_out(a.out, a.out_dtype, base + col + 1, kind ? fill : __fdiv_rn(o[n][2 * r + 1], l[r]));
         }
         if (a.lse && tig == 0)
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] =
-                empty ? -INFINITY
-                      : __fmul_rn(__fadd_rn(m[r], log2f(l[r])), 0.69314718055994531f);
+                kind ? qvc_softmax_lse_fill(kind)
+                     : __fmul_rn(__fadd_rn(m[r], log2f(l[r])), 0.69314718055994531f);
     }
 }
 

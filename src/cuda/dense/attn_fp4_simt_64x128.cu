@@ -52,7 +52,7 @@ struct f4_smem {
     float alpha[F4_ROWS];      /* rescale of this block                           */
     float rowsum[F4_ROWS];     /* FP32 sum of p before the NVFP4 conversion       */
     float l[F4_ROWS];          /* final denominators (epilogue)                   */
-    int empty[F4_ROWS];        /* rows with no retained key (epilogue)            */
+    int kind[F4_ROWS];         /* qvc_softmax_row of each row (epilogue)          */
     float mu[D];               /* vc4: FP16-rounded mean of this block            */
 };
 
@@ -272,13 +272,13 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
     /* ---- epilogue (qvi_row_finish): out = acc / l, LSE ---- */
     const int b = bh / a.H, h = bh % a.H;
     if (ph == 0) {
-        const bool empty = qvc_softmax_empty(m_row, l_row);
+        const int kind = qvc_softmax_row(m_row, l_row, true); /* a dense row retains every key */
         sm.l[pr] = l_row;
-        sm.empty[pr] = empty;
+        sm.kind[pr] = kind;
         const int row = row_base + pr;
         if (a.lse && row < ops.nq) {
-            float lse = empty ? -INFINITY
-                              : __fmul_rn(__fadd_rn(m_row, log2f(l_row)), 0.69314718055994531f);
+            float lse = kind ? qvc_softmax_lse_fill(kind)
+                             : __fmul_rn(__fadd_rn(m_row, log2f(l_row)), 0.69314718055994531f);
             if (a.lse_shift) lse = __fadd_rn(lse, a.lse_shift[(size_t)bh * ops.nq + row]);
             a.lse[b * a.lsb + h * a.lsh + (int64_t)row * a.lsn] = lse;
         }
@@ -288,13 +288,13 @@ attn_fp4_simt_64x128(qvc_ops4 ops, qvc_attn_args a) {
     for (int i = 0; i < 8; ++i) {
         const int r = tile_row(ty, i), row = row_base + r;
         if (row >= ops.nq) continue;
-        const bool empty = sm.empty[r] != 0;
-        const float l = sm.l[r];
+        const int kind = sm.kind[r];
+        const float l = sm.l[r], fill = qvc_softmax_fill(kind);
         const int64_t base = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
             const int col = (c >> 2) * 64 + tx * 4 + (c & 3);
-            qvc_store_out(a.out, a.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(o[i][c], l));
+            qvc_store_out(a.out, a.out_dtype, base + col, kind ? fill : __fdiv_rn(o[i][c], l));
         }
     }
 }

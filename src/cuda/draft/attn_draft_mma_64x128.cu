@@ -441,23 +441,25 @@ attn_draft_mma_64x128(dg_params p) {
     /* qvi_row_finish, scattered back to the sequence order */
     const qvc_attn_args &A = p.a;
     const int b = bh / A.H, h = bh % A.H;
+    const bool retained = e3 > e0 || p.prefix_pad > 0; /* a kept block, or the prefix */
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const int lr = lr0 + 8 * rr;
         if (lr >= cnt) continue;
         const int64_t orig = p.pack[p.prefix_pad + (int64_t)a * DG_KEYS + lr];
-        const bool empty = qvc_softmax_empty(r.m[rr], r.l[rr]);
+        const int kind = qvc_softmax_row(r.m[rr], r.l[rr], retained);
+        const float fill = qvc_softmax_fill(kind);
         const int64_t base = b * A.osb + h * A.osh + orig * A.osn;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
-            qvc_store_out(A.out, A.out_dtype, base + col, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr], r.l[rr]));
-            qvc_store_out(A.out, A.out_dtype, base + col + 1, empty ? 0.0f : __fdiv_rn(r.o[n][2 * rr + 1], r.l[rr]));
+            qvc_store_out(A.out, A.out_dtype, base + col, kind ? fill : __fdiv_rn(r.o[n][2 * rr], r.l[rr]));
+            qvc_store_out(A.out, A.out_dtype, base + col + 1, kind ? fill : __fdiv_rn(r.o[n][2 * rr + 1], r.l[rr]));
         }
         if (A.lse && tig == 0)
             A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
-                empty ? -INFINITY
-                      : __fmul_rn(__fadd_rn(r.m[rr], log2f(r.l[rr])), 0.69314718055994531f);
+                kind ? qvc_softmax_lse_fill(kind)
+                     : __fmul_rn(__fadd_rn(r.m[rr], log2f(r.l[rr])), 0.69314718055994531f);
     }
 }
 

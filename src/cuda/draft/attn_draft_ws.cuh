@@ -442,18 +442,21 @@ static __device__ __forceinline__ void dw_epilogue(const dw_acc &r, const qvc_dr
         const int lr = lr0 + 8 * i;
         if (lr >= cnt) continue;
         const int64_t orig = w.pack[row0 + lr];
-        const bool empty = qvc_softmax_empty(r.m[i], r.l[i]);
+        /* retained: the walk has a block (a kept region or the prefix) */
+        const int kind = qvc_softmax_row(r.m[i], r.l[i], wk.total > 0);
+        const float fill = qvc_softmax_fill(kind);
         const int64_t ob = b * A.osb + h * A.osh + orig * A.osn;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
             const int col = n * 8 + 2 * tig;
             qvc_store_out2(A.out, A.out_dtype, ob + col,
-                           empty ? 0.0f : __fdiv_rn(r.o[n * 4 + 2 * i], r.l[i]),
-                           empty ? 0.0f : __fdiv_rn(r.o[n * 4 + 2 * i + 1], r.l[i]));
+                           kind ? fill : __fdiv_rn(r.o[n * 4 + 2 * i], r.l[i]),
+                           kind ? fill : __fdiv_rn(r.o[n * 4 + 2 * i + 1], r.l[i]));
         }
         if (A.lse && tig == 0)
             A.lse[b * A.lsb + h * A.lsh + orig * A.lsn] =
-                empty ? -INFINITY : __fmul_rn(__fadd_rn(r.m[i], log2f(r.l[i])), 0.69314718055994531f);
+                kind ? qvc_softmax_lse_fill(kind)
+                     : __fmul_rn(__fadd_rn(r.m[i], log2f(r.l[i])), 0.69314718055994531f);
     }
 }
 
