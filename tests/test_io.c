@@ -35,7 +35,10 @@ static void cleanup(void) {
     rmdir(g_dir);
 }
 
+/* A new file each time: rewriting one in place (O_TRUNC) makes ext4 flush
+ * it to disk on close (auto_da_alloc), and the fuzz below writes thousands. */
 static void write_bytes(const char *path, const void *p, size_t n) {
+    unlink(path);
     FILE *f = fopen(path, "wb");
     if (!f) return;
     if (n) fwrite(p, 1, n, f);

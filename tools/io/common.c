@@ -21,6 +21,11 @@ qio_err fail(qio_error *e, qio_err code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    /* Messages echo text from the file (a dtype, a descr) and go to a
+     * terminal: an escaped or raw ESC, CR or newline there must not clear
+     * the screen or forge a line, so every control character becomes '?'. */
+    for (char *c = e->msg; *c; ++c)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     e->code = code;
     return code;
 }
