@@ -130,12 +130,19 @@ typedef struct dr_pool_params {
     float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
 } dr_pool_params;
 
+/* One element of Q (which = 0, dtype DTQ) or K (which = 1, dtype DTK),
+ * widened to FP32 exactly. */
+template <int DTQ, int DTK>
+static __device__ __forceinline__ float dr_ld(int which, const void *data, int64_t off) {
+    return which ? qvc_ld<DTK>(data, off) : qvc_ld<DTQ>(data, off);
+}
+
 /*
  * qvi_draft_pool for Q and K of one (region, bh): threads [0, D) take Q,
  * [D, 2D) K, one channel each; tokens in path order.  Loads are issued 16
  * ahead; the adds stay in order.
  */
-template <int DT>
+template <int DTQ, int DTK>
 __global__ void __launch_bounds__(2 * DR_MAX_D)
 dr_pool_kernel(dr_pool_params p) {
     __shared__ int64_t rowoff[2][QVI_BLOCK];
@@ -157,12 +164,12 @@ dr_pool_kernel(dr_pool_params p) {
     double s = 0.0;
     /* The CPU starts the max at the block's first row (a padding row of
      * zeros only if the region were empty, which no partition makes). */
-    float m = n > 0 ? qvc_ld<DT>(data, ro[0] + ch) : 0.0f;
+    float m = n > 0 ? dr_ld<DTQ, DTK>(which, data, ro[0] + ch) : 0.0f;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         float t[16];
 #pragma unroll
-        for (int u = 0; u < 16; ++u) t[u] = qvc_ld<DT>(data, ro[i + u] + ch);
+        for (int u = 0; u < 16; ++u) t[u] = dr_ld<DTQ, DTK>(which, data, ro[i + u] + ch);
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
             s = __dadd_rn(s, (double)t[u]);
@@ -170,7 +177,7 @@ dr_pool_kernel(dr_pool_params p) {
         }
     }
     for (; i < n; ++i) {
-        const float v = qvc_ld<DT>(data, ro[i] + ch);
+        const float v = dr_ld<DTQ, DTK>(which, data, ro[i] + ch);
         s = __dadd_rn(s, (double)v);
         m = v > m ? v : m;
     }
@@ -178,6 +185,20 @@ dr_pool_kernel(dr_pool_params p) {
     float *avg = which ? p.kavg : p.qavg, *mx = which ? p.kmax : p.qmax;
     avg[o] = __double2float_rn(__ddiv_rn(s, (double)n));
     mx[o] = m;
+}
+
+/* The pooling launch for Q of dtype DTQ and K of dtype dtk (they may differ,
+ * as on the CPU). */
+template <int DTQ>
+static void dr_launch_pool(int dtk, const dr_pool_params &pp, int R, int BH, int threads,
+                           cudaStream_t st) {
+    const dim3 grid((unsigned)R, (unsigned)BH);
+    if (dtk == QVA_F32)
+        dr_pool_kernel<DTQ, QVA_F32><<<grid, threads, 0, st>>>(pp);
+    else if (dtk == QVA_BF16)
+        dr_pool_kernel<DTQ, QVA_BF16><<<grid, threads, 0, st>>>(pp);
+    else
+        dr_pool_kernel<DTQ, QVA_F16><<<grid, threads, 0, st>>>(pp);
 }
 
 /* ------------------------------------------------------------ draft map */
@@ -728,9 +749,6 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     if (!cfg || !lay || !lay->pack_to_orig || !lay->count || !b || !b->A)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "qvc_draft_route: NULL config, layout or unallocated buffers");
-    if (q->dtype != k->dtype)
-        return qvi_fail(QVA_ERR_DTYPE, "qvc_draft_route: q and k dtypes differ (%d, %d)",
-                        q->dtype, k->dtype);
     const int D = (int)q->D, R = lay->regions;
     const int64_t BH64 = q->B * q->H;
     if (k->B != q->B || k->H != q->H || k->D != q->D || q->N != lay->n || k->N != lay->n ||
@@ -784,8 +802,7 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     pp.kavg = b->kavg;
     pp.kmax = b->kmax;
     const int pool_threads = qvi_cdiv(2 * D, 32) * 32;
-    QVC_DISPATCH_DTYPE(q->dtype, (dr_pool_kernel<DT_><<<dim3((unsigned)R, (unsigned)BH),
-                                                       pool_threads, 0, st>>>(pp)));
+    QVC_DISPATCH_DTYPE(q->dtype, dr_launch_pool<DT_>(k->dtype, pp, R, BH, pool_threads, st));
     if ((s = qvc_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
 
     /* b. draft map (Eq. 2) */
