@@ -2285,7 +2285,10 @@ static int mode_oom(const opts *o) {
                 if (!device_still_usable()) goto done;
             }
             ++g_run;
-            const int ok = small_check(ctx, s, OOM_METHODS[m], 20 + m);
+            /* a layer of its own per level: a second call on one layer
+             * would warm-start k-means from the first's centroids, which
+             * the fresh CPU reference cannot follow */
+            const int ok = small_check(ctx, s, OOM_METHODS[m], 20 + 10 * lv + m);
             if (!ok) failf("oom: %s: a small call after the out-of-memory call failed (context not usable)", OOM_METHODS[m]);
             printf("  %-22s %s -> %s, then a small call: %s\n", OOM_METHODS[m], "big call", qva_status_string(st),
                    ok ? "ok" : "FAILED");
