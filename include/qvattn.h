@@ -203,7 +203,14 @@ void qva_context_free(qva_context_t *ctx);
  * switching), and use one context per concurrently running stream.  The
  * draft method forks its operand preparation onto an internal stream of
  * the context and joins it back with events before its kernel, so the
- * call stays ordered on this stream (and can be captured in a graph). */
+ * call stays ordered on this stream.
+ * CUDA graphs: a call can be captured on this stream once the context has
+ * run an eager call of the same shapes, method and Hadamard signs: the
+ * first call of a new shape allocates device buffers and the first use of
+ * a sign set copies it synchronously, and neither is allowed while a
+ * stream captures (such a call returns QVA_ERR_DEVICE).  Replays then
+ * reuse the buffers (measured on the H200: every method and V-Smooth
+ * action replays bit-identically to eager calls, bench/RESULTS.md). */
 qva_status qva_context_set_stream(qva_context_t *ctx, void *cuda_stream);
 /* Drops all per-layer state (permutations, centroids, partitions). */
 qva_status qva_context_reset(qva_context_t *ctx);
