@@ -615,7 +615,7 @@ static qva_status check_aliasing(const qva_tensor *q, const qva_tensor *k,
                                 "attention; see qva_attention in qvattn.h)",
                                 out_name[o], in_name[i]);
     }
-    if (lse && spans_overlap(out, lse))
+    if (out && lse && spans_overlap(out, lse))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "out and lse overlap: they need separate memory");
     return QVA_OK;
@@ -681,10 +681,13 @@ static qva_status check_finite_head(const qva_tensor *t, const char *name) {
     return QVA_OK;
 }
 
-qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
-                             const qva_tensor *k, const qva_tensor *v,
-                             const qva_tensor *out, const qva_tensor *lse,
-                             qva_device dev) {
+/* The checks of a call; out_given = 0 when the caller has no output yet
+ * (qva_attention_check): out is then q's stand-in for the shape checks and
+ * takes no part in the aliasing rule. */
+static qva_status validate_call(const qva_config *cfg, const qva_tensor *q,
+                                const qva_tensor *k, const qva_tensor *v,
+                                const qva_tensor *out, const qva_tensor *lse,
+                                qva_device dev, int out_given) {
     qva_status st;
     if (!cfg) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "cfg is NULL");
     if ((st = check_config(cfg)) != QVA_OK) return st;
@@ -731,13 +734,20 @@ qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
             lse->shape[3] != 1)
             return qvi_fail(QVA_ERR_SHAPE, "lse must be f32 [B,H,N,1]");
     }
-    if ((st = check_aliasing(q, k, v, out, lse)) != QVA_OK) return st;
+    if ((st = check_aliasing(q, k, v, out_given ? out : NULL, lse)) != QVA_OK) return st;
     if (dev == QVA_DEVICE_CPU && cfg->check_finite) {
         if ((st = check_finite_head(q, "q")) || (st = check_finite_head(k, "k")) ||
             (st = check_finite_head(v, "v")))
             return st;
     }
     return QVA_OK;
+}
+
+qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
+                             const qva_tensor *k, const qva_tensor *v,
+                             const qva_tensor *out, const qva_tensor *lse,
+                             qva_device dev) {
+    return validate_call(cfg, q, k, v, out, lse, dev, 1);
 }
 
 /* ------------------------------------------------------------ dispatch */
@@ -807,7 +817,7 @@ qva_status qva_attention_check(qva_device device, const qva_config *cfg,
     if (device != QVA_DEVICE_CPU && device != QVA_DEVICE_CUDA)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown device %d", (int)device);
     /* out has q's rows, B, H and D when the caller has none yet */
-    return qvi_validate_call(cfg, q, k, v, out ? out : q, lse, device);
+    return validate_call(cfg, q, k, v, out ? out : q, lse, device, out != NULL);
 }
 
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
