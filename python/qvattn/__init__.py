@@ -118,10 +118,8 @@ def _empty_like(x, dtype=None, shape=None):
 def supports(method, device="cuda", dtype="bfloat16", head_dim=128):
     """(ok, reason): can `device` ("cpu"/"cuda") run `method` at this
     dtype ("float32"/"bfloat16"/"float16") and head dim?  qva_supports."""
-    dev = {"cpu": _ffi.QVA_DEVICE_CPU, "cuda": _ffi.QVA_DEVICE_CUDA}[str(device).split(":")[0]]
-    dt = {"float32": _ffi.QVA_F32, "bfloat16": _ffi.QVA_BF16,
-          "float16": _ffi.QVA_F16}[str(dtype).replace("torch.", "")]
-    return _ffi.supports(dev, _ffi.make_config(method), dt, head_dim)
+    return _ffi.supports(_ffi.device_enum(device), _ffi.make_config(method),
+                         _ffi.dtype_enum(dtype), head_dim)
 
 
 def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,

@@ -12,12 +12,24 @@ Library lookup, first hit wins:
 
 Every failing call raises QvaError (a RuntimeError) or QvaValueError (also a
 ValueError) carrying the status and qva_last_error().
+
+Conversions (the one place Python values become C values): every integer
+that reaches C -- a struct field (the structs below check assignments), a
+tensor's shape or stride, an argument of a wrapper -- goes through
+c_integer, which converts it (operator.index) and raises ValueError naming
+the field when it is outside the C type's range (ctypes itself would wrap
+it silently: 2**40 + 3 into a C int is 3).  Strings go through c_string
+(a str, no NUL, UTF-8), device and dtype names through device_enum and
+dtype_enum.  Nothing else is checked here: whether a value is valid is the
+library's to say (include/qvattn.h), and its answer is raised as QvaError.
 """
 import ctypes
 import itertools
+import operator
 import os
+import threading
 import weakref
-from ctypes import (POINTER, Structure, byref, c_char_p, c_float,
+from ctypes import (POINTER, Array, Structure, byref, c_char_p, c_float,
                     c_int, c_int64, c_size_t, c_uint64, c_void_p)
 
 # ------------------------------------------------------------------ enums
@@ -47,9 +59,149 @@ STEP_ACTION_NAMES = {QVA_STEP_GROUP: "group", QVA_STEP_REUSE: "reuse",
 c_enum = c_int
 
 
+# ------------------------------------------------------------------ conversions
+def _int_range(ctype):
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype is c_void_p or ctype(-1).value > 0:
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+_INT_CTYPES = (c_int, c_int64, c_uint64, c_size_t, c_void_p)
+_INT_RANGES = {t: _int_range(t) for t in _INT_CTYPES}
+# c_uint64 and c_size_t may be one class (c_ulong): names by size and sign
+_INT_NAMES = {(4, True): "int", (8, True): "int64_t", (8, False): "uint64_t"}
+
+
+def _int_name(ctype):
+    if ctype is c_void_p:
+        return "pointer"
+    lo, _ = _INT_RANGES[ctype]
+    return _INT_NAMES.get((ctypes.sizeof(ctype), lo < 0), ctype.__name__)
+
+
+def c_integer(value, name, ctype=c_int):
+    """value as a Python int that fits the C integer type ctype (c_int,
+    c_int64, c_uint64, c_size_t; c_void_p: an address, None = NULL).
+
+    Converts like operator.index (int, bool, numpy integers; not floats or
+    strings: TypeError).  Raises ValueError naming `name` when the value is
+    outside the type's range, where ctypes would silently keep the low bits.
+    The only check made here: which values are valid is the library's call.
+    """
+    lo, hi = _INT_RANGES[ctype]
+    if type(value) is int and lo <= value <= hi:  # the common case, fast
+        return value
+    if value is None and ctype is c_void_p:
+        return None
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"qvattn: {name} must be an integer, got "
+                        f"{type(value).__name__} {value!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"qvattn: {name} = {v} is outside the range of a C "
+                         f"{_int_name(ctype)} [{lo}, {hi}]")
+    return v
+
+
+def c_string(value, name):
+    """value as the bytes of a C string: a str without NUL, in UTF-8.
+
+    TypeError for anything but str (None, bytes...); ValueError for a NUL
+    (C would stop reading there: "sage8\\0junk" would be "sage8") or a
+    character UTF-8 cannot encode (a lone surrogate)."""
+    if not isinstance(value, str):
+        raise TypeError(f"qvattn: {name} must be a str, got {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"qvattn: {name} {value!r} contains a NUL character")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"qvattn: {name} {value!r} cannot be encoded as UTF-8 "
+                         f"({e.reason})") from None
+
+
+DEVICE_NAMES = {"cpu": QVA_DEVICE_CPU, "cuda": QVA_DEVICE_CUDA}
+DTYPE_NAMES = {"float32": QVA_F32, "bfloat16": QVA_BF16, "float16": QVA_F16}
+
+
+def device_enum(device, name="device"):
+    """qva_device of a device name: "cpu", "cuda" or "cuda:N" (a
+    torch.device too).  ValueError names the accepted ones."""
+    kind, sep, index = str(device).partition(":")
+    if kind not in DEVICE_NAMES or (sep and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"qvattn: {name} must be 'cpu', 'cuda' or 'cuda:N', "
+                         f"not {device!r}")
+    return DEVICE_NAMES[kind]
+
+
+def dtype_enum(dtype, name="dtype"):
+    """qva_dtype of a dtype name: "float32", "bfloat16", "float16" (a torch
+    or numpy dtype too).  ValueError names the accepted ones."""
+    key = str(dtype)
+    key = key[len("torch."):] if key.startswith("torch.") else key
+    if key not in DTYPE_NAMES:
+        raise ValueError(f"qvattn: {name} must be one of {list(DTYPE_NAMES)}, "
+                         f"not {dtype!r}")
+    return DTYPE_NAMES[key]
+
+
+def _c_integers(values, name, ctype, length):
+    """c_integer of each of `length` values (a C array), named name[i]."""
+    values = tuple(values)
+    if len(values) != length:
+        raise ValueError(f"qvattn: {name} needs {length} values, got {len(values)}")
+    lo, hi = _INT_RANGES[ctype]
+    for x in values:
+        if not (type(x) is int and lo <= x <= hi):
+            return tuple(c_integer(x, f"{name}[{i}]", ctype) for i, x in enumerate(values))
+    return values
+
+
+_structure_setattr = Structure.__setattr__
+
+
+class _CStruct(Structure):
+    """A Structure whose integer fields (and integer arrays) take only
+    values that fit: assignments go through c_integer, named
+    <_c_name>.<field>.  Other fields are ctypes' as usual.  An element
+    write into an array field (t.shape[2] = n) is ctypes' own, unchecked:
+    assign the whole array (t.shape = [B, H, N, D]), as make_tensor does."""
+    _c_name = ""
+    _int_fields = {}
+
+    def __setattr__(self, name, value):
+        spec = self._int_fields.get(name)
+        if spec is not None:
+            ctype, length, cname, lo, hi = spec
+            if length is None:
+                if not (type(value) is int and lo <= value <= hi):  # else as is, fast
+                    value = c_integer(value, cname, ctype)
+            else:  # into the struct's array in place (faster than a new array)
+                getattr(self, name)[:] = _c_integers(value, cname, ctype, length)
+                return
+        _structure_setattr(self, name, value)
+
+
+def _checked(cls):
+    """Records the integer fields of a _CStruct subclass (after _fields_)."""
+    fields = {}
+    for fname, ftype in cls._fields_:
+        cname = cls._c_name + ("lambda" if fname == "lambda_" else fname)
+        if ftype in _INT_CTYPES:
+            fields[fname] = (ftype, None, cname, *_INT_RANGES[ftype])
+        elif issubclass(ftype, Array) and ftype._type_ in _INT_CTYPES:
+            fields[fname] = (ftype._type_, ftype._length_, cname, *_INT_RANGES[ftype._type_])
+    cls._int_fields = fields
+    return cls
+
+
 # ------------------------------------------------------------------ structs
-class QvaTensor(Structure):
+@_checked
+class QvaTensor(_CStruct):
     """qva_tensor: shape = {B, H, N, D}, stride in elements."""
+    _c_name = "tensor."
     _fields_ = [
         ("data", c_void_p),
         ("dtype", c_enum),
@@ -59,7 +211,9 @@ class QvaTensor(Structure):
     ]
 
 
-class QvaVsmoothParams(Structure):
+@_checked
+class QvaVsmoothParams(_CStruct):
+    _c_name = "vsmooth."
     _fields_ = [
         ("clusters", c_int),
         ("iters", c_int),
@@ -70,7 +224,9 @@ class QvaVsmoothParams(Structure):
     ]
 
 
-class QvaDraftParams(Structure):
+@_checked
+class QvaDraftParams(_CStruct):
+    _c_name = "draft."
     _fields_ = [
         ("lambda_", c_float),  # C name: lambda (a Python keyword)
         ("frac_skip", c_float),
@@ -87,7 +243,8 @@ class QvaDraftParams(Structure):
     ]
 
 
-class QvaConfig(Structure):
+@_checked
+class QvaConfig(_CStruct):
     _fields_ = [
         ("method", c_enum),
         ("sm_scale", c_float),
@@ -250,7 +407,7 @@ def _ref(x):
 
 
 def status_string(status):
-    return _s(lib.qva_status_string(int(status)))
+    return _s(lib.qva_status_string(c_integer(status, "status", c_enum)))
 
 
 def last_error():
@@ -266,26 +423,32 @@ def cuda_available():
 
 
 def dtype_size(dtype):
-    return int(lib.qva_dtype_size(dtype))
+    return int(lib.qva_dtype_size(c_integer(dtype, "dtype", c_enum)))
+
+
+def _tensor_args(data, dtype, device, B, H, N, D):
+    return (c_integer(data, "tensor.data", c_void_p), c_integer(dtype, "tensor.dtype", c_enum),
+            c_integer(device, "tensor.device", c_enum),
+            *(c_integer(x, f"tensor.{n}", c_int64) for x, n in zip((B, H, N, D), "BHND")))
 
 
 def tensor_hnd(data, dtype, device, B, H, N, D):
-    return lib.qva_tensor_hnd(data, dtype, device, B, H, N, D)
+    return lib.qva_tensor_hnd(*_tensor_args(data, dtype, device, B, H, N, D))
 
 
 def tensor_nhd(data, dtype, device, B, H, N, D):
-    return lib.qva_tensor_nhd(data, dtype, device, B, H, N, D)
+    return lib.qva_tensor_nhd(*_tensor_args(data, dtype, device, B, H, N, D))
 
 
 def make_tensor(data, dtype, device, shape, stride):
-    """A descriptor from an address, shape [B,H,N,D] and element strides."""
+    """A descriptor from an address, shape [B,H,N,D] and element strides
+    (each converted by c_integer, as every field of the struct)."""
     t = QvaTensor()
     t.data = data
     t.dtype = dtype
     t.device = device
-    for i in range(4):
-        t.shape[i] = int(shape[i])
-        t.stride[i] = int(stride[i])
+    t.shape = shape
+    t.stride = stride
     return t
 
 
@@ -296,7 +459,7 @@ def config_default():
 
 
 def config_set_method(cfg, name):
-    check(lib.qva_config_set_method(byref(cfg), name.encode()),
+    check(lib.qva_config_set_method(byref(cfg), c_string(name, "method")),
           "qva_config_set_method")
     return cfg
 
@@ -320,7 +483,9 @@ def make_config(method="vc8+expcast", **fields):
 def supports(device, cfg, dtype, head_dim):
     """(ok, reason) of qva_supports."""
     why = ctypes.create_string_buffer(256)
-    ok = lib.qva_supports(device, byref(cfg), dtype, int(head_dim), why, len(why))
+    ok = lib.qva_supports(c_integer(device, "device", c_enum), byref(cfg),
+                          c_integer(dtype, "dtype", c_enum),
+                          c_integer(head_dim, "head_dim", c_int64), why, len(why))
     return bool(ok), _s(why.value)
 
 
@@ -328,7 +493,9 @@ def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):
     """qva_draft_step_check: raises what qva_attention would for this draft
     config at n_tokens x head_dim; returns True on a dense warm-up step."""
     warm = c_int(0)
-    check(lib.qva_draft_step_check(byref(cfg), int(n_tokens), int(head_dim), byref(warm)), func)
+    check(lib.qva_draft_step_check(byref(cfg), c_integer(n_tokens, "n_tokens", c_int64),
+                                   c_integer(head_dim, "head_dim", c_int64), byref(warm)),
+          func)
     return bool(warm.value)
 
 
@@ -336,8 +503,8 @@ def attention_check_status(device, cfg, q, k, v, out=None, lse=None):
     """qva_attention_check without raising: the status qva_attention gives
     this call before computing (config, descriptors, self-attention, lse,
     NaN/Inf of CPU inputs with cfg.check_finite); out, lse may be None."""
-    return lib.qva_attention_check(device, byref(cfg), byref(q), byref(k), byref(v),
-                                   _ref(out), _ref(lse))
+    return lib.qva_attention_check(c_integer(device, "device", c_enum), byref(cfg),
+                                   byref(q), byref(k), byref(v), _ref(out), _ref(lse))
 
 
 def attention_check(device, cfg, q, k, v, out=None, lse=None, func="qva_attention_check"):
@@ -348,7 +515,8 @@ def attention_check(device, cfg, q, k, v, out=None, lse=None, func="qva_attentio
 
 def schedule_action(cfg, step, num_steps):
     """'group' | 'reuse' | 'plain' for the V-Smooth schedule of cfg."""
-    a = lib.qva_schedule_action(byref(cfg.vsmooth), int(step), int(num_steps))
+    a = lib.qva_schedule_action(byref(cfg.vsmooth), c_integer(step, "step"),
+                                c_integer(num_steps, "num_steps"))
     return STEP_ACTION_NAMES.get(a, str(a))
 
 
@@ -372,6 +540,7 @@ class Context:
 
     def __init__(self, device=QVA_DEVICE_CPU):
         self._h = c_void_p()
+        device = c_integer(device, "device", c_enum)
         check(lib.qva_context_create(byref(self._h), device), "qva_context_create")
         self.device = device
         self._stream = None
@@ -386,7 +555,7 @@ class Context:
 
     def set_stream(self, stream):
         """stream: a cudaStream_t as an int (0/None = default stream)."""
-        stream = int(stream or 0)
+        stream = c_integer(stream or 0, "stream", c_void_p)
         if stream != self._stream:
             check(lib.qva_context_set_stream(self.handle, c_void_p(stream)),
                   "qva_context_set_stream")
@@ -439,14 +608,21 @@ class Context:
 
 
 _default_contexts = {}  # (device kind, cuda index) -> Context, for ctx=None calls
+_default_lock = threading.Lock()
 
 
 def default_context(device=QVA_DEVICE_CPU, index=0):
-    """The shared context used when attention() gets ctx=None."""
+    """The shared context used when attention() gets ctx=None: one per
+    device, created once even when threads ask for it at the same time (two
+    would split a layer's state between them).  Threads may share it: the
+    library serializes the calls on one context (qvattn.h, "Threads")."""
     key = (device, index if device == QVA_DEVICE_CUDA else 0)
     c = _default_contexts.get(key)
     if c is None:
-        c = _default_contexts[key] = Context(device)
+        with _default_lock:
+            c = _default_contexts.get(key)
+            if c is None:
+                c = _default_contexts[key] = Context(device)
     return c
 
 
