@@ -41,9 +41,10 @@ from setuptools.dist import Distribution
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIB = "libqvattn.so"
 CMAKE_MIN = (3, 18)
-# Measured: `pip install .` from a clean clone, 2-core machine with nvcc
-# (docs/PYTHON.md has the figures, their commit and date).
-CUDA_MINUTES = "4-6"
+# Measured: `pip install .` from a clean clone on a 2-core machine with nvcc
+# 13.0, about 2 CPU-minutes, 2.3-4.7 minutes of wall time under a load of
+# 3-8 (docs/PYTHON.md has the figures, their commit and date).
+CUDA_TIME = "about 2 CPU-minutes: 1-5 minutes on 2 cores, with the machine's load"
 
 
 def _source_dir():
@@ -203,9 +204,9 @@ class BuildPyWithCMake(build_py):
         cuda_on = (_cache_value(bdir, "QVA_CUDA").upper() not in ("OFF", "0", "FALSE", "NO")
                    and bool(nvcc) and not nvcc.endswith("NOTFOUND"))
         if cuda_on:
-            _say(f"CUDA backend ON ({nvcc}, sm_90a): the CUDA kernels take {CUDA_MINUTES} "
-                 f"minutes on 2 cores ({jobs} jobs here); QVATTN_CUDA=0 builds the "
-                 "CPU-only library in well under a minute")
+            _say(f"CUDA backend ON ({nvcc}, sm_90a): the CUDA kernels take {CUDA_TIME} "
+                 f"({jobs} jobs here); QVATTN_CUDA=0 builds the CPU-only library in "
+                 "seconds")
         else:
             _say("CUDA backend OFF (" + ("QVATTN_CUDA=0" if cuda_off else "no nvcc found") +
                  f"): the CPU-only library, {jobs} jobs")

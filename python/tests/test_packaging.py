@@ -2,12 +2,12 @@
 
 test_metadata_*          (instant, offline) the root and python/ pyproject.toml
                          describe the same package; one version everywhere.
-test_wheel_in_clean_venv (CI, ~30-60 s on 2 cores, needs PyPI) a copy of the
-                         checkout's files (a clean clone) -> `pip wheel` from
-                         the root with QVATTN_CUDA=0 (an isolated build, as
-                         `pip install .` does) -> a fresh venv with the wheel
-                         and numpy from PyPI -> import qvattn and a small CPU
-                         attention against numpy.  Skips when the package
+test_wheel_in_clean_venv (CI; 24-37 s on a loaded 2-core machine; needs PyPI)
+                         a copy of the checkout's files (a clean clone) ->
+                         `pip wheel` from the root with QVATTN_CUDA=0 (an
+                         isolated build, as `pip install .` does) -> a fresh
+                         venv with the wheel and numpy from PyPI -> import
+                         qvattn and a small CPU attention against numpy.  Skips when the package
                          index cannot be reached, or without CMake / a C
                          compiler.
 test_pip_install_python_dir  (opt-in: QVATTN_TEST_PIP=1, slower) the same
@@ -67,7 +67,8 @@ def test_metadata_one_version():
 def _index_reachable():
     url = (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
     try:
-        with urllib.request.urlopen(url + "/setuptools/", timeout=10) as r:
+        req = urllib.request.Request(url + "/setuptools/", method="HEAD")
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status == 200, url
     except Exception as e:  # offline, proxy, DNS, TLS
         return False, f"{url}: {e}"
@@ -98,6 +99,22 @@ def _clean_env(**extra):
     return env
 
 
+def _venv_pip(venv, vpy):
+    """A fresh venv and the pip command that installs into it: this pip with
+    --python (pip >= 22.3; no ensurepip needed, which Debian's python3
+    lacks without python3-venv), else the venv's own pip."""
+    import pip as _pip
+    if tuple(int(x) for x in _pip.__version__.split(".")[:2]) >= (22, 3):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                       check=True, timeout=120)
+        return [sys.executable, "-m", "pip", "--python", vpy]
+    r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,
+                       text=True, timeout=180)
+    if r.returncode:
+        pytest.skip(f"cannot create a venv with pip (python3-venv?): {r.stdout}{r.stderr}")
+    return [vpy, "-m", "pip"]
+
+
 SMOKE = r"""
 import os, sys
 import numpy as np
@@ -125,10 +142,10 @@ print("SMOKE OK", qvattn.__version__, err, rel, qvattn.build_info())
 def test_wheel_in_clean_venv(tmp_path):
     if not shutil.which("cmake") or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("needs CMake and a C compiler")
+    t0 = time.monotonic()
     ok, why = _index_reachable()
     if not ok:
         pytest.skip(f"package index unreachable (offline?): {why}")
-    t0 = time.monotonic()
     src, dist, venv = tmp_path / "qvattn", tmp_path / "dist", tmp_path / "venv"
     _checkout_copy(str(src))
     # The build as `pip install .` runs it (isolated: setuptools from the
@@ -152,10 +169,10 @@ def test_wheel_in_clean_venv(tmp_path):
     assert "Provides-Extra: torch" in meta
     assert not re.search(r"^Requires-Dist: (?!.*extra ==)", meta, re.M), meta
 
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=180)
     vpy = str(venv / "bin" / "python")
-    r = subprocess.run([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        str(whl), "numpy"], env=_clean_env(), capture_output=True,
+    pip = _venv_pip(venv, vpy)
+    r = subprocess.run(pip + ["install", "-q", "--disable-pip-version-check",
+                              str(whl), "numpy"], env=_clean_env(), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lib = next((venv / "lib").glob("python3*/site-packages/qvattn/libqvattn.so"))
