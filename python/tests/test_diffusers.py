@@ -59,16 +59,16 @@ def test_apply_and_remove_wan():
     m = tiny_wan()
     originals = {n: mod.processor for n, mod in m.named_modules() if hasattr(mod, "processor")}
     h = qd.apply(m, "sage8")
-    assert isinstance(m.blocks[0].attn1.processor, qd.QvattnWanAttnProcessor)
-    assert isinstance(m.blocks[1].attn2.processor, qd.QvattnWanAttnProcessor)
+    assert isinstance(m.blocks[0].attn1.processor, qd.QvattnProcessor)
+    assert isinstance(m.blocks[1].attn2.processor, qd.QvattnProcessor)
     # self-attention first, then cross-attention
     assert qd.layer_ids(m) == {"blocks.0.attn1": 0, "blocks.1.attn1": 1,
                                "blocks.0.attn2": 2, "blocks.1.attn2": 3}
     assert qd.state(m) is h and len(h.patched) == 4
     # re-applying replaces the install, keeping the true originals
     qd.apply(m, "bf16", layers=[0])
-    assert isinstance(m.blocks[0].attn1.processor, qd.QvattnWanAttnProcessor)
-    assert not isinstance(m.blocks[1].attn1.processor, qd.QvattnWanAttnProcessor)
+    assert isinstance(m.blocks[0].attn1.processor, qd.QvattnProcessor)
+    assert not isinstance(m.blocks[1].attn1.processor, qd.QvattnProcessor)
     assert qd.remove(m) is True and qd.remove(m) is False
     for n, mod in m.named_modules():
         if hasattr(mod, "processor"):
