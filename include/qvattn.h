@@ -8,6 +8,9 @@
  *    the calling thread.  The library never exits or aborts on user input.
  *  - Tensors are rank-4 [B, H, N, D] descriptors with element strides, so
  *    [B,H,N,D] ("HND") and [B,N,H,D] ("NHD") memory both work without copies.
+ *  - k and v may have fewer heads than q (grouped-query / multi-query
+ *    attention, see qva_attention) and the head dim D is any of 1..128
+ *    (64 and 128 natively; see QVA_MAX_HEAD_DIM).
  *  - Attention is non-causal softmax(Q K^T * sm_scale) V.
  *  - Threads: every function may be called from any thread.  See
  *    "Threads" at qva_context_t for what may run at the same time.
@@ -126,13 +129,23 @@ typedef struct qva_config {
     int expcast;           /* ExpCast-FP8 probabilities (8-bit methods)     */
     qva_vsmooth_params vsmooth;
     qva_draft_params draft;
-    int layer;             /* layer id: keys the per-layer state            */
+    int layer;             /* layer id: keys the per-layer state, or
+                            * QVA_LAYER_NONE: a stateless call (below)     */
     int step;              /* denoising step index, 0-based                 */
     int num_steps;         /* steps in the schedule; <= 0: unknown          */
     int check_finite;      /* CPU: NaN/Inf inputs, and outputs or LSE that
                             * overflow FP32, are QVA_ERR_NONFINITE (see
                             * qva_attention); no effect on CUDA          */
 } qva_config;
+
+/* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
+ * function of its inputs and config alone.  V-Smooth then groups on every
+ * call from a cold start (as schedule ALWAYS with warm_start 0), whatever
+ * step, num_steps, vsmooth.schedule and vsmooth.warm_start say; what the
+ * call stores under this key is scratch, always recomputed before it is
+ * read, so no later call (of this or any layer) depends on it.  Other
+ * layer ids (>= 0 by convention) key the state the schedule reuses. */
+#define QVA_LAYER_NONE (-1)
 
 /* Fills the paper defaults (method = VC8 with ExpCast, lambda 0.2, C 128...) */
 void qva_config_default(qva_config *cfg);
@@ -153,7 +166,7 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len);
 /* ------------------------------------------------------------------ context */
 /*
  * A context holds a device's mutable state: the V-Smooth permutations and
- * centroids of each (layer, batch, head), the draft partition cache, the
+ * centroids of each (layer, batch, K/V head), the draft partition cache, the
  * CUDA workspace, the stream, the profiling flag and the last timings.
  *
  * Threads
@@ -168,7 +181,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len);
  *    interleave.  Calls on one context therefore do not run in parallel;
  *    use one context per thread (or per stream) for parallel work.
  *  - Shared state is keyed by cfg->layer: threads that share a context and
- *    must not see each other's V-Smooth state use different layer ids.
+ *    must not see each other's V-Smooth state use different layer ids
+ *    (or QVA_LAYER_NONE, whose calls see none).
  *    Calls to one layer from several threads run in the order the lock
  *    is taken, which the caller must fix if the step sequence matters.
  *    qva_context_last_timings returns the last call's timings, whichever
@@ -189,9 +203,10 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len);
  *  - The CPU backend parallelises inside a call with OpenMP when built
  *    with it; the lock is taken around the call, outside those regions.
  *  - Everything else (configs, codecs, metrics, synthetic data,
- *    qva_vsmooth_permutation, qva_supports, qva_draft_step_check) keeps
- *    no state and may run concurrently without restriction, on arguments
- *    that no other thread writes meanwhile.
+ *    qva_vsmooth_permutation, qva_supports, qva_supports_heads,
+ *    qva_draft_step_check) keeps no state and may run concurrently
+ *    without restriction, on arguments that no other thread writes
+ *    meanwhile.
  */
 typedef struct qva_context qva_context_t;
 
@@ -228,9 +243,24 @@ typedef struct qva_timings {
 qva_status qva_context_set_profiling(qva_context_t *ctx, int on);
 qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t);
 
-/* Capability query: can `device` run this config at this shape/dtype? */
+/* Largest head dim qva_attention takes.  64 and 128 run natively; the CPU
+ * backend runs any other D <= 128 exactly by zero padding (qva_attention);
+ * the CUDA kernels take 64 and 128 only (pad in the caller, see
+ * qva_supports' reason). */
+#define QVA_MAX_HEAD_DIM 128
+
+/* Capability query: can `device` run this config at this shape/dtype?
+ * (q, k and v with the same number of heads: qva_supports_heads(...,
+ * 1, 1, ...).)  1 or 0; why (may be NULL) receives the reason. */
 int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
                  int64_t head_dim, char *why, size_t why_len);
+/* qva_supports for a call whose q has `heads` heads and k, v `kv_heads`
+ * heads (grouped-query attention when kv_heads < heads; heads must be a
+ * multiple of kv_heads, both >= 1).  The CPU backend runs every such
+ * call; the CUDA backend has no grouped-K/V kernels yet and says so. */
+int qva_supports_heads(qva_device device, const qva_config *cfg, qva_dtype dtype,
+                       int64_t head_dim, int64_t heads, int64_t kv_heads,
+                       char *why, size_t why_len);
 /* A draft config's checks for a sequence of n_tokens tokens of head dim
  * head_dim (grid, prefix, capacity, lambda, fractions: the errors
  * qva_attention would give), and whether the call at cfg->step is a dense
@@ -264,7 +294,22 @@ qva_status qva_device_synchronize(void);
 
 /*
  * The attention call.  q,k,v,out: [B,H,N,D] descriptors on the context's
- * device; out may have its own dtype and strides.  lse (may be NULL): f32
+ * device; out may have its own dtype and strides.  k and v may have
+ * H_kv heads where H % H_kv == 0 (grouped-query attention; H_kv = 1 is
+ * multi-query): query head h reads K/V head h / (H / H_kv), with no copy.
+ * Methods with V-Smooth keep its state (permutation, centroids) per
+ * (layer, batch, K/V head): the permutation orders the value tokens, which
+ * the query heads of a group share.  The CPU backend runs every method on
+ * grouped K/V; the CUDA backend refuses it (QVA_ERR_UNSUPPORTED, see
+ * qva_supports_heads).
+ * Head dims: D in [1, QVA_MAX_HEAD_DIM].  64 and 128 run as they are; on
+ * the CPU any other D runs as the call with Q, K and V zero-padded to 64
+ * (D < 64) or 128 channels, sm_scale 0 meaning 1/sqrt(D) of the original
+ * D, and the padded output columns dropped: zero channels leave every
+ * score, scale and quantizer of the methods unchanged (the +hadamard
+ * rotation then runs over the padded width, which keeps q.k).  The CPU
+ * pads by copying the inputs.  The CUDA backend takes 64 and 128 only.
+ * lse (may be NULL): f32
  * [B,H,N,1]-shaped descriptor receiving the natural-log sum-exp of the
  * scaled scores q.k * sm_scale over the keys the method retained (for the
  * K-smoothed methods the smoothing shift is added back, on every backend,

@@ -231,7 +231,8 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,
                          const qva_tensor *lse);
-int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
+/* kv_group: query heads per K/V head (1 without grouped K/V). */
+int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d, int64_t kv_group,
                       char *why, size_t len);
 qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
                               const qva_tensor *q, const qva_tensor *k,

@@ -626,6 +626,36 @@ static int same_bhd(const qva_tensor *a, const qva_tensor *b) {
            a->shape[3] == b->shape[3];
 }
 
+/* q, k, v and out agree on B and D; q and out, k and v on their heads;
+ * q's heads are a multiple of k's (grouped-query attention). */
+static qva_status check_heads(const qva_tensor *q, const qva_tensor *k,
+                              const qva_tensor *v, const qva_tensor *out) {
+    const int gqa_ok = k->shape[1] == v->shape[1] && q->shape[1] % k->shape[1] == 0;
+    if (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0] ||
+        q->shape[3] != k->shape[3] || q->shape[3] != v->shape[3] ||
+        (out && !same_bhd(q, out)))
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "q and out must agree on B, H and D, and k and v with "
+                        "them on B and D (q [%lld,%lld,*,%lld], k [%lld,%lld,*,%lld], v "
+                        "[%lld,%lld,*,%lld], out [%lld,%lld,*,%lld])",
+                        (long long)q->shape[0], (long long)q->shape[1],
+                        (long long)q->shape[3], (long long)k->shape[0],
+                        (long long)k->shape[1], (long long)k->shape[3],
+                        (long long)v->shape[0], (long long)v->shape[1],
+                        (long long)v->shape[3], (long long)(out ? out : q)->shape[0],
+                        (long long)(out ? out : q)->shape[1],
+                        (long long)(out ? out : q)->shape[3]);
+    if (!gqa_ok)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "q has H = %lld heads, k %lld and v %lld: k and v need "
+                        "the same heads H_kv, and grouped-query attention needs "
+                        "H to be a multiple of H_kv (query head h reads K/V "
+                        "head h / (H / H_kv))",
+                        (long long)q->shape[1], (long long)k->shape[1],
+                        (long long)v->shape[1]);
+    return QVA_OK;
+}
+
 static qva_status check_config(const qva_config *cfg) {
     if ((unsigned)cfg->method >= QVA_METHOD_COUNT_)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown method %d", (int)cfg->method);
@@ -681,43 +711,34 @@ static qva_status check_finite_head(const qva_tensor *t, const char *name) {
     return QVA_OK;
 }
 
-/* The checks of a call; out_given = 0 when the caller has no output yet
- * (qva_attention_check): out is then q's stand-in for the shape checks and
- * takes no part in the aliasing rule. */
-static qva_status validate_call(const qva_config *cfg, const qva_tensor *q,
-                                const qva_tensor *k, const qva_tensor *v,
-                                const qva_tensor *out, const qva_tensor *lse,
-                                qva_device dev, int out_given) {
+/* qvi_validate_call; with need_out = 0 out may be NULL (qva_attention_check
+ * without one: the checks that involve out are skipped). */
+static qva_status validate(const qva_config *cfg, const qva_tensor *q,
+                           const qva_tensor *k, const qva_tensor *v,
+                           const qva_tensor *out, const qva_tensor *lse,
+                           qva_device dev, int need_out) {
     qva_status st;
     if (!cfg) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "cfg is NULL");
     if ((st = check_config(cfg)) != QVA_OK) return st;
     if ((st = check_tensor(q, "q", dev)) || (st = check_tensor(k, "k", dev)) ||
-        (st = check_tensor(v, "v", dev)) || (st = check_tensor(out, "out", dev)))
+        (st = check_tensor(v, "v", dev)) ||
+        ((out || need_out) && (st = check_tensor(out, "out", dev))))
         return st;
-    if (!same_bhd(q, k) || !same_bhd(q, v) || !same_bhd(q, out))
-        return qvi_fail(QVA_ERR_SHAPE,
-                        "q, k, v and out must agree on B, H and D "
-                        "(q [%lld,%lld,*,%lld], k [%lld,%lld,*,%lld], v "
-                        "[%lld,%lld,*,%lld], out [%lld,%lld,*,%lld])",
-                        (long long)q->shape[0], (long long)q->shape[1],
-                        (long long)q->shape[3], (long long)k->shape[0],
-                        (long long)k->shape[1], (long long)k->shape[3],
-                        (long long)v->shape[0], (long long)v->shape[1],
-                        (long long)v->shape[3], (long long)out->shape[0],
-                        (long long)out->shape[1], (long long)out->shape[3]);
+    if ((st = check_heads(q, k, v, out)) != QVA_OK) return st;
     if (q->shape[0] * q->shape[1] > INT32_MAX) /* the backends count heads in int */
         return qvi_fail(QVA_ERR_SHAPE, "B*H = %lld*%lld heads: at most 2^31-1",
                         (long long)q->shape[0], (long long)q->shape[1]);
     if (k->shape[2] != v->shape[2])
         return qvi_fail(QVA_ERR_SHAPE, "k has %lld tokens but v has %lld",
                         (long long)k->shape[2], (long long)v->shape[2]);
-    if (out->shape[2] != q->shape[2])
+    if (out && out->shape[2] != q->shape[2])
         return qvi_fail(QVA_ERR_SHAPE, "out has %lld rows but q has %lld",
                         (long long)out->shape[2], (long long)q->shape[2]);
-    if (q->shape[3] != 64 && q->shape[3] != 128)
+    if (q->shape[3] > QVA_MAX_HEAD_DIM)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "head dim D=%lld not supported: 64 or 128",
-                        (long long)q->shape[3]);
+                        "head dim D = %lld not supported: at most %d (64 and "
+                        "128 run natively, smaller ones zero-padded)",
+                        (long long)q->shape[3], QVA_MAX_HEAD_DIM);
     if (cfg->method == QVA_METHOD_DRAFT && q->shape[2] != k->shape[2])
         return qvi_fail(QVA_ERR_SHAPE,
                         "draft is self-attention over the video grid: q and k "
@@ -734,7 +755,7 @@ static qva_status validate_call(const qva_config *cfg, const qva_tensor *q,
             lse->shape[3] != 1)
             return qvi_fail(QVA_ERR_SHAPE, "lse must be f32 [B,H,N,1]");
     }
-    if ((st = check_aliasing(q, k, v, out_given ? out : NULL, lse)) != QVA_OK) return st;
+    if (out && (st = check_aliasing(q, k, v, out, lse)) != QVA_OK) return st;
     if (dev == QVA_DEVICE_CPU && cfg->check_finite) {
         if ((st = check_finite_head(q, "q")) || (st = check_finite_head(k, "k")) ||
             (st = check_finite_head(v, "v")))
@@ -747,12 +768,22 @@ qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
                              const qva_tensor *k, const qva_tensor *v,
                              const qva_tensor *out, const qva_tensor *lse,
                              qva_device dev) {
-    return validate_call(cfg, q, k, v, out, lse, dev, 1);
+    return validate(cfg, q, k, v, out, lse, dev, 1);
 }
 
 /* ------------------------------------------------------------ dispatch */
+/* Head dim the CPU backend computes a call of head dim d at: 64 or 128
+ * (cpu_attention_padded). */
+static int64_t padded_head_dim(int64_t d) { return d <= 64 ? 64 : 128; }
+
 int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
                  int64_t head_dim, char *why, size_t why_len) {
+    return qva_supports_heads(device, cfg, dtype, head_dim, 1, 1, why, why_len);
+}
+
+int qva_supports_heads(qva_device device, const qva_config *cfg, qva_dtype dtype,
+                       int64_t head_dim, int64_t heads, int64_t kv_heads,
+                       char *why, size_t why_len) {
     char tmp[8];
     if (!why || why_len == 0) {
         why = tmp;
@@ -771,15 +802,31 @@ int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
         snprintf(why, why_len, "unknown dtype");
         return 0;
     }
-    if (head_dim != 64 && head_dim != 128) {
-        snprintf(why, why_len, "head dim %lld: only 64 and 128", (long long)head_dim);
+    if (head_dim < 1 || head_dim > QVA_MAX_HEAD_DIM) {
+        snprintf(why, why_len,
+                 "head dim %lld: at most %d (64 and 128 run natively, smaller "
+                 "ones zero-padded)", (long long)head_dim, QVA_MAX_HEAD_DIM);
+        return 0;
+    }
+    if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) {
+        snprintf(why, why_len,
+                 "%lld query heads over %lld K/V heads: grouped-query attention "
+                 "needs the query heads to be a multiple of the K/V heads",
+                 (long long)heads, (long long)kv_heads);
         return 0;
     }
     if (device == QVA_DEVICE_CPU) {
-        snprintf(why, why_len, "cpu reference implements every method");
+        if (head_dim == 64 || head_dim == 128)
+            snprintf(why, why_len, "cpu reference implements every method");
+        else
+            snprintf(why, why_len,
+                     "cpu reference implements every method (head dim %lld "
+                     "zero-padded to %lld)",
+                     (long long)head_dim, (long long)padded_head_dim(head_dim));
         return 1;
     }
-    if (device == QVA_DEVICE_CUDA) return qvi_cuda_supports(cfg, dtype, head_dim, why, why_len);
+    if (device == QVA_DEVICE_CUDA)
+        return qvi_cuda_supports(cfg, dtype, head_dim, heads / kv_heads, why, why_len);
     snprintf(why, why_len, "unknown device");
     return 0;
 }
@@ -816,21 +863,100 @@ qva_status qva_attention_check(qva_device device, const qva_config *cfg,
     qvi_clear_error();
     if (device != QVA_DEVICE_CPU && device != QVA_DEVICE_CUDA)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown device %d", (int)device);
-    /* out has q's rows, B, H and D when the caller has none yet */
-    return validate_call(cfg, q, k, v, out ? out : q, lse, device, out != NULL);
+    /* without out: every check but those of out (shape, aliasing) */
+    return validate(cfg, q, k, v, out, lse, device, 0);
 }
 
-qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
+/* A zeroed HND copy of t (same dtype, CPU) with dp >= D channels per row;
+ * with copy, each row's first D channels are t's. */
+static qva_status pad_head_dim(const qva_tensor *t, int64_t dp, int copy,
+                               qva_tensor *dst) {
+    const size_t es = qva_dtype_size(t->dtype);
+    const int64_t B = t->shape[0], H = t->shape[1], N = t->shape[2], D = t->shape[3];
+    int64_t rows, elems;
+    if (!qvi_prod_i64(t->shape, 3, &rows) || !qvi_mul_i64(rows, dp, &elems) ||
+        (uint64_t)elems > SIZE_MAX / es)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "head dim padding: tensor too large");
+    char *buf = calloc((size_t)elems, es); /* zero bits: +0 in every dtype */
+    if (!buf)
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY,
+                        "head dim padding: %lld x %lld elements", (long long)rows,
+                        (long long)dp);
+    *dst = qva_tensor_hnd(buf, t->dtype, t->device, B, H, N, dp);
+    for (int64_t b = 0; copy && b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t n = 0; n < N; ++n)
+                memcpy(buf + (size_t)(((b * H + h) * N + n) * dp) * es,
+                       (const char *)t->data + (size_t)qvi_offset(t, b, h, n, 0) * es,
+                       (size_t)D * es);
+    return QVA_OK;
+}
+
+/* The first D channels of each row of the padded p back into t. */
+static void unpad_head_dim(const qva_tensor *p, const qva_tensor *t) {
+    const size_t es = qva_dtype_size(t->dtype);
+    for (int64_t b = 0; b < t->shape[0]; ++b)
+        for (int64_t h = 0; h < t->shape[1]; ++h)
+            for (int64_t n = 0; n < t->shape[2]; ++n)
+                memcpy((char *)t->data + (size_t)qvi_offset(t, b, h, n, 0) * es,
+                       (const char *)p->data + (size_t)qvi_offset(p, b, h, n, 0) * es,
+                       (size_t)t->shape[3] * es);
+}
+
+static qva_status cpu_attention(qva_context_t *ctx, const qva_config *cfg,
+                                const qva_tensor *q, const qva_tensor *k,
+                                const qva_tensor *v, const qva_tensor *out,
+                                const qva_tensor *lse) {
+    return cfg->method == QVA_METHOD_DRAFT
+               ? qvi_cpu_draft(ctx, cfg, q, k, v, out, lse)
+               : qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+}
+
+/* A head dim other than 64 and 128 on the CPU (include/qvattn.h,
+ * qva_attention): the call on copies zero-padded to 64 or 128 channels
+ * with sm_scale that of the original D, the padded output columns
+ * dropped.  out's padded copy starts as out, so the heads a failing call
+ * leaves unwritten keep what they held. */
+static qva_status cpu_attention_padded(qva_context_t *ctx, const qva_config *cfg,
+                                       const qva_tensor *q, const qva_tensor *k,
+                                       const qva_tensor *v, const qva_tensor *out,
+                                       const qva_tensor *lse) {
+    const int64_t dp = padded_head_dim(q->shape[3]);
+    qva_config c = *cfg;
+    c.sm_scale = qvi_sm_scale(cfg, q->shape[3]);
+    qva_tensor pq, pk, pv, po;
+    memset(&pq, 0, sizeof pq), memset(&pk, 0, sizeof pk);
+    memset(&pv, 0, sizeof pv), memset(&po, 0, sizeof po);
+    qva_status st;
+    if ((st = pad_head_dim(q, dp, 1, &pq)) == QVA_OK &&
+        (st = pad_head_dim(k, dp, 1, &pk)) == QVA_OK &&
+        (st = pad_head_dim(v, dp, 1, &pv)) == QVA_OK &&
+        (st = pad_head_dim(out, dp, 1, &po)) == QVA_OK) {
+        st = cpu_attention(ctx, &c, &pq, &pk, &pv, &po, lse);
+        unpad_head_dim(&po, out);
+    }
+    free(pq.data), free(pk.data), free(pv.data), free(po.data);
+    return st;
+}
+
+qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,
                          const qva_tensor *lse) {
     qvi_clear_error();
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
-    qva_status st = qvi_validate_call(cfg, q, k, v, out, lse, ctx->device);
+    qva_status st = qvi_validate_call(cfg_in, q, k, v, out, lse, ctx->device);
     if (st != QVA_OK) return st;
+    qva_config cfgv = *cfg_in;
+    const qva_config *cfg = &cfgv;
+    if (cfgv.layer == QVA_LAYER_NONE) { /* stateless (include/qvattn.h) */
+        cfgv.vsmooth.schedule = QVA_SCHEDULE_ALWAYS;
+        cfgv.vsmooth.warm_start = 0;
+    }
     if (ctx->device == QVA_DEVICE_CUDA) {
         char why[256];
-        if (!qvi_cuda_supports(cfg, q->dtype, q->shape[3], why, sizeof why))
+        if (!qvi_cuda_supports(cfg, q->dtype, q->shape[3], q->shape[1] / k->shape[1], why,
+                               sizeof why))
             return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
         qvi_context_lock(ctx);
         st = qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
@@ -840,9 +966,9 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg,
     struct timespec t0, t1;
     qvi_context_lock(ctx);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    st = cfg->method == QVA_METHOD_DRAFT
-             ? qvi_cpu_draft(ctx, cfg, q, k, v, out, lse)
-             : qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+    st = q->shape[3] == padded_head_dim(q->shape[3])
+             ? cpu_attention(ctx, cfg, q, k, v, out, lse)
+             : cpu_attention_padded(ctx, cfg, q, k, v, out, lse);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     qva_timings tm = {0.0f, 0.0f,
                       (float)((double)(t1.tv_sec - t0.tv_sec) * 1e3 +

@@ -118,9 +118,10 @@ static void test_bad_inputs(qva_context_t *ctx) {
     BAD(q2.device = QVA_DEVICE_CUDA, QVA_ERR_INVALID_ARGUMENT, "device mismatch");
     BAD(q2.shape[2] = 0, QVA_ERR_SHAPE, "N = 0");
     BAD(k2.shape[2] = 0, QVA_ERR_SHAPE, "k N = 0");
-    BAD(q2.shape[3] = 96; k2.shape[3] = 96; v2.shape[3] = 96; o2.shape[3] = 96,
-        QVA_ERR_UNSUPPORTED, "D = 96");
-    BAD(k2.shape[1] = 1, QVA_ERR_SHAPE, "H mismatch");
+    BAD(q2.shape[3] = 192; k2.shape[3] = 192; v2.shape[3] = 192; o2.shape[3] = 192,
+        QVA_ERR_UNSUPPORTED, "D = 192 (> QVA_MAX_HEAD_DIM)");
+    BAD(k2.shape[1] = 1, QVA_ERR_SHAPE, "k and v heads differ");
+    BAD(o2.shape[1] = 1, QVA_ERR_SHAPE, "out heads differ from q's");
     BAD(v2.shape[2] = 39, QVA_ERR_SHAPE, "k/v N mismatch");
     BAD(o2.shape[2] = 39, QVA_ERR_SHAPE, "out rows mismatch");
     BAD(q2.stride[3] = 2, QVA_ERR_SHAPE, "non-contiguous D");

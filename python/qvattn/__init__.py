@@ -3,13 +3,16 @@
 A Python front end over the C library (see _ffi.py for the binding):
 
     out = qvattn.attention(q, k, v, method="vc8+expcast")
+    out = qvattn.sdpa(query, key, value)   # torch SDPA's signature, drop-in
 
 q, k, v are torch tensors (CUDA or CPU) or numpy float32/float16 arrays, all
 rank 4 in the given layout: "HND" = [B, H, N, D], "NHD" = [B, N, H, D].
 The output has q's dtype, device and layout.  On torch tensors the call is
 the custom op torch.ops.qvattn.attention (ops.py: torch.compile, CUDA
-streams and graphs).  Model integration: qvattn.diffusers (apply/remove),
-qvattn.comfyui, qvattn.capture.  docs/PYTHON.md has the whole story.
+streams and graphs).  qvattn.sdpa has exactly the signature of
+torch.nn.functional.scaled_dot_product_attention (ops.sdpa).  Model
+integration: qvattn.diffusers (apply/remove), qvattn.comfyui,
+qvattn.capture.  docs/PYTHON.md has the whole story.
 """
 # torch must be imported before libqvattn.so is loaded: the library links
 # the system's OpenMP runtime, and loading it ahead of torch's own made
@@ -23,7 +26,7 @@ from . import _config, _ffi  # noqa: E402  (after torch, see above)
 from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noqa: E402
                    build_info, cuda_available, default_context, last_error)
 
-__all__ = ["attention", "describe", "Context", "QvaError", "QvaValueError",
+__all__ = ["attention", "sdpa", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
            "default_context", "supports", "capture"]
 
@@ -115,11 +118,22 @@ def _empty_like(x, dtype=None, shape=None):
     return _np.empty(shape, dtype=dtype)
 
 
-def supports(method, device="cuda", dtype="bfloat16", head_dim=128):
+def supports(method, device="cuda", dtype="bfloat16", head_dim=128, heads=1, kv_heads=1):
     """(ok, reason): can `device` ("cpu"/"cuda") run `method` at this
-    dtype ("float32"/"bfloat16"/"float16") and head dim?  qva_supports."""
-    return _ffi.supports(_ffi.device_enum(device), _ffi.make_config(method),
-                         _ffi.dtype_enum(dtype), head_dim)
+    dtype ("float32"/"bfloat16"/"float16") and head dim, with `heads` query
+    heads over `kv_heads` K/V heads (grouped-query attention when fewer)?
+    qva_supports_heads."""
+    return _ffi.supports_heads(_ffi.device_enum(device), _ffi.make_config(method),
+                               _ffi.dtype_enum(dtype), head_dim, heads, kv_heads)
+
+
+def __getattr__(name):
+    """qvattn.sdpa is ops.sdpa itself (so F.scaled_dot_product_attention =
+    qvattn.sdpa adds no frame), imported on first use like the op."""
+    if name == "sdpa":
+        from .ops import sdpa
+        return sdpa
+    raise AttributeError(f"module 'qvattn' has no attribute {name!r}")
 
 
 def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
@@ -141,8 +155,11 @@ def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
               scaled scores), in either layout.
     layer, step, num_steps
               key and schedule of the per-layer state (V-Smooth permutation,
-              draft partition, draft dense warm-up) kept in ctx.  None = 0;
-              num_steps 0 = unknown (V-Smooth then regroups on every call).
+              draft dense warm-up) kept in ctx.  Without layer and step (and
+              no StepState) the call is stateless: identical inputs give
+              identical outputs.  One of them given: the other defaults to
+              0; num_steps 0 = unknown (V-Smooth then regroups on every
+              call).
     grid      (T, H, W) latent video grid (draft).
     prefix    tokens outside the grid (text); None = N - T*H*W when a grid
               is given, else 0.  prefix_at_end: they follow the video tokens.
@@ -195,16 +212,20 @@ def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse
     n_tokens = int(tk.shape[2])
     if prefix is not None and int(prefix) < 0:
         raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
+    if layer is not None and int(layer) < 0:
+        raise ValueError(f"qvattn: layer must be >= 0, got {layer}")
+    stateless = layer is None and step is None  # see qvattn.attention
     cfg = _config.config_for(  # ValueError on a bad method or option
         method, _config.options_string(options), 0.0 if sm_scale is None else sm_scale,
-        layer or 0, step or 0, num_steps or 0, grid, -1 if prefix is None else int(prefix),
-        prefix_at_end, n_tokens)
+        _ffi.QVA_LAYER_NONE if stateless else layer or 0, step or 0, num_steps or 0, grid,
+        -1 if prefix is None else int(prefix), prefix_at_end, n_tokens)
 
     # The CPU reference implements every method: if it declines, the request
     # itself is bad (config, dtype, head dim) -> ValueError.  If only the
     # device declines, it is a backend gap -> QvaUnsupportedError.
     head_dim = int(tq.shape[3])
-    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, tq.dtype, head_dim)
+    ok, why = _ffi.supports_heads(_ffi.QVA_DEVICE_CPU, cfg, tq.dtype, head_dim,
+                                  int(tq.shape[1]), int(tk.shape[1]))
     if not ok:
         raise QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why, "qva_supports")
 

@@ -155,28 +155,33 @@ def config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
 
 # ------------------------------------------------------------------ the library's answers
 @functools.lru_cache(maxsize=512)
-def support_reason(device, method, options, dtype, head_dim, step=0, num_steps=0):
+def support_reason(device, method, options, dtype, head_dim, step=0, num_steps=0,
+                   heads=1, kv_heads=1):
     """'' if the library runs (method, options) at dtype and head_dim on
-    `device` at `step` of a num_steps schedule (0: unknown), else a code:
+    `device` at `step` of a num_steps schedule (0: unknown), with `heads`
+    query heads over `kv_heads` K/V heads (grouped-query attention when
+    fewer), else a code:
 
     'E:<msg>'  a bad request (method string, options, a step outside the
                schedule): always a ValueError;
     'V:<msg>'  declined by the reference backend (e.g. head dim 96): a
                ValueError, or the SDPA fallback where the caller opted in;
-    'U:<msg>'  valid, but the device backend cannot run it today (e.g. draft
-               on CUDA): QvaUnsupportedError, or the fallback.
-    The answers are qva_supports' (cached: one query per distinct request).
+    'U:<msg>'  valid, but the device backend cannot run it today (e.g.
+               grouped K/V heads on CUDA): QvaUnsupportedError, or the
+               fallback.
+    The answers are qva_supports_heads' (cached: one query per distinct
+    request).
     """
     try:
         cfg = _base_config(method, options)
     except ValueError as e:
         return "E:" + str(e)
     cfg.step, cfg.num_steps = int(step), max(0, int(num_steps))
-    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CPU, cfg, dtype, head_dim)
+    ok, why = _ffi.supports_heads(_ffi.QVA_DEVICE_CPU, cfg, dtype, head_dim, heads, kv_heads)
     if not ok:
         return ("E:" if why.startswith("invalid config") else "V:") + why
     if device != _ffi.QVA_DEVICE_CPU:
-        ok, why = _ffi.supports(device, cfg, dtype, head_dim)
+        ok, why = _ffi.supports_heads(device, cfg, dtype, head_dim, heads, kv_heads)
         if not ok:
             return "U:cuda backend: " + why
     return ""

@@ -51,6 +51,8 @@ QVA_DEVICE_CPU, QVA_DEVICE_CUDA = 0, 1
  QVA_METHOD_VC8, QVA_METHOD_SAGE4, QVA_METHOD_VC4, QVA_METHOD_DRAFT) = range(8)
 
 QVA_SCHEDULE_PAPER, QVA_SCHEDULE_ALWAYS = 0, 1
+QVA_LAYER_NONE = -1      # cfg.layer of a stateless call
+QVA_MAX_HEAD_DIM = 128
 QVA_STEP_GROUP, QVA_STEP_REUSE, QVA_STEP_PLAIN = 0, 1, 2
 STEP_ACTION_NAMES = {QVA_STEP_GROUP: "group", QVA_STEP_REUSE: "reuse",
                      QVA_STEP_PLAIN: "plain"}
@@ -376,6 +378,8 @@ _SIGS = {
 _OPTIONAL_SIGS = {
     "qva_context_set_profiling": (c_enum, [c_void_p, c_int]),
     "qva_context_last_timings": (c_enum, [c_void_p, _P(QvaTimings)]),
+    "qva_supports_heads": (c_int, [c_enum, _P(QvaConfig), c_enum, c_int64, c_int64, c_int64,
+                                   c_char_p, c_size_t]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -486,6 +490,20 @@ def supports(device, cfg, dtype, head_dim):
     ok = lib.qva_supports(c_integer(device, "device", c_enum), byref(cfg),
                           c_integer(dtype, "dtype", c_enum),
                           c_integer(head_dim, "head_dim", c_int64), why, len(why))
+    return bool(ok), _s(why.value)
+
+
+def supports_heads(device, cfg, dtype, head_dim, heads, kv_heads):
+    """(ok, reason) of qva_supports_heads: q with `heads` heads over k, v
+    with `kv_heads` (grouped-query attention when fewer).  A library
+    without it answers qva_supports where the heads agree, else no."""
+    if not has_symbol("qva_supports_heads"):
+        if int(heads) == int(kv_heads):
+            return supports(device, cfg, dtype, head_dim)
+        return False, "this libqvattn predates grouped K/V heads (qva_supports_heads)"
+    why = ctypes.create_string_buffer(256)
+    ok = lib.qva_supports_heads(device, byref(cfg), dtype, int(head_dim), int(heads),
+                                int(kv_heads), why, len(why))
     return bool(ok), _s(why.value)
 
 

@@ -10,6 +10,10 @@
   no tensor data, so ``torch.compile`` traces it without graph breaks.
   What the library checks on the call itself (the step of a StepState,
   shapes, self-attention, NaN/Inf of CPU inputs) it checks in the op.
+* ``sdpa`` (``qvattn.sdpa``) takes torch SDPA's arguments, signature
+  and semantics, brings them to [B, H, N, D] (views where no broadcast is
+  needed) and calls ``attention_torch`` statelessly; what it cannot run it
+  refuses or, with ``fallback=True``, hands to torch SDPA as given.
 * ``torch.ops.qvattn.attention`` (``_attention_op``) is a
   ``torch.library.custom_op`` with a fake (meta) implementation, opaque to
   the compiler.  Its real implementation allocates the outputs with torch
@@ -52,6 +56,7 @@ step.
 """
 import itertools
 import math
+import struct
 import warnings
 from typing import List, Optional, Tuple
 
@@ -76,13 +81,14 @@ class QvattnFallbackWarning(UserWarning):
 # ------------------------------------------------------------------ static checks
 @torch.compiler.assume_constant_result
 def support_reason(device: int, method: str, options: str, dtype: int,
-                   head_dim: int, step: int = 0, num_steps: int = 0) -> str:
+                   head_dim: int, step: int = 0, num_steps: int = 0, heads: int = 1,
+                   kv_heads: int = 1) -> str:
     """'' if the library runs the request, else 'E:', 'V:' or 'U:' and its
-    reason (_config.support_reason: qva_supports' answer, cached).
+    reason (_config.support_reason: qva_supports_heads' answer, cached).
     Constant-folded under torch.compile (no ctypes call in a traced graph).
     """
     return _config.support_reason(device, method, options, dtype, head_dim, step,
-                                  num_steps)
+                                  num_steps, heads, kv_heads)
 
 
 # ------------------------------------------------------------------ step state
@@ -273,6 +279,11 @@ def _tokdim(layout):
     return 2 if layout == "HND" else 1
 
 
+def _gqa_kw(gqa):
+    """torch SDPA's enable_gqa, passed only when needed (torch >= 2.5 has it)."""
+    return {"enable_gqa": True} if gqa else {}
+
+
 # ------------------------------------------------------------------ draft warm-up on SDPA
 def _warmup_on_sdpa(cfg, backend, want_lse, k, layout):
     """True: compute this call with torch SDPA (backend "sdpa", no LSE
@@ -297,7 +308,8 @@ def _sdpa_dense(cfg, q, k, v, layout):
 
     qh, kh, vh = (hnd(x).to(dt) for x in (q, k, v))
     scale = float(cfg.sm_scale) if cfg.sm_scale > 0 else 1.0 / math.sqrt(q.shape[-1])
-    o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
+    o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale,
+                                       **_gqa_kw(qh.shape[1] != kh.shape[1]))
     return hnd(o).to(q.dtype)
 
 
@@ -330,20 +342,26 @@ def _config_for(method, options, sm_scale, layer, step, num_steps, grid, prefix,
 def sdpa_reference(q, k, v, layout="HND", sm_scale=None, want_lse=False,
                    attn_mask=None, is_causal=False, dropout_p=0.0, rows_per_chunk=512):
     """torch attention in q's layout: SDPA, or (want_lse) an exact chunked
-    float32 computation that also returns the log-sum-exp [B, H, Nq]."""
+    float32 computation that also returns the log-sum-exp [B, H, Nq].
+    k and v may have fewer heads than q (grouped-query attention, torch's
+    enable_gqa: query head h reads K/V head h // (H // H_kv))."""
     def hnd(x):
         return x if layout == "HND" else x.transpose(1, 2)
 
     qh, kh, vh = hnd(q), hnd(k), hnd(v)
+    gqa = qh.shape[1] != kh.shape[1]
     scale = None if not sm_scale else float(sm_scale)
     if not want_lse:
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
                                            dropout_p=dropout_p, is_causal=is_causal,
-                                           scale=scale)
+                                           scale=scale, **_gqa_kw(gqa))
         return hnd(o), None
     if is_causal or dropout_p:
         raise ValueError("qvattn: return_lse with the torch fallback needs "
                          "is_causal=False and dropout_p=0")
+    if gqa:  # torch's own computation (the fallback), not qvattn's kernels
+        g = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
     scale = scale if scale is not None else 1.0 / math.sqrt(qh.shape[-1])
     B, H, N, D = qh.shape
     out = torch.empty(B, H, N, vh.shape[-1], dtype=q.dtype, device=q.device)
@@ -422,8 +440,11 @@ def _run_masked(ctx, method, options, sm_scale, layer, step, num_steps, grid,
     for gi, bidx in enumerate(groups.values()):
         # batch elements with different padding run as separate calls on
         # different N: give each its own per-layer state key, so the
-        # V-Smooth schedule can reuse what it grouped
-        glayer = layer + (min(gi, 127) << 24) if len(groups) > 1 else layer
+        # V-Smooth schedule can reuse what it grouped (a stateless call
+        # stays stateless)
+        glayer = layer
+        if len(groups) > 1 and layer != _ffi.QVA_LAYER_NONE:
+            glayer = layer + (min(gi, 127) << 24)
         pat = host[bidx[0]]
         n = int(pat.sum())
         if n == 0:
@@ -582,6 +603,24 @@ def _check_tensor(name, t):
         raise ValueError(f"qvattn: {name} is on {t.device}; supported: cpu, cuda")
 
 
+def _padded_head_dim(d, dv):
+    """Head dim the library computes q, k (d) and v (dv) at: 64 or 128 by
+    zero padding (the larger of the two), or d where it runs as is.  Above
+    QVA_MAX_HEAD_DIM the larger dim, which the library refuses."""
+    m = max(d, dv)
+    if (d == dv and m in (64, 128)) or m > _ffi.QVA_MAX_HEAD_DIM:
+        return m
+    return 64 if m <= 64 else 128
+
+
+@torch.compiler.assume_constant_result
+def _default_scale(d: int) -> float:
+    """1/sqrt(d) as the library computes it (1.0f / sqrtf(d) in FP32), so a
+    call padded here scales exactly like one the library pads."""
+    r = struct.unpack("f", struct.pack("f", math.sqrt(d)))[0]
+    return struct.unpack("f", struct.pack("f", 1.0 / r))[0]
+
+
 def _classify_mask(attn_mask, B, H, Nq, Nk, device):
     """'' for no mask, 'pad:<4-d shape>' for a boolean key-padding mask, else a reason
     ('U:...') the mask cannot be run by qvattn.  ValueError for a mask that
@@ -635,13 +674,17 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
     d = _tokdim(layout)
     hdim = 2 if layout == "NHD" else 1
     B, H, Nq, D = q.shape[0], q.shape[hdim], q.shape[d], q.shape[3]
-    Nk = k.shape[d]
-    if k.shape[0] != B or k.shape[hdim] != H or k.shape[3] != D:
+    Nk, Hkv, Dv = k.shape[d], k.shape[hdim], v.shape[3]
+    if k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"qvattn: q {tuple(q.shape)} and k {tuple(k.shape)} must agree "
-                         f"on B, H and D (layout {layout})")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"qvattn: k {tuple(k.shape)} and v {tuple(v.shape)} must have "
-                         "the same shape (value head dim = key head dim)")
+                         f"on B and D (layout {layout})")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(f"qvattn: k {tuple(k.shape)} and v {tuple(v.shape)} must agree "
+                         "on B, H and N (v may have its own head dim)")
+    if H % Hkv:
+        raise ValueError(f"qvattn: q has {H} heads and k, v {Hkv}: grouped-query "
+                         "attention needs the query heads to be a multiple of the K/V "
+                         "heads (query head h reads K/V head h // (H // H_kv))")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(3) != 1 and t.shape[3] > 1:
             raise ValueError(f"qvattn: {name}'s head dimension is not contiguous "
@@ -662,6 +705,9 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
                              f"tokens, more than the {Nk} keys")
     if fallback not in (False, True, "sdpa", None):
         raise ValueError(f"qvattn: fallback must be False, True or 'sdpa', not {fallback!r}")
+    if layer is not None and int(layer) < 0:
+        raise ValueError(f"qvattn: layer must be >= 0, got {layer} (negative ids are "
+                         "reserved: no layer and no step means a stateless call)")
 
     reasons = []
     if is_causal:
@@ -675,8 +721,10 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
     # the library's answer for the request, an explicit step included (a
     # StepState's step is checked by qva_attention at run time); the rest
     # of what it checks (shapes, self-attention, NaN/Inf) it checks in the op
-    why = support_reason(dev, method, opts, _TORCH_DTYPES[q.dtype], int(D),
-                         0 if step is None else int(step), int(num_steps or 0))
+    dp = _padded_head_dim(int(D), int(Dv))
+    why = support_reason(dev, method, opts, _TORCH_DTYPES[q.dtype], dp,
+                         0 if step is None else int(step), int(num_steps or 0), int(H),
+                         int(Hkv))
     if why.startswith("E:"):
         raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why[2:], "qvattn.attention")
     if why:
@@ -707,9 +755,21 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
                 "key-padding mask", "qvattn.attention")
         attn_mask = None
 
+    if dp != D or dp != Dv:
+        # head dims other than 64/128 (or v's differing from q's): zero
+        # channels up to dp change no score; the scale stays q's 1/sqrt(D)
+        if sm_scale is None:
+            sm_scale = _default_scale(int(D))
+        q, k, v = (x if x.shape[3] == dp else F.pad(x, (0, dp - x.shape[3]))
+                   for x in (q, k, v))
+
     sid = 0
     if state is not None:
         sid = state.id if isinstance(state, StepState) else int(state)
+    # no layer, step or state: a stateless call (the library keeps nothing
+    # that a later call reads: QVA_LAYER_NONE)
+    stateless = not sid and layer is None and step is None
+    layer_i = _ffi.QVA_LAYER_NONE if stateless else int(layer or 0)
     if step is None:
         step_i, nsteps_i = (-1, -1) if sid else (0, int(num_steps or 0))
     else:
@@ -722,6 +782,166 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
             raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
     out, lse = torch.ops.qvattn.attention(
         q, k, v, attn_mask, method, layout, float(sm_scale or 0.0),
-        int(layer or 0), step_i, nsteps_i, grid or [], prefix_i, bool(prefix_at_end),
+        layer_i, step_i, nsteps_i, grid or [], prefix_i, bool(prefix_at_end),
         opts, ctx.id if ctx is not None else 0, sid, bool(return_lse))
+    if out.shape[3] != Dv:
+        out = out[..., :Dv].contiguous()  # the padded output columns dropped
     return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------ SDPA's signature
+DEFAULT_SDPA_METHOD = "vc8+expcast"
+_CROSS_METHODS = {"vc8": "sage8", "vc4": "sage4"}  # V-Smooth methods without it
+
+
+def _sdpa_method(method, n_q, n_k):
+    """method=None: DEFAULT_SDPA_METHOD, and where the call is not
+    self-attention (Nq != Nk) the same method without V-Smooth (vc8 ->
+    sage8, vc4 -> sage4, options kept): V-Smooth groups the tokens of a
+    self-attention call.  An explicit method is taken as given."""
+    if method is not None:
+        return method
+    if n_q == n_k:
+        return DEFAULT_SDPA_METHOD
+    base, plus, rest = DEFAULT_SDPA_METHOD.partition("+")
+    return _CROSS_METHODS.get(base, base) + plus + rest
+
+
+def _lead4(x):
+    """x with leading singleton dims up to rank 4 (SDPA's (N..., H, L, E))."""
+    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape)) if x.dim() < 4 else x
+
+
+def _flat_batch(x, batch):
+    """x [..., H, L, E] broadcast to batch + [H, L, E], batch dims flattened
+    into one (a view where no broadcast is needed)."""
+    if tuple(x.shape[:-3]) != tuple(batch):
+        x = x.expand(*batch, *x.shape[-3:])
+    return x.reshape(-1, *x.shape[-3:])
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+         scale=None, enable_gqa=False, method=None, fallback=False, options=None):
+    """torch.nn.functional.scaled_dot_product_attention, computed by qvattn.
+
+    The signature and semantics are SDPA's (torch 2.5+: scale and
+    enable_gqa keyword-only), so ``F.scaled_dot_product_attention =
+    qvattn.sdpa`` works; method, fallback and options are qvattn's, after
+    them and keyword-only (functools.partial fixes them for the patch).
+
+    query [N..., Hq, L, E], key [N..., H, S, E], value [N..., H, S, Ev]:
+    any rank >= 2, batch dims broadcast as SDPA does, float32, bfloat16 or
+    float16 on the CPU or a CUDA device.  Heads: H == Hq; or with
+    enable_gqa=True grouped-query attention, Hq a multiple of H (query head
+    h reads K/V head h // (Hq // H)), run on grouped K/V without copies
+    where the backend has the kernels (the CPU; CUDA refuses it today, see
+    below); without enable_gqa H == 1 broadcasts as in SDPA.  Head dims E,
+    Ev <= 128; other than 64/128 (or Ev != E) they are zero-padded to 64 or
+    128 with the scale kept at 1/sqrt(E) (exact: zero channels change no
+    score) and the padded output columns dropped; above 128 an error.
+    scale: None = 1/sqrt(E); must be > 0.  attn_mask: None, or a boolean
+    key-padding mask broadcastable to [N..., 1, 1, S] (True = attend).
+    Returns [N..., Hq, L, Ev] in query's dtype.
+
+    Stateless: no layer, no step -- identical inputs give identical outputs
+    (V-Smooth groups afresh on each call).  method=None: "vc8+expcast"
+    for self-attention (L == S), "sage8+expcast" otherwise.
+
+    What qvattn cannot run -- is_causal, dropout_p > 0, an additive or
+    dense mask, float64, scale <= 0, S or E == 0, a method or head grouping the
+    device backend lacks (grouped K/V on CUDA), and with fallback=True
+    inputs that need a gradient (qvattn has no backward) -- raises
+    QvaUnsupportedError (a NotImplementedError) naming the reason, or with
+    fallback=True warns once per reason (QvattnFallbackWarning) and runs
+    torch's SDPA on the original arguments.  Shapes SDPA itself rejects
+    raise ValueError; so does is_causal together with attn_mask.
+    """
+    args = (query, key, value)
+    for name, t in zip(("query", "key", "value"), args):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"qvattn.sdpa: {name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"qvattn.sdpa: {name} must have rank >= 2, got shape "
+                             f"{tuple(t.shape)}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("qvattn.sdpa: attn_mask and is_causal=True cannot both be set "
+                         "(as in torch SDPA)")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"qvattn.sdpa: query's head dim {query.shape[-1]} differs from "
+                         f"key's {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"qvattn.sdpa: key has {key.shape[-2]} tokens, value "
+                         f"{value.shape[-2]}")
+
+    def torch_sdpa():
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+            **_gqa_kw(enable_gqa))
+
+    def unsupported(reason):
+        if fallback:
+            _fallback_warn(reason)
+            return torch_sdpa()
+        raise _ffi.QvaUnsupportedError(
+            _ffi.QVA_ERR_UNSUPPORTED, reason + " (pass fallback=True to run torch SDPA "
+            "instead)", "qvattn.sdpa")
+
+    q, k, v = (_lead4(t) for t in args)
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError as e:
+        raise ValueError(f"qvattn.sdpa: the batch dims of query {tuple(query.shape)}, "
+                         f"key {tuple(key.shape)} and value {tuple(value.shape)} do not "
+                         f"broadcast: {e}") from None
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    L, S, Ev = q.shape[-2], k.shape[-2], v.shape[-1]
+    if hk != hv:
+        raise ValueError(f"qvattn.sdpa: key has {hk} heads and value {hv}: they must "
+                         "agree (as for torch's enable_gqa)")
+    if hq != hk:
+        if enable_gqa:
+            if hq % hk:
+                raise ValueError(f"qvattn.sdpa: number of heads in key and value ({hk}) "
+                                 f"must divide the number of heads in query ({hq})")
+        elif hq == 1:
+            q = q.expand(*q.shape[:-3], hk, L, q.shape[-1])  # broadcast, no copy
+            hq = hk
+        elif hk != 1:
+            raise ValueError(f"qvattn.sdpa: query has {hq} heads, key and value {hk}: "
+                             "pass enable_gqa=True for grouped-query attention (torch "
+                             "SDPA would not broadcast these either)")
+    out_rank = max(query.dim(), key.dim(), value.dim())
+    out_shape = (tuple(batch) + (hq, L, Ev))[4 - out_rank:] if out_rank < 4 else \
+        tuple(batch) + (hq, L, Ev)
+    if math.prod(out_shape) == 0:
+        return query.new_empty(out_shape)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(f"qvattn.sdpa: query, key and value must have one dtype "
+                         f"({query.dtype}, {key.dtype}, {value.dtype})")
+    if query.dtype not in _TORCH_DTYPES:
+        return unsupported(f"dtype {query.dtype} is not supported (float32, bfloat16, "
+                           "float16)")
+    if S == 0 or q.shape[-1] == 0:
+        return unsupported(f"attention over no keys or channels (S = {S}, E = {q.shape[-1]})")
+    if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
+        return unsupported(f"scale={scale} is not supported (finite and > 0)")
+    if fallback and torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        return unsupported("inputs that need a gradient (qvattn has no backward)")
+
+    mask = attn_mask
+    if isinstance(mask, torch.Tensor) and (mask.dim() > 4 or len(batch) != 1):
+        full = tuple(batch) + (hq, L, S)
+        try:
+            if torch.broadcast_shapes(mask.shape, full) != torch.Size(full):
+                raise RuntimeError("larger than the attention weights")
+        except RuntimeError:
+            raise ValueError(f"qvattn.sdpa: attn_mask of shape {tuple(mask.shape)} does "
+                             f"not broadcast to the attention weights {full}") from None
+        mask = mask.reshape((1,) * (len(full) - mask.dim()) + tuple(mask.shape))
+        mask = _flat_batch(mask, batch)
+    q, k, v = (_flat_batch(t, batch) for t in (q, k, v))
+    out = attention_torch(q, k, v, method=_sdpa_method(method, L, S), layout="HND",
+                          sm_scale=scale, attn_mask=mask, fallback=fallback,
+                          is_causal=is_causal, dropout_p=dropout_p, options=options)
+    return out.reshape(out_shape)

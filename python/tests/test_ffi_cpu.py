@@ -259,13 +259,13 @@ def test_bad_inputs_raise_value_error():
         qvattn.attention(q, k, v, method="sage9")
     with pytest.raises(ValueError, match="expcast"):
         qvattn.attention(q, k, v, method="bf16+expcast")
-    with pytest.raises(ValueError, match="B, H and D"):
+    with pytest.raises(ValueError, match="same heads"):
         qvattn.attention(q, k[:, :1].copy(), v, method="exact")
     with pytest.raises(ValueError, match="tokens"):
         qvattn.attention(q, k, v[:, :, :100].copy(), method="exact")
-    q96, k96, v96 = make_qkv(N=130, D=96)
-    with pytest.raises(ValueError, match="96"):
-        qvattn.attention(q96, k96, v96, method="exact")
+    q160, k160, v160 = make_qkv(N=130, D=160)  # D <= 128 is zero-padded
+    with pytest.raises(ValueError, match="160"):
+        qvattn.attention(q160, k160, v160, method="exact")
     bad = q.copy()
     bad[0, 1, 7, 3] = np.nan
     with pytest.raises(ValueError, match="not finite") as ei:

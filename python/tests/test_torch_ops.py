@@ -276,7 +276,7 @@ def test_library_checks_reach_torch_callers():
 
 
 # ------------------------------------------------------------------ fallback
-@pytest.mark.parametrize("what", ["causal", "dropout", "dense-mask", "head-dim-96"])
+@pytest.mark.parametrize("what", ["causal", "dropout", "dense-mask", "head-dim-160"])
 def test_fallback_opt_in(what):
     kw, D = {}, 64
     if what == "causal":
@@ -286,7 +286,7 @@ def test_fallback_opt_in(what):
     elif what == "dense-mask":
         kw["attn_mask"] = torch.tril(torch.ones(96, 96, dtype=torch.bool))
     else:
-        D = 96
+        D = 160  # above 128 (smaller head dims are zero-padded)
     q, k, v = make_qkv(N=96, D=D)
     with pytest.raises((NotImplementedError, ValueError), match="fallback=True"):
         qvattn.attention(q, k, v, method="sage8", **kw)
@@ -304,7 +304,7 @@ def test_fallback_opt_in(what):
 
 
 def test_fallback_lse_is_exact():
-    q, k, v = make_qkv(N=96, D=96)
+    q, k, v = make_qkv(N=96, D=160)
     _, lse_ref = reference(q, k, v)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -341,12 +341,13 @@ static void round_rows16(float *x, size_t count, qva_dtype in_dtype) {
 
 /* Decides this call's permutation for a V-Smooth method: runs k-means on a
  * grouping step (or when no usable permutation is stored) and reports
- * whether to demean (steps inside the window).  VC §3.4, App. A. */
+ * whether to demean (steps inside the window).  VC §3.4, App. A.  The
+ * state is K/V head (b, hk)'s: its query heads share the permutation. */
 static qva_status vsmooth_perm(qva_context_t *ctx, const qva_config *cfg,
-                               int64_t b, int64_t h, const float *v, int n,
+                               int64_t b, int64_t hk, const float *v, int n,
                                int d, const int32_t **perm, int *demean) {
     qva_step_action act = qva_schedule_action(&cfg->vsmooth, cfg->step, cfg->num_steps);
-    qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, h);
+    qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
     if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "v-smooth state");
     const int k = cfg->vsmooth.clusters;
     int usable = st->perm && st->n == n && st->d == d && st->k == k;
@@ -453,10 +454,12 @@ static path_kind method_path(qva_method m) {
     }
 }
 
-/* Loads, permutes, smooths, rotates and quantizes one head. */
-static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
-                               const qva_tensor *qt, const qva_tensor *kt,
-                               const qva_tensor *vt, int64_t b, int64_t h,
+/* Loads, permutes (perm: the V-Smooth order of the head's K/V, or NULL),
+ * smooths, rotates and quantizes query head (b, h), which reads K/V head
+ * (b, hk). */
+static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
+                               const qva_tensor *kt, const qva_tensor *vt, int64_t b,
+                               int64_t h, int64_t hk, const int32_t *perm, int demean,
                                head_ops *o) {
     memset(o, 0, sizeof *o);
     o->kind = method_path(cfg->method);
@@ -477,18 +480,9 @@ static qva_status prepare_head(qva_context_t *ctx, const qva_config *cfg,
         return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "head buffers");
     }
     qvi_load_head(qt, b, h, q);
-    int demean = 0;
-    const int32_t *perm = NULL;
-    qvi_load_head(vt, b, h, raw);
-    if (is_vsmooth(cfg->method)) {
-        qva_status st = vsmooth_perm(ctx, cfg, b, h, raw, o->nk, d, &perm, &demean);
-        if (st != QVA_OK) {
-            free(q), free(k), free(v), free(raw);
-            return st;
-        }
-    }
+    qvi_load_head(vt, b, hk, raw);
     gather_rows(raw, o->nk, d, perm, v);
-    qvi_load_head(kt, b, h, raw);
+    qvi_load_head(kt, b, hk, raw);
     gather_rows(raw, o->nk, d, perm, k);
     free(raw);
     if (smooths_k(cfg->method)) {
@@ -600,15 +594,15 @@ static float exact_row(const float *q, const float *k, const float *v, int nk,
 
 static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
                              const qva_tensor *kt, const qva_tensor *vt,
-                             int64_t b, int64_t h, float *ob, float *lb) {
+                             int64_t b, int64_t h, int64_t hk, float *ob, float *lb) {
     const int nq = (int)qt->shape[2], nk = (int)kt->shape[2], d = (int)qt->shape[3];
     float *q = malloc((size_t)nq * d * sizeof *q), *k = malloc((size_t)nk * d * sizeof *k),
           *v = malloc((size_t)nk * d * sizeof *v);
     int ok = q && k && v, no_sbuf = 0; /* a thread without its score buffer */
     if (ok) {
         qvi_load_head(qt, b, h, q);
-        qvi_load_head(kt, b, h, k);
-        qvi_load_head(vt, b, h, v);
+        qvi_load_head(kt, b, hk, k);
+        qvi_load_head(vt, b, hk, v);
         const double scale = qvi_sm_scale(cfg, d);
 #pragma omp parallel
         {
@@ -630,12 +624,12 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
     return ok ? QVA_OK : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "exact attention buffers");
 }
 
-static qva_status quantized_head(qva_context_t *ctx, const qva_config *cfg,
-                                 const qva_tensor *qt, const qva_tensor *kt,
-                                 const qva_tensor *vt, int64_t b, int64_t h,
+static qva_status quantized_head(const qva_config *cfg, const qva_tensor *qt,
+                                 const qva_tensor *kt, const qva_tensor *vt, int64_t b,
+                                 int64_t h, int64_t hk, const int32_t *perm, int demean,
                                  float *ob, float *lb) {
     head_ops o;
-    qva_status st = prepare_head(ctx, cfg, qt, kt, vt, b, h, &o);
+    qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, &o);
     if (st == QVA_OK) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < o.nq; ++i) {
@@ -674,22 +668,48 @@ static void store_lse(const qva_tensor *lse, int64_t b, int64_t h,
         ((float *)lse->data)[qvi_offset(lse, b, h, i, 0)] = lb[i];
 }
 
+/* The V-Smooth permutation and demeaning of K/V head (b, hk) for this
+ * call (perm NULL and no demeaning for the other methods). */
+static qva_status kv_head_order(qva_context_t *ctx, const qva_config *cfg,
+                                const qva_tensor *vt, int64_t b, int64_t hk,
+                                const int32_t **perm, int *demean) {
+    *perm = NULL;
+    *demean = 0;
+    if (!is_vsmooth(cfg->method)) return QVA_OK;
+    const int nk = (int)vt->shape[2], d = (int)vt->shape[3];
+    float *raw = malloc((size_t)nk * d * sizeof *raw);
+    if (!raw) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "value head buffer");
+    qvi_load_head(vt, b, hk, raw);
+    qva_status st = vsmooth_perm(ctx, cfg, b, hk, raw, nk, d, perm, demean);
+    free(raw);
+    return st;
+}
+
+/* Heads in (b, h) order; query head h reads K/V head h / (H / H_kv),
+ * whose V-Smooth order is decided once for its group. */
 qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                              const qva_tensor *q, const qva_tensor *k,
                              const qva_tensor *v, const qva_tensor *out,
                              const qva_tensor *lse) {
     const int64_t nq = q->shape[2], d = q->shape[3];
+    const int64_t group = q->shape[1] / k->shape[1];
     float *ob = malloc((size_t)nq * d * sizeof *ob), *lb = malloc((size_t)nq * sizeof *lb);
     if (!ob || !lb) {
         free(ob), free(lb);
         return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "output buffers");
     }
     qva_status st = QVA_OK;
+    const int32_t *perm = NULL;
+    int demean = 0;
     for (int64_t b = 0; b < q->shape[0] && st == QVA_OK; ++b)
         for (int64_t h = 0; h < q->shape[1] && st == QVA_OK; ++h) {
+            const int64_t hk = h / group;
+            if (h % group == 0 &&
+                (st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK)
+                break;
             st = cfg->method == QVA_METHOD_EXACT
-                     ? exact_head(cfg, q, k, v, b, h, ob, lb)
-                     : quantized_head(ctx, cfg, q, k, v, b, h, ob, lb);
+                     ? exact_head(cfg, q, k, v, b, h, hk, ob, lb)
+                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, ob, lb);
             if (st == QVA_OK && cfg->check_finite)
                 st = qvi_check_rows(ob, lse ? lb : NULL, nq, (int)d, b, h);
             if (st != QVA_OK) break;

@@ -324,14 +324,16 @@ static qva_status route_head(const draft_job *J, draft_head *H,
     return st != QVA_OK ? st : qvi_draft_assign(H->A, J->R, J->quota, H->prec);
 }
 
-/* Loads head (b,h), routes it and prepares every operand format. */
+/* Loads query head (b,h) and its K/V head (b, h / (H / H_kv)), routes it
+ * and prepares every operand format. */
 static qva_status prep_head(const draft_job *J, draft_head *H,
                             const qva_config *cfg, const qva_tensor *q,
                             const qva_tensor *k, const qva_tensor *v,
                             int64_t b, int64_t h) {
+    const int64_t hk = h / (q->shape[1] / k->shape[1]);
     qvi_load_head(q, b, h, H->q16);
-    qvi_load_head(k, b, h, H->k16);
-    qvi_load_head(v, b, h, H->v16);
+    qvi_load_head(k, b, hk, H->k16);
+    qvi_load_head(v, b, hk, H->v16);
     if (!J->warmup) {
         qvi_draft_pack(J->lay, H->q16, J->d, H->qp);
         qvi_draft_pack(J->lay, H->k16, J->d, H->kp);

@@ -51,9 +51,24 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, char *why, size
     return QVC_KERNEL_ATTN_DRAFT_MMA_64X128;
 }
 
-static qvc_kernel choose(const qva_config *cfg, int64_t d, char *why, size_t len) {
+static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
+                         size_t len) {
     if (d != 64 && d != 128) {
-        snprintf(why, len, "head dim %lld: 64 or 128", (long long)d);
+        snprintf(why, len,
+                 "head dim %lld: the CUDA kernels take 64 or 128 (zero-pad q, k and "
+                 "v to %d channels and pass sm_scale = 1/sqrt(%lld), dropping the "
+                 "padded output columns: qvattn.attention and qvattn.sdpa do)",
+                 (long long)d, d < 64 ? 64 : 128, (long long)d);
+        return QVC_KERNEL_NONE;
+    }
+    if (kv_group != 1) {
+        /* The prep kernels and the per-layer V-Smooth state index K/V by the
+         * query head (B*H); grouped heads need a K/V head per query head. */
+        snprintf(why, len,
+                 "grouped K/V heads (GQA/MQA, %lld query heads per K/V head) are "
+                 "not implemented in the CUDA kernels yet (the CPU reference runs "
+                 "them); repeat K/V to the query heads or run on the CPU",
+                 (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
     switch (cfg->method) {
@@ -77,11 +92,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, char *why, size_t len
     }
 }
 
-extern "C" qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, char *why,
-                                        size_t len) {
+extern "C" qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, int64_t kv_group,
+                                        char *why, size_t len) {
     char none[8];
     if (!why) why = none, len = sizeof none;
-    const qvc_kernel k = choose(cfg, d, why, len);
+    const qvc_kernel k = choose(cfg, d, kv_group, why, len);
     if (k != QVC_KERNEL_NONE) snprintf(why, len, "cuda: %s", kernel_what(k));
     return k;
 }

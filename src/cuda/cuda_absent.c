@@ -6,9 +6,9 @@
 
 int qva_cuda_available(void) { return 0; }
 
-int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
+int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d, int64_t kv_group,
                       char *why, size_t len) {
-    (void)cfg, (void)dt, (void)d;
+    (void)cfg, (void)dt, (void)d, (void)kv_group;
     snprintf(why, len, "library built without CUDA (nvcc not found)");
     return 0;
 }

@@ -256,10 +256,13 @@ typedef enum qvc_kernel {
     QVC_KERNEL_ATTN_DRAFT_WS_128X128,  /* draft, head dim 128, no NVFP4     */
     QVC_KERNEL_ATTN_DRAFT_MMA_64X128,  /* draft with NVFP4 blocks, or d 64  */
 } qvc_kernel;
-/* The one decision of which kernel runs cfg at head dim d; both
+/* The one decision of which kernel runs cfg at head dim d with kv_group
+ * query heads per K/V head (1: as many K/V heads as query heads); both
  * qva_supports() (through qvi_cuda_supports) and the dispatch ask it.
- * QVC_KERNEL_NONE with the reason in why, else the kernel and what it is. */
-qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, char *why, size_t len);
+ * QVC_KERNEL_NONE with the reason in why, else the kernel and what it is.
+ * No kernel reads grouped K/V yet (kv_group > 1 is NONE). */
+qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
+                             size_t len);
 
 /* ---- kernel versions under trial (dev/cuda) --------------------------- */
 /* The dev driver runs another launcher in place of a library kernel, on

@@ -32,13 +32,13 @@ static int smooths_k(qva_method m) {
 }
 
 extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
-                                 char *why, size_t len) {
+                                 int64_t kv_group, char *why, size_t len) {
     (void)dt;
     if (!qva_cuda_available()) {
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    return qvc_choose_kernel(cfg, d, why, len) != QVC_KERNEL_NONE;
+    return qvc_choose_kernel(cfg, d, kv_group, why, len) != QVC_KERNEL_NONE;
 }
 
 /* The 8-bit kernel the chooser picked, or the dev driver's version of it. */
@@ -251,7 +251,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
                                          const qva_tensor *v, const qva_tensor *out,
                                          const qva_tensor *lse) {
     char why[256];
-    const qvc_kernel kern = qvc_choose_kernel(cfg, q->shape[3], why, sizeof why);
+    const qvc_kernel kern =
+        qvc_choose_kernel(cfg, q->shape[3], q->shape[1] / k->shape[1], why, sizeof why);
     if (kern == QVC_KERNEL_NONE) return qvi_fail(QVA_ERR_UNSUPPORTED, "%s", why);
     if (cfg->method == QVA_METHOD_DRAFT) return qvc_draft_attention(ctx, cfg, q, k, v, out, lse);
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);

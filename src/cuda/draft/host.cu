@@ -330,7 +330,8 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     const dg_params p = dg_params_of(s, &pl, q, out, lse);
-    const int hopper = qvc_choose_kernel(cfg, D, NULL, 0) == QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
+                       QVC_KERNEL_ATTN_DRAFT_WS_128X128;
     if (hopper == (D != 128 || pl.with4))
         return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
     r = hopper ? dg_launch_ws(&p, BH, pl.use_f16, dev, st)
