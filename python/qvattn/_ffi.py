@@ -502,8 +502,11 @@ def supports_heads(device, cfg, dtype, head_dim, heads, kv_heads):
             return supports(device, cfg, dtype, head_dim)
         return False, "this libqvattn predates grouped K/V heads (qva_supports_heads)"
     why = ctypes.create_string_buffer(256)
-    ok = lib.qva_supports_heads(device, byref(cfg), dtype, int(head_dim), int(heads),
-                                int(kv_heads), why, len(why))
+    ok = lib.qva_supports_heads(c_integer(device, "device"), byref(cfg),
+                                c_integer(dtype, "dtype"),
+                                c_integer(head_dim, "head_dim", c_int64),
+                                c_integer(heads, "heads", c_int64),
+                                c_integer(kv_heads, "kv_heads", c_int64), why, len(why))
     return bool(ok), _s(why.value)
 
 

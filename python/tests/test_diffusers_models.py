@@ -20,6 +20,7 @@ import diffusers  # noqa: E402
 from diffusers.models import attention_dispatch as ad  # noqa: E402
 
 import qvattn.diffusers as qd  # noqa: E402
+from qvattn import _ffi  # noqa: E402
 
 
 def _gen(seed=1):
@@ -306,7 +307,8 @@ def test_backend_without_apply(spy):
     m.set_attention_backend(qd.BACKEND)
     out = _run(m, kw)
     assert 0 < rel_l2(out, ref) < 1e-2
-    assert len(spy) == 2 and {c[0] for c in spy} == {0}  # 2 self-attention calls
+    # 2 self-attention calls, stateless (QVA_LAYER_NONE, as the spy masks it)
+    assert len(spy) == 2 and {c[0] for c in spy} == {_ffi.QVA_LAYER_NONE & 0xFFFF}
     assert qd.BACKEND_METHOD == "sage8"
     m.set_attention_backend("native")
     torch.testing.assert_close(_run(m, kw), ref, rtol=0, atol=0)
@@ -327,9 +329,10 @@ def test_backend_is_registered_with_diffusers():
 
 
 def test_fallback_through_the_hook():
-    """An unsupported call (head dim 32) raises, or falls back with a
-    warning: the same rules on the SDPA route (CogVideoX)."""
-    kw = dict(_COG, attention_head_dim=32)
+    """An unsupported call (head dim 160: above 128, past what zero-padding
+    covers) raises, or falls back with a warning: the same rules on the
+    SDPA route (CogVideoX)."""
+    kw = dict(_COG, attention_head_dim=160)
     m = _tiny("CogVideoXTransformer3DModel", **kw)
     g = _gen()
     args = dict(hidden_states=torch.randn(1, 2, 4, 16, 16, generator=g),
@@ -337,7 +340,7 @@ def test_fallback_through_the_hook():
                 timestep=torch.tensor([900]))
     ref = _run(m, args)
     qd.apply(m, "sage8")
-    with pytest.raises(ValueError, match="head dim 32"):
+    with pytest.raises(ValueError, match="head dim 160"):
         _run(m, args)
     qd.apply(m, "sage8", fallback=True)
     ops._warned.clear()
