@@ -1,9 +1,11 @@
-# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make asan`, `make tsan`.
+# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make asan`, `make tsan`,
+# `make install PREFIX=...`.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all build test demo asan tsan dev clean
+.PHONY: all build test demo install asan tsan dev clean
 
 all: build
 
@@ -18,6 +20,11 @@ test: build
 
 demo: build
 	./$(BUILD)/qvattn eval --synthetic wan-small
+
+# Header, shared and static libraries, qvattn.pc, the CMake package and the
+# CLI under $(PREFIX) (DESTDIR is honoured); README.md, "Installing the C library".
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Kernel versions under trial and their driver (dev/cuda/README.md); needs nvcc.
 dev: $(BUILD)/Makefile

@@ -28,6 +28,18 @@ extern "C" {
 #define QVA_VERSION_MAJOR 0
 #define QVA_VERSION_MINOR 1
 #define QVA_VERSION_PATCH 0
+/* The version as one number, as qva_version() returns it: 10000 * MAJOR +
+ * 100 * MINOR + PATCH. */
+#define QVA_VERSION (QVA_VERSION_MAJOR * 10000 + QVA_VERSION_MINOR * 100 + QVA_VERSION_PATCH)
+
+/* The shared library is built with hidden visibility: it exports the
+ * functions declared in this header and nothing else. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/* QVA_VERSION of the library linked at run time (the header's may differ). */
+int qva_version(void);
 
 /* ------------------------------------------------------------------ status */
 typedef enum qva_status {
@@ -453,6 +465,10 @@ qva_status qva_expcast_tv(const float *q, const float *k, int n, int d,
 
 /* ------------------------------------------------------------ build info */
 const char *qva_build_info(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

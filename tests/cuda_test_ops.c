@@ -6,7 +6,8 @@
  * means and LSE shift of sage4 / vc4) and qvc_kmeans_perm (permutation
  * and centroids).  The CPU side is assembled from the same
  * internal pieces prepare_head() uses (src/cpu/attention.c), so a mismatch
- * points at the device kernels.  Needs a GPU; prints SKIP without one.
+ * points at the device kernels.  Needs a GPU; without one it prints SKIP
+ * and exits 77, which CTest reports as skipped.
  */
 #include <cuda_runtime.h>
 
@@ -915,7 +916,7 @@ static void test_kmeans(cudaStream_t st) {
 int main(void) {
     if (!qva_cuda_available()) {
         printf("SKIP: no CUDA device\n");
-        return 0;
+        return 77; /* CTest's SKIP_RETURN_CODE: reported as skipped */
     }
     cudaStream_t st;
     if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_ops");
