@@ -75,6 +75,10 @@ void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,
                         void (**dtor)(void *));
 
 void *qvi_context_stream(const qva_context_t *ctx);
+qva_device qvi_context_device(const qva_context_t *ctx);
+/* Method families (config.c). */
+int qvi_method_is_8bit(qva_method m);
+int qvi_method_is_quantized(qva_method m);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 

@@ -1,0 +1,216 @@
+/* Configs: the paper defaults, method names (strict parsing), and the
+ * V-Smooth step schedule. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checked.h"
+#include "internal.h"
+
+/* ------------------------------------------------------------ config */
+void qva_config_default(qva_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->method = QVA_METHOD_VC8;
+    cfg->expcast = 1;
+    cfg->hadamard_seed = 0x9e3779b97f4a7c15ull;
+    /* Chosen by `qvattn sweep-vsmooth` (docs/NUMERICS.md, V-Smooth). */
+    cfg->vsmooth.clusters = 32;
+    cfg->vsmooth.iters = 2;
+    cfg->vsmooth.warm_start = 1;
+    cfg->vsmooth.block = QVI_BLOCK;
+    cfg->vsmooth.schedule = QVA_SCHEDULE_PAPER;
+    cfg->vsmooth.refresh_every = 4;
+    cfg->draft.lambda = 0.2f;
+    cfg->draft.frac_skip = 0.85f;
+    cfg->draft.frac16 = 0.15f;
+    cfg->draft.capacity = QVI_BLOCK;
+    cfg->check_finite = 1;
+}
+
+static const char *const method_names[QVA_METHOD_COUNT_] = {
+    "exact", "bf16", "fp8", "sage8", "vc8", "sage4", "vc4", "draft"};
+
+int qvi_method_is_8bit(qva_method m) {
+    return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
+}
+int qvi_method_is_quantized(qva_method m) {
+    return qvi_method_is_8bit(m) || m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
+}
+
+/* A plain decimal number, digits[.digits][e[+-]digits] (what %g prints),
+ * read without strtod: no sign, blank, hex, inf or nan, and no locale.
+ * Returns the characters read, 0 if s does not start with such a number. */
+static size_t scan_decimal(const char *s, double *out) {
+    const char *p = s;
+    uint64_t mant = 0;
+    int exp10 = 0, digits = 0;
+    for (; isdigit((unsigned char)*p); ++p, ++digits) {
+        if (mant < 100000000000000000ull) mant = mant * 10 + (uint64_t)(*p - '0');
+        else if (exp10 < 10000) ++exp10; /* past 17 digits: scale only */
+    }
+    if (!digits) return 0;
+    if (*p == '.') {
+        if (!isdigit((unsigned char)p[1])) return 0;
+        for (++p; isdigit((unsigned char)*p); ++p)
+            if (mant < 100000000000000000ull) {
+                mant = mant * 10 + (uint64_t)(*p - '0');
+                --exp10;
+            }
+    }
+    if (*p == 'e' || *p == 'E') {
+        const char *e = p + 1;
+        int neg = *e == '-', x = 0, n = 0;
+        if (*e == '+' || *e == '-') ++e;
+        for (; isdigit((unsigned char)*e); ++e, ++n)
+            if (x < 10000) x = x * 10 + (*e - '0');
+        if (!n) return 0;
+        exp10 += neg ? -x : x;
+        p = e;
+    }
+    /* 10^k is exact in a double for k <= 22: one correctly rounded step. */
+    double v = (double)mant;
+    if (mant == 0) v = 0.0; /* 0e999 */
+    else if (exp10 >= 0 && exp10 <= 22) v *= pow(10.0, exp10);
+    else if (exp10 < 0 && exp10 >= -22) v /= pow(10.0, -exp10);
+    else v *= pow(10.0, exp10);
+    *out = v;
+    return (size_t)(p - s);
+}
+
+/* Parses "S0/S4/S8/S16" percentages into the draft fractions; *end is
+ * where the method string goes on (its end or a '+' option). */
+static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp,
+                                     const char **end) {
+    double f[4];
+    for (int i = 0; i < 4; ++i) {
+        /* S0..S8 end at '/', S16 at the end or a '+' option (an exponent
+         * such as 1.5e+1 may hold a '+' too) */
+        size_t tok = strcspn(s, i < 3 ? "/" : "/+"), len = scan_decimal(s, &f[i]);
+        if (i == 3 && len > tok && (s[len] == 0 || s[len] == '+'))
+            tok = len;
+        const int shown = tok < 40 ? (int)tok : 40; /* quoted in messages */
+        if ((i < 3) != (s[tok] == '/'))
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quotas need the form S0/S4/S8/S16, e.g. "
+                            "draft@85/0/7.5/7.5");
+        if (len != tok || tok == 0)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quota %d '%.*s' is not a plain decimal "
+                            "number (digits with an optional fraction, no "
+                            "sign, blank or hex), e.g. draft@85/0/7.5/7.5",
+                            i + 1, shown, s);
+        if (!isfinite(f[i]) || f[i] > 100)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft quota %d '%.*s' is outside [0,100]: the "
+                            "quotas are percentages, e.g. draft@85/0/7.5/7.5",
+                            i + 1, shown, s);
+        s += tok + (i < 3);
+    }
+    *end = s;
+    if (fabs(f[0] + f[1] + f[2] + f[3] - 100.0) > 1e-3)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "draft quotas %g/%g/%g/%g do not sum to 100", f[0],
+                        f[1], f[2], f[3]);
+    dp->frac_skip = (float)(f[0] / 100);
+    dp->frac4 = (float)(f[1] / 100);
+    dp->frac8 = (float)(f[2] / 100);
+    dp->frac16 = (float)(f[3] / 100);
+    return QVA_OK;
+}
+
+static qva_status parse_suffixes(const char *s, qva_config *c) {
+    while (*s == '+') {
+        ++s;
+        size_t len = strcspn(s, "+");
+        int *flag = len == 7 && !strncmp(s, "expcast", 7)    ? &c->expcast
+                    : len == 8 && !strncmp(s, "hadamard", 8) ? &c->hadamard
+                                                             : NULL;
+        if (flag && *flag)
+            return qvi_fail(QVA_ERR_PARSE, "method option '+%.*s' given twice",
+                            (int)len, s);
+        if (flag)
+            *flag = 1;
+        else
+            return qvi_fail(QVA_ERR_PARSE,
+                            "unknown method option '+%.*s' (expected "
+                            "+expcast or +hadamard)",
+                            (int)len, s);
+        s += len;
+    }
+    if (*s)
+        return qvi_fail(QVA_ERR_PARSE, "unexpected text '%s' in method", s);
+    return QVA_OK;
+}
+
+qva_status qva_config_set_method(qva_config *cfg, const char *name) {
+    if (!cfg || !name) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
+    qva_config c = *cfg;
+    c.expcast = 0;
+    c.hadamard = 0;
+    size_t base = strcspn(name, "+@");
+    int found = -1;
+    for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
+        if (strlen(method_names[i]) == base && !strncmp(name, method_names[i], base))
+            found = i;
+    if (found < 0)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
+                        "vc8, sage4, vc4, draft@S0/S4/S8/S16; options "
+                        "+expcast, +hadamard)",
+                        name);
+    c.method = (qva_method)found;
+    const char *rest = name + base;
+    qva_status st;
+    if (c.method == QVA_METHOD_DRAFT) {
+        if (*rest != '@')
+            return qvi_fail(QVA_ERR_PARSE,
+                            "draft needs quotas: draft@S0/S4/S8/S16");
+        if ((st = parse_draft_quotas(rest + 1, &c.draft, &rest)) != QVA_OK) return st;
+    } else if (*rest == '@') {
+        return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
+    }
+    if ((st = parse_suffixes(rest, &c)) != QVA_OK) return st;
+    if (c.expcast && !(qvi_method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+expcast applies to the 8-bit methods (fp8, sage8, "
+                        "vc8, draft's INT8 phase), not %s",
+                        method_names[c.method]);
+    if (c.hadamard && !qvi_method_is_quantized(c.method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+hadamard applies to quantized methods, not %s",
+                        method_names[c.method]);
+    *cfg = c;
+    return QVA_OK;
+}
+
+qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) {
+    if (!cfg || !buf || len == 0 || (unsigned)cfg->method >= QVA_METHOD_COUNT_)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "bad arguments");
+    int n;
+    if (cfg->method == QVA_METHOD_DRAFT)
+        n = snprintf(buf, len, "draft@%g/%g/%g/%g", 100.0 * cfg->draft.frac_skip,
+                     100.0 * cfg->draft.frac4, 100.0 * cfg->draft.frac8,
+                     100.0 * cfg->draft.frac16);
+    else
+        n = snprintf(buf, len, "%s", method_names[cfg->method]);
+    if (n >= 0 && (size_t)n < len && cfg->expcast)
+        n += snprintf(buf + n, len - (size_t)n, "+expcast");
+    if (n >= 0 && (size_t)n < len && cfg->hadamard)
+        n += snprintf(buf + n, len - (size_t)n, "+hadamard");
+    return (n < 0 || (size_t)n >= len)
+               ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
+               : QVA_OK;
+}
+
+/* ------------------------------------------------------------ schedule */
+qva_step_action qva_schedule_action(const qva_vsmooth_params *p, int step,
+                                    int num_steps) {
+    if (p->schedule == QVA_SCHEDULE_ALWAYS || num_steps <= 0)
+        return QVA_STEP_GROUP;
+    int window = num_steps / 4 + (num_steps % 4 != 0); /* ceil(n/4): VC App. A */
+    int every = p->refresh_every > 0 ? p->refresh_every : 4;
+    if (step >= window) return QVA_STEP_PLAIN;
+    return step % every == 0 ? QVA_STEP_GROUP : QVA_STEP_REUSE;
+}
+
