@@ -29,12 +29,10 @@ static const char *kernel_what(qvc_kernel k) {
 /* Whether the draft route of cfg has NVFP4 blocks: the plan's quotas
  * (qvi_draft_plan_make) when the grid is set, else the fraction asked. */
 static int draft_with4(const qva_draft_params *dp) {
-    if (dp->grid_t <= 0 || dp->grid_h <= 0 || dp->grid_w <= 0 || dp->capacity <= 0 ||
-        dp->grid_h > (1 << 20) || dp->grid_w > (1 << 20) || dp->grid_t > (1 << 20))
+    const int64_t rf = qvi_draft_regions_per_frame(dp);
+    if (rf < 0 || dp->grid_t <= 0 || dp->grid_t > (1 << 20) || dp->grid_t * rf > (1 << 20))
         return dp->frac4 > 0.0f;
-    const int64_t rf = ((int64_t)dp->grid_h * dp->grid_w + dp->capacity - 1) / dp->capacity;
-    const int64_t regions = (int64_t)dp->grid_t * rf;
-    if (regions > (1 << 20)) return dp->frac4 > 0.0f;
+    const int64_t regions = dp->grid_t * rf;
     int64_t quota[4];
     if (qvi_draft_quotas(dp, regions * regions, quota) != QVA_OK) return dp->frac4 > 0.0f;
     return quota[QVI_Q_4] > 0;

@@ -114,6 +114,14 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
     return QVA_OK;
 }
 
+/* Eq. 20: regions per frame ceil(H*W / C); -1 for a grid or capacity that
+ * is unset (the callers' own checks then speak). */
+int64_t qvi_draft_regions_per_frame(const qva_draft_params *dp) {
+    if (dp->grid_h <= 0 || dp->grid_w <= 0 || dp->capacity <= 0)
+        return -1; /* int fields: the int64 product cannot overflow */
+    return ((int64_t)dp->grid_h * dp->grid_w + dp->capacity - 1) / dp->capacity;
+}
+
 qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
                                qvi_draft_plan *p) {
     memset(p, 0, sizeof(*p));
@@ -124,9 +132,8 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     p->n = q->shape[2];
     p->d = (int)q->shape[3];
     p->warmup = cfg->step < dp->dense_warmup_steps;
-    /* Eq. 20; validate() bounded C = 128 and the grid by N. */
-    int64_t hw = (int64_t)dp->grid_h * dp->grid_w;
-    p->rf = (int)((hw + dp->capacity - 1) / dp->capacity);
+    /* validate() bounded C = 128 and the grid by N */
+    p->rf = (int)qvi_draft_regions_per_frame(dp);
     p->regions = (int64_t)dp->grid_t * p->rf;
     st = qvi_draft_quotas(dp, p->regions * p->regions, p->quota);
     if (st != QVA_OK)

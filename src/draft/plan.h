@@ -62,6 +62,9 @@ typedef struct qvi_draft_plan {
     float sm_scale, scale_log2, eta;
     int use_f16, expcast;
 } qvi_draft_plan;
+/* Eq. 20: video regions per frame, ceil(grid_h*grid_w / capacity); -1 when
+ * the grid or capacity is unset. */
+int64_t qvi_draft_regions_per_frame(const qva_draft_params *dp);
 qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
                                qvi_draft_plan *p);
 

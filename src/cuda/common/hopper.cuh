@@ -153,33 +153,6 @@ static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
-/* The PV product for one half of the channels (64) and, for the high half
- * with ExpCast, the eight ones rows after it (n72). */
-#define ACC32                                                                              \
-    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
-    "%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define ACC36                                                                              \
-    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
-    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
-#define F32(d) F8(d, 0), F8(d, 8), F8(d, 16), F8(d, 24)
-static __device__ __forceinline__ void wgmma_pv64(float (&d)[36], const uint32_t *a, uint64_t db,
-                                                  int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32
-        ", {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
-        : F32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-static __device__ __forceinline__ void wgmma_pv72(float (&d)[36], const uint32_t *a, uint64_t db,
-                                                  int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " ACC36
-        ", {%36,%37,%38,%39}, %40, p, 1, 1;\n}\n"
-        : F32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
 static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
                                                  uint32_t bar) {
     asm volatile(
@@ -242,12 +215,6 @@ static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float
 /* The conversion-free pieces (INT32 -> FP32 by the magic add, ExpCast
  * rounded by the magic add) live in src/expcast_magic.h, shared with their
  * CPU test tests/test_expcast_magic.c. */
-/* ExpCast (VC Eq. 7) of u = s - m as float bits whose low byte is the
- * E4M3 code: the reference's t = fma(8, u, 119.65), rounded by the magic
- * add (equal to qvc_expcast_code on every u <= 0: tests/test_expcast_magic.c). */
-static __device__ __forceinline__ uint32_t expcast_bits(float u) {
-    return qvi_expcast_bits(qvi_expcast_t(u));
-}
 /* Low bytes of four words -> one word (3 PRMT). */
 static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c,
                                                           uint32_t d) {
