@@ -101,6 +101,15 @@ typedef enum qva_method {
     QVA_METHOD_COUNT_
 } qva_method;
 
+/* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
+ * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
+ * 128-row block; one per row is more faithful (the query quantizer was the
+ * largest error term) and costs the kernels nothing. */
+typedef enum qva_q_granularity {
+    QVA_Q_PER_ROW = 0,  /* one INT8 scale per query row (the default)      */
+    QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
+} qva_q_granularity;
+
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {
     QVA_SCHEDULE_PAPER = 0, /* group on steps < ceil(n/4), refresh every 4 */
@@ -139,6 +148,7 @@ typedef struct qva_config {
     int hadamard_signs;    /* ... with seeded random signs (randomized)     */
     uint64_t hadamard_seed;
     int expcast;           /* ExpCast-FP8 probabilities (8-bit methods)     */
+    int q_granularity;     /* qva_q_granularity of INT8 Q (sage8, vc8, draft) */
     qva_vsmooth_params vsmooth;
     qva_draft_params draft;
     int layer;             /* layer id: keys the per-layer state, or
@@ -164,8 +174,9 @@ void qva_config_default(qva_config *cfg);
 /*
  * Parses a method name into cfg (other fields untouched):
  *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
- * optionally followed by "+expcast" and/or "+hadamard" (8-bit methods),
- * each at most once.  Strict: no blanks, case folding or trailing text;
+ * optionally followed by "+expcast" (8-bit methods and draft), "+hadamard"
+ * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
+ * query scale per 128 rows instead of one per row), each at most once.  Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
  * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
  * the four sum to 100.  QVA_ERR_PARSE with a message naming the problem,

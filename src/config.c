@@ -34,6 +34,9 @@ static const char *const method_names[QVA_METHOD_COUNT_] = {
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
+int qvi_method_has_int8_q(qva_method m) {
+    return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8 || m == QVA_METHOD_DRAFT;
+}
 int qvi_method_is_quantized(qva_method m) {
     return qvi_method_is_8bit(m) || m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
 }
@@ -125,6 +128,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c) {
         size_t len = strcspn(s, "+");
         int *flag = len == 7 && !strncmp(s, "expcast", 7)    ? &c->expcast
                     : len == 8 && !strncmp(s, "hadamard", 8) ? &c->hadamard
+                    : len == 6 && !strncmp(s, "qblock", 6)   ? &c->q_granularity
                                                              : NULL;
         if (flag && *flag)
             return qvi_fail(QVA_ERR_PARSE, "method option '+%.*s' given twice",
@@ -134,7 +138,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c) {
         else
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected "
-                            "+expcast or +hadamard)",
+                            "+expcast, +hadamard or +qblock)",
                             (int)len, s);
         s += len;
     }
@@ -148,6 +152,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     qva_config c = *cfg;
     c.expcast = 0;
     c.hadamard = 0;
+    c.q_granularity = QVA_Q_PER_ROW;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -157,7 +162,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16; options "
-                        "+expcast, +hadamard)",
+                        "+expcast, +hadamard, +qblock)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -180,6 +185,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "+hadamard applies to quantized methods, not %s",
                         method_names[c.method]);
+    if (c.q_granularity && !qvi_method_has_int8_q(c.method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+qblock applies to the INT8 query methods (sage8, vc8, "
+                        "draft), not %s",
+                        method_names[c.method]);
     *cfg = c;
     return QVA_OK;
 }
@@ -198,6 +208,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+expcast");
     if (n >= 0 && (size_t)n < len && cfg->hadamard)
         n += snprintf(buf + n, len - (size_t)n, "+hadamard");
+    if (n >= 0 && (size_t)n < len && cfg->q_granularity == QVA_Q_PER_BLOCK)
+        n += snprintf(buf + n, len - (size_t)n, "+qblock");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

@@ -79,6 +79,8 @@ qva_device qvi_context_device(const qva_context_t *ctx);
 /* Method families (config.c). */
 int qvi_method_is_8bit(qva_method m);
 int qvi_method_is_quantized(qva_method m);
+/* sage8, vc8, draft: the methods whose QK runs on INT8 query codes. */
+int qvi_method_has_int8_q(qva_method m);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 
@@ -113,11 +115,18 @@ void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs);
 /* Channel mean over the first n rows of x[n*d] (FP64 sums, f32 result). */
 void qvi_channel_mean(const float *x, int n, int d, float *mean);
 
-/* INT8 blocks: one scale per QVI_BLOCK rows (DA2 C.3 quantizer). */
+/* INT8 codes with the DA2 C.3 quantizer (scale amax/127 + 1e-7) over
+ * groups of rows_per_scale rows: QVI_BLOCK (K, and Q as the papers) or 1
+ * (Q per row, qva_q_granularity). */
 typedef struct qvi_i8 {
-    int8_t *codes; /* n_pad*d */
-    float *scale;  /* nblk    */
+    int8_t *codes;      /* n_pad*d                    */
+    float *scale;       /* cdiv(n_pad, rows_per_scale) */
+    int rows_per_scale; /* 1 or QVI_BLOCK              */
 } qvi_i8;
+/* The scale of row r's codes. */
+static inline float qvi_i8_row_scale(const qvi_i8 *x, int64_t r) {
+    return x->scale[r / x->rows_per_scale];
+}
 /* E4M3 blocks: codes with a scalar scale per block and per channel. */
 typedef struct qvi_f8 {
     uint8_t *codes;     /* n_pad*d */
@@ -127,7 +136,9 @@ typedef struct qvi_f8 {
 
 /* x[n_pad*d] rows >= n are zero.  These allocate the arrays of *out with
  * malloc (NULL fields on failure); the caller frees each field. */
-void qvi_quant_i8_blocks(const float *x, int n_pad, int d, qvi_i8 *out);
+void qvi_quant_i8(const float *x, int n_pad, int d, int rows_per_scale, qvi_i8 *out);
+/* Rows per INT8 query scale for a config: 1, or QVI_BLOCK with +qblock. */
+int qvi_q_rows_per_scale(const qva_config *cfg);
 /* per-block scalar scale amax/448 (1 where the block is zero). */
 void qvi_quant_e4m3_blocks(const float *x, int n_pad, int d, qvi_f8 *out);
 /* NVFP4 rows: groups of 16 along d; stores the unscaled reconstruction

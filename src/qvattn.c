@@ -192,6 +192,13 @@ static qva_status check_config(const qva_config *cfg) {
                         "expcast needs an 8-bit method or draft");
     if (cfg->hadamard && !qvi_method_is_quantized(cfg->method))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "hadamard needs a quantized method");
+    if (cfg->q_granularity != QVA_Q_PER_ROW && cfg->q_granularity != QVA_Q_PER_BLOCK)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "q_granularity = %d (QVA_Q_PER_ROW or QVA_Q_PER_BLOCK)",
+                        cfg->q_granularity);
+    if (cfg->q_granularity == QVA_Q_PER_BLOCK && !qvi_method_has_int8_q(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "q_granularity QVA_Q_PER_BLOCK applies to sage8, vc8 and draft");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

@@ -124,17 +124,19 @@ typedef struct variant {
     const char *name;
     qvc_qk_format fmt;
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
+    int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
 } variant;
 
 static const variant VARIANTS[] = {
-    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0},
-    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0},
-    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1},
-    {"vc8+had", QVC_QK_INT8, 1, 1, 0, 1, 0, 1},
-    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0},
-    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0},
-    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0},
-    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0},
+    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1},
+    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK},
+    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1},
+    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1},
+    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK},
+    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1},
+    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK},
+    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK},
+    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 
@@ -157,8 +159,8 @@ static void host_ops_free(host_ops *h) {
 }
 
 static int fetch_ops(const qvc_ops *o, host_ops *h) {
-    const size_t bh = (size_t)o->BH, d = (size_t)o->D, nqb = (size_t)o->nq_pad / QVI_BLOCK,
-                 nkb = (size_t)o->nblk;
+    const size_t bh = (size_t)o->BH, d = (size_t)o->D,
+                 nqb = (size_t)o->nq_pad / (size_t)o->q_rows_per_scale, nkb = (size_t)o->nblk;
     memset(h, 0, sizeof *h);
     h->q = malloc(bh * o->nq_pad * d);
     h->k = malloc(bh * o->nk_pad * d);
@@ -187,12 +189,12 @@ static int fetch_ops(const qvc_ops *o, host_ops *h) {
 }
 
 /* Q or K of one head through the CPU quantizer of the variant; codes as
- * bytes (int8 or E4M3), scales per block. */
-static void cpu_quant_qk(const variant *va, const float *x, int n_pad, int d,
+ * bytes (int8 or E4M3), scales per rps rows (INT8) or per block. */
+static void cpu_quant_qk(const variant *va, const float *x, int n_pad, int d, int rps,
                          uint8_t **codes, float **scale) {
     if (va->fmt == QVC_QK_INT8) {
         qvi_i8 r;
-        qvi_quant_i8_blocks(x, n_pad, d, &r);
+        qvi_quant_i8(x, n_pad, d, rps, &r);
         *codes = (uint8_t *)r.codes;
         *scale = r.scale;
     } else {
@@ -270,13 +272,15 @@ static void check_head(const variant *va, const shape *sh, const char *tag, cons
     /* Q and K codes and block scales. */
     uint8_t *qc = NULL, *kc = NULL;
     float *qsc = NULL, *ksc = NULL;
-    cpu_quant_qk(va, q, nq_pad, d, &qc, &qsc);
-    cpu_quant_qk(va, k, nk_pad, d, &kc, &ksc);
+    cpu_quant_qk(va, q, nq_pad, d, va->q_rps, &qc, &qsc);
+    cpu_quant_qk(va, k, nk_pad, d, QVI_BLOCK, &kc, &ksc);
     if (qc && kc && qsc && ksc) {
         long bq = cmp_bytes("Q code", tag, bh, (const uint8_t *)g->q + (size_t)bh * nq_pad * d, qc,
                             nq_pad, d);
-        long bqs = cmp_floats("Q scale", tag, bh, g->qs + (size_t)bh * (nq_pad / QVI_BLOCK), qsc,
-                              nq_pad / QVI_BLOCK);
+        const int nqs = nq_pad / va->q_rps;
+        CHECK(o->q_rows_per_scale == va->q_rps, "[%s] ops.q_rows_per_scale %d, want %d", tag,
+              o->q_rows_per_scale, va->q_rps);
+        long bqs = cmp_floats("Q scale", tag, bh, g->qs + (size_t)bh * nqs, qsc, nqs);
         long bk = cmp_bytes("K code", tag, bh, (const uint8_t *)g->k + (size_t)bh * nk_pad * d, kc,
                             nk_pad, d);
         long bks = cmp_floats("K scale", tag, bh, g->ks + (size_t)bh * nblk, ksc, nblk);
@@ -416,13 +420,14 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         cuda_ok(cudaMemset(ops.v_t, 0xA5, (size_t)BH * ops.nblk * d * QVI_BLOCK), "poison");
         cuda_ok(cudaMemset(ops.v_chan, 0xFF, (size_t)BH * d * 4), "poison");
         cuda_ok(cudaMemset(ops.v_blk, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
-        cuda_ok(cudaMemset(ops.q_scale, 0xFF, (size_t)BH * (ops.nq_pad / QVI_BLOCK) * 4), "poison");
+        cuda_ok(cudaMemset(ops.q_scale, 0xFF, (size_t)BH * ops.nq_pad * 4), "poison");
         cuda_ok(cudaMemset(ops.k_scale, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
         if (ops.v_mu) cuda_ok(cudaMemset(ops.v_mu, 0xFF, (size_t)BH * ops.nblk * d * 4), "poison");
 
         qvc_prep_args a;
         memset(&a, 0, sizeof a);
         a.qk_format = va->fmt;
+        a.q_rows_per_scale = va->q_rps;
         a.smooth_k = va->smooth_k;
         a.hadamard = va->hadamard;
         a.had_signs = va->signs ? dsigns : NULL;

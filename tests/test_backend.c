@@ -12,6 +12,9 @@
  *   hash mode (`test_backend hash`): runs every CUDA case without the CPU
  *     and prints a 64-bit hash of each output's and LSE's bits, so two
  *     builds can be compared bit for bit (scripts/gpu-check.sh --compare).
+ *     `test_backend hash-qblock` runs sage8, vc8 and draft with +qblock
+ *     (the papers' per-block query scales) and prints them under their
+ *     plain names, to compare with a build from before per-row scales.
  *   test mode with CUDA also runs the non-finite cases (run_nonfinite):
  *     scores that overflow FP32 and a NaN input with check_finite = 0 must
  *     give every row the same kind (finite, NaN, empty) on both backends.
@@ -41,9 +44,11 @@ static const tol TOLS[] = {
     {"fp8+expcast", 0.25, 2e-2, 5e-2, 2e-2, 0},
     {"sage8", 0.12, 1e-2, 5e-2, 1e-2, 0},
     {"sage8+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"sage8+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0},
     {"vc8", 0.12, 1e-2, 5e-2, 1e-2, 0},
     {"vc8+expcast", 0.12, 1e-2, 5e-2, 1e-2, 0},
     {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
+    {"vc8+expcast+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0},
     {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0},
     {"sage4+hadamard", 0.5, 5e-2, 1e-1, 5e-2, 0},
     {"vc4", 0.5, 5e-2, 1e-1, 5e-2, 0},
@@ -53,6 +58,7 @@ static const tol TOLS[] = {
     {"draft@85/0/0/15", 0.02, 2e-3, 2e-2, 2e-3, 1}, /* dense warm-up = bf16 */
     {"draft@85/0/7.5/7.5", 10.0, 1e-2, 5e-2, 1e-2, 0},
     {"draft@85/0/7.5/7.5+expcast", 10.0, 1e-2, 5e-2, 1e-2, 0},
+    {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0},
     {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0},
     {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0},
 };
@@ -107,12 +113,16 @@ static int is_draft(const char *method) { return !strncmp(method, "draft", 5); }
 /* make_config's check_finite (run_nonfinite turns it off: the GPU never
  * scans, and the CPU would fail the call instead of writing the rows). */
 static int g_check_finite = 1;
+/* hash-qblock mode: sage8, vc8 and draft run with +qblock appended. */
+static int g_qblock = 0;
 
 /* The config of one (case, method): the method string, and for draft the
  * case's grid and prefix (and the warm-up step if asked). */
 static qva_status make_config(const tcase *c, const tol *t, qva_config *cfg) {
     qva_config_default(cfg);
     qva_status st = qva_config_set_method(cfg, t->method);
+    if (st == QVA_OK && g_qblock && qvi_method_has_int8_q(cfg->method))
+        cfg->q_granularity = QVA_Q_PER_BLOCK;
     cfg->check_finite = g_check_finite;
     if (st != QVA_OK || !is_draft(t->method)) return st;
     cfg->draft.grid_t = c->T;
@@ -313,6 +323,7 @@ static void hash_case(const tcase *c, int ci) {
         const tol *t = &TOLS[m];
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue;
         if (is_draft(t->method) ? c->T == 0 : c->draft_only) continue;
+        if (g_qblock && strstr(t->method, "+qblock")) continue; /* the plain entry covers it */
         qva_config cfg;
         make_config(c, t, &cfg);
         char why[256] = "";
@@ -463,7 +474,8 @@ static void run_nonfinite(int ci) {
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
     int perf = argc > 1 && !strcmp(argv[1], "perf");
-    if (argc > 1 && !strcmp(argv[1], "hash")) {
+    g_qblock = argc > 1 && !strcmp(argv[1], "hash-qblock");
+    if (argc > 1 && (!strcmp(argv[1], "hash") || g_qblock)) {
         if (!qva_cuda_available()) {
             fprintf(stderr, "test_backend hash: no CUDA device\n");
             return 2;
@@ -474,7 +486,7 @@ int main(int argc, char **argv) {
         return check_summary("test_backend hash");
     }
     if (argc > 1 && strcmp(argv[1], "perf") && strcmp(argv[1], "test")) {
-        fprintf(stderr, "usage: test_backend [test|perf|hash] [METHOD_PREFIX]\n");
+        fprintf(stderr, "usage: test_backend [test|perf|hash|hash-qblock] [METHOD_PREFIX]\n");
         return 2;
     }
     method_filter = argc > 2 ? argv[2] : NULL;

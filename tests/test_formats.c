@@ -605,6 +605,40 @@ static void fill_random(float *x, size_t n, double scale) {
         x[i] = (float)(scale * (2.0 * rng_unit() - 1.0));
 }
 
+/* One INT8 scale per row (qva_q_granularity QVA_Q_PER_ROW): each row is
+ * qva_int8_quantize of that row alone; zero rows get 1e-7 and codes 0. */
+static void test_quant_rows(void) {
+    enum { NP = QVI_BLOCK, D = 64 };
+    static float x[NP * D];
+    fill_random(x, (size_t)NP * D, 3.0);
+    for (int r = 0; r < NP; ++r) /* rows of very different sizes */
+        for (int c = 0; c < D; ++c) x[r * D + c] *= (float)(1 + r % 7) * (r % 5 ? 1.0f : 0.01f);
+    memset(x + (size_t)(NP - 3) * D, 0, sizeof(float) * 3 * D);
+    qvi_i8 q8;
+    qvi_quant_i8(x, NP, D, 1, &q8);
+    CHECK(q8.codes && q8.scale && q8.rows_per_scale == 1, "i8 rows allocation");
+    if (q8.codes && q8.scale) {
+        int bad_scale = 0, bad_codes = 0;
+        for (int r = 0; r < NP; ++r) {
+            int8_t ref[D];
+            float dr = qva_int8_quantize(x + (size_t)r * D, D, ref);
+            bad_scale += q8.scale[r] != dr || qvi_i8_row_scale(&q8, r) != dr;
+            bad_codes += memcmp(ref, q8.codes + (size_t)r * D, D) != 0;
+        }
+        CHECK(bad_scale == 0 && bad_codes == 0, "per-row: %d scales, %d code rows differ",
+              bad_scale, bad_codes);
+        CHECK(q8.scale[NP - 1] == 1e-7f, "zero row delta %g", (double)q8.scale[NP - 1]);
+        /* per row is never coarser than per block: the small rows keep
+         * more of their codes' range */
+        int8_t blk[NP * D];
+        float db = qva_int8_quantize(x, (size_t)NP * D, blk);
+        CHECK(q8.scale[5] < db, "row 5 scale %g not below the block's %g", (double)q8.scale[5],
+              (double)db);
+    }
+    free(q8.codes);
+    free(q8.scale);
+}
+
 static void test_quant_blocks(void) {
     enum { NP = 2 * QVI_BLOCK, D = 64 };
     static float x[NP * D], out[NP * D];
@@ -612,7 +646,7 @@ static void test_quant_blocks(void) {
     memset(x + (size_t)QVI_BLOCK * D, 0, sizeof(float) * QVI_BLOCK * D);
 
     qvi_i8 q8;
-    qvi_quant_i8_blocks(x, NP, D, &q8);
+    qvi_quant_i8(x, NP, D, QVI_BLOCK, &q8);
     CHECK(q8.codes && q8.scale, "i8 allocation");
     if (q8.codes && q8.scale) {
         int8_t ref[QVI_BLOCK * D];
@@ -704,5 +738,6 @@ int main(void) {
     test_hadamard_signs();
     test_channel_mean();
     test_quant_blocks();
+    test_quant_rows();
     return check_summary("test_formats");
 }

@@ -234,7 +234,8 @@ static void test_strict_methods(void) {
         "draft@85/0/0/1e999", "draft@85/0/0/15/0", "draft@85//0/15", "draft@",
         "vc8+expcast+expcast", "sage8+hadamard+hadamard", "vc8+hadamard+expcast+hadamard",
         "draft@85/0/0/15+expcast+expcast", "vc8+", "vc8++expcast", " vc8", "vc8 ",
-        "VC8", "vc8+EXPCAST", "sage8\tx"};
+        "VC8", "vc8+EXPCAST", "sage8\tx", "sage8+qblock+qblock", "fp8+qblock",
+        "bf16+qblock", "sage4+qblock", "exact+qblock", "vc8+QBLOCK"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         qva_config c, before;
         qva_config_default(&c);
@@ -286,9 +287,35 @@ static void test_strict_methods(void) {
     qva_config_default(&c);
     CHECK(qva_config_set_method(&c, "vc8+hadamard+expcast") == QVA_OK && c.expcast &&
               c.hadamard, "option order");
+    /* +qblock: the papers' per-block query scales, INT8 query methods only */
+    qva_config_set_method(&c, "fp8+qblock");
+    CHECK(has(qva_last_error(), "+qblock applies to the INT8 query methods"), "%s",
+          qva_last_error());
+    const char *qb[] = {"sage8+qblock", "vc8+qblock+expcast", "draft@85/0/7.5/7.5+qblock"};
+    for (size_t i = 0; i < sizeof qb / sizeof *qb; ++i) {
+        char name[96];
+        qva_config_default(&c);
+        CHECK(qva_config_set_method(&c, qb[i]) == QVA_OK && c.q_granularity == QVA_Q_PER_BLOCK,
+              "'%s': %s", qb[i], qva_last_error());
+        CHECK(qva_config_method_name(&c, name, sizeof name) == QVA_OK && has(name, "+qblock"),
+              "'%s' names itself '%s'", qb[i], name);
+        CHECK(qva_config_set_method(&c, "sage8") == QVA_OK && c.q_granularity == QVA_Q_PER_ROW,
+              "a new method name resets the granularity to per row");
+    }
 }
 
 static void test_option_values(void) {
+    /* q_granularity: a known value, and per block only where Q is INT8 */
+    {
+        call y = make_call("sage8");
+        y.c.q_granularity = 2;
+        EXPECT(&y, QVA_ERR_INVALID_ARGUMENT, "q_granularity = 2", "q_granularity 2");
+        y.c.q_granularity = -1;
+        EXPECT(&y, QVA_ERR_INVALID_ARGUMENT, "q_granularity = -1", "q_granularity -1");
+        call z = make_call("fp8");
+        z.c.q_granularity = QVA_Q_PER_BLOCK;
+        EXPECT(&z, QVA_ERR_INVALID_ARGUMENT, "applies to sage8, vc8 and draft", "fp8 per block");
+    }
     /* vsmooth.refresh_every <= 0 quietly became 4 */
     call x = make_call("vc8");
     x.c.vsmooth.refresh_every = -3;

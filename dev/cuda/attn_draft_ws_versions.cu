@@ -27,7 +27,8 @@ static __device__ __forceinline__ void dw9_int8_phase(dw_acc &r, const qvc_draft
     const float *dv = w.dv + (int64_t)bh * 128;
     phase_scale(r.o, r.l, dv, w.eta, tig, 1);
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
-    const float dq = w.q8s[hr + a];
+    float dq[2], f[2];
+    dw_q_deltas(w, hr, a, dq);
     mbar_wait(b.q8, 0);
     int sacc[64];
     int s = r.j % DW_STAGES;
@@ -39,7 +40,7 @@ static __device__ __forceinline__ void dw9_int8_phase(dw_acc &r, const qvc_draft
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
         s = r.j % DW_STAGES;
         const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8, kb = w.cols[wk.e1 + i];
-        const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + kb]), w.scale_log2);
+        dw_score_scales(dq, w.k8s[hr + kb], w.scale_log2, f);
         float rs[2];
         uint32_t pa[4][4];
         softmax8<EXPCAST>(sacc, f, w.count[kb], tig, r.m, r.l, r.o, rs, pa);

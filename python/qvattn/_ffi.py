@@ -254,6 +254,7 @@ class QvaConfig(_CStruct):
         ("hadamard_signs", c_int),
         ("hadamard_seed", c_uint64),
         ("expcast", c_int),
+        ("q_granularity", c_int),
         ("vsmooth", QvaVsmoothParams),
         ("draft", QvaDraftParams),
         ("layer", c_int),

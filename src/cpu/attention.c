@@ -280,6 +280,7 @@ typedef struct head_ops {
     float gq, gk, gv;      /* NVFP4 tensor scales                      */
     float *mu4;            /* vc4 block means (FP16-rounded), or NULL  */
     qvi_i8 qi, ki;         /* PATH_I8                                  */
+    int q_rows_per_scale;  /* PATH_I8: 1 or QVI_BLOCK (qva_q_granularity) */
     qvi_f8 q8, k8, v8b;    /* PATH_FP8                                 */
     qvi_v8 v8;             /* PATH_I8 values                           */
     float *lse_shift;      /* nq: LSE correction of K smoothing, or NULL */
@@ -429,8 +430,8 @@ static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
         if (!o->q8.codes || !o->k8.codes || !o->v8b.codes)
             st = qvi_fail(QVA_ERR_OUT_OF_MEMORY, "fp8 operands");
     } else if (o->kind == PATH_I8) {
-        qvi_quant_i8_blocks(q, o->nq_pad, d, &o->qi);
-        qvi_quant_i8_blocks(k, o->nk_pad, d, &o->ki);
+        qvi_quant_i8(q, o->nq_pad, d, o->q_rows_per_scale, &o->qi);
+        qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
         st = (!o->qi.codes || !o->ki.codes)
                  ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
                  : qvi_v8_prepare(v, o->nk, d, NULL, demean, &o->v8);
@@ -469,6 +470,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->nq_pad = qvi_cdiv(o->nq, QVI_BLOCK) * QVI_BLOCK;
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
+    o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
     o->strict = cfg->check_finite != 0;
     o->scale_log2 = qvi_sm_scale(cfg, o->d) * QVI_LOG2E;
@@ -515,7 +517,7 @@ static void block_scores(const head_ops *o, int i, int j, float *s) {
                        (o->gq * o->gk) * o->scale_log2, s);
         break;
     case PATH_I8:
-        qvi_scores_i8(o->qi.codes + qo, o->qi.scale[qb], o->ki.codes + ko,
+        qvi_scores_i8(o->qi.codes + qo, qvi_i8_row_scale(&o->qi, i), o->ki.codes + ko,
                       o->ki.scale[j], QVI_BLOCK, d, o->scale_log2, s);
         break;
     case PATH_FP8:

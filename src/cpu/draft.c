@@ -58,6 +58,7 @@ typedef struct draft_job {
     int d, c;
     float sm_scale, scale_log2, eta;
     int use_f16, expcast, warmup;
+    int q_rows_per_scale;
     int strict; /* check_finite: a NaN/+inf score fails the row */
     int64_t quota[4];
 } draft_job;
@@ -113,10 +114,11 @@ static void phase_nvfp4(const draft_job *J, const draft_head *H, qvi_row *r,
     }
 }
 
-/* INT8 phase: INT8 QK^T with one scale per region block, E4M3 P and V
- * with FP16 partials (Table 6), entered and left through Eq. 8. */
+/* INT8 phase: INT8 QK^T with one K scale per region block and Q scales per
+ * row (or per region block with +qblock), E4M3 P and V with FP16 partials
+ * (Table 6), entered and left through Eq. 8. */
 static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
-                       const uint8_t *prec, int64_t a, int64_t qrow, float *s) {
+                       const uint8_t *prec, int64_t qrow, float *s) {
     int c = J->c, d = J->d;
     int64_t n8 = 0;
     for (int64_t b = 0; b < J->R; ++b)
@@ -128,7 +130,7 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
     for (int64_t b = 0; b < J->R; ++b) {
         if (prec[b] != 8)
             continue;
-        qvi_scores_i8(q, H->q8.scale[a], H->k8.codes + b * c * d,
+        qvi_scores_i8(q, qvi_i8_row_scale(&H->q8, qrow), H->k8.codes + b * c * d,
                       H->k8.scale[b], c, d, J->scale_log2, s);
         mask_tail(s, J->lay->count[b], c);
         qvi_row_raise_max(r, s, c);
@@ -186,7 +188,7 @@ static void video_region(const draft_job *J, draft_head *H, int64_t a,
         qvi_row r;
         qvi_row_init(&r, acc, J->d);
         phase_nvfp4(J, H, &r, prec, qrow, s);
-        phase_int8(J, H, &r, prec, a, qrow, s);
+        phase_int8(J, H, &r, prec, qrow, s);
         phase_16(J, H, &r, prec, slot, s);
         H->lse[orig] = qvi_row_finish(&r, row_flags(J, L, prec), NULL, 0.0f,
                                       H->out + (int64_t)orig * J->d);
@@ -298,8 +300,8 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
     }
     if (J->quota[QVI_Q_8] > 0) {
         /* The quantizers allocate; lowbit_free releases per head. */
-        qvi_quant_i8_blocks(H->qp + off, nv, d, &H->q8);
-        qvi_quant_i8_blocks(H->kp + off, nv, d, &H->k8);
+        qvi_quant_i8(H->qp + off, nv, d, J->q_rows_per_scale, &H->q8);
+        qvi_quant_i8(H->kp + off, nv, d, QVI_BLOCK, &H->k8);
         if (!H->q8.codes || !H->k8.codes)
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: int8 operands");
         qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, &H->v8);
@@ -395,6 +397,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
     J->sm_scale = P->sm_scale;
     J->scale_log2 = P->scale_log2;
     J->expcast = P->expcast;
+    J->q_rows_per_scale = P->q_rows_per_scale;
     J->eta = P->eta;
     J->use_f16 = P->use_f16;
     J->warmup = P->warmup;

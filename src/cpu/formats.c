@@ -352,10 +352,11 @@ static int block_rows(int n_pad, int b) {
  * On allocation failure every field is NULL (nothing leaks), so callers
  * test out->codes.  n_pad and d must be positive.
  */
-void qvi_quant_i8_blocks(const float *x, int n_pad, int d, qvi_i8 *out) {
-    int nblk = qvi_cdiv(n_pad, QVI_BLOCK);
+void qvi_quant_i8(const float *x, int n_pad, int d, int rows_per_scale, qvi_i8 *out) {
+    int ngrp = qvi_cdiv(n_pad, rows_per_scale);
+    out->rows_per_scale = rows_per_scale;
     out->codes = malloc((size_t)n_pad * (size_t)d);
-    out->scale = malloc((size_t)nblk * sizeof(float));
+    out->scale = malloc((size_t)ngrp * sizeof(float));
     if (!out->codes || !out->scale) {
         free(out->codes);
         free(out->scale);
@@ -363,11 +364,16 @@ void qvi_quant_i8_blocks(const float *x, int n_pad, int d, qvi_i8 *out) {
         out->scale = NULL;
         return;
     }
-    for (int b = 0; b < nblk; ++b) {
-        size_t off = (size_t)b * QVI_BLOCK * (size_t)d;
-        size_t len = (size_t)block_rows(n_pad, b) * (size_t)d;
+    for (int b = 0; b < ngrp; ++b) {
+        int rows = n_pad - b * rows_per_scale;
+        size_t off = (size_t)b * (size_t)rows_per_scale * (size_t)d;
+        size_t len = (size_t)(rows < rows_per_scale ? rows : rows_per_scale) * (size_t)d;
         out->scale[b] = qva_int8_quantize(x + off, len, out->codes + off);
     }
+}
+
+int qvi_q_rows_per_scale(const qva_config *cfg) {
+    return cfg->q_granularity == QVA_Q_PER_BLOCK ? QVI_BLOCK : 1;
 }
 
 /* Block scale amax/448.0f; 1.0f when that is not positive and finite (a

@@ -26,7 +26,9 @@ typedef struct qvc_view {
 
 /*
  * Quantized operands of one call.
- *   q_i8  [BH][nq_pad][D] int8   q_scale [BH][nq_pad/128] f32 (INT8: DA2 C.3)
+ *   q_i8  [BH][nq_pad][D] int8   q_scale [BH][nq_pad/q_rows_per_scale] f32
+ *          (INT8: DA2 C.3 over one row, or over 128 rows with +qblock;
+ *          E4M3: per 128 rows; room for nq_pad scales is allocated)
  *   k_i8  [BH][nk_pad][D] int8   k_scale [BH][nk_pad/128] f32, rows = K[pi]
  *          smoothed (channel mean subtracted) and rotated as configured
  *   (fp8 method: the same arrays hold E4M3 codes, scales amax/448)
@@ -40,6 +42,7 @@ typedef struct qvc_view {
  */
 typedef struct qvc_ops {
     int BH, nq, nk, nq_pad, nk_pad, nblk, D;
+    int q_rows_per_scale; /* set by qvc_prep: 1 or QVI_BLOCK */
     int8_t *q_i8;
     float *q_scale;
     int8_t *k_i8;
@@ -65,6 +68,8 @@ int qvc_pv_slot_key(int s) {
 typedef enum qvc_qk_format { QVC_QK_INT8 = 0, QVC_QK_E4M3 = 1 } qvc_qk_format;
 typedef struct qvc_prep_args {
     qvc_qk_format qk_format;
+    int q_rows_per_scale;    /* 1 (INT8 only: a scale per query row) or
+                                QVI_BLOCK (the papers, and E4M3)          */
     int smooth_k;            /* subtract the channel mean of K           */
     int hadamard;            /* rotate Q and K along D                   */
     const float *had_signs;  /* device [D] +-1, or NULL                  */
@@ -174,6 +179,7 @@ typedef struct qvc_draft_ws_args {
     const int8_t *q8, *k8;
     const uint8_t *v8t;
     const float *q8s, *k8s, *dv;
+    int q_rows_per_scale; /* of q8s: 1 or 128 (see draft_internal.h) */
     const int32_t *count, *pack, *offsets, *cols;
     float scale_log2, eta;
     qvc_attn_args a;

@@ -290,6 +290,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     qvc_prep_args pa;
     memset(&pa, 0, sizeof pa);
     pa.qk_format = cfg->method == QVA_METHOD_FP8 ? QVC_QK_E4M3 : QVC_QK_INT8;
+    pa.q_rows_per_scale = cfg->method == QVA_METHOD_FP8 ? QVI_BLOCK : qvi_q_rows_per_scale(cfg);
     pa.smooth_k = cfg->method != QVA_METHOD_FP8;
     pa.hadamard = cfg->hadamard;
     pa.had_signs = NULL;

@@ -47,7 +47,8 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
  *   dense_row0, dense_rows   the rows computed by the dense 16-bit path in
  *               sequence order: all N in warm-up, else the prefix queries
  *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
- *               16-bit format is FP16 iff q is f16, else BF16), expcast.
+ *               16-bit format is FP16 iff q is f16, else BF16), expcast,
+ *   q_rows_per_scale   of the INT8 query codes: 1, or C with +qblock
  * Runs qvi_draft_validate and the quota checks; p is zeroed first.
  */
 typedef struct qvi_draft_plan {
@@ -61,6 +62,7 @@ typedef struct qvi_draft_plan {
     int64_t dense_row0, dense_rows;
     float sm_scale, scale_log2, eta;
     int use_f16, expcast;
+    int q_rows_per_scale;
 } qvi_draft_plan;
 /* Eq. 20: video regions per frame, ceil(grid_h*grid_w / capacity); -1 when
  * the grid or capacity is unset. */

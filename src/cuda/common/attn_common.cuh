@@ -20,6 +20,16 @@
  * so the largest probability encodes as 448 (VC §3.3, NUMERICS §3). */
 #define QVC_P_AMP 8.807f
 
+/* The Q scales of a thread's rows `row` and row + 8 (qvc_ops.q_scale: per
+ * row, or per 128 rows; padding rows have their own scales). */
+static __device__ __forceinline__ void qvc_q_scales(const qvc_ops &ops, int bh, int row,
+                                                    float (&dq)[2]) {
+    const int rps = ops.q_rows_per_scale;
+    const float *qs = ops.q_scale + (size_t)bh * (ops.nq_pad / rps);
+    dq[0] = __ldg(qs + row / rps);
+    dq[1] = __ldg(qs + (row + 8) / rps);
+}
+
 /* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md. */
 static __device__ __forceinline__ uint32_t qvc_expcast_code(float u) {
     float t = __fmaf_rn(8.0f, u, 119.65f);

@@ -194,13 +194,15 @@ static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64]
 }
 
 /* ---- the E4M3 path: float scores, masked keys -inf ---- */
+/* f0, f1: the score scales of the thread's rows g and g + 8. */
 template <int FMT, typename SACC>
 static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float (&s)[16][4],
-                                                    float f, int key0, int nk, int tig) {
+                                                    float f0, float f1, int key0, int nk,
+                                                    int tig) {
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[nt * 4 + e] * f;
+        for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[nt * 4 + e] * (e < 2 ? f0 : f1);
     if (key0 + WS_KEYS > nk) {
 #pragma unroll
         for (int nt = 0; nt < 16; ++nt) {
@@ -222,11 +224,11 @@ static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b
 }
 
 /* Row max of the raw INT32 scores (masked keys pushed below any real
- * score), times f: equal to the max of the scaled floats, since x -> x*f is
- * monotone for f > 0. */
+ * score), times the row's scale (f0 for row g, f1 for g + 8): equal to the
+ * max of the scaled floats, since x -> x*f is monotone for f > 0. */
 template <int TREE>
-static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int key0, int nk,
-                                                   int tig, float *mx) {
+static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, float f1, int key0,
+                                                   int nk, int tig, float *mx) {
     if (key0 + WS_KEYS > nk) {
 #pragma unroll
         for (int nt = 0; nt < 16; ++nt) {
@@ -262,20 +264,21 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f, int 
     m0 = max(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
     m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
     m1 = max(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-    mx[0] = (float)m0 * f;
-    mx[1] = (float)m1 * f;
+    mx[0] = (float)m0 * f0;
+    mx[1] = (float)m1 * f1;
 }
 
 /* P codes of one block from the raw INT32 scores, one FMA per score
  * before the rounding (see attn8_ws_128x128.cu); pa[c] is the A fragment
  * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
  * in 4 partial sums.  MASK: the
- * block holds padding keys (only the last one can). */
+ * block holds padding keys (only the last one can).  f0, f1: the score
+ * scales of rows g and g + 8 (equal with per-block query scales). */
 template <int EXPCAST, int MASK, int SPLIT_SUM>
-static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f, float m0,
-                                                    float m1, int key0, int nk, int tig,
+static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
+                                                    float m0, float m1, int key0, int nk, int tig,
                                                     float *rs, uint32_t (&pa)[4][4]) {
-    const float fm = EXPCAST ? 8.0f * f : f;
+    const float fm0 = EXPCAST ? 8.0f * f0 : f0, fm1 = EXPCAST ? 8.0f * f1 : f1;
     const float c0 = EXPCAST ? qvi_expcast_c(m0) : __fsub_rn(QVC_P_AMP, m0);
     const float c1 = EXPCAST ? qvi_expcast_c(m1) : __fsub_rn(QVC_P_AMP, m1);
 #pragma unroll
@@ -288,7 +291,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
                 const int nt = 4 * c + i;
                 float x = qvi_i2f_magic(acc[nt * 4 + e]);
                 if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
-                t[i][e] = __fmaf_rn(x, fm, (e < 2) ? c0 : c1);
+                t[i][e] = __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
             }
         if (EXPCAST) {
 #define EB(i, e) qvi_expcast_bits(t[i][e])

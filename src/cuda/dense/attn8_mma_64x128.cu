@@ -63,7 +63,8 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         qf[kc][2] = *(const uint32_t *)(qg + (size_t)row0 * D + kc * 32 + 16 + tig * 4);
         qf[kc][3] = *(const uint32_t *)(qg + (size_t)(row0 + 8) * D + kc * 32 + 16 + tig * 4);
     }
-    const float dq = ops.q_scale[(size_t)bh * (ops.nq_pad / KEYS) + blockIdx.x * ROWS_PER_CTA / KEYS];
+    float dq[2];
+    qvc_q_scales(ops, bh, row0, dq);
 
     float o[D / 8][4];
 #pragma unroll
@@ -77,7 +78,8 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 
         /* ---- S = Q K^T, scaled into the log2 domain ---- */
         float s[KEYS / 8][4];
-        const float f = (dq * ops.k_scale[(size_t)bh * ops.nblk + j]) * a.scale_log2;
+        const float dk = ops.k_scale[(size_t)bh * ops.nblk + j];
+        const float f[2] = {(dq[0] * dk) * a.scale_log2, (dq[1] * dk) * a.scale_log2};
 #pragma unroll
         for (int nt = 0; nt < KEYS / 8; ++nt) {
             if (FMT == QVC_QK_INT8) {
@@ -88,7 +90,7 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
                     qvc_mma_s8(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[e] * f;
+                for (int e = 0; e < 4; ++e) s[nt][e] = (float)acc[e] * f[e >> 1];
             } else {
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -97,7 +99,7 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
                     qvc_mma_e4m3(acc, qf[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 16));
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = acc[e] * f;
+                for (int e = 0; e < 4; ++e) s[nt][e] = acc[e] * f[e >> 1];
             }
             const int key = j * KEYS + nt * 8 + 2 * tig;
             if (key >= ops.nk) s[nt][0] = s[nt][2] = -INFINITY;

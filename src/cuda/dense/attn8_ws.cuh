@@ -93,24 +93,24 @@ typedef struct attn8_acc {
 template <class F, int EXPCAST>
 static __device__ __forceinline__ void attn8_mainloop_pingpong(
     attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
-    const uint8_t *sm, attn8_bars b, uint64_t qd, float dq, const float *kscale,
+    const uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
     const float *vblk, int mu_smem, int cw, int tig) {
     if (cw == 1) named_arrive(1, 256);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-        const float f = (dq * kscale[j]) * a.scale_log2;
+        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
         const float vb = vblk[j];
         uint32_t pa[4][4];
         float rs[2] = {0.0f, 0.0f};
         float mx[2];
-        int_row_max<F::SHORT_CHAINS>(sacc, f, j * WS_KEYS, ops.nk, tig, mx);
+        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
         mx[0] = fmaxf(mx[0], r.m[0]);
         mx[1] = fmaxf(mx[1], r.m[1]);
         qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
         if ((j + 1) * WS_KEYS > ops.nk)
-            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
         else
-            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
         if (!EXPCAST) {
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
@@ -145,16 +145,16 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
 template <class F, int EXPCAST>
 static __device__ __forceinline__ void attn8_mainloop_sequential(
     attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
-    attn8_bars b, uint64_t qd, float dq, const float *kscale, const float *vblk,
+    attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale, const float *vblk,
     const float *vmu, int tig) {
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES;
-        const float f = (dq * kscale[j]) * a.scale_log2;
+        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
         const float vb = vblk[j];
         uint32_t pa[4][4];
         float rs[2] = {0.0f, 0.0f};
         float sc[16][4];
-        scale_scores<QVC_QK_E4M3>(sacc, sc, f, j * WS_KEYS, ops.nk, tig);
+        scale_scores<QVC_QK_E4M3>(sacc, sc, f0, f1, j * WS_KEYS, ops.nk, tig);
         float mx[2];
         qvc_softmax_row_max(sc, r.m, mx);
         qvc_softmax_raise<0>(mx, r.m, r.l, qvc_rows_of(r.o));
@@ -275,8 +275,9 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const int ctid = threadIdx.x - 128, cw = ctid >> 7; /* consumer warpgroup */
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
     const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
-    const int qblocks = ops.nq_pad / 128; /* INT8 Q scales are per 128 rows */
-    const float dq = ops.q_scale[(size_t)bh * qblocks + min((tile * F::ROWS + cw * 64) / 128, qblocks - 1)];
+    const int row0 = tile * F::ROWS + cw * 64 + warp * 16; /* the warp's first row */
+    float dq[2];
+    qvc_q_scales(ops, bh, row0 + g, dq);
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
@@ -297,7 +298,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     else
         attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, vmu,
                                            tig);
-    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, tile * F::ROWS + cw * 64 + warp * 16, g, tig);
+    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
 }
 
 /* The launch of one flags variant. */

@@ -275,8 +275,8 @@ static __device__ __forceinline__ uint32_t dg_pcodes2(float s0, float s1, float 
 template <int D>
 static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&qf)[D / 32][4],
                                                  unsigned char *smem, const int8_t *kg,
-                                                 const uint8_t *vg, int valid, float f,
-                                                 int expcast) {
+                                                 const uint8_t *vg, int valid,
+                                                 const float (&f)[2], int expcast) {
     dg_load8<D>(smem, kg, vg);
     const uint8_t *kt = smem, *vt = smem + DG_KEYS * (D + DG_PAD8);
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -290,7 +290,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
             qvc_mma_s8(acc, qf[kc], qvc_lds32(kr), qvc_lds32(kr + 16));
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn((float)acc[e], f);
+        for (int e = 0; e < 4; ++e) s[nt][e] = __fmul_rn((float)acc[e], f[e >> 1]);
     }
     dg_mask(s, valid);
     dg_raise<D>(r, s);
@@ -420,10 +420,13 @@ attn_draft_mma_64x128(dg_params p) {
             qf[kc][2] = __ldg((const uint32_t *)(qg + (size_t)lr0 * D + kc * 32 + 16 + tig * 4));
             qf[kc][3] = __ldg((const uint32_t *)(qg + (size_t)(lr0 + 8) * D + kc * 32 + 16 + tig * 4));
         }
-        const float dq = op.q8s[hr + a];
+        /* the deltas of rows lr0 and lr0 + 8 (per row, or the block's) */
+        const float *dqs = op.q8s + (op.q_rows_per_scale == 1 ? (hr + a) * DG_KEYS + lr0 : hr + a);
+        const float dq[2] = {dqs[0], op.q_rows_per_scale == 1 ? dqs[8] : dqs[0]};
         for (int i = e1; i < e2; ++i) {
             const int b = p.cols[i];
-            const float f = __fmul_rn(__fmul_rn(dq, op.k8s[hr + b]), p.scale_log2);
+            const float f[2] = {__fmul_rn(__fmul_rn(dq[0], op.k8s[hr + b]), p.scale_log2),
+                                __fmul_rn(__fmul_rn(dq[1], op.k8s[hr + b]), p.scale_log2)};
             dg_block8<D>(r, qf, dg_smem, op.k8 + ((int64_t)bh * nv + (int64_t)b * DG_KEYS) * D,
                          op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast);
         }

@@ -211,19 +211,20 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
  * running max (O and l rescaled), and the E4M3 P codes by one FMA per
  * score; rs gets the FP32 row sums (quad-partial) without ExpCast. */
 template <int EXPCAST>
-static __device__ __forceinline__ void softmax8(int (&sacc)[64], float f, int valid, int tig,
-                                                float (&m)[2], float (&l)[2], float (&o)[64],
-                                                float (&rs)[2], uint32_t (&pa)[4][4]) {
+static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f)[2], int valid,
+                                                int tig, float (&m)[2], float (&l)[2],
+                                                float (&o)[64], float (&rs)[2],
+                                                uint32_t (&pa)[4][4]) {
     float mx[2];
     rs[0] = rs[1] = 0.0f;
-    int_row_max<1>(sacc, f, 0, valid, tig, mx);
+    int_row_max<1>(sacc, f[0], f[1], 0, valid, tig, mx);
     mx[0] = fmaxf(mx[0], m[0]);
     mx[1] = fmaxf(mx[1], m[1]);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
     if (valid < WS_KEYS)
-        make_p_fused<EXPCAST, 1, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 1, 1>(sacc, f[0], f[1], m[0], m[1], 0, valid, tig, rs, pa);
     else
-        make_p_fused<EXPCAST, 0, 1>(sacc, f, m[0], m[1], 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 0, 1>(sacc, f[0], f[1], m[0], m[1], 0, valid, tig, rs, pa);
 }
 
 /* O += the block's PV partial rounded to FP16 with saturation (Table 6),
@@ -352,6 +353,27 @@ typedef struct dw_acc {
     int j;
 } dw_acc;
 
+/* The INT8 query deltas of the calling consumer thread's rows g and g + 8
+ * of region block a (per row, or the block's one delta). */
+static __device__ __forceinline__ void dw_q_deltas(const qvc_draft_ws_args &w, int64_t hr, int a,
+                                                   float (&dq)[2]) {
+    if (w.q_rows_per_scale == 1) {
+        const int ctid = threadIdx.x - 128, lane = ctid & 31;
+        const int row = (ctid >> 7) * 64 + ((ctid >> 5) & 3) * 16 + (lane >> 2);
+        const float *d = w.q8s + (hr + a) * WS_KEYS + row; /* 128 rows per region block */
+        dq[0] = d[0], dq[1] = d[8];
+    } else {
+        dq[0] = dq[1] = w.q8s[hr + a];
+    }
+}
+
+/* The score scales of rows g and g + 8 against key block kb. */
+static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], float dk,
+                                                       float scale_log2, float (&f)[2]) {
+    f[0] = __fmul_rn(__fmul_rn(dq[0], dk), scale_log2);
+    f[1] = __fmul_rn(__fmul_rn(dq[1], dk), scale_log2);
+}
+
 /* 1. The INT8 blocks, inside the Eq. 8 unit change; per block QK,
  * softmax, PV in sequence. */
 template <int EXPCAST>
@@ -362,11 +384,12 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
     const float *dv = w.dv + (int64_t)bh * 128;
     phase_scale(r.o, r.l, dv, w.eta, tig, 1);
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
-    const float dq = w.q8s[hr + a];
+    float dq[2], f[2];
+    dw_q_deltas(w, hr, a, dq);
     mbar_wait(b.q8, 0);
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
         const int s = r.j % DW_STAGES, kb = w.cols[wk.e1 + i];
-        const float f = __fmul_rn(__fmul_rn(dq, w.k8s[hr + kb]), w.scale_log2);
+        dw_score_scales(dq, w.k8s[hr + kb], w.scale_log2, f);
         int sacc[64];
         mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
         issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));

@@ -24,7 +24,8 @@
  *            for V (groups of 16 keys per channel), transposed; g4 [3] the
  *            tensor scales g_Q, g_K, g_V.  sigma*e2m1 has at most 6
  *            significant bits, so BF16 holds it exactly.
- *   q8, k8   [nv][D] INT8, q8s/k8s [R] one delta per region block;
+ *   q8, k8   [nv][D] INT8, k8s [R] one delta per region block, q8s [nv]
+ *            one per row (q_rows_per_scale 1) or [R] per block (128);
  *            v8t [R][D][128] E4M3 of V/delta_c in the PV slot order
  *            (qvc_pv_slot_key), dv [D] the channel scales delta_c.
  * Low-bit scales come from the video tokens only (padding is zero).
@@ -49,6 +50,7 @@ typedef struct dg_ops {
     float *g4;
     int8_t *q8, *k8;
     float *q8s, *k8s;
+    int q_rows_per_scale; /* 1 or DG_KEYS, from the plan */
     uint8_t *v8t;
     float *dv;
     float *amax; /* [3][BH][R][D] scratch: channel amax of each region, Q K V */

@@ -96,7 +96,7 @@ static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack,
         {(void **)&o->g4, with4 ? bh * 3 * sizeof(float) : 0},
         {(void **)&o->q8, with8 ? bh * nv * d : 0},
         {(void **)&o->k8, with8 ? bh * nv * d : 0},
-        {(void **)&o->q8s, with8 ? bh * (size_t)R * sizeof(float) : 0},
+        {(void **)&o->q8s, with8 ? bh * nv * sizeof(float) : 0}, /* per row at most */
         {(void **)&o->k8s, with8 ? bh * (size_t)R * sizeof(float) : 0},
         {(void **)&o->v8t, with8 ? bh * nv * d : 0},
         {(void **)&o->dv, with8 ? bh * d * sizeof(float) : 0},
@@ -196,6 +196,7 @@ static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, const qvc_de
     w.q16 = p->ops.q16, w.k16 = p->ops.k16, w.v16t = p->ops.v16t;
     w.q8 = p->ops.q8, w.k8 = p->ops.k8, w.v8t = p->ops.v8t;
     w.q8s = p->ops.q8s, w.k8s = p->ops.k8s, w.dv = p->ops.dv;
+    w.q_rows_per_scale = p->ops.q_rows_per_scale;
     w.count = p->count, w.pack = p->pack, w.offsets = p->offsets, w.cols = p->cols;
     w.scale_log2 = p->scale_log2, w.eta = p->eta;
     w.a = p->a;

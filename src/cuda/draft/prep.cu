@@ -5,6 +5,7 @@
  *   dg_pack16t_kernel   V 16-bit, transposed per block, and its amax
  *   dg_scale_kernel     V's channel scales delta_c, the NVFP4 tensor scales
  *   dg_int8_kernel      Q, K INT8 codes and one delta per region block
+ *                       (Q: or per row)
  *   dg_v8_kernel        V E4M3 codes, transposed in the PV slot order
  *   dg_fp4_rows_kernel  Q, K NVFP4 reconstructions (groups of 16 channels)
  *   dg_fp4_cols_kernel  V NVFP4 reconstructions (groups of 16 keys)
@@ -287,10 +288,32 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
     }
 }
 
+/* dg_int8_kernel's per-row quantizer: a thread holds 8 channels of rows
+ * r0 + 16 k; the 2^lg threads of a row are adjacent lanes. */
+static __device__ __forceinline__ void dg_int8_rows(float (&v)[8][8], int n, int r0, int lg,
+                                                    float *delta, int8_t *o, int D) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        dg_mask8(v[k], r0 + k * DG_RSTEP < n);
+        float m = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[k][e]));
+        for (int s = 1; s < (1 << lg); s <<= 1) m = fmaxf(m, __shfl_xor_sync(DG_FULL, m, s));
+        const float dl = __fadd_rn(__fdiv_rn(m, 127.0f), 1e-7f);
+        if ((threadIdx.x & ((1 << lg) - 1)) == 0) delta[r0 + k * DG_RSTEP] = dl;
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            w[e >> 2] |= (uint32_t)(uint8_t)dg_int8_round(__fdiv_rn(v[k][e], dl)) << (8 * (e & 3));
+        *(uint2 *)(o + k * DG_RSTEP * D) = make_uint2(w[0], w[1]);
+    }
+}
+
 /* INT8 codes of Q or K for one region block, and its delta
  * amax/127 + 1e-7 (the block amax = the max of its channel amax, which
- * dg_pack16_kernel wrote) into delta[bh][a]. */
-template <int DT, bool VEC>
+ * dg_pack16_kernel wrote) into delta[bh][a]; with ROWS, one delta per row
+ * (the row's amax over the threads that hold it) into delta[bh][a][128]. */
+template <int DT, bool VEC, bool ROWS>
 __global__ void __launch_bounds__(DG_PREP_THREADS)
 dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
                const float *amax, float *delta, int8_t *codes) {
@@ -307,6 +330,10 @@ dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pr
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) dg_ld8<DT, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
+    if (ROWS) {
+        dg_int8_rows(v, n, r0, lg, delta + blk * DG_KEYS, codes + (blk * DG_KEYS + r0) * D + c, D);
+        return;
+    }
     float bm = 0.0f; /* every warp reduces the D channel values itself */
     for (int i = threadIdx.x & 31; i < D; i += 32) bm = fmaxf(bm, __ldg(amax + blk * D + i));
     for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(DG_FULL, bm, o));
@@ -470,10 +497,14 @@ static void dg_launch_8bit(const qvc_view &x, const qvc_draft_layout *L, const d
         dg_v8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
     else if (w == 2)
         dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
+    else if (w == 0 && o->q_rows_per_scale == 1 && vec)
+        dg_int8_kernel<DT, true, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+    else if (w == 0 && o->q_rows_per_scale == 1)
+        dg_int8_kernel<DT, false, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
     else if (vec)
-        dg_int8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+        dg_int8_kernel<DT, true, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
     else
-        dg_int8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+        dg_int8_kernel<DT, false, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
 }
 
 /* The NVFP4 reconstructions q4, k4, v4t (after dg_scale_kernel's g4). */
@@ -526,6 +557,7 @@ qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qv
                    const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
     const int lowbit = pl->with4 || pl->with8;
     const qvc_view *const xs[3] = {qv, kv, vv};
+    o->q_rows_per_scale = pl->q_rows_per_scale;
     qva_status r = dg_prep16(pl, L, xs, o, lowbit ? o->amax : NULL, st);
     if (r != QVA_OK || !lowbit) return r;
     const int w0 = pl->with4 ? 0 : 2; /* without NVFP4 only V's channel scales */

@@ -62,11 +62,10 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
     ops->nq_pad = qvi_cdiv(nq, QVI_BLOCK) * QVI_BLOCK;
     ops->nk_pad = qvi_cdiv(nk, QVI_BLOCK) * QVI_BLOCK;
     ops->nblk = ops->nk_pad / QVI_BLOCK;
-    const size_t bh = (size_t)BH, d = (size_t)D, nqb = (size_t)ops->nq_pad / QVI_BLOCK,
-                 nkb = (size_t)ops->nblk;
+    const size_t bh = (size_t)BH, d = (size_t)D, nkb = (size_t)ops->nblk;
     const qvc_alloc req[] = {
         {(void **)&ops->q_i8, bh * (size_t)ops->nq_pad * d},
-        {(void **)&ops->q_scale, bh * nqb * sizeof(float)},
+        {(void **)&ops->q_scale, bh * (size_t)ops->nq_pad * sizeof(float)}, /* per row at most */
         {(void **)&ops->k_i8, bh * (size_t)ops->nk_pad * d},
         {(void **)&ops->k_scale, bh * nkb * sizeof(float)},
         {(void **)&ops->v_t, bh * nkb * d * QVI_BLOCK},
@@ -114,6 +113,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
     if (a->qk_format != QVC_QK_INT8 && a->qk_format != QVC_QK_E4M3)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad qk_format %d", (int)a->qk_format);
+    if (a->q_rows_per_scale != QVI_BLOCK &&
+        !(a->q_rows_per_scale == 1 && a->qk_format == QVC_QK_INT8))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qvc_prep: q_rows_per_scale %d (1 with INT8, or %d)", a->q_rows_per_scale,
+                        QVI_BLOCK);
     if (a->v_mode != 0 && a->v_mode != 1)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad v_mode %d", a->v_mode);
     const int demean = a->v_mode == 0 && a->demean;
@@ -148,8 +152,10 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     p.x = *q;
     p.n = nq;
     p.n_pad = ops->nq_pad;
+    p.rows_per_scale = a->q_rows_per_scale;
     p.codes = ops->q_i8;
     p.scale = ops->q_scale;
+    ops->q_rows_per_scale = a->q_rows_per_scale;
     s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: Q quantize");
 
     /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
@@ -161,6 +167,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         p.mean = kmean;
         p.n = nk;
         p.n_pad = ops->nk_pad;
+        p.rows_per_scale = QVI_BLOCK;
         p.codes = ops->k_i8;
         p.scale = ops->k_scale;
         s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: K quantize");

@@ -26,8 +26,9 @@ typedef struct qk_params {
     float had_scale;      /* (float)(1/sqrt((double)D))        */
     int fmt;              /* qvc_qk_format                     */
     int n, n_pad;
+    int rows_per_scale;   /* 1 (INT8 Q per row) or QVI_BLOCK   */
     int8_t *codes;        /* [BH][n_pad][D]                    */
-    float *scale;         /* [BH][n_pad/128]                   */
+    float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
 
 static inline size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -44,7 +45,8 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
                             int BH, float *kmean, cudaStream_t st);
 
 /* ---- qk.cu */
-/* Codes and block scales of one Q or K operand (p.fmt: qvc_qk_format). */
+/* Codes and scales (per block, or per row for INT8 with p.rows_per_scale
+ * 1) of one Q or K operand (p.fmt: qvc_qk_format). */
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what);
 
 /* ---- v.cu */

@@ -1,6 +1,6 @@
 /*
  * Q and K of the 8-bit methods: codes (INT8 or E4M3, qvc_prep_args
- * qk_format) with one scale per 128-row block, the rows as qk_row()
+ * qk_format) with one scale per 128-row block (or, INT8 Q, per row), the rows as qk_row()
  * (prep_common.cuh) gives them: gathered by the permutation, smoothed by
  * the K channel mean, rotated.  Launched by qvc_prep (prep8.cu) through
  * qvc_prep_qk8.
@@ -11,6 +11,8 @@
  *                           (shuffles for strides < 32, in registers for
  *                           32 and 64); pass 1 the block amax, pass 2
  *                           (rows re-read) the codes.
+ *   qk_quant_rows_kernel<DT,NC>  the same CTAs, one INT8 scale per row:
+ *                           one pass, a warp max per row.
  */
 #include <math.h>
 #include <stdint.h>
@@ -77,17 +79,59 @@ qk_quant_kernel(qk_params p) {
     }
 }
 
+/* INT8 with one scale per row: each warp's rows are whole in its lanes,
+ * so one pass (a warp max per row, then the codes) suffices. */
+template <int DT, int NC>
+__global__ void __launch_bounds__(PREP_THREADS)
+qk_quant_rows_kernel(qk_params p) {
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int D = (int)p.x.D;
+    const int64_t base = qvc_head_base(p.x, bh);
+    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP;
+
+    float mu[NC], sg[NC];
+    qk_lane_consts<NC>(p, bh, mu, sg);
+#pragma unroll 2
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        float x[NC];
+        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[j]));
+        amax = warp_max(amax);
+        const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
+        if (lane == 0) p.scale[(int64_t)bh * p.n_pad + r0 + r] = scale;
+        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + r0 + r) * D;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            const int c = lane + 32 * j;
+            if (c < D) dst[c] = int8_round(__fdiv_rn(x[j], scale));
+        }
+    }
+}
+
+template <int DT, int NC>
+static void launch_qk_nc(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.rows_per_scale == 1)
+        qk_quant_rows_kernel<DT, NC><<<grid, PREP_THREADS, 0, st>>>(p);
+    else
+        qk_quant_kernel<DT, NC><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
 template <int DT>
 static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
     switch (qvi_cdiv(D, 32)) {
-    case 1: qk_quant_kernel<DT, 1><<<grid, PREP_THREADS, 0, st>>>(p); break;
-    case 2: qk_quant_kernel<DT, 2><<<grid, PREP_THREADS, 0, st>>>(p); break;
-    case 3: qk_quant_kernel<DT, 3><<<grid, PREP_THREADS, 0, st>>>(p); break;
-    default: qk_quant_kernel<DT, 4><<<grid, PREP_THREADS, 0, st>>>(p); break;
+    case 1: launch_qk_nc<DT, 1>(p, grid, st); break;
+    case 2: launch_qk_nc<DT, 2>(p, grid, st); break;
+    case 3: launch_qk_nc<DT, 3>(p, grid, st); break;
+    default: launch_qk_nc<DT, 4>(p, grid, st); break;
     }
 }
 
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what) {
+    if (p.rows_per_scale != QVI_BLOCK && !(p.rows_per_scale == 1 && p.fmt == QVC_QK_INT8))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
     QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
     return qvc_launch_check(what);
