@@ -279,8 +279,8 @@ int qva_supports(qva_device device, const qva_config *cfg, qva_dtype dtype,
                  int64_t head_dim, char *why, size_t why_len);
 /* qva_supports for a call whose q has `heads` heads and k, v `kv_heads`
  * heads (grouped-query attention when kv_heads < heads; heads must be a
- * multiple of kv_heads, both >= 1).  The CPU backend runs every such
- * call; the CUDA backend has no grouped-K/V kernels yet and says so. */
+ * multiple of kv_heads, both >= 1).  Both backends run grouped K/V for
+ * every method they run at kv_heads == heads. */
 int qva_supports_heads(qva_device device, const qva_config *cfg, qva_dtype dtype,
                        int64_t head_dim, int64_t heads, int64_t kv_heads,
                        char *why, size_t why_len);
@@ -322,9 +322,9 @@ qva_status qva_device_synchronize(void);
  * multi-query): query head h reads K/V head h / (H / H_kv), with no copy.
  * Methods with V-Smooth keep its state (permutation, centroids) per
  * (layer, batch, K/V head): the permutation orders the value tokens, which
- * the query heads of a group share.  The CPU backend runs every method on
- * grouped K/V; the CUDA backend refuses it (QVA_ERR_UNSUPPORTED, see
- * qva_supports_heads).
+ * the query heads of a group share.  Both backends run every method on
+ * grouped K/V (CUDA prepares each query head's quantized operands from its
+ * K/V head: the attention kernels are those of H = H_kv).
  * Head dims: D in [1, QVA_MAX_HEAD_DIM].  64 and 128 run as they are; on
  * the CPU any other D runs as the call with Q, K and V zero-padded to 64
  * (D < 64) or 128 channels, sm_scale 0 meaning 1/sqrt(D) of the original

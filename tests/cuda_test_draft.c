@@ -100,6 +100,7 @@ static int store_tensor(host_dev *x, const float *src, qva_dtype dt, int nhd, in
     x->view.dtype = (int)dt;
     x->view.B = B, x->view.H = H, x->view.N = N, x->view.D = D;
     x->view.sb = x->t.stride[0], x->view.sh = x->t.stride[1], x->view.sn = x->t.stride[2];
+    x->view.hg = 1;
     return 1;
 }
 

@@ -80,6 +80,7 @@ static int make_tensor(host_dev *x, qva_dtype dt, int nhd, int B, int H, int N,
     x->view.dtype = (int)dt;
     x->view.B = B, x->view.H = H, x->view.N = N, x->view.D = D;
     x->view.sb = x->t.stride[0], x->view.sh = x->t.stride[1], x->view.sn = x->t.stride[2];
+    x->view.hg = 1;
     return 1;
 }
 
@@ -857,6 +858,7 @@ static void kmeans_case(const char *preset, qva_dtype dt, int nhd, int discrete,
     view.dtype = (int)dt;
     view.B = B, view.H = H, view.N = N, view.D = D;
     view.sb = t.stride[0], view.sh = t.stride[1], view.sn = t.stride[2];
+    view.hg = 1;
 
     /* Round 0 cold, round 1 warm from round 0's centroids. */
     for (int round = 0; round < 2; ++round) {

@@ -149,10 +149,10 @@ def test_gqa_rules_are_torchs():
 
 
 def test_gqa_refused_by_the_device_raises_or_falls_back(monkeypatch):
-    """Where the device backend has no grouped-K/V kernels (CUDA today: its
-    chooser says "grouped K/V heads ... not implemented"), sdpa raises that
-    reason, or with fallback=True warns and runs torch's enable_gqa SDPA.
-    Simulated on the CPU by answering for the device as CUDA does."""
+    """Where a device backend refuses grouped K/V (none does today: CUDA
+    runs it since issue 18; this keeps the refusal path honest), sdpa raises
+    that reason, or with fallback=True warns and runs torch's enable_gqa
+    SDPA.  Simulated on the CPU by a support answer that refuses."""
     real = ops.support_reason
 
     def cuda_like(device, method, options, dtype, head_dim, step=0, num_steps=0, heads=1,

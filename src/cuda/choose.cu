@@ -59,14 +59,8 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
                  (long long)d, d < 64 ? 64 : 128, (long long)d);
         return QVC_KERNEL_NONE;
     }
-    if (kv_group != 1) {
-        /* The prep kernels and the per-layer V-Smooth state index K/V by the
-         * query head (B*H); grouped heads need a K/V head per query head. */
-        snprintf(why, len,
-                 "grouped K/V heads (GQA/MQA, %lld query heads per K/V head) are "
-                 "not implemented in the CUDA kernels yet (the CPU reference runs "
-                 "them); repeat K/V to the query heads or run on the CPU",
-                 (long long)kv_group);
+    if (kv_group < 1) {
+        snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
     switch (cfg->method) {

@@ -20,8 +20,10 @@ extern "C" {
 typedef struct qvc_view {
     const void *data;
     int dtype; /* qva_dtype */
-    int64_t B, H, N, D;
+    int64_t B, H, N, D; /* H: the heads the kernels see (the query heads) */
     int64_t sb, sh, sn; /* stride[3] is 1 */
+    int64_t hg;         /* heads per tensor head: view head h reads tensor
+                           head h / hg (grouped K/V, GQA/MQA); 1 otherwise */
 } qvc_view;
 
 /*
@@ -266,7 +268,9 @@ typedef enum qvc_kernel {
  * query heads per K/V head (1: as many K/V heads as query heads); both
  * qva_supports() (through qvi_cuda_supports) and the dispatch ask it.
  * QVC_KERNEL_NONE with the reason in why, else the kernel and what it is.
- * No kernel reads grouped K/V yet (kv_group > 1 is NONE). */
+ * Grouped K/V (kv_group > 1) runs every kernel: the views map each query
+ * head to its K/V head (qvc_kv_view), the operands are prepared per query
+ * head. */
 qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
                              size_t len);
 

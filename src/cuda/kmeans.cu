@@ -48,7 +48,7 @@
 template <int DT>
 static __device__ __forceinline__ float km_load(const qvc_view &v, int bh,
                                                 int64_t row, int c) {
-    const int64_t off = (bh / v.H) * v.sb + (bh % v.H) * v.sh + row * v.sn + c;
+    const int64_t off = qvc_head_base(v, bh) + row * v.sn + c;
     const int dt = DT < 0 ? v.dtype : DT;
     if (dt == QVA_F32)
         return __ldg((const float *)v.data + off);

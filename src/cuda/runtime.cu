@@ -260,7 +260,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
     const int prof = qvi_context_profiling(ctx);
     const int BH = (int)(q->shape[0] * q->shape[1]), D = (int)q->shape[3];
-    const qvc_view qv = qvc_view_of(q), kv = qvc_view_of(k), vv = qvc_view_of(v);
+    const qvc_view qv = qvc_view_of(q), kv = qvc_kv_view(k, q), vv = qvc_kv_view(v, q);
     qva_status r;
 
     if ((r = qvc_timer_mark(&s->timer, 0, prof, st)) != QVA_OK) return r;

@@ -75,6 +75,18 @@ static inline qvc_view qvc_view_of(const qva_tensor *t) {
     w.dtype = (int)t->dtype;
     w.B = t->shape[0], w.H = t->shape[1], w.N = t->shape[2], w.D = t->shape[3];
     w.sb = t->stride[0], w.sh = t->stride[1], w.sn = t->stride[2];
+    w.hg = 1;
+    return w;
+}
+
+/* K or V seen by the query heads of q: with grouped K/V (H_kv < H, the
+ * dispatcher checked H % H_kv == 0) query head h reads K/V head
+ * h / (H / H_kv), as the CPU reference; every kernel then runs as for
+ * H = H_kv, preparing each query head's operands from its K/V head. */
+static inline qvc_view qvc_kv_view(const qva_tensor *kv, const qva_tensor *q) {
+    qvc_view w = qvc_view_of(kv);
+    w.hg = q->shape[1] / kv->shape[1];
+    w.H = q->shape[1];
     return w;
 }
 
@@ -158,7 +170,7 @@ static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
 /* Offset of row 0, channel 0 of head bh (B*H < 2^16, so 32-bit split). */
 static __device__ __forceinline__ int64_t qvc_head_base(const qvc_view &v, int bh) {
     const int H = (int)v.H, b = bh / H, h = bh - b * H;
-    return (int64_t)b * v.sb + (int64_t)h * v.sh;
+    return (int64_t)b * v.sb + (int64_t)(h / (int)v.hg) * v.sh;
 }
 
 /* ---- NVFP4 pieces (E4M3 scales, E2M1 codes), as src/cpu/formats.c ---- */

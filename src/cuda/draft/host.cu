@@ -135,7 +135,7 @@ static qva_status dg_dense_rows(dg_state *s, const qvi_draft_plan *pl, const qva
     qv.data = (const char *)q->data +
               (size_t)(pl->dense_row0 * q->stride[2]) * qva_dtype_size(q->dtype);
     qv.N = nq;
-    const qvc_view kv = qvc_view_of(k), vv = qvc_view_of(v);
+    const qvc_view kv = qvc_kv_view(k, q), vv = qvc_kv_view(v, q);
     qvc_ops16 *o = &s->ops16;
     qva_status r;
     if (!(o->q && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D)) {
@@ -310,7 +310,7 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     dg_state *s = dg_get_state(ctx);
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft (cuda): state");
     const int prof = qvi_context_profiling(ctx);
-    const qvc_view xv[3] = {qvc_view_of(q), qvc_view_of(k), qvc_view_of(v)};
+    const qvc_view xv[3] = {qvc_view_of(q), qvc_kv_view(k, q), qvc_kv_view(v, q)};
     if ((r = qvc_check_view("draft", &xv[0], "q")) || (r = qvc_check_view("draft", &xv[1], "k")) ||
         (r = qvc_check_view("draft", &xv[2], "v")))
         return r;

@@ -81,8 +81,7 @@ static __device__ __forceinline__ unsigned short round16(float a) {
 
 /* Offset of row 0, channel 0 of head bh. */
 static __device__ __forceinline__ int64_t p16_head_base(const qvc_view &v, int bh) {
-    const int H = (int)v.H, b = bh / H, h = bh - b * H;
-    return (int64_t)b * v.sb + (int64_t)h * v.sh;
+    return qvc_head_base(v, bh);
 }
 
 /* ------------------------------------------------------------ Q and K */
