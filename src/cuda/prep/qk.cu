@@ -119,17 +119,19 @@ static void launch_qk_nc(const qk_params &p, dim3 grid, cudaStream_t st) {
         qk_quant_kernel<DT, NC><<<grid, PREP_THREADS, 0, st>>>(p);
 }
 
+/* Head dims 64 and 128 only (the chooser's; others arrive zero-padded):
+ * two instantiations per dtype instead of four. */
 template <int DT>
 static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
-    switch (qvi_cdiv(D, 32)) {
-    case 1: launch_qk_nc<DT, 1>(p, grid, st); break;
-    case 2: launch_qk_nc<DT, 2>(p, grid, st); break;
-    case 3: launch_qk_nc<DT, 3>(p, grid, st); break;
-    default: launch_qk_nc<DT, 4>(p, grid, st); break;
-    }
+    if (D == 64)
+        launch_qk_nc<DT, 2>(p, grid, st);
+    else
+        launch_qk_nc<DT, 4>(p, grid, st);
 }
 
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what) {
+    if (D != 64 && D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: head dim %d (64 or 128)", what, D);
     if (p.rows_per_scale != QVI_BLOCK && !(p.rows_per_scale == 1 && p.fmt == QVC_QK_INT8))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
