@@ -448,6 +448,35 @@ typedef struct qva_error_metrics {
 void qva_compare(const float *out, const float *ref, size_t n,
                  qva_error_metrics *m);
 
+/* Where a quantized method's error comes from (docs/NUMERICS.md, "Where
+ * the error comes from").  Each field is a rel-L2 (qva_compare) against
+ * exact FP64 attention, over all of q's rows, of the CPU reference run
+ * with some of the method's operands quantized and the others kept at the
+ * FP32 value the quantizer would have seen (after the permutation, K
+ * smoothing, the Hadamard rotation and V demeaning of the method).
+ * NaN where a term does not apply. */
+typedef struct qva_error_terms {
+    double full; /* every operand quantized: the method as qva_attention  */
+    double q;    /* only Q (INT8, E4M3 or NVFP4 codes)                    */
+    double k;    /* only K                                                */
+    double p;    /* only P (E4M3 exp2 or ExpCast codes, NVFP4)            */
+    double v;    /* only V (vc8/vc4: the demeaned residual)               */
+    double mu;   /* only the V-Smooth block means (vc8, vc4; else NaN)    */
+    double none; /* nothing quantized: the method's FP32 arithmetic alone */
+} qva_error_terms;
+/* Fills *terms for cfg's method on CPU tensors q, k, v (the checks and
+ * errors of qva_attention_check; one output buffer per term is allocated
+ * inside).  Decomposes fp8, sage8, vc8, sage4 and vc4 with their options
+ * (+expcast, +hadamard, +qblock); exact and bf16 (nothing, or every
+ * operand in one 16-bit format) and draft (phases per block pair) are
+ * QVA_ERR_UNSUPPORTED.  Stateless: computed as with cfg->layer =
+ * QVA_LAYER_NONE (V-Smooth groups from a cold start); cfg->check_finite
+ * applies to every run.  On failure every field is NaN.  Costs one exact
+ * call and six or seven calls of the method. */
+qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
+                                   const qva_tensor *k, const qva_tensor *v,
+                                   qva_error_terms *terms);
+
 /* Value-quantization statistics of one head V [n, d] (f32, row-major) under
  * a token order: relative MSE of per-channel E4M3 quantization after block
  * demeaning, and the mean share of block energy removed by the means (VC

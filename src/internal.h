@@ -241,6 +241,39 @@ qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                              const qva_tensor *q, const qva_tensor *k,
                              const qva_tensor *v, const qva_tensor *out,
                              const qva_tensor *lse);
+/*
+ * The operands a dense quantized method (fp8, sage8, vc8, sage4, vc4)
+ * quantizes, for the error decomposition (qva_error_terms_compute;
+ * docs/NUMERICS.md, "Where the error comes from").  QVI_QUANT_ALL is the
+ * method as qva_attention runs it, on its codes.  Any other mask runs the
+ * head on an FP32 engine: an operand whose bit is off keeps the FP32 value
+ * its quantizer would have seen (after permutation, K smoothing, Hadamard,
+ * V demeaning), one whose bit is on is replaced by its dequantized codes;
+ * P off means FP32 exp2(s - m) with FP32 row sums.  QVI_QUANT_FP32_ENGINE
+ * with every other bit on is the method dequantized (tests compare it
+ * with the codes).  Other methods ignore the mask.
+ */
+enum {
+    QVI_QUANT_Q = 1,
+    QVI_QUANT_K = 2,
+    QVI_QUANT_P = 4,
+    QVI_QUANT_V = 8,              /* for vc8/vc4: the demeaned residual   */
+    QVI_QUANT_MU = 16,            /* vc8/vc4: the stored block means      */
+    QVI_QUANT_ALL = 31,
+    QVI_QUANT_FP32_ENGINE = 32
+};
+/* qvi_cpu_attention with an operand mask (the above). */
+qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
+                                    const qva_tensor *q, const qva_tensor *k,
+                                    const qva_tensor *v, const qva_tensor *out,
+                                    const qva_tensor *lse, int mask);
+/* The CPU backend on a validated call (src/qvattn.c): draft or the dense
+ * methods, head dims other than 64 and 128 zero-padded; mask as
+ * qvi_cpu_attention_masked (draft takes QVI_QUANT_ALL only).  The caller
+ * holds ctx's lock. */
+qva_status qvi_cpu_run(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
+                       const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
+                       const qva_tensor *lse, int mask);
 /* DraftAttention2 on the CPU (src/cpu/draft.c). */
 qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,

@@ -438,10 +438,10 @@ static void unpad_head_dim(const qva_tensor *p, const qva_tensor *t) {
 static qva_status cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                                 const qva_tensor *q, const qva_tensor *k,
                                 const qva_tensor *v, const qva_tensor *out,
-                                const qva_tensor *lse) {
+                                const qva_tensor *lse, int mask) {
     return cfg->method == QVA_METHOD_DRAFT
                ? qvi_cpu_draft(ctx, cfg, q, k, v, out, lse)
-               : qvi_cpu_attention(ctx, cfg, q, k, v, out, lse);
+               : qvi_cpu_attention_masked(ctx, cfg, q, k, v, out, lse, mask);
 }
 
 /* A head dim other than 64 and 128 on the CPU (include/qvattn.h,
@@ -452,7 +452,7 @@ static qva_status cpu_attention(qva_context_t *ctx, const qva_config *cfg,
 static qva_status cpu_attention_padded(qva_context_t *ctx, const qva_config *cfg,
                                        const qva_tensor *q, const qva_tensor *k,
                                        const qva_tensor *v, const qva_tensor *out,
-                                       const qva_tensor *lse) {
+                                       const qva_tensor *lse, int mask) {
     const int64_t dp = padded_head_dim(q->shape[3]);
     qva_config c = *cfg;
     c.sm_scale = qvi_sm_scale(cfg, q->shape[3]);
@@ -464,11 +464,19 @@ static qva_status cpu_attention_padded(qva_context_t *ctx, const qva_config *cfg
         (st = pad_head_dim(k, dp, 1, &pk)) == QVA_OK &&
         (st = pad_head_dim(v, dp, 1, &pv)) == QVA_OK &&
         (st = pad_head_dim(out, dp, 1, &po)) == QVA_OK) {
-        st = cpu_attention(ctx, &c, &pq, &pk, &pv, &po, lse);
+        st = cpu_attention(ctx, &c, &pq, &pk, &pv, &po, lse, mask);
         unpad_head_dim(&po, out);
     }
     free(pq.data), free(pk.data), free(pv.data), free(po.data);
     return st;
+}
+
+qva_status qvi_cpu_run(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
+                       const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
+                       const qva_tensor *lse, int mask) {
+    return q->shape[3] == padded_head_dim(q->shape[3])
+               ? cpu_attention(ctx, cfg, q, k, v, out, lse, mask)
+               : cpu_attention_padded(ctx, cfg, q, k, v, out, lse, mask);
 }
 
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
@@ -498,9 +506,7 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
     struct timespec t0, t1;
     qvi_context_lock(ctx);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    st = q->shape[3] == padded_head_dim(q->shape[3])
-             ? cpu_attention(ctx, cfg, q, k, v, out, lse)
-             : cpu_attention_padded(ctx, cfg, q, k, v, out, lse);
+    st = qvi_cpu_run(ctx, cfg, q, k, v, out, lse, QVI_QUANT_ALL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     qva_timings tm = {0.0f, 0.0f,
                       (float)((double)(t1.tv_sec - t0.tv_sec) * 1e3 +

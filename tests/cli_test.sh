@@ -179,6 +179,25 @@ assert i['H'] == 1 and i['heads_total'] == 2 and i['query_rows'] == 32, i
 assert d['methods']['bf16']['rel_l2'] < 0.02
 assert 'skipped' in d['methods']['vc8']"
 
+run eval --synthetic tiny --decompose --methods exact,sage8,vc8+expcast --json
+check_json "eval --decompose --json: terms, skips, dominant" "
+t = d['decompose']
+assert sorted(t) == ['exact', 'sage8', 'vc8+expcast'], sorted(t)
+assert 'nothing' in t['exact']['skipped'], t['exact']
+for k in ('sage8', 'vc8+expcast'):
+    r = t[k]
+    assert abs(r['full'] - d['methods'][k]['rel_l2']) < 1e-12 or d['methods'][k]['device'] == 'cuda', (k, r)
+    assert all(0 < r[n] <= r['full'] for n in ('q', 'k', 'p', 'v')), r
+    assert r['none'] < 1e-5 and r['dominant'] in ('q', 'k', 'p', 'v', 'mu'), r
+assert t['sage8']['mu'] is None and t['vc8+expcast']['mu'] > 0"
+expect_ok "eval --decompose table" eval --synthetic tiny --decompose --methods bf16,sage8
+grep -q "Where the error comes from" "$T/out" && grep -q "^dominant: sage8: " "$T/out" \
+    && grep -q "^bf16 .*skipped: bf16 rounds" "$T/out" && ok "eval --decompose table content" \
+    || bad "eval --decompose table content"
+run eval --synthetic tiny --query-sample 32 --decompose --methods vc8,sage8 --json
+check_json "eval --decompose under --query-sample skips vc8" "
+assert 'skipped' in d['decompose']['vc8'] and d['decompose']['sage8']['full'] > 0"
+
 run eval --input "$T/ok.safetensors" --methods exact,bf16,sage8 --json
 check_json "eval safetensors input" "
 assert d['input']['format'] == 'safetensors' and d['input']['N'] == 128

@@ -28,7 +28,7 @@ from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noq
 
 __all__ = ["attention", "sdpa", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
-           "default_context", "supports", "capture"]
+           "default_context", "supports", "capture", "error_terms"]
 
 __version__ = "0.1.0"
 
@@ -244,6 +244,31 @@ def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse
                               (H * N, N, 1, 1))
     _ffi.attention_raw(ctx, cfg, tq, tk, tv, to, tl)
     return (out, lse) if return_lse else out
+
+
+def error_terms(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+                options=None):
+    """Where `method`'s error comes from, on CPU inputs (qva_error_terms_compute).
+
+    q, k, v: numpy arrays or CPU torch tensors (float32, bfloat16, float16),
+    rank 4 in `layout` ("HND" or "NHD").  The CPU reference runs the method
+    with every operand quantized ("full"), with one of them quantized and
+    the others FP32 ("q", "k", "p", "v", and "mu", the V-Smooth block means
+    of vc8/vc4), and with none ("none"), and compares each output with exact
+    attention.  Returns {"full", "q", "k", "p", "v", "mu", "none"}: rel-L2
+    values, NaN where a term does not apply (mu without V-Smooth).
+    Stateless (V-Smooth groups from a cold start).  Decomposes fp8, sage8,
+    vc8, sage4, vc4 and their options; exact, bf16 and draft raise
+    QvaUnsupportedError; bad inputs raise what qvattn.attention raises.
+    docs/NUMERICS.md, "Where the error comes from", defines each term.
+    """
+    tq, _ = describe(q, layout)
+    tk, _ = describe(k, layout)
+    tv, _ = describe(v, layout)
+    cfg = _config.config_for(method, _config.options_string(options),
+                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
+                             0, 0, None, 0, False, int(tk.shape[2]))
+    return _ffi.error_terms(cfg, tq, tk, tv)
 
 
 def capture(pipe, layers=None, steps=None, path="qvattn-capture", **kwargs):

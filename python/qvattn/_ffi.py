@@ -29,8 +29,8 @@ import operator
 import os
 import threading
 import weakref
-from ctypes import (POINTER, Array, Structure, byref, c_char_p, c_float,
-                    c_int, c_int64, c_size_t, c_uint64, c_void_p)
+from ctypes import (POINTER, Array, Structure, byref, c_char_p, c_double,
+                    c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p)
 
 # ------------------------------------------------------------------ enums
 QVA_OK = 0
@@ -264,6 +264,10 @@ class QvaConfig(_CStruct):
     ]
 
 
+# qva_error_terms' fields, in order (the keys of error_terms' dict).
+ERROR_TERM_NAMES = ("full", "q", "k", "p", "v", "mu", "none")
+
+
 class QvaTimings(Structure):
     """qva_timings (optional: libraries with qva_context_last_timings)."""
     _fields_ = [
@@ -273,10 +277,17 @@ class QvaTimings(Structure):
     ]
 
 
+class QvaErrorTerms(Structure):
+    """qva_error_terms: rel-L2 against exact attention of the method with
+    every operand quantized (full), one (q, k, p, v, mu) or none."""
+    _fields_ = [(name, c_double) for name in ERROR_TERM_NAMES]
+
+
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 120, "qva_timings": 12,
-                  "qva_vsmooth_params": 24, "qva_draft_params": 48}
+                  "qva_vsmooth_params": 24, "qva_draft_params": 48,
+                  "qva_error_terms": 56}
 
 
 # ------------------------------------------------------------------ errors
@@ -381,6 +392,8 @@ _OPTIONAL_SIGS = {
     "qva_context_last_timings": (c_enum, [c_void_p, _P(QvaTimings)]),
     "qva_supports_heads": (c_int, [c_enum, _P(QvaConfig), c_enum, c_int64, c_int64, c_int64,
                                    c_char_p, c_size_t]),
+    "qva_error_terms_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
+                                         _P(QvaTensor), _P(QvaErrorTerms)]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -509,6 +522,18 @@ def supports_heads(device, cfg, dtype, head_dim, heads, kv_heads):
                                 c_integer(heads, "heads", c_int64),
                                 c_integer(kv_heads, "kv_heads", c_int64), why, len(why))
     return bool(ok), _s(why.value)
+
+
+def error_terms(cfg, q, k, v):
+    """qva_error_terms_compute on CPU descriptors: {name: rel-L2} for the
+    names of ERROR_TERM_NAMES (NaN where a term does not apply)."""
+    if not has_symbol("qva_error_terms_compute"):
+        raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED,
+                                  "this libqvattn predates qva_error_terms_compute")
+    t = QvaErrorTerms()
+    check(lib.qva_error_terms_compute(byref(cfg), byref(q), byref(k), byref(v), byref(t)),
+          "qva_error_terms_compute")
+    return {name: float(getattr(t, name)) for name in ERROR_TERM_NAMES}
 
 
 def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):

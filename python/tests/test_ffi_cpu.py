@@ -54,6 +54,10 @@ int main(void) {
     F(qva_config, vsmooth); F(qva_config, draft);
     F(qva_config, layer); F(qva_config, step); F(qva_config, num_steps);
     F(qva_config, check_finite);
+    Z(qva_error_terms);
+    F(qva_error_terms, full); F(qva_error_terms, q); F(qva_error_terms, k);
+    F(qva_error_terms, p); F(qva_error_terms, v); F(qva_error_terms, mu);
+    F(qva_error_terms, none);
     TIMINGS
     return 0;
 }
@@ -67,6 +71,7 @@ PY_STRUCTS = {
     "qva_vsmooth_params": _ffi.QvaVsmoothParams,
     "qva_draft_params": _ffi.QvaDraftParams,
     "qva_config": _ffi.QvaConfig,
+    "qva_error_terms": _ffi.QvaErrorTerms,
 }
 
 

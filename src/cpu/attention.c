@@ -266,7 +266,9 @@ qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
 
 /* ================================================================ methods */
 
-typedef enum path_kind { PATH_16, PATH_FP8, PATH_I8, PATH_FP4 } path_kind;
+/* PATH_F32: the decomposition's FP32 engine (qvi_quant_mask other than
+ * QVI_QUANT_ALL): every operand in FP32, dequantized where its bit is on. */
+typedef enum path_kind { PATH_16, PATH_FP8, PATH_I8, PATH_FP4, PATH_F32 } path_kind;
 
 /* One head's prepared operands. Q rows and K/V rows padded to QVI_BLOCK. */
 typedef struct head_ops {
@@ -284,6 +286,10 @@ typedef struct head_ops {
     qvi_f8 q8, k8, v8b;    /* PATH_FP8                                 */
     qvi_v8 v8;             /* PATH_I8 values                           */
     float *lse_shift;      /* nq: LSE correction of K smoothing, or NULL */
+    int mask;              /* qvi_quant_mask of the call                */
+    path_kind codes_kind;  /* PATH_F32: the method's own path (its P)  */
+    float *xq, *xk, *xv;   /* PATH_F32 operands (V: the residual for vc) */
+    float *xmu;            /* PATH_F32 V-Smooth means, real units, or NULL */
 } head_ops;
 
 static void head_ops_free(head_ops *o) {
@@ -292,6 +298,10 @@ static void head_ops_free(head_ops *o) {
     free(o->vf);
     free(o->mu4);
     free(o->lse_shift);
+    free(o->xq);
+    free(o->xk);
+    free(o->xv);
+    free(o->xmu);
     free(o->qi.codes);
     free(o->qi.scale);
     free(o->ki.codes);
@@ -408,12 +418,123 @@ static qva_status quantize_fp4(float *q, float *k, float *v, int demean,
     return QVA_OK;
 }
 
+/* The 8- and 4-bit codes of the (already smoothed / rotated / permuted)
+ * f32 operands. */
+static qva_status quantize_codes(float *q, float *k, float *v, int demean,
+                                 head_ops *o) {
+    const int d = o->d;
+    if (o->kind == PATH_FP8) {
+        qvi_quant_e4m3_blocks(q, o->nq_pad, d, &o->q8);
+        qvi_quant_e4m3_blocks(k, o->nk_pad, d, &o->k8);
+        qvi_quant_e4m3_blocks(v, o->nk_pad, d, &o->v8b);
+        if (!o->q8.codes || !o->k8.codes || !o->v8b.codes)
+            return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "fp8 operands");
+        return QVA_OK;
+    }
+    if (o->kind == PATH_I8) {
+        qvi_quant_i8(q, o->nq_pad, d, o->q_rows_per_scale, &o->qi);
+        qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
+        return (!o->qi.codes || !o->ki.codes)
+                   ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
+                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, &o->v8);
+    }
+    return quantize_fp4(q, k, v, demean, o);
+}
+
+/* ------------------------------------------------ the decomposition's engine */
+
+static float *copy_floats(const float *x, size_t n) {
+    float *y = malloc(n * sizeof *y);
+    if (y) memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+/* The FP32 operands the quantizers are about to see, kept for the FP32
+ * engine before quantize_codes runs (quantize_fp4 demeans v in place).  A
+ * V-Smooth value operand is split as qvi_v8_prepare / quantize_fp4 split it
+ * (block_demean of the same rows): residual in xv, means in xmu. */
+static qva_status keep_fp32_operands(const float *q, const float *k,
+                                     const float *v, int demean, head_ops *o) {
+    const size_t d = (size_t)o->d;
+    const int nblk = o->nk_pad / QVI_BLOCK;
+    o->xq = copy_floats(q, (size_t)o->nq_pad * d);
+    o->xk = copy_floats(k, (size_t)o->nk_pad * d);
+    o->xv = copy_floats(v, (size_t)o->nk_pad * d);
+    o->xmu = demean ? malloc((size_t)nblk * d * sizeof(float)) : NULL;
+    if (!o->xq || !o->xk || !o->xv || (demean && !o->xmu))
+        return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "decomposition operands");
+    if (demean) block_demean(o->xv, o->nk, o->d, nblk, o->xmu);
+    return QVA_OK;
+}
+
+/* x[i][c] = code * scale of row i's group (INT8, DA2 C.3). */
+static void dequant_i8(const qvi_i8 *x, int n, int d, float *dst) {
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c)
+            dst[(size_t)i * d + c] =
+                (float)x->codes[(size_t)i * d + c] * qvi_i8_row_scale(x, i);
+}
+
+/* x[i][c] = e4m3(code) * scale of row i's block, times the channel scale
+ * (1 but for the sage8/vc8 value operand). */
+static void dequant_e4m3(const uint8_t *codes, const float *block_scale,
+                         const float *chan_scale, int n, int d, float *dst) {
+    const float *lut = e4m3_lut();
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c)
+            dst[(size_t)i * d + c] = lut[codes[(size_t)i * d + c]] *
+                                     (block_scale ? block_scale[i / QVI_BLOCK] : 1.0f) *
+                                     (chan_scale ? chan_scale[c] : 1.0f);
+}
+
+static void scale_floats(const float *x, size_t n, float g, float *dst) {
+    for (size_t i = 0; i < n; ++i) dst[i] = x[i] * g;
+}
+
+/* The V-Smooth means as the method restores them, in real units: vc8
+ * stores fp16(mu / scale_c) (VC App. B), vc4 fp16(mu) unscaled. */
+static void dequant_means(const head_ops *o, float *mu) {
+    const int d = o->d, nblk = o->nk_pad / QVI_BLOCK;
+    for (int j = 0; j < nblk; ++j)
+        for (int c = 0; c < d; ++c)
+            mu[(size_t)j * d + c] = o->codes_kind == PATH_I8
+                                        ? o->v8.mu_hat[(size_t)j * d + c] * o->v8.chan_scale[c]
+                                        : o->mu4[(size_t)j * d + c];
+}
+
+/* Overwrites the FP32 operand of every bit of the mask that is on with its
+ * dequantized codes; P is quantized in the engine itself (fp32_probs). */
+static void dequantize_masked(head_ops *o) {
+    const int d = o->d, nq = o->nq_pad, nk = o->nk_pad;
+    const size_t qn = (size_t)nq * d, kn = (size_t)nk * d;
+    switch (o->codes_kind) {
+    case PATH_I8:
+        if (o->mask & QVI_QUANT_Q) dequant_i8(&o->qi, nq, d, o->xq);
+        if (o->mask & QVI_QUANT_K) dequant_i8(&o->ki, nk, d, o->xk);
+        if (o->mask & QVI_QUANT_V)
+            dequant_e4m3(o->v8.codes, NULL, o->v8.chan_scale, nk, d, o->xv);
+        break;
+    case PATH_FP8:
+        if (o->mask & QVI_QUANT_Q) dequant_e4m3(o->q8.codes, o->q8.block_scale, NULL, nq, d, o->xq);
+        if (o->mask & QVI_QUANT_K) dequant_e4m3(o->k8.codes, o->k8.block_scale, NULL, nk, d, o->xk);
+        if (o->mask & QVI_QUANT_V)
+            dequant_e4m3(o->v8b.codes, o->v8b.block_scale, NULL, nk, d, o->xv);
+        break;
+    default: /* PATH_FP4: unscaled reconstructions times the tensor scale */
+        if (o->mask & QVI_QUANT_Q) scale_floats(o->qf, qn, o->gq, o->xq);
+        if (o->mask & QVI_QUANT_K) scale_floats(o->kf, kn, o->gk, o->xk);
+        if (o->mask & QVI_QUANT_V) scale_floats(o->vf, kn, o->gv, o->xv);
+        break;
+    }
+    if (o->xmu && (o->mask & QVI_QUANT_MU)) dequant_means(o, o->xmu);
+}
+
 /* Quantizes the (already smoothed / rotated / permuted) f32 operands.  Takes
- * ownership of q, k, v. */
+ * ownership of q, k, v.  With a mask other than QVI_QUANT_ALL the head
+ * runs on the FP32 engine (PATH_F32) instead of the codes. */
 static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
                                float *v, int demean, head_ops *o) {
     const int d = o->d;
-    qva_status st = QVA_OK;
     if (o->kind == PATH_16) { /* keep the rounded f32 buffers */
         round_rows16(q, (size_t)o->nq_pad * d, in_dtype);
         round_rows16(k, (size_t)o->nk_pad * d, in_dtype);
@@ -423,20 +544,13 @@ static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
         o->vf = v;
         return QVA_OK;
     }
-    if (o->kind == PATH_FP8) {
-        qvi_quant_e4m3_blocks(q, o->nq_pad, d, &o->q8);
-        qvi_quant_e4m3_blocks(k, o->nk_pad, d, &o->k8);
-        qvi_quant_e4m3_blocks(v, o->nk_pad, d, &o->v8b);
-        if (!o->q8.codes || !o->k8.codes || !o->v8b.codes)
-            st = qvi_fail(QVA_ERR_OUT_OF_MEMORY, "fp8 operands");
-    } else if (o->kind == PATH_I8) {
-        qvi_quant_i8(q, o->nq_pad, d, o->q_rows_per_scale, &o->qi);
-        qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
-        st = (!o->qi.codes || !o->ki.codes)
-                 ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
-                 : qvi_v8_prepare(v, o->nk, d, NULL, demean, &o->v8);
-    } else {
-        st = quantize_fp4(q, k, v, demean, o);
+    const int fp32_engine = o->mask != QVI_QUANT_ALL;
+    qva_status st = fp32_engine ? keep_fp32_operands(q, k, v, demean, o) : QVA_OK;
+    if (st == QVA_OK) st = quantize_codes(q, k, v, demean, o);
+    if (st == QVA_OK && fp32_engine) {
+        o->codes_kind = o->kind;
+        o->kind = PATH_F32;
+        dequantize_masked(o);
     }
     free(q);
     free(k);
@@ -461,9 +575,10 @@ static path_kind method_path(qva_method m) {
 static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
                                const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                int64_t h, int64_t hk, const int32_t *perm, int demean,
-                               head_ops *o) {
+                               int mask, head_ops *o) {
     memset(o, 0, sizeof *o);
     o->kind = method_path(cfg->method);
+    o->mask = mask;
     o->nq = (int)qt->shape[2];
     o->nk = (int)kt->shape[2];
     o->d = (int)qt->shape[3];
@@ -525,8 +640,49 @@ static void block_scores(const head_ops *o, int i, int j, float *s) {
                         o->k8.codes + ko, o->k8.block_scale[j], QVI_BLOCK, d,
                         o->scale_log2, s);
         break;
+    case PATH_F32:
+        qvi_scores_f32(o->xq + qo, o->xk + ko, QVI_BLOCK, d, o->scale_log2, s);
+        break;
     }
     for (int t = o->nk - j * QVI_BLOCK; t < QVI_BLOCK; ++t) s[t] = -INFINITY;
+}
+
+/* Probabilities of one key block on the FP32 engine into p; returns the
+ * row sum that enters l and the V-Smooth restore.  P quantized: the
+ * method's own codes (qvi_probs_e4m3, or NVFP4 after an FP32 row sum, as
+ * qvi_pv_nvfp4); otherwise FP32 exp2(s - m) and their FP32 sum. */
+static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
+    const int quant = (o->mask & QVI_QUANT_P) != 0;
+    if (quant && o->codes_kind != PATH_FP4) {
+        uint8_t pc[QVI_BLOCK];
+        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, pc);
+        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = e4m3_lut()[pc[j]];
+        return rowsum;
+    }
+    float rowsum = 0.0f;
+    for (int j = 0; j < QVI_BLOCK; ++j) {
+        p[j] = s[j] == -INFINITY ? 0.0f : exp2f(s[j] - m);
+        rowsum += p[j];
+    }
+    for (int j = 0; quant && j < QVI_BLOCK; j += 16) qva_nvfp4_quantize_probs16(p + j);
+    return rowsum;
+}
+
+/* The FP32 engine's PV of key block j: FP32 partial over real-unit values,
+ * then the V-Smooth restore rowsum * mu (VC Eq. 6) where there are means. */
+static void fp32_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
+    if (r->m == -INFINITY) return;
+    const int d = o->d;
+    const float *V = o->xv + (size_t)j * QVI_BLOCK * d;
+    const float *mu = o->xmu ? o->xmu + (size_t)j * d : NULL;
+    float p[QVI_BLOCK], part[128] = {0};
+    const float rowsum = fp32_probs(o, s, r->m, p);
+    for (int t = 0; t < QVI_BLOCK; ++t) {
+        if (p[t] == 0.0f) continue;
+        for (int c = 0; c < d; ++c) part[c] += p[t] * V[(size_t)t * d + c];
+    }
+    r->l += rowsum;
+    for (int c = 0; c < d; ++c) r->acc[c] += part[c] + (mu ? rowsum * mu[c] : 0.0f);
 }
 
 static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
@@ -546,11 +702,14 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
         qvi_pv_e4m3(r, s, o->v8b.codes + vo, o->v8b.block_scale[j], NULL,
                     QVI_BLOCK, o->expcast, 0);
         break;
+    case PATH_F32: fp32_pv(o, r, j, s); break;
     }
 }
 
 static float path_log2_amp(const head_ops *o) {
-    if (o->kind == PATH_I8 || o->kind == PATH_FP8)
+    const path_kind p_kind = o->kind == PATH_F32 && (o->mask & QVI_QUANT_P) ? o->codes_kind
+                                                                              : o->kind;
+    if (p_kind == PATH_I8 || p_kind == PATH_FP8)
         return o->expcast ? QVI_EXPCAST_LOG2_AMP : QVI_SAGE_P_OFFSET;
     return 0.0f;
 }
@@ -629,9 +788,9 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
 static qva_status quantized_head(const qva_config *cfg, const qva_tensor *qt,
                                  const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                  int64_t h, int64_t hk, const int32_t *perm, int demean,
-                                 float *ob, float *lb) {
+                                 int mask, float *ob, float *lb) {
     head_ops o;
-    qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, &o);
+    qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, mask, &o);
     if (st == QVA_OK) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < o.nq; ++i) {
@@ -687,12 +846,19 @@ static qva_status kv_head_order(qva_context_t *ctx, const qva_config *cfg,
     return st;
 }
 
-/* Heads in (b, h) order; query head h reads K/V head h / (H / H_kv),
- * whose V-Smooth order is decided once for its group. */
 qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                              const qva_tensor *q, const qva_tensor *k,
                              const qva_tensor *v, const qva_tensor *out,
                              const qva_tensor *lse) {
+    return qvi_cpu_attention_masked(ctx, cfg, q, k, v, out, lse, QVI_QUANT_ALL);
+}
+
+/* Heads in (b, h) order; query head h reads K/V head h / (H / H_kv),
+ * whose V-Smooth order is decided once for its group. */
+qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
+                                    const qva_tensor *q, const qva_tensor *k,
+                                    const qva_tensor *v, const qva_tensor *out,
+                                    const qva_tensor *lse, int mask) {
     const int64_t nq = q->shape[2], d = q->shape[3];
     const int64_t group = q->shape[1] / k->shape[1];
     float *ob = malloc((size_t)nq * d * sizeof *ob), *lb = malloc((size_t)nq * sizeof *lb);
@@ -711,7 +877,7 @@ qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                 break;
             st = cfg->method == QVA_METHOD_EXACT
                      ? exact_head(cfg, q, k, v, b, h, hk, ob, lb)
-                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, ob, lb);
+                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, ob, lb);
             if (st == QVA_OK && cfg->check_finite)
                 st = qvi_check_rows(ob, lse ? lb : NULL, nq, (int)d, b, h);
             if (st != QVA_OK) break;

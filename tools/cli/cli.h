@@ -59,7 +59,7 @@ typedef struct opts {
     const char *input, *synthetic, *methods, *grid, *shape, *device;
     const char *seed, *clusters, *iters_list;
     int prefix, prefix_at_end, layer, step, steps, heads, query_sample;
-    int iters, json;
+    int iters, json, decompose;
 } opts;
 
 /* An integer option that was not given. */
@@ -173,6 +173,21 @@ int run_method(runner *r, method_run *mr, int warmup, int iters, float *out);
 const char *dev_name(qva_device d);
 /* "[i/n] name: ..." on stderr once the run is slow enough to want it. */
 void progress(const method_run *m, int i, int n, double t_start);
+
+/* ------------------------------------------------------------ decompose */
+/* eval --decompose: one method's qva_error_terms_compute (decompose.c). */
+typedef struct decomp_row {
+    int ran;        /* t holds the terms                       */
+    qva_error_terms t;
+    char skip[300]; /* !ran: why (the library's reason)        */
+} decomp_row;
+/* rows[i] for ml->v[i], on the CPU views; RC_OK unless a call failed for
+ * a reason other than "not decomposed here". */
+int decompose_methods(const views *vw, const method_list *ml, decomp_row *rows);
+/* The table of terms and one "dominant:" line per decomposed method. */
+void print_decompose_table(const method_list *ml, const decomp_row *rows);
+/* The "decompose" member of eval's JSON. */
+void js_decompose(const method_list *ml, const decomp_row *rows);
 
 /* ------------------------------------------------------------ output */
 void js_str(const char *s);

@@ -34,6 +34,11 @@ static const char USAGE_EVAL[] =
     "  --heads H            evaluate only the first H heads\n"
     "  --query-sample R     evaluate R evenly spaced query rows (methods that\n"
     "                       need every row, draft@ and vc*, are skipped)\n"
+    "error terms:\n"
+    "  --decompose          also run each method on the CPU with one operand\n"
+    "                       quantized at a time (Q, K, P, V, vc's means) and\n"
+    "                       report each term's rel-L2 (docs/NUMERICS.md, \"Where\n"
+    "                       the error comes from\")\n"
     "output:\n"
     "  --device cpu|cuda|auto  where methods run (default auto: cuda when\n"
     "                       available and supported, else cpu)\n"
@@ -41,7 +46,7 @@ static const char USAGE_EVAL[] =
 
 static const opt_spec EVAL_OPTS[] = {
     OPTS_INPUT, OPTS_LAYOUT, OS("query-sample", OPT_INT, query_sample),
-    {NULL, OPT_FLAG, 0}};
+    OS("decompose", OPT_FLAG, decompose), {NULL, OPT_FLAG, 0}};
 
 /* V-quantization statistics of head 0 under three token orders. */
 typedef struct vq_report {
@@ -214,8 +219,9 @@ static void js_vq(const vq_report *r) {
     printf("}");
 }
 
-static void print_eval_json(const workload *w, const views *vw,
-                            const method_list *ml, const vq_report *r) {
+/* rows: the --decompose terms, or NULL without --decompose. */
+static void print_eval_json(const workload *w, const views *vw, const method_list *ml,
+                            const vq_report *r, const decomp_row *rows) {
     printf("{\"methods\":{");
     for (int i = 0; i < ml->n; ++i) {
         if (i) printf(",");
@@ -225,6 +231,10 @@ static void print_eval_json(const workload *w, const views *vw,
     js_input(w, vw);
     printf(",");
     js_vq(r);
+    if (rows) {
+        printf(",");
+        js_decompose(ml, rows);
+    }
     printf("}\n");
 }
 
@@ -262,18 +272,19 @@ static int eval_methods(runner *r, method_list *ml, float *ref, float *out) {
 }
 
 static int eval_report(const opts *o, const workload *w, const views *vw,
-                       const method_list *ml) {
+                       const method_list *ml, const decomp_row *rows) {
     vq_report r;
     memset(&r, 0, sizeof r);
     vq_compute(w, &r);
     tv_compute(w, &r);
     warn_aux(&r);
     if (o->json) {
-        print_eval_json(w, vw, ml, &r);
+        print_eval_json(w, vw, ml, &r, rows);
         return RC_OK;
     }
     print_input(w, vw);
     print_eval_table(ml);
+    if (rows) print_decompose_table(ml, rows);
     print_aux(&r);
     return RC_OK;
 }
@@ -282,6 +293,7 @@ int cmd_eval(int argc, char **argv) {
     opts o;
     method_session s;
     float *ref = NULL, *out = NULL;
+    decomp_row *rows = NULL;
     opts_init(&o);
     int rc = method_session_open(&s);
     if (!rc) rc = parse_opts(argc, argv, EVAL_OPTS, USAGE_EVAL, &o);
@@ -292,9 +304,15 @@ int cmd_eval(int argc, char **argv) {
         if (!ref || !out) rc = runtime_error("out of memory for the outputs");
     }
     if (!rc) rc = eval_methods(&s.run, s.ml, ref, out);
-    if (!rc) rc = eval_report(&o, &s.w, &s.vw, s.ml);
+    if (!rc && o.decompose) {
+        rows = calloc((size_t)s.ml->n + 1, sizeof *rows);
+        rc = rows ? decompose_methods(&s.vw, s.ml, rows)
+                  : runtime_error("out of memory for the error terms");
+    }
+    if (!rc) rc = eval_report(&o, &s.w, &s.vw, s.ml, rows);
     free(ref);
     free(out);
+    free(rows);
     method_session_close(&s);
     return rc == RC_HELP ? RC_OK : rc;
 }
