@@ -420,12 +420,24 @@ int8_t qva_int8_round(float x_over_delta);
 qva_status qva_hadamard(float *x, int n, const float *signs);
 
 /* ------------------------------------------------------------ workloads */
+/* Which kinds of heads the synthetic generator makes (docs/SYNTHETIC.md).
+ * VIDEO is 0 so that a spec filled by hand with this field zeroed gets the
+ * original workload, which every preset before these recipes uses. */
+typedef enum qva_synthetic_recipe {
+    QVA_SYN_VIDEO = 0,           /* local heads, value prototypes on cells */
+    QVA_SYN_GLOBAL = 1,          /* global heads, unclustered values, query
+                                    row norms varying within blocks */
+    QVA_SYN_LOCAL_CLUSTERED = 2, /* local heads, values clustered by object */
+    QVA_SYN_MIXED = 3            /* even heads GLOBAL, odd LOCAL_CLUSTERED */
+} qva_synthetic_recipe;
+
 typedef struct qva_synthetic_spec {
     char name[32];
     int B, H, D;
     int grid_t, grid_h, grid_w;
     int prefix_tokens;
     uint64_t seed;
+    int recipe; /* qva_synthetic_recipe */
 } qva_synthetic_spec;
 
 /* Looks up a named preset (see docs/SYNTHETIC.md); an unknown or NULL name

@@ -63,6 +63,17 @@ typedef struct syn_params {
     double v_spike;       /* spike magnitude                                */
     double pre_qk, pre_v; /* prefix token std (Q/K and V)                   */
     double rope_base;     /* RoPE frequency base                            */
+    /* global heads (QVA_SYN_GLOBAL, family A) */
+    int lat_rank;         /* rank of the per-token latent content           */
+    double lat_gain;      /* its gain in Q and K (sets the logit scale)     */
+    double q_row_sd;      /* std of ln(query row scale)                     */
+    double q_hot_frac;    /* fraction of tokens with an outlier query row   */
+    double q_hot;         /* their extra row scale                          */
+    /* local heads with object-clustered values (QVA_SYN_LOCAL_CLUSTERED) */
+    int objects;          /* moving objects per head                        */
+    double obj_rmin, obj_rmax; /* ellipse radii, fraction of the grid side  */
+    double horizon_lo, horizon_hi; /* background split row, fraction of H   */
+    double obj_noise;     /* white-noise std of V inside a region           */
 } syn_params;
 
 static const syn_params SYN = {
@@ -76,19 +87,36 @@ static const syn_params SYN = {
     .v_out_frac = 0.0075, .v_spikes = 3, .v_spike = 16.0,
     .pre_qk = 1.5, .pre_v = 1.5,
     .rope_base = 10000.0,
+    .lat_rank = 16, .lat_gain = 0.6, .q_row_sd = 0.5,
+    .q_hot_frac = 0.005, .q_hot = 6.0,
+    .objects = 6, .obj_rmin = 0.12, .obj_rmax = 0.3,
+    .horizon_lo = 0.3, .horizon_hi = 0.7, .obj_noise = 0.5,
 };
 
 /* ------------------------------------------------------------ presets */
+#define VIDEO QVA_SYN_VIDEO
+#define GLOBAL QVA_SYN_GLOBAL
+#define LOCAL QVA_SYN_LOCAL_CLUSTERED
+#define MIXED QVA_SYN_MIXED
 static const qva_synthetic_spec PRESETS[] = {
-    /* name                B  H   D   T   H   W  prefix seed */
-    {"tiny",               1, 2,  64,  2,  8,  8,   0, 0x7131A11ULL},
-    {"small",              1, 2, 128,  3, 12, 16,   0, 0x5A11ULL},
-    {"wan-small",          1, 2, 128,  4, 16, 24,   0, 0x3A7500ULL},
-    {"wan-small-prefix",   1, 2, 128,  4, 16, 24,  64, 0x3A7564ULL},
-    {"wan2.2-720p",        1, 40, 128, 21, 45, 80,  0, 0x3A72207ULL},
-    {"longcat-480p",       1, 32, 128, 24, 30, 52,  0, 0x10C4A7ULL},
-    {"hunyuan-720p",       1, 16, 128, 31, 45, 80, 100, 0x4B7E7ULL},
+    /* name                   B  H   D   T   H   W  prefix seed  recipe */
+    {"tiny",                  1, 2,  64,  2,  8,  8,   0, 0x7131A11ULL, VIDEO},
+    {"small",                 1, 2, 128,  3, 12, 16,   0, 0x5A11ULL, VIDEO},
+    {"wan-small",             1, 2, 128,  4, 16, 24,   0, 0x3A7500ULL, VIDEO},
+    {"wan-small-prefix",      1, 2, 128,  4, 16, 24,  64, 0x3A7564ULL, VIDEO},
+    {"wan2.2-720p",           1, 40, 128, 21, 45, 80,  0, 0x3A72207ULL, VIDEO},
+    {"longcat-480p",          1, 32, 128, 24, 30, 52,  0, 0x10C4A7ULL, VIDEO},
+    {"hunyuan-720p",          1, 16, 128, 31, 45, 80, 100, 0x4B7E7ULL, VIDEO},
+    /* issue 15's two situations, small enough for the CPU reference */
+    {"video-global",          1, 2, 128,  4, 20, 32,   0, 0x610BA1ULL, GLOBAL},
+    {"video-global-d64",      1, 2,  64,  4, 20, 32,   0, 0x610BA64ULL, GLOBAL},
+    {"video-local-clustered", 1, 2, 128,  4, 20, 32,   0, 0x10CA1ULL, LOCAL},
+    {"video-mixed",           1, 4, 128,  4, 20, 32,   0, 0x3B1EDULL, MIXED},
 };
+#undef VIDEO
+#undef GLOBAL
+#undef LOCAL
+#undef MIXED
 #define NPRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
 
 int qva_synthetic_preset_count(void) { return NPRESETS; }
@@ -110,7 +138,7 @@ static void preset_list(char *buf, size_t len) {
 }
 
 qva_status qva_synthetic_preset(const char *name, qva_synthetic_spec *spec) {
-    char list[256];
+    char list[512];
     preset_list(list, sizeof list);
     if (!name)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
@@ -407,6 +435,11 @@ typedef struct syn_head {
     double vel_y, vel_x;        /* motion of the prototype cells           */
     double sw[2][3], sphi[2];   /* two low-frequency waves choosing layers */
     uint64_t key;               /* hash key of the head                    */
+    /* local clustered heads: object ellipses {y0, x0, vy, vx, ry, rx} at
+     * t = 0, drawn in order (later on top), and the background split row */
+    double obj[8][6];
+    int n_obj;
+    double horizon;
 } syn_head;
 
 static void head_free(syn_head *h) {
@@ -638,6 +671,18 @@ static int token_proto(const syn_head *h, int t, int y, int x) {
     return (int)(key % (uint64_t)h->G);
 }
 
+/* Value outlier tokens: position hashed per head, channels fixed per head
+ * (VC §3.1: a few tokens, in channels that shift across heads). */
+static void add_spikes(const syn_head *h, int64_t tok, float *v) {
+    uint64_t u = hash2(h->key ^ 0x5B1CE, (uint64_t)tok);
+    if ((double)(u >> 11) * 0x1p-53 < SYN.v_out_frac) {
+        double jitter = 1.0 + 0.25 * ((double)(u & 0xFF) / 255.0);
+        for (int k = 0; k < spike_count(h->D); ++k)
+            v[h->spike_ch[k]] += (float)(h->spike_sign[k] * SYN.v_spike *
+                                         jitter);
+    }
+}
+
 /* V row of one video token: prototype + smooth field + noise (+ spikes). */
 static void video_v(const syn_head *h, syn_scratch *s, syn_rng *rv,
                     int64_t tok, int t, int y, int x, float *v) {
@@ -648,14 +693,7 @@ static void video_v(const syn_head *h, syn_scratch *s, syn_rng *rv,
     for (int c = 0; c < D; ++c)
         v[c] = (float)(pr[c] + s->acc[c] + h->v_mean[c] +
                        SYN.v_noise * s->noise[c]);
-    /* token outliers: position hashed per head, channels fixed per head */
-    uint64_t u = hash2(h->key ^ 0x5B1CE, (uint64_t)tok);
-    if ((double)(u >> 11) * 0x1p-53 < SYN.v_out_frac) {
-        double jitter = 1.0 + 0.25 * ((double)(u & 0xFF) / 255.0);
-        for (int k = 0; k < spike_count(D); ++k)
-            v[h->spike_ch[k]] += (float)(h->spike_sign[k] * SYN.v_spike *
-                                         jitter);
-    }
+    add_spikes(h, tok, v);
 }
 
 /* Text prefix token: independent Gaussian rows with their own scale and
@@ -674,6 +712,143 @@ static void prefix_row(const syn_head *h, syn_scratch *s, syn_rng *rq,
         v[c] = (float)(SYN.pre_v * s->noise[c] + h->pre_vm[c]);
 }
 
+/* ------------------------------------------------------------ recipes */
+/*
+ * Issue 15's two situations.  Captured video-DiT tensors showed two
+ * families: (A) global, diffuse heads whose values do not cluster and whose
+ * query rows differ a lot in magnitude inside a 128-token block, where the
+ * per-block Q scale was the largest error term; (B) local heads whose
+ * values cluster by object, where V-Smooth pays.  A GLOBAL head models A,
+ * a LOCAL_CLUSTERED head B; the VIDEO recipe is the original workload.
+ */
+enum { HEAD_VIDEO, HEAD_GLOBAL, HEAD_LOCAL };
+
+/* MIXED alternates by head index (not b*H + h), so a head keeps its kind
+ * across the batch. */
+static int head_kind(int recipe, int head) {
+    switch (recipe) {
+    case QVA_SYN_GLOBAL: return HEAD_GLOBAL;
+    case QVA_SYN_LOCAL_CLUSTERED: return HEAD_LOCAL;
+    case QVA_SYN_MIXED: return head % 2 ? HEAD_LOCAL : HEAD_GLOBAL;
+    default: return HEAD_VIDEO;
+    }
+}
+
+/* Uniform in [lo, hi): one draw per call, so the order of draws is fixed
+ * by the statements (two draws in one expression would be unsequenced). */
+static double rng_range(syn_rng *r, double lo, double hi) {
+    return lo + (hi - lo) * rng_uniform(r);
+}
+
+/* Objects of a local clustered head: ellipses with random centres, sizes
+ * and straight-line motion (spatially coherent, moving like VIDEO's
+ * cells), over two background regions split at a horizon row.  Region j's
+ * value centroid is prototype j, so objects + 2 <= v_groups. */
+static void head_objects(syn_head *h, syn_rng *r, const syn_geom *g) {
+    h->n_obj = SYN.objects < 8 ? SYN.objects : 8;
+    for (int o = 0; o < h->n_obj; ++o) {
+        double *e = h->obj[o];
+        e[0] = rng_range(r, 0.0, g->Y);
+        e[1] = rng_range(r, 0.0, g->X);
+        e[2] = rng_range(r, -SYN.v_speed, SYN.v_speed);
+        e[3] = rng_range(r, -SYN.v_speed, SYN.v_speed);
+        e[4] = g->Y * rng_range(r, SYN.obj_rmin, SYN.obj_rmax);
+        e[5] = g->X * rng_range(r, SYN.obj_rmin, SYN.obj_rmax);
+        e[4] = e[4] < 1.0 ? 1.0 : e[4]; /* at least a token across */
+        e[5] = e[5] < 1.0 ? 1.0 : e[5];
+    }
+    h->horizon = g->Y * rng_range(r, SYN.horizon_lo, SYN.horizon_hi);
+}
+
+/* Region of a token: the last-drawn object that covers it, else the
+ * background above or below the horizon. */
+static int token_region(const syn_head *h, int t, int y, int x) {
+    for (int o = h->n_obj - 1; o >= 0; --o) {
+        const double *e = h->obj[o];
+        double dy = (y - (e[0] + e[2] * t)) / e[4];
+        double dx = (x - (e[1] + e[3] * t)) / e[5];
+        if (dy * dy + dx * dx <= 1.0) return o;
+    }
+    return h->n_obj + (y >= h->horizon);
+}
+
+/* V of a local clustered head: region centroid + smooth texture + noise
+ * tighter than VIDEO's, so tokens of one object are alike wherever the
+ * raster order puts them. */
+static void object_v(const syn_head *h, syn_scratch *s, syn_rng *rv,
+                     int64_t tok, int t, int y, int x, float *v) {
+    const int D = h->D;
+    const float *pr = h->proto + (size_t)token_region(h, t, y, x) * D;
+    mix(s, h->av, h->L, D, s->acc);
+    normal_row(rv, s->noise, D);
+    for (int c = 0; c < D; ++c)
+        v[c] = (float)(pr[c] + s->acc[c] + h->v_mean[c] +
+                       SYN.obj_noise * s->noise[c]);
+    add_spikes(h, tok, v);
+}
+
+/* Rank of a global head's latent: even (normal_row draws pairs) and two
+ * below L, since the two normals after it come from the same draw. */
+static int latent_rank(const syn_head *h) {
+    int r = SYN.lat_rank < h->L - 2 ? SYN.lat_rank : h->L - 2;
+    return r - r % 2;
+}
+
+/*
+ * Content of a global-head token: a latent of iid normals with no spatial
+ * structure (so a query meets keys of similar content anywhere in the
+ * video), scaled to f.f ~ 1 like the Fourier features.  Returns the query
+ * row's scale: log-normal per token, times q_hot on a few hashed tokens,
+ * so row magnitudes vary strongly inside every 128-token block.
+ */
+static double token_latent(const syn_head *h, syn_scratch *s, syn_rng *rz,
+                           int64_t tok) {
+    const int r = latent_rank(h);
+    normal_row(rz, s->f, r + 2);
+    double scale = det_exp(SYN.q_row_sd * s->f[r]);
+    uint64_t u = hash2(h->key ^ 0x0A7E5, (uint64_t)tok);
+    if ((double)(u >> 11) * 0x1p-53 < SYN.q_hot_frac) scale *= SYN.q_hot;
+    double unit = 1.0 / sqrt((double)r);
+    for (int l = 0; l < r; ++l) s->f[l] *= unit;
+    return scale;
+}
+
+/* V of a global head: the token's latent content, noise and the common
+ * mean, with no prototypes: nothing for k-means to gather but the
+ * Gaussian's own spread. */
+static void global_v(const syn_head *h, syn_scratch *s, syn_rng *rv,
+                     int64_t tok, float *v) {
+    const int D = h->D;
+    mix(s, h->av, latent_rank(h), D, s->acc);
+    normal_row(rv, s->noise, D);
+    for (int c = 0; c < D; ++c)
+        v[c] = (float)(s->acc[c] + h->v_mean[c] + SYN.v_noise * s->noise[c]);
+    add_spikes(h, tok, v);
+}
+
+/* Q and K of a global head, before RoPE.  The latent gain sets a diffuse
+ * logit scale; the outlier channels' gain applies to K too (channel
+ * outliers that K smoothing does not remove); the row scale multiplies
+ * the whole query row. */
+static void global_qk(const syn_head *h, syn_scratch *s, syn_rng *rq,
+                      syn_rng *rk, double scale, float *q, float *k) {
+    const int D = h->D, r = latent_rank(h);
+    for (int l = 0; l < r; ++l) s->f[l] *= SYN.lat_gain;
+    mix(s, h->aq, r, D, s->acc);
+    normal_row(rq, s->noise, D);
+    for (int c = 0; c < D; ++c) {
+        double var = s->acc[c] + SYN.qk_noise * s->noise[c];
+        q[c] = (float)(scale *
+                       (h->gain[c] * var + h->q_mean[c] + h->q_out[c]));
+    }
+    mix(s, h->ak, r, D, s->acc);
+    normal_row(rk, s->noise, D);
+    for (int c = 0; c < D; ++c) {
+        double var = s->acc[c] + SYN.qk_noise * s->noise[c];
+        k[c] = (float)(h->gain[c] * var + h->k_bias[c] + h->k_out[c]);
+    }
+}
+
 static int scratch_alloc(syn_scratch *s, const syn_geom *g, int L) {
     size_t n = (size_t)L * (1 + 2 * ((size_t)g->T + g->Y + g->X)) + 2 * g->D;
     s->f = malloc(sizeof(double) * n);
@@ -689,42 +864,80 @@ static int scratch_alloc(syn_scratch *s, const syn_geom *g, int L) {
     return 1;
 }
 
+/* The random streams of one head. */
+typedef struct syn_streams {
+    syn_rng par, q, k, v; /* the head's parameters; Q, K, V noise     */
+    syn_rng z;            /* global heads: latent content, row scales */
+} syn_streams;
+
 /* Seeds: one key per (b, h) from the spec seed, then one stream for the
  * head's parameters and one per tensor, so heads are independent of the
- * order they are generated in. */
+ * order they are generated in.  z is drawn only by global heads, so the
+ * VIDEO streams are those of the original generator. */
 static void head_streams(uint64_t seed, int64_t bh, syn_head *h,
-                         syn_rng *par, syn_rng *rq, syn_rng *rk,
-                         syn_rng *rv) {
+                         syn_streams *st) {
     h->key = hash2(seed, (uint64_t)bh + 1);
-    rng_seed(par, hash2(h->key, 1));
-    rng_seed(rq, hash2(h->key, 2));
-    rng_seed(rk, hash2(h->key, 3));
-    rng_seed(rv, hash2(h->key, 4));
+    rng_seed(&st->par, hash2(h->key, 1));
+    rng_seed(&st->q, hash2(h->key, 2));
+    rng_seed(&st->k, hash2(h->key, 3));
+    rng_seed(&st->v, hash2(h->key, 4));
+    rng_seed(&st->z, hash2(h->key, 5));
 }
 
-static void gen_head(const syn_geom *g, syn_head *h, syn_scratch *s,
-                     uint64_t seed, int64_t bh, double qk_gain, float *q,
-                     float *k, float *v) {
-    syn_rng par, rq, rk, rv;
-    head_streams(seed, bh, h, &par, &rq, &rk, &rv);
-    head_field(h, &par, qk_gain);
-    head_common(h, &par, g);
-    head_values(h, &par);
-    scratch_tables(s, h, g);
+/* Everything one head's generation reads or writes. */
+typedef struct syn_job {
+    const syn_geom *g;
+    syn_head *h;
+    syn_scratch *s;
+    syn_streams st;
+    int kind;         /* HEAD_* */
+    float *q, *k, *v; /* the head's [N][D] slices */
+} syn_job;
+
+/* One video token at grid position (t, y, x). */
+static void gen_token(syn_job *j, int t, int y, int x) {
+    const syn_geom *g = j->g;
+    const int64_t i = g->P + ((int64_t)t * g->Y + y) * g->X + x;
+    float *qi = j->q + i * g->D, *ki = j->k + i * g->D;
+    float *vi = j->v + i * g->D;
+    if (j->kind == HEAD_GLOBAL) {
+        double scale = token_latent(j->h, j->s, &j->st.z, i);
+        global_v(j->h, j->s, &j->st.v, i, vi);
+        global_qk(j->h, j->s, &j->st.q, &j->st.k, scale, qi, ki);
+    } else {
+        token_features(j->s, j->h->L, t, y, x);
+        video_qk(j->h, j->s, &j->st.q, &j->st.k, qi, ki);
+        if (j->kind == HEAD_LOCAL)
+            object_v(j->h, j->s, &j->st.v, i, t, y, x, vi);
+        else
+            video_v(j->h, j->s, &j->st.v, i, t, y, x, vi);
+    }
+    apply_rope(g, t, y, x, qi);
+    apply_rope(g, t, y, x, ki);
+}
+
+/* The head's parameters: every kind draws the same ones from `par` (a
+ * local clustered head adds its objects after), so a LOCAL head's Q and K
+ * are those a VIDEO head with the same key would have. */
+static void head_setup(syn_job *j, double qk_gain) {
+    head_field(j->h, &j->st.par, qk_gain);
+    head_common(j->h, &j->st.par, j->g);
+    head_values(j->h, &j->st.par);
+    if (j->kind == HEAD_LOCAL) head_objects(j->h, &j->st.par, j->g);
+    scratch_tables(j->s, j->h, j->g);
+}
+
+static void gen_head(syn_job *j, uint64_t seed, int64_t bh, double qk_gain) {
+    const syn_geom *g = j->g;
     const int D = g->D;
+    head_streams(seed, bh, j->h, &j->st);
+    head_setup(j, qk_gain);
     for (int64_t i = 0; i < g->P; ++i)
-        prefix_row(h, s, &rq, &rk, &rv, q + i * D, k + i * D, v + i * D);
+        prefix_row(j->h, j->s, &j->st.q, &j->st.k, &j->st.v, j->q + i * D,
+                   j->k + i * D, j->v + i * D);
     for (int t = 0; t < g->T; ++t)
         for (int y = 0; y < g->Y; ++y)
-            for (int x = 0; x < g->X; ++x) {
-                int64_t i = g->P + ((int64_t)t * g->Y + y) * g->X + x;
-                float *qi = q + i * D, *ki = k + i * D;
-                token_features(s, h->L, t, y, x);
-                video_qk(h, s, &rq, &rk, qi, ki);
-                apply_rope(g, t, y, x, qi);
-                apply_rope(g, t, y, x, ki);
-                video_v(h, s, &rv, i, t, y, x, v + i * D);
-            }
+            for (int x = 0; x < g->X; ++x) gen_token(j, t, y, x);
 }
 
 static qva_status check_spec(const qva_synthetic_spec *sp) {
@@ -744,14 +957,18 @@ static qva_status check_spec(const qva_synthetic_spec *sp) {
     double total = (double)sp->B * sp->H * n * sp->D;
     if (n > 2147483647.0 || total * sizeof(float) > (double)SIZE_MAX / 2)
         return qvi_fail(QVA_ERR_SHAPE, "synthetic spec: tensor too large");
+    if (sp->recipe < QVA_SYN_VIDEO || sp->recipe > QVA_SYN_MIXED)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "synthetic spec '%.32s': unknown recipe %d",
+                        sp->name, sp->recipe);
     return QVA_OK;
 }
 
 /* One head per iteration; under OpenMP the heads run in parallel, each
  * thread with its own parameters and scratch.  Heads draw from their own
  * streams, so the bytes do not depend on the thread count. */
-static int gen_all(const syn_geom *g, uint64_t seed, double qk_gain,
-                   float *q, float *k, float *v) {
+static int gen_all(const syn_geom *g, const qva_synthetic_spec *sp,
+                   double qk_gain, float *q, float *k, float *v) {
     const int64_t heads = (int64_t)g->B * g->H;
     const size_t head = (size_t)g->N * g->D;
     int failed = 0;
@@ -770,10 +987,14 @@ static int gen_all(const syn_geom *g, uint64_t seed, double qk_gain,
             failed = 1;
         }
         SYN_OMP("omp for schedule(dynamic, 1)")
-        for (int64_t bh = 0; bh < heads; ++bh)
-            if (ok)
-                gen_head(g, &h, &s, seed, bh, qk_gain, q + bh * head,
-                         k + bh * head, v + bh * head);
+        for (int64_t bh = 0; bh < heads; ++bh) {
+            if (!ok) continue;
+            syn_job j = {.g = g, .h = &h, .s = &s,
+                         .kind = head_kind(sp->recipe, (int)(bh % g->H)),
+                         .q = q + bh * head, .k = k + bh * head,
+                         .v = v + bh * head};
+            gen_head(&j, sp->seed, bh, qk_gain);
+        }
         if (ok) {
             free(s.f);
             head_free(&h);
@@ -794,7 +1015,7 @@ qva_status qva_synthetic_generate(const qva_synthetic_spec *spec, float *q,
     /* keep the logit scale of D = 128 at other head dims: q.k/sqrt(D)
      * grows like sqrt(D) times the squared gain */
     double qk_gain = SYN.qk_gain * det_exp(0.25 * det_log(128.0 / g.D));
-    int ok = gen_all(&g, spec->seed, qk_gain, q, k, v);
+    int ok = gen_all(&g, spec, qk_gain, q, k, v);
     geom_free(&g);
     return ok ? QVA_OK
               : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "synthetic: head scratch");

@@ -9,6 +9,11 @@
  *    at a realistic logit scale, V outlier tokens whose channels change
  *    with the head, and V-Smooth's k-means order beating sequence order on
  *    "small" (VC Table 1 / Eq. 5);
+ *  - the recipes of issue 15's two situations: every small preset's bytes
+ *    pinned (the original ones must not move), global heads diffuse with
+ *    query row norms spread inside each block and unclustered values, local
+ *    clustered heads local with a much larger k-means energy share, and
+ *    video-mixed holding both kinds;
  *  - qva_compare, qva_vquant_stats_compute and qva_expcast_tv on inputs
  *    whose answers are known.
  */
@@ -81,24 +86,31 @@ static void test_presets(void) {
     }
     static const struct {
         const char *name;
-        int B, H, D, t, h, w, prefix;
+        int B, H, D, t, h, w, prefix, recipe;
     } want[] = {
-        {"tiny", 1, 2, 64, 2, 8, 8, 0},
-        {"small", 1, 2, 128, 3, 12, 16, 0},
-        {"wan-small", 1, 2, 128, 4, 16, 24, 0},
-        {"wan-small-prefix", 1, 2, 128, 4, 16, 24, 64},
-        {"wan2.2-720p", 1, 40, 128, 21, 45, 80, 0},
-        {"longcat-480p", 1, 32, 128, 24, 30, 52, 0},
-        {"hunyuan-720p", 1, 16, 128, 31, 45, 80, 100},
+        {"tiny", 1, 2, 64, 2, 8, 8, 0, QVA_SYN_VIDEO},
+        {"small", 1, 2, 128, 3, 12, 16, 0, QVA_SYN_VIDEO},
+        {"wan-small", 1, 2, 128, 4, 16, 24, 0, QVA_SYN_VIDEO},
+        {"wan-small-prefix", 1, 2, 128, 4, 16, 24, 64, QVA_SYN_VIDEO},
+        {"wan2.2-720p", 1, 40, 128, 21, 45, 80, 0, QVA_SYN_VIDEO},
+        {"longcat-480p", 1, 32, 128, 24, 30, 52, 0, QVA_SYN_VIDEO},
+        {"hunyuan-720p", 1, 16, 128, 31, 45, 80, 100, QVA_SYN_VIDEO},
+        {"video-global", 1, 2, 128, 4, 20, 32, 0, QVA_SYN_GLOBAL},
+        {"video-global-d64", 1, 2, 64, 4, 20, 32, 0, QVA_SYN_GLOBAL},
+        {"video-local-clustered", 1, 2, 128, 4, 20, 32, 0,
+         QVA_SYN_LOCAL_CLUSTERED},
+        {"video-mixed", 1, 4, 128, 4, 20, 32, 0, QVA_SYN_MIXED},
     };
+    CHECK(count == (int)(sizeof want / sizeof want[0]), "%d presets", count);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) {
         qva_synthetic_spec s;
         CHECK(qva_synthetic_preset(want[i].name, &s) == QVA_OK, "%s",
               want[i].name);
         CHECK(s.B == want[i].B && s.H == want[i].H && s.D == want[i].D &&
                   s.grid_t == want[i].t && s.grid_h == want[i].h &&
-                  s.grid_w == want[i].w && s.prefix_tokens == want[i].prefix,
-              "shape of %s", want[i].name);
+                  s.grid_w == want[i].w && s.prefix_tokens == want[i].prefix &&
+                  s.recipe == want[i].recipe,
+              "shape and recipe of %s", want[i].name);
     }
     qva_synthetic_spec s;
     CHECK(qva_synthetic_preset("hunyuan-720p", &s) == QVA_OK &&
@@ -129,6 +141,13 @@ static void test_generate_errors(void) {
     qva_synthetic_preset("tiny", &s);
     s.grid_w = 0;
     CHECK(qva_synthetic_generate(&s, x, x, x) == QVA_ERR_SHAPE, "empty grid");
+    qva_synthetic_preset("tiny", &s);
+    s.recipe = QVA_SYN_MIXED + 1;
+    CHECK(qva_synthetic_generate(&s, x, x, x) == QVA_ERR_INVALID_ARGUMENT,
+          "unknown recipe");
+    s.recipe = -1;
+    CHECK(qva_synthetic_generate(&s, x, x, x) == QVA_ERR_INVALID_ARGUMENT,
+          "negative recipe");
 }
 
 /* ------------------------------------------------------------ determinism */
@@ -385,6 +404,158 @@ static void test_prefix(void) {
     unload(&w);
 }
 
+/* ------------------------------------------------------------ recipes */
+/* FNV-1a of q, k, v of every small preset.  The VIDEO ones are the bytes
+ * the generator made before the recipes existed (src/synthetic.c at
+ * 02d688e): adding recipes must not move them.  The others pin the
+ * recipes from their first version (docs/SYNTHETIC.md). */
+static void test_pinned_hashes(void) {
+    static const struct {
+        const char *name;
+        uint64_t hash;
+    } pinned[] = {
+        {"small", 0x3a9e5777c5eb84c6ull},
+        {"wan-small", 0x5f720fb1b36f0e44ull},
+        {"wan-small-prefix", 0x20fbaa2900e317b0ull},
+        {"video-global", 0x525542f47c18676eull},
+        {"video-global-d64", 0xe88c71817dffc69dull},
+        {"video-local-clustered", 0x6939504c822fb923ull},
+        {"video-mixed", 0xe1dc2174f8d374fbull},
+    };
+    for (size_t p = 0; p < sizeof pinned / sizeof pinned[0]; ++p) {
+        workload a;
+        CHECK(load(pinned[p].name, &a), "generate %s", pinned[p].name);
+        uint64_t hsh = 0xCBF29CE484222325ull;
+        hsh = fnv1a(hsh, a.q, a.count);
+        hsh = fnv1a(hsh, a.k, a.count);
+        hsh = fnv1a(hsh, a.v, a.count);
+        CHECK(hsh == pinned[p].hash, "%s hash 0x%016llx changed",
+              pinned[p].name, (unsigned long long)hsh);
+        unload(&a);
+    }
+}
+
+/* Mean over the full 128-row blocks of (largest / median query row norm):
+ * how much a per-block INT8 scale coarsens a block's typical row. */
+static double q_norm_spread(const float *q, int64_t n, int d) {
+    double sum = 0.0, norm[128];
+    int64_t blocks = 0;
+    for (int64_t b0 = 0; b0 + 128 <= n; b0 += 128, ++blocks) {
+        for (int r = 0; r < 128; ++r) {
+            double a = 0.0;
+            for (int c = 0; c < d; ++c)
+                a += (double)q[(b0 + r) * d + c] * q[(b0 + r) * d + c];
+            norm[r] = sqrt(a);
+        }
+        qsort(norm, 128, sizeof norm[0], cmp_double);
+        sum += norm[127] / norm[64];
+    }
+    return sum / (double)blocks;
+}
+
+/* The statistics that tell a global head from a local clustered one. */
+typedef struct head_shape {
+    double logit_std, local, q_spread, k_out, share_seq, share_km;
+} head_shape;
+
+static head_shape shape_of(const workload *w, int h, int32_t *perm) {
+    head_shape r;
+    const float *q = head_of(w, w->q, h), *k = head_of(w, w->k, h);
+    const float *v = head_of(w, w->v, h);
+    const int d = w->sp.D, n = (int)w->n;
+    qva_vquant_stats seq, km;
+    attention_shape(w, q, k, &r.logit_std, &r.local);
+    r.q_spread = q_norm_spread(q, n, d);
+    r.k_out = outlier_ratio(k, n, d);
+    CHECK(qva_vquant_stats_compute(v, n, d, NULL, QVI_BLOCK, &seq) == QVA_OK &&
+              qva_vsmooth_permutation(v, n, d, 16, 8, perm) == QVA_OK &&
+              qva_vquant_stats_compute(v, n, d, perm, QVI_BLOCK, &km) ==
+                  QVA_OK,
+          "V stats of %s h%d: %s", w->sp.name, h, qva_last_error());
+    r.share_seq = seq.energy_share;
+    r.share_km = km.energy_share;
+    printf("%s h%d: logit std %.2f, 3x5x5 mass %.3f, Q row norm max/median "
+           "per block %.2f, K outlier channel / median %.2f, V energy share "
+           "sequence %.3f k-means %.3f\n", w->sp.name, h, r.logit_std,
+           r.local, r.q_spread, r.k_out, r.share_seq, r.share_km);
+    return r;
+}
+
+/* Family A: diffuse attention over the whole video, query rows whose
+ * norms spread inside every block, K channel outliers, values with
+ * nothing for k-means to gather beyond a Gaussian's spread. */
+static void check_global(const head_shape *s, const char *what) {
+    CHECK(s->local < 0.2, "%s: 3x5x5 mass %.3f (global)", what, s->local);
+    CHECK(s->logit_std > 0.8 && s->logit_std < 2.5, "%s: logit std %.2f",
+          what, s->logit_std);
+    CHECK(s->q_spread > 3.0, "%s: Q norm spread %.2f", what, s->q_spread);
+    CHECK(s->k_out > 2.0, "%s: K outlier channels %.2f", what, s->k_out);
+    CHECK(s->share_km < 0.15, "%s: k-means share %.3f", what, s->share_km);
+}
+
+/* Family B: local attention, even query norms, values clustered by
+ * object, so the k-means order holds much of V's energy in block means. */
+static void check_local(const head_shape *s, const char *what) {
+    CHECK(s->local > 0.6, "%s: 3x5x5 mass %.3f (local)", what, s->local);
+    CHECK(s->q_spread < 2.0, "%s: Q norm spread %.2f", what, s->q_spread);
+    CHECK(s->share_km > 0.4 && s->share_km > s->share_seq + 0.1,
+          "%s: k-means share %.3f, sequence %.3f", what, s->share_km,
+          s->share_seq);
+}
+
+/* Every head of a preset; kind(h) 0 global, 1 local clustered.  Returns
+ * the smallest local and the largest global k-means share seen. */
+static void check_recipe(const char *name, int mixed, double *min_local,
+                         double *max_global) {
+    workload w;
+    CHECK(load(name, &w), "generate %s", name);
+    int32_t *perm = malloc((size_t)w.n * sizeof *perm);
+    for (int h = 0; h < w.sp.H; ++h) {
+        int local = w.sp.recipe == QVA_SYN_LOCAL_CLUSTERED ||
+                    (mixed && h % 2 == 1);
+        char what[64];
+        snprintf(what, sizeof what, "%s h%d", name, h);
+        head_shape s = shape_of(&w, h, perm);
+        if (local) {
+            check_local(&s, what);
+            *min_local = s.share_km < *min_local ? s.share_km : *min_local;
+        } else {
+            check_global(&s, what);
+            *max_global = s.share_km > *max_global ? s.share_km : *max_global;
+        }
+    }
+    free(perm);
+    unload(&w);
+}
+
+static void test_recipes(void) {
+    double min_local = 1.0, max_global = 0.0;
+    check_recipe("video-global", 0, &min_local, &max_global);
+    check_recipe("video-global-d64", 0, &min_local, &max_global);
+    check_recipe("video-local-clustered", 0, &min_local, &max_global);
+    check_recipe("video-mixed", 1, &min_local, &max_global);
+    CHECK(min_local > 3.0 * max_global,
+          "clustered V's k-means share %.3f vs global %.3f", min_local,
+          max_global);
+
+    /* same seed, same bytes; and a mixed head's kind and bytes do not
+     * depend on the head count */
+    workload a, b;
+    CHECK(load("video-mixed", &a) && load("video-mixed", &b), "mixed");
+    CHECK(memcmp(a.q, b.q, a.count * 4) == 0 &&
+              memcmp(a.k, b.k, a.count * 4) == 0 &&
+              memcmp(a.v, b.v, a.count * 4) == 0,
+          "video-mixed twice: same bytes");
+    b.sp.H = 2;
+    CHECK(qva_synthetic_generate(&b.sp, b.q, b.k, b.v) == QVA_OK, "H=2");
+    size_t two = 2 * (size_t)a.n * a.sp.D;
+    CHECK(memcmp(a.q, b.q, two * 4) == 0 && memcmp(a.k, b.k, two * 4) == 0 &&
+              memcmp(a.v, b.v, two * 4) == 0,
+          "mixed heads 0-1 do not depend on H");
+    unload(&a);
+    unload(&b);
+}
+
 /* ------------------------------------------------------------ metrics */
 static void test_compare(void) {
     const float ref[4] = {1, 2, 3, 4}, out[4] = {1, 2, 3, 5};
@@ -500,6 +671,8 @@ int main(void) {
     vsmooth_effect("small", 1);
     vsmooth_effect("wan-small", 1);
     test_prefix();
+    test_pinned_hashes();
+    test_recipes();
     test_compare();
     test_vquant_stats();
     test_expcast_tv();
