@@ -13,7 +13,7 @@
 #          draft@85/0/0/15 (and draft@70/10/10/10, the mma.sync draft kernel
 #          with an NVFP4 phase), the two builds alternating ROUNDS times (default
 #          2), each run with its own cuDNN baseline; the medians of the
-#          full-call ratios to cuDNN are compared
+#          full-call ratios to cuDNN are compared (METHODS=a,b,c overrides the list)
 # Logs and JSON go to $OUT (default ./out).  Exit status non-zero if the
 # hashes differ.
 set -u
@@ -60,7 +60,7 @@ if [ "$WHAT" != hash ]; then
             [ $b = base ] && tree="$BASE"
             mkdir -p "$OUT/speed-$b-$r"
             QVATTN_LIB="$tree/build-gpu/libqvattn.so" timeout 300 python3 "$tree/bench/compare.py" --shapes wan2.2-720p \
-                --methods sage8,vc8+expcast,draft@85/0/0/15,draft@70/10/10/10 --baselines cudnn --iters 5 \
+                --methods "${METHODS:-sage8,vc8+expcast,draft@85/0/0/15,draft@70/10/10/10}" --baselines cudnn --iters 5 \
                 --out "$OUT/speed-$b-$r" >"$OUT/speed-$b-$r.log" 2>&1 || echo "speed $b $r: rc=$?"
             grep -E "qvattn |error|Error" "$OUT/speed-$b-$r.log" | head -12
         done
