@@ -82,8 +82,9 @@ def ssim(x, ref, data_range=2.0):
 
 
 def lpips_status():
-    """LPIPS needs a package and pretrained network weights; neither may be
-    downloaded here.  Returns None if usable offline, else the column note."""
+    """The report's LPIPS note.  LPIPS needs a package and pretrained network
+    weights (a torchvision backbone), and nothing may be downloaded here, so
+    it is never computed; the note says which of the two is missing."""
     if importlib.util.find_spec("lpips") is None:
         return "LPIPS: n/a (no weights offline)"
     return "LPIPS: n/a (package present, but its backbone weights would be downloaded)"

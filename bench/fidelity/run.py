@@ -183,6 +183,7 @@ class Harness:
 
     def write(self):
         from fidelity.report import markdown
+        self.timings.pop("total", None)  # kept last
         self.timings["total"] = time.perf_counter() - self.t0
         with open(self.base + ".json", "w") as f:
             json.dump(_clean(self.results), f, indent=1)
@@ -322,7 +323,7 @@ class Harness:
         rows, labels = [], []
         for j in range(min(sc["image_clips"], sc["clips"])):
             rows.append(self.data_clips[j, :nf].cpu().numpy())
-            labels.append(f"data clip {j}")
+            labels.append(f"data (held-out clip {j})")
             for n in names:
                 rows.append(self.samples[seed][n][j, :nf].numpy())
                 labels.append(f"{n} clip {j}")

@@ -42,26 +42,26 @@ def lr_at(step, tc):
     return tc["lr"] * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
 
-def sample_t(n, dist, gen):
+def sample_t(n, dist, gen, device):
     if dist == "logit-normal":
-        return torch.sigmoid(torch.randn(n, generator=gen))
+        return torch.sigmoid(torch.randn(n, generator=gen, device=device))
     if dist == "uniform":
-        return torch.rand(n, generator=gen)
+        return torch.rand(n, generator=gen, device=device)
     raise ValueError(f"unknown t_dist {dist!r}")
 
 
 def batch_for_step(cfg, seed, step, device):
-    """(x0, t, noise) of one training step: a pure function of (seed, step)."""
+    """(x0, t, noise) of one training step: a pure function of (seed, step)
+    on a given device type (t and the noise are drawn on the device, so
+    the host neither waits nor copies)."""
     tc, dc = cfg["train"], cfg["data"]
     rng = np.random.default_rng([int(seed), int(step), 17])
     idx = rng.integers(0, dc["pool"], tc["batch"])
     x0 = data_mod.make_clips(dc, idx.tolist(), device)
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
-    t = sample_t(tc["batch"], tc["t_dist"], gen)
-    # the noise is drawn on the device (no host work or copy per step)
-    dgen = torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(step))
-    noise = torch.randn(x0.shape, generator=dgen, device=device)
-    return x0, t.to(device), noise
+    gen = torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(step))
+    t = sample_t(tc["batch"], tc["t_dist"], gen, device)
+    noise = torch.randn(x0.shape, generator=gen, device=device)
+    return x0, t, noise
 
 
 def autocast(device):
@@ -95,6 +95,10 @@ def train(cfg, seed, device, log=print):
                             weight_decay=tc["weight_decay"], **opt_kw)
     losses = []
     model.train()
+    # torch.compile fuses the many elementwise ops (norms, modulation, RoPE)
+    # on CUDA; the CPU smoke size runs eagerly.  Sampling always runs the
+    # eager model (its attention calls are Python objects).
+    fwd = torch.compile(model) if tc.get("compile") and dev.type == "cuda" else model
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
@@ -105,7 +109,7 @@ def train(cfg, seed, device, log=print):
         tb = t[:, None, None, None, None]
         xt = (1 - tb) * x0 + tb * noise
         with autocast(dev):
-            pred = model(xt, t)
+            pred = fwd(xt, t)
         loss = torch.nn.functional.mse_loss(pred.float(), noise - x0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
