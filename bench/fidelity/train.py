@@ -109,7 +109,14 @@ def train(cfg, seed, device, log=print):
         tb = t[:, None, None, None, None]
         xt = (1 - tb) * x0 + tb * noise
         with autocast(dev):
-            pred = fwd(xt, t)
+            try:
+                pred = fwd(xt, t)
+            except Exception as e:  # e.g. no Triton: train eagerly, and say so
+                if fwd is model:
+                    raise
+                log(f"  torch.compile failed ({type(e).__name__}: {e}); training eagerly")
+                fwd = model
+                pred = fwd(xt, t)
         loss = torch.nn.functional.mse_loss(pred.float(), noise - x0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -130,7 +137,7 @@ def train(cfg, seed, device, log=print):
     info = {"seed": int(seed), "steps": tc["steps"], "train_s": secs,
             "steps_per_s": tc["steps"] / secs, "final_loss": final_loss(curve),
             "first_loss": first_loss(curve), "loss_curve": curve,
-            "params": param_count(model), "cached": False}
+            "params": param_count(model), "compiled": fwd is not model, "cached": False}
     log(f"  seed {seed}: {tc['steps']} steps in {secs:.1f} s ({info['steps_per_s']:.1f} "
         f"steps/s), final loss {info['final_loss']:.4f} (first 5%: {info['first_loss']:.4f})")
     return model, info
