@@ -1,0 +1,117 @@
+"""The frozen configuration of the fidelity harness.
+
+Issue 14 asks that the dataset, the model and the seeds be frozen before
+methods are compared, and never tuned to favour one: every number that
+shapes a result lives here, and run.py marks a run that overrides any of
+them (--train-steps, --sample-steps) as "not the frozen config".
+
+Two presets: DEFAULT (the H200 run) and TINY (the CPU smoke size of the
+test and of CI).  Each is a dict of four sections -- data, model, train,
+sample -- that model.py, data.py, train.py and sample.py read.
+"""
+import copy
+
+# --------------------------------------------------------------- the presets
+DEFAULT = {
+    "name": "default",
+    "data": {
+        "frames": 8, "height": 64, "width": 64, "channels": 3,
+        # Clip i of the dataset is rendered from the seed (seed, i); training
+        # draws indices from [0, pool), the sanity statistics use the clips
+        # that follow the pool, so they were never trained on.
+        "seed": 20261201, "pool": 65536, "stats_clips": 64,
+    },
+    "model": {
+        "patch": [1, 4, 4],          # 8 x 16 x 16 = 2048 tokens at 8 x 64 x 64
+        "hidden": 512, "head_dim": 128, "layers": 6, "mlp_ratio": 4.0,
+        "rope_theta": 10000.0, "freq_dim": 256,
+    },
+    # 5000 steps: on the H200 (torch.compile, bf16) a step takes ~28 ms, so
+    # ~140 s per model and ~7.5 min for the whole default run (measured at
+    # 3500 steps: 95-106 s per model, 321 s for 3 models and 12 methods).
+    "train": {
+        "steps": 5000, "batch": 16, "lr": 3e-4, "warmup": 200,
+        "min_lr_frac": 0.1, "weight_decay": 0.01, "betas": [0.9, 0.99],
+        "grad_clip": 1.0, "t_dist": "logit-normal", "log_every": 250,
+        "compile": True,  # torch.compile the training forward on CUDA
+    },
+    "sample": {
+        "num_steps": 20, "shift": 3.0, "clips": 8, "clip_seed": 7700,
+        # draft's dense warm-up: ceil(0.25 * num_steps) steps, the default of
+        # qvattn.diffusers.apply (draft_warmup=0.25), passed as the option
+        # draft.dense_warmup_frac (the library's own default is 0).
+        "draft_warmup_frac": 0.25,
+        # the reference run's Q/K/V are captured at these steps (first,
+        # middle, last), for the per-layer statistics and the operator rel-L2
+        "capture_steps": "first,middle,last",
+        "image_frames": 8, "image_clips": 2,
+    },
+}
+
+TINY = copy.deepcopy(DEFAULT)
+TINY["name"] = "tiny"
+TINY["data"].update({"frames": 4, "height": 32, "width": 32, "pool": 4096,
+                     "stats_clips": 16})       # 4 x 8 x 8 = 256 tokens
+TINY["model"].update({"hidden": 128, "layers": 2, "freq_dim": 64})
+TINY["train"].update({"steps": 60, "batch": 4, "lr": 1e-3, "warmup": 6,
+                      "log_every": 20})
+TINY["sample"].update({"num_steps": 4, "clips": 2, "image_frames": 4,
+                       "image_clips": 1})
+
+PRESETS = {"default": DEFAULT, "tiny": TINY}
+
+# Model seeds: each trains its own model (init and data order).
+MODEL_SEEDS = [0, 1, 2]
+TINY_MODEL_SEEDS = [0]
+
+# The methods compared against the bf16-sdpa reference, in report order.
+METHODS = [
+    "bf16", "sage8", "vc8", "vc8+expcast", "sage8+hadamard", "vc8+hadamard",
+    "fp8", "sage4", "vc4",
+    "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
+]
+REFERENCE = "bf16-sdpa"
+
+# Final training loss (mean of the last 5% of steps) of each frozen model as
+# recorded on the first GPU run, keyed by loss_key().  A retrained model must
+# land within LOSS_TOLERANCE of it (run.py warns loudly and exits non-zero
+# otherwise).  The maintainer fills this after the first H200 run: run.py
+# prints the lines to paste for every model that has no entry.
+RECORDED_FINAL_LOSS = {}
+LOSS_TOLERANCE = 0.05
+
+
+def preset(name="default", head_dim=None):
+    """A deep copy of preset `name`, with the head-dim variant applied: the
+    hidden width stays, the head count follows (512 = 4 x 128 or 8 x 64)."""
+    cfg = copy.deepcopy(PRESETS[name])
+    if head_dim is not None:
+        cfg["model"]["head_dim"] = int(head_dim)
+    m = cfg["model"]
+    if m["hidden"] % m["head_dim"]:
+        raise ValueError(f"hidden {m['hidden']} is not a multiple of head dim {m['head_dim']}")
+    return cfg
+
+
+def heads(cfg):
+    return cfg["model"]["hidden"] // cfg["model"]["head_dim"]
+
+
+def grid(cfg):
+    """The latent token grid (T, H, W) after patchify."""
+    d, p = cfg["data"], cfg["model"]["patch"]
+    return (d["frames"] // p[0], d["height"] // p[1], d["width"] // p[2])
+
+
+def capture_steps(cfg):
+    """The sampling steps whose Q/K/V the reference run captures."""
+    n = cfg["sample"]["num_steps"]
+    named = {"first": 0, "middle": n // 2, "last": n - 1}
+    return sorted({named[s] for s in cfg["sample"]["capture_steps"].split(",")})
+
+
+def loss_key(cfg, seed, device_type):
+    """The RECORDED_FINAL_LOSS key of one model: the preset, the head dim,
+    the seed and the device type (bf16 autocast on CUDA, float32 on the CPU
+    give different losses)."""
+    return f"{device_type}/{cfg['name']}/hd{cfg['model']['head_dim']}/seed{seed}"

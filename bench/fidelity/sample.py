@@ -1,0 +1,115 @@
+"""Euler sampling of the flow model with a pluggable attention.
+
+The sampler integrates dx/dt = v(x, t) from t = 1 (noise) to t = 0 over
+num_steps Euler steps on a shifted time grid (shift > 1 spends more steps
+at high noise, as Wan and SD3 sample).  Before each step it tells the
+attention which step it is (begin_step), so a qvattn method sees the real
+schedule: V-Smooth groups on its early steps and reuses the permutation
+after, draft runs its dense warm-up steps, each layer keyed by its index in
+the method's own qvattn.Context (one per method per sampling run).
+
+Attentions:
+  SdpaBF16      the reference "bf16-sdpa": torch SDPA on bf16 q, k, v;
+  QvattnMethod  qvattn.attention(q, k, v, method=M, layer=i, step=s,
+                num_steps=n, grid=(T, Hp, Wp), ctx=...) on bf16 q, k, v.
+Capture wraps either and keeps q, k, v of clip 0 at chosen steps.
+"""
+import torch
+import torch.nn.functional as F
+
+from .train import autocast
+
+
+def time_grid(num_steps, shift):
+    """num_steps + 1 flow times from 1 down to 0, shifted:
+    t' = shift * t / (1 + (shift - 1) * t)."""
+    s = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
+    return (shift * s / (1 + (shift - 1) * s)).tolist()
+
+
+def clip_noise(cfg, clips, device):
+    """The fixed starting noise of the sampled clips: clip j from seed
+    clip_seed + j, drawn on the CPU so it is the same on every device."""
+    d = cfg["data"]
+    shape = (d["frames"], d["channels"], d["height"], d["width"])
+    out = [torch.randn(shape, generator=torch.Generator().manual_seed(
+        cfg["sample"]["clip_seed"] + j)) for j in range(clips)]
+    return torch.stack(out).to(device)
+
+
+@torch.no_grad()
+def sample(model, noise, attn, num_steps, shift):
+    """Euler from t = 1 to 0; returns the clips [B, T, C, H, W] float32."""
+    ts = time_grid(num_steps, shift)
+    x = noise.float().clone()
+    dev = x.device
+    for i in range(num_steps):
+        if hasattr(attn, "begin_step"):
+            attn.begin_step(i, num_steps)
+        t = torch.full((x.shape[0],), ts[i], device=dev, dtype=torch.float32)
+        with autocast(dev):
+            v = model(x, t, attn)
+        x = x + (ts[i + 1] - ts[i]) * v.float()
+    return x
+
+
+class SdpaBF16:
+    """The reference: torch SDPA on bf16 tensors (the model's own kernel)."""
+    name = "bf16-sdpa"
+
+    def __call__(self, q, k, v, layer):
+        return F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+
+
+class QvattnMethod:
+    """A qvattn method through the public API, with the step schedule."""
+
+    def __init__(self, qvattn, method, grid, device, options=None):
+        self.qvattn = qvattn
+        self.name = method
+        self.grid = tuple(grid)
+        self.options = options
+        dev = torch.device(device)
+        self.ctx = qvattn.Context(qvattn._ffi.device_enum(dev.type))
+        self.step, self.num_steps = 0, 0
+
+    def begin_step(self, step, num_steps):
+        self.step, self.num_steps = step, num_steps
+
+    def __call__(self, q, k, v, layer):
+        return self.qvattn.attention(
+            q.bfloat16(), k.bfloat16(), v.bfloat16(), method=self.name, layer=layer,
+            step=self.step, num_steps=self.num_steps, grid=self.grid, ctx=self.ctx,
+            options=self.options)
+
+    def close(self):
+        self.ctx.close()
+
+
+def method_options(method, cfg):
+    """Per-method qvattn options: draft's dense warm-up fraction."""
+    if method.startswith("draft"):
+        return {"draft.dense_warmup_frac": cfg["sample"]["draft_warmup_frac"]}
+    return None
+
+
+class Capture:
+    """Wraps an attention and keeps (q, k, v) of batch element 0, as bf16,
+    at the steps in `steps`: {(layer, step): (q, k, v)}."""
+
+    def __init__(self, inner, steps):
+        self.inner = inner
+        self.steps = set(steps)
+        self.step = 0
+        self.saved = {}
+
+    def begin_step(self, step, num_steps):
+        self.step = step
+        if hasattr(self.inner, "begin_step"):
+            self.inner.begin_step(step, num_steps)
+
+    def __call__(self, q, k, v, layer):
+        if self.step in self.steps:
+            self.saved[(layer, self.step)] = tuple(
+                t[:1].detach().bfloat16().contiguous().clone() for t in (q, k, v))
+        return self.inner(q, k, v, layer)

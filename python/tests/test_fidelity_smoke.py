@@ -1,0 +1,135 @@
+"""Smoke test of the end-to-end fidelity harness (bench/fidelity, issue 14)
+at its --tiny size on the CPU: the H200 run uses the same code with the
+default preset.
+
+Two in-process runs with the same seeds (no weight cache, so both train):
+the training loss drops, the two runs give bit-identical clips, the methods
+give finite clips with a PSNR, and the report files are written.
+"""
+import json
+import os
+import struct
+import sys
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+try:
+    import qvattn  # noqa: F401  (the library from $QVATTN_LIB, as the other tests)
+except OSError as e:  # library not built
+    pytest.skip(f"libqvattn not loadable: {e}", allow_module_level=True)
+
+from fidelity import config as fid_config  # noqa: E402
+from fidelity import run as fid_run  # noqa: E402
+
+METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny runs: [(exit status, Harness, out dir, log lines)]."""
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for i in range(2):
+            d = tmp_path_factory.mktemp(f"fidelity{i}")
+            lines = []
+            status, h = fid_run.run_cli(
+                ["--tiny", "--device", "cpu", "--no-cache", "--methods", ",".join(METHODS),
+                 "--out", str(d)], log=lines.append)
+            out.append((status, h, d, lines))
+    finally:
+        torch.set_num_threads(threads)  # --tiny sets 1 thread for the process
+    return out
+
+
+def test_loss_drops(runs):
+    info = runs[0][1].results["models"][0]["train"]
+    assert len(info["loss_curve"]) == fid_config.TINY["train"]["steps"]
+    assert info["final_loss"] < 0.7 * info["first_loss"], info
+
+
+def test_same_seed_same_samples(runs):
+    a, b = runs[0][1], runs[1][1]
+    assert a.results["models"][0]["train"]["loss_curve"] == \
+        b.results["models"][0]["train"]["loss_curve"]
+    for name in (fid_config.REFERENCE, "vc8"):
+        x, y = a.samples[0][name], b.samples[0][name]
+        assert x.shape == (fid_config.TINY["sample"]["clips"], 4, 3, 32, 32)
+        assert torch.equal(x, y), name
+
+
+def test_methods_finite_with_psnr(runs):
+    status, h, _, _ = runs[0]
+    assert status == 0  # no recorded loss for the tiny preset: nothing to fail
+    summary = h.results["summary"]
+    for name in METHODS:
+        s = summary[name]
+        assert s["status"] == "ok", (name, s)
+        assert s["finite"] and torch.isfinite(h.samples[0][name]).all()
+        assert s["psnr_mean"] is not None and s["ssim_mean"] is not None
+        assert -1.0 <= s["ssim_mean"] <= 1.0
+        assert s["op_rel_l2"]["mean"] >= 0
+    # qvattn's own BF16 kernel stays close to torch's BF16 SDPA; 8-bit further
+    assert summary["bf16"]["psnr_mean"] > 30.0
+    assert summary["bf16"]["psnr_mean"] > summary["sage8"]["psnr_mean"]
+    stats = h.results["models"][0]["layer_stats"]
+    assert len(stats) == 2 * len(fid_config.capture_steps(fid_config.TINY))
+    for r in stats:
+        assert 0.15 - 1e-6 <= r["locality"] <= 1 and 0 < r["entropy"] <= 1
+
+
+def _png_size(path):
+    """(width, height) of a PNG after checking its chunks and CRCs."""
+    blob = open(path, "rb").read()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", None
+    while pos < len(blob):
+        n, kind = struct.unpack(">I4s", blob[pos:pos + 8])
+        body = blob[pos + 4:pos + 8 + n]
+        assert struct.unpack(">I", blob[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(body)
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[4:12])
+        elif kind == b"IDAT":
+            idat += body[4:]
+        pos += 12 + n
+    w, h = size
+    assert len(zlib.decompress(idat)) == h * (1 + 3 * w)
+    return w, h
+
+
+def test_outputs_written(runs):
+    status, h, d, lines = runs[0]
+    files = sorted(os.listdir(d))
+    js = [f for f in files if f.endswith("-tiny.json")]
+    md = [f for f in files if f.endswith("-tiny.md")]
+    png = [f for f in files if f.endswith(".png")]
+    assert len(js) == 1 and len(md) == 1 and len(png) == 1, files
+    res = json.load(open(d / js[0]))
+    assert res["meta"]["preset"] == "tiny" and res["meta"]["frozen"]
+    assert res["meta"]["tokens"] == 256
+    assert set(res["summary"]) == {fid_config.REFERENCE, *METHODS}
+    text = open(d / md[0]).read()
+    assert "| method | PSNR dB mean" in text and "## Sanity" in text
+    assert "LPIPS" in text
+    assert any("| method | PSNR dB mean" in line for line in lines)  # printed too
+    w, hgt = _png_size(d / png[0])
+    assert w > 0 and hgt > 0
+
+
+def test_recorded_loss_check(runs, monkeypatch):
+    h = runs[0][1]
+    info = h.results["models"][0]["train"]
+    key = fid_config.loss_key(h.cfg, 0, "cpu")
+    monkeypatch.setitem(fid_config.RECORDED_FINAL_LOSS, key, info["final_loss"] * 1.02)
+    assert h.loss_check(info)["status"].startswith("ok")
+    assert not h.warnings
+    monkeypatch.setitem(fid_config.RECORDED_FINAL_LOSS, key, info["final_loss"] * 1.2)
+    assert h.loss_check(info)["status"].startswith("FAILED")
+    assert fid_run.exit_status(h.results) == 1
+    h.warnings.clear()
