@@ -26,11 +26,10 @@ DEFAULT = {
         "hidden": 512, "head_dim": 128, "layers": 6, "mlp_ratio": 4.0,
         "rope_theta": 10000.0, "freq_dim": 256,
     },
-    # 5000 steps: on the H200 (torch.compile, bf16) a step takes ~28 ms, so
-    # ~140 s per model and ~7.5 min for the whole default run (measured at
-    # 3500 steps: 95-106 s per model, 321 s for 3 models and 12 methods).
+    # 3500 steps: on the H200 (torch.compile, bf16) a step takes ~28 ms:
+    # 95-106 s per model, 321 s for 3 models and 12 methods (measured).
     "train": {
-        "steps": 5000, "batch": 16, "lr": 3e-4, "warmup": 200,
+        "steps": 3500, "batch": 16, "lr": 3e-4, "warmup": 200,
         "min_lr_frac": 0.1, "weight_decay": 0.01, "betas": [0.9, 0.99],
         "grad_clip": 1.0, "t_dist": "logit-normal", "log_every": 250,
         "compile": True,  # torch.compile the training forward on CUDA
@@ -66,8 +65,8 @@ TINY_MODEL_SEEDS = [0]
 
 # The methods compared against the bf16-sdpa reference, in report order.
 METHODS = [
-    "bf16", "sage8", "vc8", "vc8+expcast", "sage8+hadamard", "vc8+hadamard",
-    "fp8", "sage4", "vc4",
+    "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
+    "sage8+hadamard", "vc8+hadamard", "fp8", "sage4", "vc4",
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
 ]
 REFERENCE = "bf16-sdpa"

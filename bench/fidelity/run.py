@@ -368,6 +368,7 @@ class Harness:
         for seed in self.seeds:
             self.log(f"model seed {seed}:")
             self.run_model(seed)
+            self.write()  # a run cut short keeps the models it finished
         self.phase("all models", t)
         self.write()
         return self.results
