@@ -168,8 +168,8 @@ km_assign_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt)
 
 /*
  * Fallback when the centroids and partials do not fit in shared memory
- * (very large k): the token row stays in registers (DW = D padded to 32,
- * 64 or 128) and the centroids are read from global memory (cached).
+ * (very large k): the token row stays in registers (DW = D padded to 64
+ * or 128) and the centroids are read from global memory (cached).
  */
 template <int DT, int DW>
 __global__ void __launch_bounds__(KM_THREADS)
@@ -279,19 +279,15 @@ static km_assign_fn km_assign_shared_pick(int dtype) {
     default: return km_assign_kernel<QVA_F16>;
     }
 }
-template <int DT>
+/* The fallback is a cold path: its dtype is read at run time (DT -1), so
+ * it costs two instantiations, not nine. */
 static km_assign_fn km_assign_global_pick_width(int dw) {
-    return dw == 32 ? km_assign_global_kernel<DT, 32>
-                    : dw == 64 ? km_assign_global_kernel<DT, 64> : km_assign_global_kernel<DT, 128>;
+    return dw == 64 ? km_assign_global_kernel<-1, 64> : km_assign_global_kernel<-1, 128>;
 }
 /* The assign kernel of this call (see km_smem_setup). */
 static km_assign_fn km_assign_pick(const km_state *s) {
     if (s->use_smem) return km_assign_shared_pick(s->v.dtype);
-    switch (s->v.dtype) {
-    case QVA_F32: return km_assign_global_pick_width<QVA_F32>(s->DW);
-    case QVA_BF16: return km_assign_global_pick_width<QVA_BF16>(s->DW);
-    default: return km_assign_global_pick_width<QVA_F16>(s->DW);
-    }
+    return km_assign_global_pick_width(s->DW);
 }
 
 static qva_status km_assign(const km_state *s, const float *cent) {
@@ -359,7 +355,7 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.n = (int)v->N;
     s.k = k;
     s.D = (int)v->D;
-    s.DW = s.D <= 32 ? 32 : s.D <= 64 ? 64 : 128;
+    s.DW = s.D <= 64 ? 64 : 128; /* channels past D add exactly +0 */
     s.st = st;
     if ((size_t)k * sizeof(int) > 48 * 1024)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_kmeans_perm: k = %d (at most %d)", k,
