@@ -366,3 +366,32 @@ def test_xdit_usp_needs_cuda():
                     "check_long_ctx_attn requires torch.cuda.is_available()")
     pytest.skip("run on the GPU machine through bench/multi_gpu.py --engine xdit "
                 "(torchrun, NCCL); results in bench/RESULTS.md")
+
+
+# ------------------------------------------------------------------ the benchmark
+def test_multi_gpu_bench_tiny(tmp_path):
+    """bench/multi_gpu.py --simulate --tiny --device cpu: the ranks of a
+    simulated world in turn; Ulysses bit for bit the one-device call, ring
+    within sage8's bound, draft refused under ring."""
+    import importlib.util
+    import json
+    import os
+    root = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    spec = importlib.util.spec_from_file_location(
+        "multi_gpu", os.path.join(root, "bench", "multi_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--simulate", "--tiny", "--device", "cpu", "--worlds", "2",
+                     "--modes", "ulysses,ring", "--methods", "sage8,draft@85/0/0/15",
+                     "--iters", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0].endswith("-tiny.json")
+    rows = {(r["method"], r["mode"], r["world"]): r
+            for r in json.load(open(tmp_path / files[0]))["rows"]}
+    assert rows[("sage8", "ulysses", 2)]["bitwise"]
+    assert rows[("draft@85/0/0/15", "ulysses", 2)]["bitwise"]
+    assert rows[("sage8", "ring", 2)]["rel_l2_vs_one_gpu"] < BOUND["sage8"]
+    assert "draft under ring" in rows[("draft@85/0/0/15", "ring", 2)]["error"]
+    r = rows[("sage8", "ulysses", 2)]
+    assert r["all_to_all_bytes"] == parallel.all_to_all_bytes(1, 512, 4, 64, 2, 4)
+    assert len(r["rank_ms"]) == 2 and r["scaling"] > 0
