@@ -266,10 +266,77 @@ def diffusers_model_ring(rank, world):
     return res
 
 
+# ------------------------------------------------------------------ xDiT
+def _xdit_setup(rank, world, uly, ring):
+    """xDiT's parallel state on the gloo world (CPU tensors).  xfuser 0.7.0
+    turns sequence parallelism on only where torch.cuda.is_available()
+    (the caller skips otherwise); every rank binds a visible GPU, the
+    groups are gloo.  xDiT builds its runtime state from a pipeline; without
+    one it takes one-rank defaults, so it is made from this run's config."""
+    from xfuser.config.args import xFuserArgs
+    from xfuser.core.distributed import parallel_state as ps
+    from xfuser.core.distributed import runtime_state as rs
+    ps.init_distributed_environment(rank=rank, world_size=world,
+                                    local_rank=rank % torch.cuda.device_count(),
+                                    backend="gloo")
+    ps.initialize_model_parallel(sequence_parallel_degree=world, ulysses_degree=uly,
+                                 ring_degree=ring, backend="gloo")
+    cfg, _ = xFuserArgs(model="qvattn-test", ulysses_degree=uly,
+                        ring_degree=ring).create_config()
+    rt = rs.ExternalRuntimeState.__new__(rs.ExternalRuntimeState)
+    rs.RuntimeState.__init__(rt, cfg)
+    rs._RUNTIME = rt
+
+
+def _xdit(rank, world, uly, ring, methods):
+    from qvattn import parallel
+    from xfuser.model_executor.layers import usp
+    _xdit_setup(rank, world, uly, ring)
+    q, k, v = (shard(x, rank, world).transpose(1, 2).contiguous() for x in qkv())
+    res = {}
+    rec = Recorder()
+    try:
+        for method in methods:
+            stateful = method in STATEFUL
+            fn = parallel.XditAttention(
+                method, **(dict(layer=LAYER, num_steps=NUM_STEPS, ctx=qvattn_context())
+                           if stateful else {}))
+            member = parallel.register_xdit(fn)
+            for st in STEPS if stateful else (None,):
+                fn.step = st
+                try:
+                    out = usp.USP(q, k, v, backend=member).transpose(1, 2)
+                    calls, layers = rec.take()
+                    res[(method, st)] = {"out": out, "calls": calls, "layers": layers}
+                except Exception as e:  # noqa: BLE001
+                    rec.take()
+                    res[(method, st)] = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        rec.close()
+        from xfuser.core.distributed import parallel_state as ps
+        from xfuser.core.distributed import runtime_state as rs
+        ps.destroy_model_parallel()  # xfuser keeps one parallel state per process
+        rs._RUNTIME = None
+    return res
+
+
+def qvattn_context():
+    import qvattn
+    return qvattn.Context()
+
+
+def xdit_ulysses(rank, world):
+    return _xdit(rank, world, world, 1, ["exact", "sage8", "vc8+expcast"])
+
+
+def xdit_ring(rank, world):
+    return _xdit(rank, world, 1, world, ["exact", "sage8", "vc8+expcast", DRAFT])
+
+
 SCENARIOS = {f.__name__: f for f in (
     yunchang_ulysses, yunchang_ulysses_class, yunchang_ring, yunchang_hybrid,
     diffusers_ulysses, diffusers_ring, diffusers_unified, diffusers_model_ulysses,
-    diffusers_model_ring)}
+    diffusers_model_ring, xdit_ulysses, xdit_ring)}
 
 
 # ------------------------------------------------------------------ processes

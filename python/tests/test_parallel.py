@@ -29,6 +29,14 @@ from qvattn import _ffi, parallel
 
 HAVE_YUNCHANG = importlib.util.find_spec("yunchang") is not None
 HAVE_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
+HAVE_XFUSER = importlib.util.find_spec("xfuser") is not None
+# xfuser 0.7.0 turns its sequence parallelism on only where CUDA is
+# available (envs.check_long_ctx_attn; usp.py imports yunchang's process
+# groups under the same condition); the tensors stay on the CPU, on gloo
+XDIT_WHY = ("xfuser 0.7.0 enables sequence parallelism only where "
+            "torch.cuda.is_available() (envs.check_long_ctx_attn, usp.PROCESS_GROUP): "
+            "this test runs on a machine with a GPU")
+XDIT_RUNS = HAVE_XFUSER and HAVE_YUNCHANG and torch.cuda.is_available()
 
 # each method's bound against float64 (test_torch_ops.BOUNDS; sage4/vc4:
 # NVFP4, measured 0.08-0.09 on these inputs)
@@ -44,6 +52,8 @@ def _scenarios(world):
     if HAVE_DIFFUSERS:
         names += (["diffusers_ulysses", "diffusers_ring", "diffusers_model_ulysses",
                    "diffusers_model_ring"] if world == 2 else ["diffusers_unified"])
+    if XDIT_RUNS and world == 2:
+        names += ["xdit_ulysses", "xdit_ring"]
     return names
 
 
@@ -69,6 +79,11 @@ def _results(world, name, engine):
         pytest.skip("yunchang is not installed (pip install yunchang)")
     if engine == "diffusers" and not HAVE_DIFFUSERS:
         pytest.skip("diffusers is not installed")
+    if engine == "xdit":
+        if not (HAVE_XFUSER and HAVE_YUNCHANG):
+            pytest.skip("xfuser (and yunchang) not installed (pip install xfuser)")
+        if not XDIT_RUNS:
+            pytest.skip(XDIT_WHY)
     per = world[name]
     for r, x in enumerate(per):
         assert not isinstance(x, str), f"{name}, rank {r}:\n{x}"
@@ -137,7 +152,9 @@ def test_yunchang_ulysses_attention_class(world2):
                                        rtol=0, atol=0)
 
 
-def _ring_checks(per, world, methods, seed=0, ring_out="ring_out"):
+def _ring_checks(per, world, methods, seed=0, ring_out="ring_out", layout="NHD"):
+    """layout: of the per-chunk outputs the engine handed qvattn (the
+    results' "out" is [B, S, H, D])."""
     exact = _exact64(seed)
     refs = _refs(methods, seed)
     worst = {}
@@ -150,7 +167,9 @@ def _ring_checks(per, world, methods, seed=0, ring_out="ring_out"):
             steps = [c[0] for c in res["calls"]]
             assert steps == list(range(world)), (m, steps)
             o, lse = parallel.merge_partials([c[1] for c in res["calls"]],
-                                             [c[2] for c in res["calls"]], "NHD")
+                                             [c[2] for c in res["calls"]], layout)
+            if layout == "HND":
+                o = o.transpose(1, 2)
             got = res[ring_out] if ring_out else res["out"]
             err = rel_l2(got, o)
             worst[m] = max(worst.get(m, 0.0), err)
@@ -353,19 +372,29 @@ def test_xdit_hook_without_parallelism():
     assert parallel.register_xdit(method="sage8") is member  # idempotent
 
 
-def test_xdit_usp_needs_cuda():
-    """xDiT's USP (Ulysses, ring, hybrid) over qvattn.  xfuser 0.7.0 turns
-    sequence parallelism off without CUDA (envs.check_long_ctx_attn needs
-    torch.cuda.is_available(); init_distributed_environment binds a CUDA
-    device and the default backend is NCCL), so it cannot run on gloo: it
-    runs on the GPU machine (bench/multi_gpu.py --engine xdit, recorded in
-    bench/RESULTS.md)."""
-    pytest.importorskip("xfuser", reason="xfuser is not installed (pip install xfuser)")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("xfuser 0.7.0's sequence parallelism needs CUDA (NCCL, 2 GPUs): "
-                    "check_long_ctx_attn requires torch.cuda.is_available()")
-    pytest.skip("run on the GPU machine through bench/multi_gpu.py --engine xdit "
-                "(torchrun, NCCL); results in bench/RESULTS.md")
+def test_xdit_usp_ulysses_bitwise(world2):
+    """xDiT's USP, Ulysses degree 2 (its all-to-alls, torch functional
+    collectives), over XditAttention: bit for bit the single-process call,
+    V-Smooth over a grouping and a reuse step with its state per rank."""
+    per = _results(world2, "xdit_ulysses", "xdit")
+    for (m, st), ref in _refs(["exact", "sage8", "vc8+expcast"]).items():
+        for r in range(2):
+            res = per[r][(m, st)]
+            assert "error" not in res, res
+            torch.testing.assert_close(res["out"], W.shard(ref, r, 2), rtol=0, atol=0)
+            assert [c[0] for c in res["calls"]] == [None]
+
+
+def test_xdit_usp_ring(world2):
+    """xDiT's USP, ring degree 2 (torch's templated ring attention merges
+    the LSEs): within 1e-6 of the FP64 merge of the per-chunk results and the
+    method's bound of the unsplit call; V-Smooth keyed per ring step; draft
+    refused."""
+    per = _results(world2, "xdit_ring", "xdit")
+    _ring_checks(per, 2, ["exact", "sage8", "vc8+expcast"], ring_out=None, layout="HND")
+    for r in range(2):
+        err = per[r][(W.DRAFT, None)]["error"]
+        assert err.startswith("QvaUnsupportedError") and "draft under ring" in err, err
 
 
 # ------------------------------------------------------------------ the benchmark
