@@ -112,8 +112,8 @@ class Bench:
         self.torch, self.qvattn, self.parallel = torch, qvattn, parallel
         self.args = args
         dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dev == "cuda" and "LOCAL_RANK" in os.environ:
-            dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        if dev == "cuda":
+            dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
         self.device = torch.device(dev)
         self.cuda = self.device.type == "cuda"
         if self.cuda:
@@ -121,6 +121,7 @@ class Bench:
         self.dtype = getattr(torch, args.dtype) if args.dtype else (
             torch.bfloat16 if self.cuda else torch.float32)
         self.t0 = time.time()
+        self.on_row = None
         c = args.cfg
         self.B, self.S, self.H, self.D, self.grid = c["B"], c["S"], c["H"], c["D"], c["grid"]
 
@@ -230,6 +231,8 @@ class Bench:
                     row = self.sim_case(q, k, v, method, mode, world, t1, itemsize, merge,
                                         ref)
                     rows.append(row)
+                    if self.on_row is not None:  # rewritten after each case
+                        self.on_row(dict(rows=rows, merge=merge.kind))
                     log(f"{method} {mode} x{world}: " + (
                         row["error"] if "error" in row else
                         f"max {row['max_ms']:.2f} ms, scaling {row['scaling']:.2f}, "
@@ -485,20 +488,25 @@ def main(argv=None):
     args = parse_args(argv)
     b = Bench(args)
     import torch
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    tag = "tiny" if args.tiny else ("sim" if args.simulate else args.engine)
+    base = os.path.join(out_dir(args.out), f"multi_gpu-{stamp}-{b.device.type}-{tag}")
+
+    def write(res):
+        res["meta"] = b.meta()
+        with open(base + ".json", "w") as f:
+            json.dump(res, f, indent=1)
+        md = markdown(res)
+        with open(base + ".md", "w") as f:
+            f.write(md)
+        return md
+
+    b.on_row = write
     with torch.inference_mode():
         res = b.simulate() if args.simulate else b.distributed()
     if res is None:  # not rank 0
         return 0
-    res["meta"] = b.meta()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    tag = "tiny" if args.tiny else ("sim" if args.simulate else args.engine)
-    base = os.path.join(out_dir(args.out), f"multi_gpu-{stamp}-{b.device.type}-{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump(res, f, indent=1)
-    md = markdown(res)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print(md)
+    print(write(res))
     return 0
 
 
