@@ -301,6 +301,8 @@ def yunchang_ulysses(processor, group=None, **kwargs):
         group = PROCESS_GROUP.ULYSSES_PG
     attn = UlyssesAttention(sequence_process_group=group, attn_type=AttnType.TORCH_MATH,
                             **kwargs)
+    if isinstance(processor, YunchangAttention) and processor.ring is None:
+        processor.ring = False  # one call per forward, whatever the ring group
     attn.attn_fn = processor
     return attn
 
