@@ -13,7 +13,11 @@ third-party backend, so the enum member is added the way other projects
 do it).  Every attention call qvattn takes over in diffusers ends in one
 function, ``_attend`` -- the registered backend and the SDPA route below
 both call it -- which decides between qvattn, diffusers' own attention and
-the fallback.  (Context parallelism, when it comes, goes there too.)
+the fallback.  Under diffusers' context parallelism (``enable_parallelism``
+with a ``ContextParallelConfig``: Ulysses, ring or both) the backend is
+registered as context-parallel capable and ``_attend`` hands the call to
+diffusers' own templated Ulysses / ring code with qvattn as its attention
+(``_attend_cp``; the methods per mode are qvattn.parallel's).
 
 apply() then, for each supported attention module of the pipeline's
 transformer(s) (``transformer``, ``transformer_2``):
@@ -91,7 +95,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import _config, _ffi, ops
+from . import _config, _ffi, ops, parallel
 
 __all__ = ["apply", "remove", "set_step", "layer_ids", "state", "transformers_of",
            "supported_processors", "QvattnProcessor", "QvattnBackendWarning",
@@ -192,7 +196,9 @@ def _backend_member():
         except (AttributeError, TypeError):  # pragma: no cover - Enum internals
             pass
     if registry._backends.get(m) is not _qvattn_backend:
-        registry.register(m, constraints=[], supports_context_parallel=False)(_qvattn_backend)
+        # context parallelism: _attend runs diffusers' own Ulysses / ring code
+        # (_templated_context_parallel_attention) around qvattn (_attend_cp)
+        registry.register(m, constraints=[], supports_context_parallel=True)(_qvattn_backend)
     _member = m
     return m
 
@@ -276,9 +282,9 @@ def _attend(proc, q, k, v, mask, layout, original, *, dropout_p=0.0, is_causal=F
     original  () -> what diffusers would have computed (its own backend, or
               the processor's own SDPA call).
     """
-    if parallel_config is not None:
-        raise NotImplementedError("qvattn.diffusers: context parallelism is not supported "
-                                  "by the qvattn backend")
+    if parallel_config is not None and _cp_degree(parallel_config) > 1:
+        return _attend_cp(proc, q, k, v, mask, original, dropout_p=dropout_p,
+                          is_causal=is_causal, scale=scale, parallel_config=parallel_config)
     tok = 1 if layout == "NHD" else 2
     nq, nk = q.shape[tok], k.shape[tok]
     if proc is None:
@@ -312,6 +318,90 @@ def _attend(proc, q, k, v, mask, layout, original, *, dropout_p=0.0, is_causal=F
         layer=proc.layer_id, step=None, num_steps=None, grid=None, prefix=None,
         prefix_at_end=kind.prefix_at_end, fallback=h.fallback, options=h.options,
         state=st, is_causal=is_causal, dropout_p=dropout_p)
+
+
+def _cp_degree(parallel_config):
+    """Ranks of diffusers' context-parallel mesh (1: none)."""
+    cp = getattr(parallel_config, "context_parallel_config", None)
+    if cp is None:
+        return 1
+    return int(cp.ring_degree or 1) * int(cp.ulysses_degree or 1)
+
+
+def _attend_cp(proc, q, k, v, mask, original, *, dropout_p, is_causal, scale,
+               parallel_config):
+    """_attend under diffusers' context parallelism (the dispatch route:
+    q, k, v are this rank's [B, S/P, H, D] shards).
+
+    diffusers' own templated Ulysses / ring / unified code
+    (``_templated_context_parallel_attention``) does the all-to-alls, the
+    K/V rotation and the LSE merge, and calls ``forward_op`` once (Ulysses:
+    the whole sequence of this rank's heads) or once per ring step (one K/V
+    chunk; the closure counts the steps, which on a rank always hold the
+    same chunk).  forward_op runs qvattn through qvattn.parallel.attend:
+    every method under Ulysses; under ring the dense ones, V-Smooth state
+    keyed per ring step, draft refused (docs/PYTHON.md, multi-GPU).
+    Cross-attention and method "sdpa" go to diffusers' own backend, which
+    runs its context-parallel code itself."""
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+    nq, nk = q.shape[1], k.shape[1]
+    ring = int(parallel_config.context_parallel_config.ring_degree or 1) > 1
+    if proc is None:
+        if nq != nk:
+            return original()
+        kw = dict(method=BACKEND_METHOD, fallback=True)
+    else:
+        h = proc.handle
+        if (not proc.self_attention or nq != nk) and (
+                h.cross_attention != "qvattn" or nk < h.min_cross_tokens):
+            return original()
+        if h.method == "sdpa":
+            return original()
+        if h.capture is not None:
+            raise NotImplementedError("qvattn.diffusers: capture under context parallelism "
+                                      "is not supported (each rank holds a shard)")
+        if h.warn_unknown_steps and h.state.num_steps <= 0 and "steps" not in h.warned:
+            h.warned.add("steps")
+            warnings.warn("qvattn.diffusers: the number of denoising steps is unknown "
+                          "(pass num_steps= to apply()); V-Smooth regroups on every "
+                          "step and the draft warm-up is off", RuntimeWarning, stacklevel=4)
+        kw = dict(method=h.method, layer=proc.layer_id, state=h.state,
+                  prefix_at_end=proc.kind.prefix_at_end, options=h.options,
+                  fallback=h.fallback)
+        if proc.kind.mask == "pairwise" and isinstance(mask, torch.Tensor) \
+                and mask.dim() == 4 and mask.dtype == torch.bool \
+                and mask.shape[-2] == mask.shape[-1] == nk:
+            mask = mask.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
+    if ring and mask is not None:
+        why = ("a key-padding mask under ring attention: diffusers passes the same local "
+               "mask at every ring step, whose K/V chunk is another rank's")
+        if kw["fallback"]:
+            ops._fallback_warn(why)
+            return original()
+        raise _ffi.QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, why, "qvattn.diffusers")
+    calls = [0]
+
+    def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+                   _parallel_config=None):
+        step = calls[0]
+        calls[0] += 1
+        out, lse = parallel.attend(query, key, value, layout="NHD",
+                                   ring_step=step if ring else None, sm_scale=scale,
+                                   attn_mask=attn_mask, is_causal=is_causal,
+                                   dropout_p=dropout_p, **kw)
+        if return_lse:
+            return out, lse.transpose(1, 2).contiguous()  # diffusers: [B, S, H]
+        return out
+
+    return _templated_context_parallel_attention(
+        q, k, v, mask, dropout_p, is_causal, scale, False, False,
+        forward_op=forward_op, backward_op=_cp_backward, _parallel_config=parallel_config)
+
+
+def _cp_backward(ctx, grad_out, *args, **kwargs):
+    raise NotImplementedError("qvattn has no backward (inference only)")
 
 
 # ------------------------------------------------------------------ the processor
@@ -692,9 +782,6 @@ def apply(pipe, method="vc8+expcast", *, num_steps=None, layers=None,
             kind = _SUPPORTED.get(type(proc).__name__)
             if kind is None:
                 continue
-            if getattr(proc, "_parallel_config", None) is not None:
-                raise ValueError("qvattn.diffusers.apply: context parallelism "
-                                 f"({prefix}{name}) is not supported")
             is_self = bool(kind.self_attention(name, module))
             (selfs if is_self else crosses).append((prefix + name, module, proc, kind,
                                                     is_self))
