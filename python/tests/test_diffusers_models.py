@@ -319,8 +319,9 @@ def test_backend_is_registered_with_diffusers():
     assert ad.AttentionBackendName(qd.BACKEND) in ad._AttentionBackendRegistry._backends
     with ad.attention_backend(qd.BACKEND):  # diffusers' context manager takes it
         pass
-    # diffusers refuses it under context parallelism (not supported yet)
-    assert not ad._AttentionBackendRegistry._is_context_parallel_available(
+    # registered as context-parallel capable (Ulysses and ring run qvattn
+    # through diffusers' own templated attention: docs/PYTHON.md, Multi-GPU)
+    assert ad._AttentionBackendRegistry._is_context_parallel_available(
         ad.AttentionBackendName(qd.BACKEND))
     assert set(qd.supported_processors()) >= {
         "WanAttnProcessor", "HunyuanVideoAttnProcessor2_0", "CogVideoXAttnProcessor2_0",
