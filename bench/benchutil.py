@@ -22,7 +22,11 @@ def out_dir(arg=None):
 def git_rev():
     """Short commit of the checkout, "+dirty" if it has local changes, or
     None where git or the repository is not there (the GPU machine gets a
-    copy of the tree without .git)."""
+    copy of the tree without .git).  $QVATTN_GIT_REV, when set, is taken as
+    is: the lent GPU machine's copy can carry stale git metadata, so the
+    caller who knows the commit passes it."""
+    if os.environ.get("QVATTN_GIT_REV"):
+        return os.environ["QVATTN_GIT_REV"]
     try:
         r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                            capture_output=True, text=True, timeout=10)
