@@ -226,6 +226,10 @@ def _diffusers_model(rank, world, ring, uly, method):
     enable_parallelism(ContextParallelConfig): the model's own cp_plan
     splits and gathers the sequence; 2 steps of 4 (vc8: group, reuse)."""
     import qvattn.diffusers as qd
+    # diffusers 0.42.1's context-parallel hook logs with Logger.warning_once,
+    # which only transformers' logging module adds; a video pipeline always
+    # imports it (its text encoder), so the test does too
+    import transformers.utils.logging  # noqa: F401
     from diffusers.models._modeling_parallel import ContextParallelConfig
     m = _tiny_wan()
     qd.apply(m, method, num_steps=NUM_STEPS)
