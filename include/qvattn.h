@@ -489,6 +489,77 @@ qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
                                    const qva_tensor *k, const qva_tensor *v,
                                    qva_error_terms *terms);
 
+/* Route quality of a draft config (docs/DRAFT.md, "Route quality").  The
+ * mass of a set of keys is the exact softmax probability (FP64, from Q and
+ * K as given) that a video query row puts on them, averaged over the
+ * head's T*H*W video query rows; every row's mass over all N keys is 1.
+ * Video-region pair (a, b) holds the mass of the rows of region a on the
+ * keys of region b.  Prefix (text) keys are kept by every video row (DA2
+ * C.1, in the 16-bit phase): their mass is counted as kept and reported
+ * apart.  Prefix query rows run dense and hold no pair; they count in
+ * rel_l2 only. */
+typedef struct qva_draft_head_report {
+    int64_t batch, head;      /* the query head (b, h) of q                 */
+    int64_t kept16, kept8, kept4; /* region pairs the router gives a phase  */
+    double kept_share;        /* (kept16 + kept8 + kept4) / R^2             */
+    double prefix_mass;       /* on the prefix keys (0 without a prefix)    */
+    double mass16, mass8, mass4; /* on the video pairs of each phase        */
+    double router_mass;       /* prefix_mass + mass16 + mass8 + mass4 (to
+                               * FP64 rounding)                            */
+    double oracle_mass;       /* prefix_mass + the heaviest kept16 + kept8 +
+                               * kept4 pairs by their exact mass: the most
+                               * any route of that many pairs holds         */
+    double ratio;             /* router_mass / oracle_mass, <= 1 exactly
+                               * (both summed heaviest pair first); 1 when
+                               * both are 0                                 */
+    double rel_l2;            /* the draft output against exact attention,
+                               * all N rows of the head (qva_compare)       */
+} qva_draft_head_report;
+/* The same over every head: shares and masses are means over the B*H
+ * heads (each has the same number of video rows), ratio = router_mass /
+ * oracle_mass of the means, ratio_min the smallest head's ratio and
+ * rel_l2 the draft output against exact over all heads (what qvattn eval
+ * reports for the method). */
+typedef struct qva_draft_report {
+    int64_t heads;            /* B*H                                        */
+    int64_t regions;          /* R = T * ceil(H*W / 128) video regions      */
+    double skip;              /* cfg's frac_skip (the sweep's point)        */
+    double kept_share;
+    double prefix_mass, mass16, mass8, mass4, router_mass, oracle_mass;
+    double ratio, ratio_min;
+    int64_t ratio_min_head;   /* b*H + h of the head with ratio_min         */
+    double rel_l2;
+} qva_draft_report;
+/* The route-quality report of draft config cfg on CPU tensors q, k, v
+ * (qva_attention's checks and errors, then the draft plan's; a method
+ * other than draft is QVA_ERR_INVALID_ARGUMENT).  *report receives the
+ * summary; heads (NULL, or max_heads >= B*H entries) one entry per query
+ * head in (b, h) order.  The kept set is the one qva_attention's CPU
+ * reference routes with (it calls the same code).  The report is of a
+ * routed step: cfg->step and dense_warmup_steps are ignored (a warm-up
+ * step keeps every key).  Stateless; cfg->check_finite applies.  Costs,
+ * per head, one FP64 pass over every (row, key) pair (the exact reference
+ * and the masses) and one CPU draft call.  On failure every double of
+ * *report is NaN and every count 0, and so are heads' first B*H entries
+ * unless the failure was in the arguments themselves. */
+qva_status qva_draft_report_compute(const qva_config *cfg, const qva_tensor *q,
+                                    const qva_tensor *k, const qva_tensor *v,
+                                    qva_draft_report *report,
+                                    qva_draft_head_report *heads, int64_t max_heads);
+/* The report at `points` skip rates skip[i] in [0, 1] for cfg's split of
+ * the kept pairs: point i runs cfg with frac_skip = skip[i] and frac16,
+ * frac8, frac4 scaled by (1 - skip[i]) / (frac16 + frac8 + frac4) (all
+ * 16-bit when cfg keeps nothing).  reports receives `points` summaries; heads
+ * (NULL, or points * max_heads entries, max_heads >= B*H) point i's heads
+ * from heads + i * max_heads.  The exact pass is made once per head for
+ * all points; each point costs one CPU draft call per head.  points in
+ * [1, 1000]; otherwise as qva_draft_report_compute. */
+qva_status qva_draft_sweep_compute(const qva_config *cfg, const qva_tensor *q,
+                                   const qva_tensor *k, const qva_tensor *v,
+                                   const double *skip, int64_t points,
+                                   qva_draft_report *reports,
+                                   qva_draft_head_report *heads, int64_t max_heads);
+
 /* Value-quantization statistics of one head V [n, d] (f32, row-major) under
  * a token order: relative MSE of per-channel E4M3 quantization after block
  * demeaning, and the mean share of block energy removed by the means (VC

@@ -25,17 +25,15 @@ static void terms_nan(qva_error_terms *t) {
     for (int i = 0; i < NTERMS; ++i) *term_field(t, i) = NAN;
 }
 
-/* Before the generic checks, so a CUDA tensor gets a message that names
- * this function rather than "the context". */
-static qva_status check_on_cpu(const qva_tensor *q, const qva_tensor *k,
-                               const qva_tensor *v) {
+qva_status qvi_check_on_cpu(const qva_tensor *q, const qva_tensor *k, const qva_tensor *v,
+                            const char *func) {
     const qva_tensor *t[3] = {q, k, v};
     static const char *const name[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i)
         if (t[i] && t[i]->device == QVA_DEVICE_CUDA)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                            "qva_error_terms_compute runs the CPU reference: %s is "
-                            "on a CUDA device (copy q, k and v to the host)", name[i]);
+                            "%s runs the CPU reference: %s is on a CUDA device (copy "
+                            "q, k and v to the host)", func, name[i]);
     return QVA_OK;
 }
 
@@ -62,7 +60,7 @@ static qva_status check_decomposable(const qva_config *cfg) {
 
 static qva_status check_call(const qva_config *cfg, const qva_tensor *q,
                              const qva_tensor *k, const qva_tensor *v) {
-    qva_status st = check_on_cpu(q, k, v);
+    qva_status st = qvi_check_on_cpu(q, k, v, "qva_error_terms_compute");
     if (st == QVA_OK) st = qva_attention_check(QVA_DEVICE_CPU, cfg, q, k, v, NULL, NULL);
     if (st == QVA_OK) st = check_decomposable(cfg);
     return st;

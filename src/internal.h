@@ -274,6 +274,11 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
 qva_status qvi_cpu_run(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
                        const qva_tensor *k, const qva_tensor *v, const qva_tensor *out,
                        const qva_tensor *lse, int mask);
+/* For the CPU-only analysis calls (qva_error_terms_compute,
+ * qva_draft_report_compute), before the generic checks: a CUDA q, k or v
+ * gets a message that names `func` rather than "the context". */
+qva_status qvi_check_on_cpu(const qva_tensor *q, const qva_tensor *k, const qva_tensor *v,
+                            const char *func);
 /* DraftAttention2 on the CPU (src/cpu/draft.c). */
 qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,

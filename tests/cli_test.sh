@@ -198,6 +198,35 @@ run eval --synthetic tiny --query-sample 32 --decompose --methods vc8,sage8 --js
 check_json "eval --decompose under --query-sample skips vc8" "
 assert 'skipped' in d['decompose']['vc8'] and d['decompose']['sage8']['full'] > 0"
 
+run eval --synthetic tiny --draft-report --draft-sweep 0,50,100 --device cpu \
+    --methods bf16,draft@85/0/0/15,draft@50/0/25/25 --json
+check_json "eval --draft-report --draft-sweep --json" "
+r = d['draft_report']
+assert sorted(r) == ['draft@50/0/25/25', 'draft@85/0/0/15'], sorted(r)
+for name, x in r.items():
+    s = x['summary']
+    assert s['heads'] == 2 and len(x['heads']) == 2 and s['regions'] == 2, s
+    assert abs(s['rel_l2'] - d['methods'][name]['rel_l2']) <= 1e-12 * s['rel_l2'], (s, name)
+    for h in x['heads']:
+        assert 0 <= h['router_mass'] <= h['oracle_mass'] <= 1 + 1e-12, h
+        assert abs(h['mass16'] + h['mass8'] + h['mass4'] + h['prefix_mass'] - h['router_mass']) < 1e-12
+assert r['draft@50/0/25/25']['heads'][0]['kept8'] == 1
+p = d['draft_sweep']
+assert p['method'] == 'draft@85/0/0/15' and [x['skip'] for x in p['points']] == [0, 0.5, 1], p
+assert abs(p['points'][0]['router_mass'] - 1) < 1e-12 and p['points'][2]['kept_share'] == 0, p"
+expect_ok "eval --draft-report table" eval --synthetic tiny --draft-report --draft-sweep 50,85 \
+    --device cpu --methods draft@85/0/0/15
+grep -q "^Route quality" "$T/out" && grep -q "^summary: draft@85/0/0/15: kept" "$T/out" \
+    && grep -q "^Skip-rate sweep, draft@85/0/0/15" "$T/out" && ok "eval --draft-report table content" \
+    || bad "eval --draft-report table content"
+run eval --synthetic tiny --query-sample 32 --draft-report --methods draft@85/0/0/15 --json
+check_json "eval --draft-report under --query-sample skips" "
+assert 'skipped' in d['draft_report']['draft@85/0/0/15']"
+expect_err "eval --draft-sweep not a number" 2 "not a percentage" eval --synthetic tiny --draft-sweep 50,x
+expect_err "eval --draft-sweep out of range" 2 "outside \\[0, 100\\]" eval --synthetic tiny --draft-sweep 120
+expect_err "eval --draft-sweep without a draft method" 2 "needs a draft@ method" \
+    eval --synthetic tiny --methods bf16 --draft-sweep 50
+
 run eval --input "$T/ok.safetensors" --methods exact,bf16,sage8 --json
 check_json "eval safetensors input" "
 assert d['input']['format'] == 'safetensors' and d['input']['N'] == 128

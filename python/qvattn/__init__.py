@@ -28,7 +28,8 @@ from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noq
 
 __all__ = ["attention", "sdpa", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
-           "default_context", "supports", "capture", "error_terms"]
+           "default_context", "supports", "capture", "error_terms", "draft_report",
+           "draft_sweep"]
 
 __version__ = "0.1.0"
 
@@ -269,6 +270,54 @@ def error_terms(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
                              0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
                              0, 0, None, 0, False, int(tk.shape[2]))
     return _ffi.error_terms(cfg, tq, tk, tv)
+
+
+def _draft_call(q, k, v, method, grid, prefix, prefix_at_end, layout, sm_scale, options):
+    """Descriptors and the stateless config of a route report."""
+    tq, _ = describe(q, layout)
+    tk, _ = describe(k, layout)
+    tv, _ = describe(v, layout)
+    n_tokens = int(tk.shape[2])
+    if prefix is not None and int(prefix) < 0:
+        raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
+    cfg = _config.config_for(method, _config.options_string(options),
+                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE, 0, 0,
+                             grid, -1 if prefix is None else int(prefix), prefix_at_end,
+                             n_tokens)
+    return cfg, tq, tk, tv
+
+
+def draft_report(q, k, v, *, method="draft@85/0/0/15", grid=None, prefix=None,
+                 prefix_at_end=False, layout="HND", sm_scale=None, options=None):
+    """How much of the exact attention mass a draft route keeps, per head, on
+    CPU inputs (qva_draft_report_compute; docs/DRAFT.md, "Route quality").
+
+    q, k, v: numpy arrays or CPU torch tensors (float32, bfloat16, float16),
+    rank 4 in `layout`; grid (T, H, W) and prefix as for qvattn.attention.
+    Masses are exact (FP64) softmax probability averaged over the video
+    query rows: "router_mass" is what the kept region pairs hold (with
+    "mass16", "mass8", "mass4" per phase and "prefix_mass", the always-kept
+    prefix keys), "oracle_mass" what the heaviest pairs of the same number
+    hold, "ratio" router / oracle, "rel_l2" the draft output against exact.
+    Returns {"summary": {...}, "heads": [{...} per query head]}; the
+    summary's masses are means over heads, "ratio_min" the lowest head's
+    ratio.  Bad inputs raise what qvattn.attention raises.
+    """
+    cfg, tq, tk, tv = _draft_call(q, k, v, method, grid, prefix, prefix_at_end, layout,
+                                  sm_scale, options)
+    return _ffi.draft_report(cfg, tq, tk, tv)
+
+
+def draft_sweep(q, k, v, skip_rates=(50, 70, 85, 90, 95), *, method="draft@85/0/0/15",
+                grid=None, prefix=None, prefix_at_end=False, layout="HND", sm_scale=None,
+                options=None):
+    """draft_report at each skip rate (percent) with `method`'s split of the
+    kept pairs among 16, 8 and 4 bits (qva_draft_sweep_compute): a list of
+    {"summary", "heads"} dicts, one per rate, whose summary["skip"] is the
+    rate as a fraction.  The curve to pick a sparsity from."""
+    cfg, tq, tk, tv = _draft_call(q, k, v, method, grid, prefix, prefix_at_end, layout,
+                                  sm_scale, options)
+    return _ffi.draft_sweep(cfg, tq, tk, tv, [float(s) / 100.0 for s in skip_rates])
 
 
 def capture(pipe, layers=None, steps=None, path="qvattn-capture", **kwargs):

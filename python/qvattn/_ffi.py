@@ -283,11 +283,37 @@ class QvaErrorTerms(Structure):
     _fields_ = [(name, c_double) for name in ERROR_TERM_NAMES]
 
 
+# qva_draft_head_report's and qva_draft_report's fields, in order (the keys
+# of draft_report's dicts).
+DRAFT_HEAD_FIELDS = (("batch", c_int64), ("head", c_int64), ("kept16", c_int64),
+                     ("kept8", c_int64), ("kept4", c_int64), ("kept_share", c_double),
+                     ("prefix_mass", c_double), ("mass16", c_double), ("mass8", c_double),
+                     ("mass4", c_double), ("router_mass", c_double),
+                     ("oracle_mass", c_double), ("ratio", c_double), ("rel_l2", c_double))
+DRAFT_REPORT_FIELDS = (("heads", c_int64), ("regions", c_int64), ("skip", c_double),
+                       ("kept_share", c_double), ("prefix_mass", c_double),
+                       ("mass16", c_double), ("mass8", c_double), ("mass4", c_double),
+                       ("router_mass", c_double), ("oracle_mass", c_double),
+                       ("ratio", c_double), ("ratio_min", c_double),
+                       ("ratio_min_head", c_int64), ("rel_l2", c_double))
+
+
+class QvaDraftHeadReport(Structure):
+    """qva_draft_head_report: the route quality of one query head."""
+    _fields_ = list(DRAFT_HEAD_FIELDS)
+
+
+class QvaDraftReport(Structure):
+    """qva_draft_report: the route quality over every head (means)."""
+    _fields_ = list(DRAFT_REPORT_FIELDS)
+
+
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 120, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 48,
-                  "qva_error_terms": 56}
+                  "qva_error_terms": 56, "qva_draft_head_report": 112,
+                  "qva_draft_report": 112}
 
 
 # ------------------------------------------------------------------ errors
@@ -394,6 +420,13 @@ _OPTIONAL_SIGS = {
                                    c_char_p, c_size_t]),
     "qva_error_terms_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                          _P(QvaTensor), _P(QvaErrorTerms)]),
+    "qva_draft_report_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
+                                          _P(QvaTensor), _P(QvaDraftReport),
+                                          _P(QvaDraftHeadReport), c_int64]),
+    "qva_draft_sweep_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
+                                         _P(QvaTensor), _P(c_double), c_int64,
+                                         _P(QvaDraftReport), _P(QvaDraftHeadReport),
+                                         c_int64]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -534,6 +567,47 @@ def error_terms(cfg, q, k, v):
     check(lib.qva_error_terms_compute(byref(cfg), byref(q), byref(k), byref(v), byref(t)),
           "qva_error_terms_compute")
     return {name: float(getattr(t, name)) for name in ERROR_TERM_NAMES}
+
+
+def _struct_dict(x, fields):
+    return {name: (int if ctype is c_int64 else float)(getattr(x, name))
+            for name, ctype in fields}
+
+
+def _need(name):
+    if not has_symbol(name):
+        raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED, f"this libqvattn predates {name}")
+
+
+def draft_report(cfg, q, k, v):
+    """qva_draft_report_compute on CPU descriptors: {"summary": {...},
+    "heads": [{...} per query head, (b, h) order]} with the fields of
+    DRAFT_REPORT_FIELDS and DRAFT_HEAD_FIELDS."""
+    _need("qva_draft_report_compute")
+    nh = int(q.shape[0]) * int(q.shape[1])
+    rep, heads = QvaDraftReport(), (QvaDraftHeadReport * max(nh, 1))()
+    check(lib.qva_draft_report_compute(byref(cfg), byref(q), byref(k), byref(v), byref(rep),
+                                       heads, c_integer(nh, "heads", c_int64)),
+          "qva_draft_report_compute")
+    return {"summary": _struct_dict(rep, DRAFT_REPORT_FIELDS),
+            "heads": [_struct_dict(heads[i], DRAFT_HEAD_FIELDS) for i in range(nh)]}
+
+
+def draft_sweep(cfg, q, k, v, skip):
+    """qva_draft_sweep_compute at the skip fractions `skip`: one
+    {"summary", "heads"} dict per point, as draft_report."""
+    _need("qva_draft_sweep_compute")
+    skip = [float(x) for x in skip]
+    nh, n = int(q.shape[0]) * int(q.shape[1]), len(skip)
+    reps = (QvaDraftReport * max(n, 1))()
+    heads = (QvaDraftHeadReport * max(n * nh, 1))()
+    check(lib.qva_draft_sweep_compute(byref(cfg), byref(q), byref(k), byref(v),
+                                      (c_double * max(n, 1))(*skip), c_integer(n, "points", c_int64),
+                                      reps, heads, c_integer(nh, "heads", c_int64)),
+          "qva_draft_sweep_compute")
+    return [{"summary": _struct_dict(reps[i], DRAFT_REPORT_FIELDS),
+             "heads": [_struct_dict(heads[i * nh + j], DRAFT_HEAD_FIELDS) for j in range(nh)]}
+            for i in range(n)]
 
 
 def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):

@@ -58,6 +58,21 @@ int main(void) {
     F(qva_error_terms, full); F(qva_error_terms, q); F(qva_error_terms, k);
     F(qva_error_terms, p); F(qva_error_terms, v); F(qva_error_terms, mu);
     F(qva_error_terms, none);
+    Z(qva_draft_head_report);
+    F(qva_draft_head_report, batch); F(qva_draft_head_report, head);
+    F(qva_draft_head_report, kept16); F(qva_draft_head_report, kept8);
+    F(qva_draft_head_report, kept4); F(qva_draft_head_report, kept_share);
+    F(qva_draft_head_report, prefix_mass); F(qva_draft_head_report, mass16);
+    F(qva_draft_head_report, mass8); F(qva_draft_head_report, mass4);
+    F(qva_draft_head_report, router_mass); F(qva_draft_head_report, oracle_mass);
+    F(qva_draft_head_report, ratio); F(qva_draft_head_report, rel_l2);
+    Z(qva_draft_report);
+    F(qva_draft_report, heads); F(qva_draft_report, regions); F(qva_draft_report, skip);
+    F(qva_draft_report, kept_share); F(qva_draft_report, prefix_mass);
+    F(qva_draft_report, mass16); F(qva_draft_report, mass8); F(qva_draft_report, mass4);
+    F(qva_draft_report, router_mass); F(qva_draft_report, oracle_mass);
+    F(qva_draft_report, ratio); F(qva_draft_report, ratio_min);
+    F(qva_draft_report, ratio_min_head); F(qva_draft_report, rel_l2);
     TIMINGS
     return 0;
 }
@@ -72,6 +87,8 @@ PY_STRUCTS = {
     "qva_draft_params": _ffi.QvaDraftParams,
     "qva_config": _ffi.QvaConfig,
     "qva_error_terms": _ffi.QvaErrorTerms,
+    "qva_draft_head_report": _ffi.QvaDraftHeadReport,
+    "qva_draft_report": _ffi.QvaDraftReport,
 }
 
 

@@ -7,7 +7,7 @@
 #include "cpu/draft.h"
 #include "draft/partition.h"
 #include "draft/plan.h"
-#include "draft/router.h"
+#include "draft/route.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -53,6 +53,7 @@ void qvi_draft_phase_exit_f64(double *acc, double *l, int d, double eta,
 
 /* Settings of one call, shared by all heads. */
 typedef struct draft_job {
+    const qvi_draft_plan *plan;
     const qvi_draft_layout *lay;
     int64_t n, R;
     int d, c;
@@ -313,17 +314,13 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
     return QVA_OK;
 }
 
-/* Router of one head: pooling, Eq. 2, Algorithm 1. */
+/* Router of one head: pooling, Eq. 2, Algorithm 1 (src/draft/route.c, the
+ * composition the route-quality report reads its kept set from). */
 static qva_status route_head(const draft_job *J, draft_head *H,
                              const qva_config *cfg) {
     size_t off = (size_t)J->lay->prefix_pad * (size_t)J->d;
-    qvi_draft_pool(H->qp + off, J->lay->count, J->R, J->c, J->d, H->qavg,
-                   H->qmax);
-    qvi_draft_pool(H->kp + off, J->lay->count, J->R, J->c, J->d, H->kavg,
-                   H->kmax);
-    qva_status st = qvi_draft_map(H->qavg, H->qmax, H->kavg, H->kmax, J->R,
-                                  J->d, J->sm_scale, cfg->draft.lambda, H->A);
-    return st != QVA_OK ? st : qvi_draft_assign(H->A, J->R, J->quota, H->prec);
+    const qvi_draft_route_buf rb = {H->qavg, H->qmax, H->kavg, H->kmax, H->A, H->prec};
+    return qvi_draft_route_packed(cfg, J->plan, J->lay, H->qp + off, H->kp + off, &rb);
 }
 
 /* Loads query head (b,h) and its K/V head (b, h / (H / H_kv)), routes it
@@ -389,6 +386,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
         return qvi_fail(QVA_ERR_SHAPE,
                         "draft: layout has %lld regions, plan %lld",
                         (long long)lay->regions, (long long)P->regions);
+    J->plan = P;
     J->lay = lay;
     J->n = P->n;
     J->d = P->d;

@@ -57,9 +57,9 @@ double now_ms(void);
  * its opt_spec table lists. */
 typedef struct opts {
     const char *input, *synthetic, *methods, *grid, *shape, *device;
-    const char *seed, *clusters, *iters_list;
+    const char *seed, *clusters, *iters_list, *draft_sweep;
     int prefix, prefix_at_end, layer, step, steps, heads, query_sample;
-    int iters, json, decompose;
+    int iters, json, decompose, draft_report;
 } opts;
 
 /* An integer option that was not given. */
@@ -188,6 +188,22 @@ int decompose_methods(const views *vw, const method_list *ml, decomp_row *rows);
 void print_decompose_table(const method_list *ml, const decomp_row *rows);
 /* The "decompose" member of eval's JSON. */
 void js_decompose(const method_list *ml, const decomp_row *rows);
+
+/* ------------------------------------------------------------ draft report */
+/* eval --draft-report / --draft-sweep (draft_report.c): the route-quality
+ * report of each draft method and the skip-rate curve of the first. */
+typedef struct draft_out draft_out;
+/* *out = NULL without either option; parses --draft-sweep (usage errors
+ * before any work). */
+int draft_report_prepare(const opts *o, const method_list *ml, draft_out **out);
+/* Runs the reports on the CPU views; RC_OK unless a call failed for a
+ * reason other than "not on these views". */
+int draft_report_run(const views *vw, const method_list *ml, draft_out *d);
+/* The per-head tables, summary lines and the sweep's curve. */
+void print_draft_out(const method_list *ml, const draft_out *d);
+/* The "draft_report" and "draft_sweep" members of eval's JSON. */
+void js_draft_out(const method_list *ml, const draft_out *d);
+void draft_out_free(draft_out *d);
 
 /* ------------------------------------------------------------ output */
 void js_str(const char *s);

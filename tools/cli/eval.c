@@ -39,6 +39,13 @@ static const char USAGE_EVAL[] =
     "                       quantized at a time (Q, K, P, V, vc's means) and\n"
     "                       report each term's rel-L2 (docs/NUMERICS.md, \"Where\n"
     "                       the error comes from\")\n"
+    "route quality (draft@ methods, CPU):\n"
+    "  --draft-report       per head: the exact attention mass the kept region\n"
+    "                       pairs hold (per phase) beside the oracle, the same\n"
+    "                       number of pairs ranked by exact mass, and rel-L2\n"
+    "  --draft-sweep LIST   skip rates in % (e.g. 50,70,85,90,95): the curve of\n"
+    "                       kept share, router and oracle mass and rel-L2 for\n"
+    "                       the first draft method's split (docs/DRAFT.md)\n"
     "output:\n"
     "  --device cpu|cuda|auto  where methods run (default auto: cuda when\n"
     "                       available and supported, else cpu)\n"
@@ -46,7 +53,8 @@ static const char USAGE_EVAL[] =
 
 static const opt_spec EVAL_OPTS[] = {
     OPTS_INPUT, OPTS_LAYOUT, OS("query-sample", OPT_INT, query_sample),
-    OS("decompose", OPT_FLAG, decompose), {NULL, OPT_FLAG, 0}};
+    OS("decompose", OPT_FLAG, decompose), OS("draft-report", OPT_FLAG, draft_report),
+    OS("draft-sweep", OPT_STR, draft_sweep), {NULL, OPT_FLAG, 0}};
 
 /* V-quantization statistics of head 0 under three token orders. */
 typedef struct vq_report {
@@ -219,9 +227,10 @@ static void js_vq(const vq_report *r) {
     printf("}");
 }
 
-/* rows: the --decompose terms, or NULL without --decompose. */
+/* rows: the --decompose terms, or NULL without --decompose; dr likewise
+ * the route reports. */
 static void print_eval_json(const workload *w, const views *vw, const method_list *ml,
-                            const vq_report *r, const decomp_row *rows) {
+                            const vq_report *r, const decomp_row *rows, const draft_out *dr) {
     printf("{\"methods\":{");
     for (int i = 0; i < ml->n; ++i) {
         if (i) printf(",");
@@ -234,6 +243,10 @@ static void print_eval_json(const workload *w, const views *vw, const method_lis
     if (rows) {
         printf(",");
         js_decompose(ml, rows);
+    }
+    if (dr) {
+        printf(",");
+        js_draft_out(ml, dr);
     }
     printf("}\n");
 }
@@ -272,19 +285,20 @@ static int eval_methods(runner *r, method_list *ml, float *ref, float *out) {
 }
 
 static int eval_report(const opts *o, const workload *w, const views *vw,
-                       const method_list *ml, const decomp_row *rows) {
+                       const method_list *ml, const decomp_row *rows, const draft_out *dr) {
     vq_report r;
     memset(&r, 0, sizeof r);
     vq_compute(w, &r);
     tv_compute(w, &r);
     warn_aux(&r);
     if (o->json) {
-        print_eval_json(w, vw, ml, &r, rows);
+        print_eval_json(w, vw, ml, &r, rows, dr);
         return RC_OK;
     }
     print_input(w, vw);
     print_eval_table(ml);
     if (rows) print_decompose_table(ml, rows);
+    if (dr) print_draft_out(ml, dr);
     print_aux(&r);
     return RC_OK;
 }
@@ -294,10 +308,12 @@ int cmd_eval(int argc, char **argv) {
     method_session s;
     float *ref = NULL, *out = NULL;
     decomp_row *rows = NULL;
+    draft_out *dr = NULL;
     opts_init(&o);
     int rc = method_session_open(&s);
     if (!rc) rc = parse_opts(argc, argv, EVAL_OPTS, USAGE_EVAL, &o);
     if (!rc) rc = method_session_prepare(&s, &o, 1);
+    if (!rc) rc = draft_report_prepare(&o, s.ml, &dr);
     if (!rc) {
         ref = malloc(s.vw.out_elems * sizeof *ref);
         out = malloc(s.vw.out_elems * sizeof *out);
@@ -309,7 +325,9 @@ int cmd_eval(int argc, char **argv) {
         rc = rows ? decompose_methods(&s.vw, s.ml, rows)
                   : runtime_error("out of memory for the error terms");
     }
-    if (!rc) rc = eval_report(&o, &s.w, &s.vw, s.ml, rows);
+    if (!rc && dr) rc = draft_report_run(&s.vw, s.ml, dr);
+    if (!rc) rc = eval_report(&o, &s.w, &s.vw, s.ml, rows, dr);
+    draft_out_free(dr);
     free(ref);
     free(out);
     free(rows);
