@@ -130,16 +130,48 @@ typedef struct qva_vsmooth_params {
 #define QVA_VSMOOTH_MAX_CLUSTERS 4096
 #define QVA_VSMOOTH_MAX_ITERS 1000
 
+/* How a draft call decides how many region pairs each head keeps
+ * (docs/DRAFT.md, "Adaptive budget"). */
+typedef enum qva_draft_budget {
+    QVA_DRAFT_BUDGET_QUOTA = 0, /* DA2: the fixed fractions, the same per head */
+    QVA_DRAFT_BUDGET_MASS = 1   /* per head: the top pairs holding `mass` of
+                                   the draft map, within [min_keep, max_keep],
+                                   split 4/8/16 by frac4/frac8/frac16       */
+} qva_draft_budget;
+
 typedef struct qva_draft_params {
     float lambda;          /* max-pool weight of Eq. 2 (paper: 0.2)           */
     float frac_skip;       /* fractions of video-region pairs; sum to 1      */
-    float frac4, frac8, frac16;
+    float frac4, frac8, frac16; /* (MASS: frac_skip = 0 and these split the
+                                   kept pairs)                               */
     int grid_t, grid_h, grid_w; /* latent video grid; T*H*W video tokens     */
     int prefix_tokens;     /* text/prefix tokens outside the grid            */
     int prefix_at_end;     /* 0: prefix first in the sequence; 1: last       */
     int capacity;          /* region capacity C == attention block (128)     */
     int dense_warmup_steps;/* steps < this run dense 16-bit attention        */
+    int budget;            /* qva_draft_budget (default QUOTA)               */
+    float mass;            /* MASS: share in (0, 1] of each head's draft-map
+                              mass the kept pairs must reach (default 0.95) */
+    float min_keep;        /* MASS: floor on the kept share of the R^2 pairs,
+                              in [0, max_keep] (default 0.05)               */
+    float max_keep;        /* MASS: cap on it, in [min_keep, 1] (default 1) */
 } qva_draft_params;
+
+/* Kept share of the last draft call on a context: per (batch, head), the
+ * video-region pairs it kept at 4, 8 or 16 bits over R^2.  Under the QUOTA
+ * budget every head keeps the same share; under MASS it varies. */
+typedef struct qva_draft_stats {
+    int64_t heads;     /* heads routed; 0 when the last call routed none (not
+                          draft, a dense warm-up step, a failed call, or the
+                          CUDA backend, which does not report it yet)     */
+    int64_t pairs;     /* R^2 video-region pairs per head                   */
+    double kept_mean;  /* mean over the heads of kept pairs / R^2           */
+    double kept_min, kept_max;
+} qva_draft_stats;
+/* The stats of the last qva_attention call on ctx (a qva_context_t). */
+struct qva_context;
+qva_status qva_context_last_draft_stats(const struct qva_context *ctx,
+                                        qva_draft_stats *stats);
 
 typedef struct qva_config {
     qva_method method;
@@ -174,12 +206,18 @@ void qva_config_default(qva_config *cfg);
 /*
  * Parses a method name into cfg (other fields untouched):
  *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
+ *   | draft@pM | draft@pM/S4/S8/S16
  * optionally followed by "+expcast" (8-bit methods and draft), "+hadamard"
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
  * query scale per 128 rows instead of one per row), each at most once.  Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
  * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
- * the four sum to 100.  QVA_ERR_PARSE with a message naming the problem,
+ * the four sum to 100.  draft@pM selects the MASS budget (draft.budget):
+ * each head keeps its top region pairs until they hold M percent of its
+ * draft-map mass (M in (0,100], the same plain decimals; "draft@p95" is
+ * 95%, "draft@p0.95" under 1%), all at 16 bits, or split by S4/S8/S16
+ * (summing to 100: frac_skip becomes 0); draft.min_keep and draft.max_keep
+ * bound the kept share.  QVA_ERR_PARSE with a message naming the problem,
  * cfg untouched, otherwise.
  */
 qva_status qva_config_set_method(qva_config *cfg, const char *name);

@@ -25,6 +25,11 @@ void qva_config_default(qva_config *cfg) {
     cfg->draft.frac_skip = 0.85f;
     cfg->draft.frac16 = 0.15f;
     cfg->draft.capacity = QVI_BLOCK;
+    /* The MASS budget's defaults, used once draft@pM selects it. */
+    cfg->draft.budget = QVA_DRAFT_BUDGET_QUOTA;
+    cfg->draft.mass = 0.95f;
+    cfg->draft.min_keep = 0.05f;
+    cfg->draft.max_keep = 1.0f;
     cfg->check_finite = 1;
 }
 
@@ -81,44 +86,106 @@ static size_t scan_decimal(const char *s, double *out) {
     return (size_t)(p - s);
 }
 
-/* Parses "S0/S4/S8/S16" percentages into the draft fractions; *end is
- * where the method string goes on (its end or a '+' option). */
-static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp,
-                                     const char **end) {
-    double f[4];
-    for (int i = 0; i < 4; ++i) {
-        /* S0..S8 end at '/', S16 at the end or a '+' option (an exponent
-         * such as 1.5e+1 may hold a '+' too) */
-        size_t tok = strcspn(s, i < 3 ? "/" : "/+"), len = scan_decimal(s, &f[i]);
-        if (i == 3 && len > tok && (s[len] == 0 || s[len] == '+'))
+/* The shape of a list of draft percentages, for parsing and messages. */
+typedef struct pct_form {
+    int n;             /* numbers in the list                        */
+    const char *form;  /* "S0/S4/S8/S16"                             */
+    const char *eg;    /* a valid method, e.g. "draft@85/0/7.5/7.5"  */
+} pct_form;
+
+/* Parses n '/'-separated percentages in [0,100] summing to 100 into f;
+ * *end is where the method string goes on (its end or a '+' option). */
+static qva_status parse_percentages(const char *s, const pct_form *pf, double *f,
+                                    const char **end) {
+    const int n = pf->n;
+    for (int i = 0; i < n; ++i) {
+        /* all but the last end at '/', the last at the end or a '+' option
+         * (an exponent such as 1.5e+1 may hold a '+' too) */
+        size_t tok = strcspn(s, i < n - 1 ? "/" : "/+"), len = scan_decimal(s, &f[i]);
+        if (i == n - 1 && len > tok && (s[len] == 0 || s[len] == '+'))
             tok = len;
         const int shown = tok < 40 ? (int)tok : 40; /* quoted in messages */
-        if ((i < 3) != (s[tok] == '/'))
-            return qvi_fail(QVA_ERR_PARSE,
-                            "draft quotas need the form S0/S4/S8/S16, e.g. "
-                            "draft@85/0/7.5/7.5");
+        if ((i < n - 1) != (s[tok] == '/'))
+            return qvi_fail(QVA_ERR_PARSE, "draft quotas need the form %s, e.g. %s",
+                            pf->form, pf->eg);
         if (len != tok || tok == 0)
             return qvi_fail(QVA_ERR_PARSE,
                             "draft quota %d '%.*s' is not a plain decimal "
                             "number (digits with an optional fraction, no "
-                            "sign, blank or hex), e.g. draft@85/0/7.5/7.5",
-                            i + 1, shown, s);
+                            "sign, blank or hex), e.g. %s",
+                            i + 1, shown, s, pf->eg);
         if (!isfinite(f[i]) || f[i] > 100)
             return qvi_fail(QVA_ERR_PARSE,
                             "draft quota %d '%.*s' is outside [0,100]: the "
-                            "quotas are percentages, e.g. draft@85/0/7.5/7.5",
-                            i + 1, shown, s);
-        s += tok + (i < 3);
+                            "quotas are percentages, e.g. %s",
+                            i + 1, shown, s, pf->eg);
+        s += tok + (i < n - 1);
     }
     *end = s;
-    if (fabs(f[0] + f[1] + f[2] + f[3] - 100.0) > 1e-3)
-        return qvi_fail(QVA_ERR_PARSE,
-                        "draft quotas %g/%g/%g/%g do not sum to 100", f[0],
-                        f[1], f[2], f[3]);
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i)
+        sum += f[i];
+    if (fabs(sum - 100.0) > 1e-3)
+        return n == 4 ? qvi_fail(QVA_ERR_PARSE, "draft quotas %g/%g/%g/%g do not sum to 100",
+                                 f[0], f[1], f[2], f[3])
+                      : qvi_fail(QVA_ERR_PARSE,
+                                 "draft split %g/%g/%g (the 4/8/16-bit shares of the "
+                                 "kept pairs) does not sum to 100",
+                                 f[0], f[1], f[2]);
+    return QVA_OK;
+}
+
+/* Parses "S0/S4/S8/S16" percentages into the draft fractions (the QUOTA
+ * budget). */
+static qva_status parse_draft_quotas(const char *s, qva_draft_params *dp,
+                                     const char **end) {
+    static const pct_form form = {4, "S0/S4/S8/S16", "draft@85/0/7.5/7.5"};
+    double f[4];
+    qva_status st = parse_percentages(s, &form, f, end);
+    if (st != QVA_OK)
+        return st;
+    dp->budget = QVA_DRAFT_BUDGET_QUOTA;
     dp->frac_skip = (float)(f[0] / 100);
     dp->frac4 = (float)(f[1] / 100);
     dp->frac8 = (float)(f[2] / 100);
     dp->frac16 = (float)(f[3] / 100);
+    return QVA_OK;
+}
+
+/* Parses "pM" or "pM/S4/S8/S16" (s after the 'p') into the MASS budget:
+ * M percent of the draft-map mass, the kept pairs split 4/8/16 by S4/S8/S16
+ * (all 16-bit without them). */
+static qva_status parse_draft_mass(const char *s, qva_draft_params *dp,
+                                   const char **end) {
+    static const pct_form form = {3, "pM/S4/S8/S16", "draft@p95/0/50/50"};
+    double m, f[3] = {0.0, 0.0, 100.0};
+    size_t len = scan_decimal(s, &m);
+    size_t tok = strcspn(s, "/+");
+    const int shown = tok < 40 ? (int)tok : 40;
+    if (len == 0 || (s[len] && s[len] != '/' && s[len] != '+'))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "draft mass 'p%.*s' is not a plain decimal percentage "
+                        "(digits with an optional fraction), e.g. draft@p95",
+                        shown, s);
+    if (!(m > 0.0 && m <= 100.0))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "draft mass p%.*s is outside (0,100]: each head keeps "
+                        "region pairs until they hold this percentage of its "
+                        "draft-map mass, e.g. draft@p95",
+                        shown, s);
+    s += len;
+    *end = s;
+    if (*s == '/') {
+        qva_status st = parse_percentages(s + 1, &form, f, end);
+        if (st != QVA_OK)
+            return st;
+    }
+    dp->budget = QVA_DRAFT_BUDGET_MASS;
+    dp->mass = (float)(m / 100);
+    dp->frac_skip = 0.0f;
+    dp->frac4 = (float)(f[0] / 100);
+    dp->frac8 = (float)(f[1] / 100);
+    dp->frac16 = (float)(f[2] / 100);
     return QVA_OK;
 }
 
@@ -161,7 +228,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (found < 0)
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
-                        "vc8, sage4, vc4, draft@S0/S4/S8/S16; options "
+                        "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +hadamard, +qblock)",
                         name);
     c.method = (qva_method)found;
@@ -170,8 +237,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (c.method == QVA_METHOD_DRAFT) {
         if (*rest != '@')
             return qvi_fail(QVA_ERR_PARSE,
-                            "draft needs quotas: draft@S0/S4/S8/S16");
-        if ((st = parse_draft_quotas(rest + 1, &c.draft, &rest)) != QVA_OK) return st;
+                            "draft needs quotas: draft@S0/S4/S8/S16 (or a mass "
+                            "budget: draft@pM, draft@pM/S4/S8/S16)");
+        st = rest[1] == 'p' ? parse_draft_mass(rest + 2, &c.draft, &rest)
+                            : parse_draft_quotas(rest + 1, &c.draft, &rest);
+        if (st != QVA_OK) return st;
     } else if (*rest == '@') {
         return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
     }
@@ -194,14 +264,24 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     return QVA_OK;
 }
 
+/* draft@pM, with /S4/S8/S16 unless every kept pair is 16-bit. */
+static int draft_mass_name(const qva_draft_params *dp, char *buf, size_t len) {
+    if (dp->frac4 == 0.0f && dp->frac8 == 0.0f && dp->frac16 == 1.0f)
+        return snprintf(buf, len, "draft@p%g", 100.0 * dp->mass);
+    return snprintf(buf, len, "draft@p%g/%g/%g/%g", 100.0 * dp->mass,
+                    100.0 * dp->frac4, 100.0 * dp->frac8, 100.0 * dp->frac16);
+}
+
 qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) {
     if (!cfg || !buf || len == 0 || (unsigned)cfg->method >= QVA_METHOD_COUNT_)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "bad arguments");
     int n;
-    if (cfg->method == QVA_METHOD_DRAFT)
-        n = snprintf(buf, len, "draft@%g/%g/%g/%g", 100.0 * cfg->draft.frac_skip,
-                     100.0 * cfg->draft.frac4, 100.0 * cfg->draft.frac8,
-                     100.0 * cfg->draft.frac16);
+    const qva_draft_params *dp = &cfg->draft;
+    if (cfg->method == QVA_METHOD_DRAFT && dp->budget == QVA_DRAFT_BUDGET_MASS)
+        n = draft_mass_name(dp, buf, len);
+    else if (cfg->method == QVA_METHOD_DRAFT)
+        n = snprintf(buf, len, "draft@%g/%g/%g/%g", 100.0 * dp->frac_skip,
+                     100.0 * dp->frac4, 100.0 * dp->frac8, 100.0 * dp->frac16);
     else
         n = snprintf(buf, len, "%s", method_names[cfg->method]);
     if (n >= 0 && (size_t)n < len && cfg->expcast)

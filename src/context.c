@@ -22,6 +22,7 @@ struct qva_context {
     void *stream;
     int profiling;
     qva_timings timings;
+    qva_draft_stats draft_stats;
     vs_entry *vs;
     size_t vs_len, vs_cap;
     void *slots[QVI_SLOT_COUNT_];
@@ -92,6 +93,19 @@ qva_device qvi_context_device(const qva_context_t *ctx) { return ctx->device; }
 int qvi_context_profiling(const qva_context_t *ctx) { return ctx->profiling; }
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t) {
     ctx->timings = *t;
+}
+
+void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st) {
+    ctx->draft_stats = *st;
+}
+
+qva_status qva_context_last_draft_stats(const qva_context_t *ctx, qva_draft_stats *st) {
+    if (!ctx || !st) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
+    qva_context_t *c = (qva_context_t *)ctx; /* the lock is not the state */
+    qvi_context_lock(c);
+    *st = c->draft_stats;
+    qvi_context_unlock(c);
+    return QVA_OK;
 }
 
 qva_status qva_context_set_profiling(qva_context_t *ctx, int on) {

@@ -474,8 +474,9 @@ static void sum_add(rep_sum *S, const qva_draft_head_report *r, int64_t head) {
 static qva_status head_point(const rep_call *C, rep_head *H, int64_t i, int64_t b,
                              int64_t h, qva_draft_head_report *r, rep_sum *S) {
     const size_t off = (size_t)C->lay.prefix_pad * (size_t)C->d, nd = (size_t)(C->n * C->d);
+    int64_t quota[4]; /* this head's counts (per head under the MASS budget) */
     qva_status st = qvi_draft_route_packed(&C->pcfg[i], &C->plan[i], &C->lay, H->qp + off,
-                                         H->kp + off, &H->rb);
+                                         H->kp + off, &H->rb, quota);
     if (st == QVA_OK) st = draft_run(C, i, b, h, H->out);
     if (st != QVA_OK) return st;
     route_masses(C, H, r);

@@ -83,6 +83,9 @@ int qvi_method_is_quantized(qva_method m);
 int qvi_method_has_int8_q(qva_method m);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
+/* The kept share qva_context_last_draft_stats reports (zeroed at the start
+ * of every qva_attention call; the CPU draft sets it when it finishes). */
+void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st);
 
 /* Per-(layer, batch, head) V-Smooth state: permutation and centroids. */
 typedef struct qvi_vs_state {

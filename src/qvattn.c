@@ -489,6 +489,7 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
     if (st != QVA_OK) return st;
     qva_config cfgv = *cfg_in;
     const qva_config *cfg = &cfgv;
+    const qva_draft_stats no_stats = {0, 0, 0.0, 0.0, 0.0}; /* until a draft call sets them */
     if (cfgv.layer == QVA_LAYER_NONE) { /* stateless (include/qvattn.h) */
         cfgv.vsmooth.schedule = QVA_SCHEDULE_ALWAYS;
         cfgv.vsmooth.warm_start = 0;
@@ -499,12 +500,14 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
                                sizeof why))
             return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
         qvi_context_lock(ctx);
+        qvi_context_set_draft_stats(ctx, &no_stats);
         st = qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
         qvi_context_unlock(ctx);
         return st;
     }
     struct timespec t0, t1;
     qvi_context_lock(ctx);
+    qvi_context_set_draft_stats(ctx, &no_stats);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     st = qvi_cpu_run(ctx, cfg, q, k, v, out, lse, QVI_QUANT_ALL);
     clock_gettime(CLOCK_MONOTONIC, &t1);

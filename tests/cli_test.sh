@@ -168,6 +168,18 @@ check_json "eval small draft --json: rel-L2 < 1" "
 for k, v in d['methods'].items():
     assert 0 < v['rel_l2'] < 1, (k, v)"
 
+# The adaptive budget reports the share each head kept (JSON and table).
+run eval --synthetic small --methods draft@85/0/0/15,draft@p90/0/50/50 --json
+check_json "eval small adaptive draft --json: kept_share" "
+f, a = d['methods']['draft@85/0/0/15'], d['methods']['draft@p90/0/50/50']
+assert f['kept_share']['min'] == f['kept_share']['max'] and abs(f['kept_share']['min'] - 5 / 36) < 1e-8, f
+k = a['kept_share']
+assert 0 < k['min'] <= k['mean'] <= k['max'] <= 1 and k['pairs'] == 36, k
+assert a['canonical'] == 'draft@p90/0/50/50' and a['rel_l2'] < f['rel_l2'], a"
+expect_ok "eval adaptive table" eval --synthetic small --methods draft@p95 --device cpu
+grep -q "draft kept share" "$T/out" && grep -q "^  draft@p95 " "$T/out" \
+    && ok "eval kept share table" || bad "eval kept share table"
+
 expect_ok "eval table" eval --synthetic tiny --methods exact,bf16,sage8
 grep -q "PSNR" "$T/out" && grep -q "^bf16 " "$T/out" && grep -q "V quantization" "$T/out" \
     && grep -q "ExpCast TV" "$T/out" && ok "eval table content" || bad "eval table content"
@@ -305,6 +317,10 @@ expect_err "hex draft quota" 2 "draft quota 1 '0x55' is not a plain decimal" \
     eval --synthetic tiny --methods draft@0x55/0/0/15
 expect_err "blank in draft quota" 2 "draft quota 1 ' 85' is not a plain decimal" \
     eval --synthetic tiny --methods "draft@ 85/0/0/15"
+expect_err "draft mass of zero" 2 "draft mass p0 is outside \(0,100\]" \
+    eval --synthetic tiny --methods draft@p0
+expect_err "draft mass split" 2 "draft split 0/50/60 .* does not sum to 100" \
+    eval --synthetic tiny --methods draft@p95/0/50/60
 expect_err "option given twice" 2 "'\+expcast' given twice" \
     eval --synthetic tiny --methods vc8+expcast+expcast
 expect_err "seed past 2^64" 2 "--seed 99999999999999999999999 is out of range" \

@@ -145,7 +145,10 @@ def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
     """softmax(q k^T * sm_scale) v with a qvattn method (non-causal).
 
     method    qvattn method string: exact | bf16 | fp8 | sage8 | vc8 | sage4 |
-              vc4 | draft@S0/S4/S8/S16, with +expcast / +hadamard options.
+              vc4 | draft@S0/S4/S8/S16 | draft@pM[/S4/S8/S16] (the adaptive
+              budget: per head the region pairs holding M% of the draft
+              map, options draft.min_keep / draft.max_keep; CPU only), with
+              +expcast / +hadamard options.
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
     attn_mask None, or (torch only) a boolean key-padding mask broadcastable

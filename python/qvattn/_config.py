@@ -28,6 +28,8 @@ _OPTION_FIELDS = {
     "draft.lambda": (("draft", "lambda_"), float),
     "draft.capacity": (("draft", "capacity"), int),
     "draft.dense_warmup_steps": (("draft", "dense_warmup_steps"), int),
+    "draft.min_keep": (("draft", "min_keep"), float),
+    "draft.max_keep": (("draft", "max_keep"), float),
     "draft.dense_warmup_frac": (None, float),
     "draft.dense_backend": (None, "dense_backend"),
     "hadamard_signs": (("hadamard_signs",), int),

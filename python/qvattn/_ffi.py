@@ -242,6 +242,10 @@ class QvaDraftParams(_CStruct):
         ("prefix_at_end", c_int),
         ("capacity", c_int),
         ("dense_warmup_steps", c_int),
+        ("budget", c_int),  # qva_draft_budget (draft@pM sets MASS)
+        ("mass", c_float),
+        ("min_keep", c_float),
+        ("max_keep", c_float),
     ]
 
 
@@ -274,6 +278,17 @@ class QvaTimings(Structure):
         ("grouping_ms", c_float),
         ("prep_ms", c_float),
         ("kernel_ms", c_float),
+    ]
+
+
+class QvaDraftStats(Structure):
+    """qva_draft_stats: the kept share of the last draft call's heads."""
+    _fields_ = [
+        ("heads", c_int64),
+        ("pairs", c_int64),
+        ("kept_mean", c_double),
+        ("kept_min", c_double),
+        ("kept_max", c_double),
     ]
 
 
@@ -310,10 +325,10 @@ class QvaDraftReport(Structure):
 
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
-EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 120, "qva_timings": 12,
-                  "qva_vsmooth_params": 24, "qva_draft_params": 48,
-                  "qva_error_terms": 56, "qva_draft_head_report": 112,
-                  "qva_draft_report": 112}
+EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 136, "qva_timings": 12,
+                  "qva_vsmooth_params": 24, "qva_draft_params": 64,
+                  "qva_error_terms": 56, "qva_draft_stats": 40,
+                  "qva_draft_head_report": 112, "qva_draft_report": 112}
 
 
 # ------------------------------------------------------------------ errors
@@ -416,6 +431,7 @@ _SIGS = {
 _OPTIONAL_SIGS = {
     "qva_context_set_profiling": (c_enum, [c_void_p, c_int]),
     "qva_context_last_timings": (c_enum, [c_void_p, _P(QvaTimings)]),
+    "qva_context_last_draft_stats": (c_enum, [c_void_p, _P(QvaDraftStats)]),
     "qva_supports_heads": (c_int, [c_enum, _P(QvaConfig), c_enum, c_int64, c_int64, c_int64,
                                    c_char_p, c_size_t]),
     "qva_error_terms_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
@@ -709,6 +725,18 @@ class Context:
               "qva_context_last_timings")
         return {"grouping_ms": t.grouping_ms, "prep_ms": t.prep_ms,
                 "kernel_ms": t.kernel_ms}
+
+    def last_draft_stats(self):
+        """{'heads', 'pairs', 'kept_mean', 'kept_min', 'kept_max'}: the share of
+        region pairs each head kept in the last call (heads 0 when it routed
+        none: not draft, a warm-up step, or CUDA)."""
+        if not has_symbol("qva_context_last_draft_stats"):
+            raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED,
+                                      "library has no qva_context_last_draft_stats")
+        t = QvaDraftStats()
+        check(lib.qva_context_last_draft_stats(self.handle, byref(t)),
+              "qva_context_last_draft_stats")
+        return {name: getattr(t, name) for name, _ in QvaDraftStats._fields_}
 
     def close(self):
         if self._h:

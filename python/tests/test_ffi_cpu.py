@@ -47,6 +47,12 @@ int main(void) {
     F(qva_draft_params, grid_h); F(qva_draft_params, grid_w);
     F(qva_draft_params, prefix_tokens); F(qva_draft_params, prefix_at_end);
     F(qva_draft_params, capacity); F(qva_draft_params, dense_warmup_steps);
+    F(qva_draft_params, budget); F(qva_draft_params, mass);
+    F(qva_draft_params, min_keep); F(qva_draft_params, max_keep);
+    Z(qva_draft_stats);
+    F(qva_draft_stats, heads); F(qva_draft_stats, pairs);
+    F(qva_draft_stats, kept_mean); F(qva_draft_stats, kept_min);
+    F(qva_draft_stats, kept_max);
     Z(qva_config);
     F(qva_config, method); F(qva_config, sm_scale); F(qva_config, hadamard);
     F(qva_config, hadamard_signs); F(qva_config, hadamard_seed);
@@ -85,6 +91,7 @@ PY_STRUCTS = {
     "qva_tensor": _ffi.QvaTensor,
     "qva_vsmooth_params": _ffi.QvaVsmoothParams,
     "qva_draft_params": _ffi.QvaDraftParams,
+    "qva_draft_stats": _ffi.QvaDraftStats,
     "qva_config": _ffi.QvaConfig,
     "qva_error_terms": _ffi.QvaErrorTerms,
     "qva_draft_head_report": _ffi.QvaDraftHeadReport,
@@ -145,9 +152,15 @@ def test_config_default_roundtrip():
     assert cfg.vsmooth.block == 128 and cfg.draft.capacity == 128
     assert abs(cfg.draft.lambda_ - 0.2) < 1e-7 and cfg.check_finite == 1
     for name in ["exact", "bf16", "fp8", "sage8+hadamard", "vc8+expcast",
-                 "sage4", "vc4", "draft@85/0/7.5/7.5"]:
+                 "sage4", "vc4", "draft@85/0/7.5/7.5", "draft@p95",
+                 "draft@p99.5/0/50/50", "draft@p90+expcast"]:
         _ffi.config_set_method(cfg, name)
         assert _ffi.config_method_name(cfg) == name
+    _ffi.config_set_method(cfg, "draft@p95/0/0/100")  # the short form is canonical
+    assert _ffi.config_method_name(cfg) == "draft@p95"
+    assert cfg.draft.budget == 1 and abs(cfg.draft.mass - 0.95) < 1e-7
+    _ffi.config_set_method(cfg, "draft@85/0/0/15")
+    assert cfg.draft.budget == 0
     assert "qvattn" in _ffi.build_info()
     assert _ffi.status_string(_ffi.QVA_ERR_SHAPE) == "shape mismatch"
 
@@ -273,6 +286,31 @@ def test_profiling_on_cpu():
         t = ctx.last_timings()
         assert set(t) == {"grouping_ms", "prep_ms", "kernel_ms"}
         assert t["kernel_ms"] > 0  # the CPU puts the whole call here
+
+
+def test_adaptive_draft_budget_on_cpu():
+    """draft@pM on the CPU: the kept share varies per head within the
+    options' floor and cap; CUDA says it cannot run it."""
+    T, H, W = 2, 16, 16  # R = 4 regions, 16 pairs per head
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 3, T * H * W, 64)).astype(np.float32)
+               for _ in range(3))
+    with qvattn.Context() as ctx:
+        qvattn.attention(q, k, v, method="draft@p90", grid=(T, H, W), ctx=ctx)
+        st = ctx.last_draft_stats()
+        assert st["heads"] == 3 and st["pairs"] == 16
+        assert 0 < st["kept_min"] <= st["kept_mean"] <= st["kept_max"] <= 1
+        qvattn.attention(q, k, v, method="draft@p90", grid=(T, H, W), ctx=ctx,
+                         options={"draft.min_keep": 0.5, "draft.max_keep": 0.5})
+        st = ctx.last_draft_stats()
+        assert st["kept_min"] == st["kept_max"] == 0.5
+        qvattn.attention(q, k, v, method="sage8", ctx=ctx)
+        assert ctx.last_draft_stats()["heads"] == 0
+        with pytest.raises(qvattn.QvaValueError, match="min_keep"):
+            qvattn.attention(q, k, v, method="draft@p90", grid=(T, H, W), ctx=ctx,
+                             options={"draft.min_keep": 0.6, "draft.max_keep": 0.5})
+    ok, why = _ffi.supports(_ffi.QVA_DEVICE_CUDA, _ffi.make_config("draft@p90"), 0, 128)
+    assert not ok and (not _ffi.cuda_available() or "adaptive draft budget" in why)
 
 
 # ------------------------------------------------------------------ errors

@@ -61,7 +61,9 @@ typedef struct draft_job {
     int use_f16, expcast, warmup;
     int q_rows_per_scale;
     int strict; /* check_finite: a NaN/+inf score fails the row */
-    int64_t quota[4];
+    int with4, with8; /* the plan's: NVFP4 / INT8 buffers may be needed */
+    const qva_draft_params *dp;
+    const qvi_draft_probe *probe; /* NULL: the method as specified */
 } draft_job;
 
 /* Per-head operands and results (buffers reused across heads). */
@@ -76,6 +78,7 @@ typedef struct draft_head {
     float *qavg, *qmax, *kavg, *kmax; /* R*d pooled descriptors        */
     float *A;               /* R*R draft map                           */
     uint8_t *prec;          /* R*R precision of each region pair       */
+    int64_t quota[4];       /* this head's skip/4/8/16 (QVI_Q_*)       */
     float *out, *lse;       /* n*d and n, sequence order               */
     float *acc;             /* scratch accumulators, one per row group */
 } draft_head;
@@ -141,6 +144,12 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
     qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
 }
 
+/* Packed prefix slots a video query reads: all of them (C.1), or none
+ * when a probe drops them (qvi_cpu_draft_probe). */
+static int64_t prefix_keys(const draft_job *J) {
+    return J->probe && J->probe->drop_prefix ? 0 : J->lay->prefix_pad;
+}
+
 /* One 16-bit key block at packed slot k0 with `valid` real keys. */
 static void block16(const draft_job *J, const draft_head *H, qvi_row *r,
                     const float *q, int64_t k0, int valid, float *s) {
@@ -157,7 +166,7 @@ static void phase_16(const draft_job *J, const draft_head *H, qvi_row *r,
                      const uint8_t *prec, int64_t slot, float *s) {
     const qvi_draft_layout *L = J->lay;
     const float *q = H->qp + slot * J->d;
-    for (int64_t k0 = 0; k0 < L->prefix_pad; k0 += J->c) {
+    for (int64_t k0 = 0; k0 < prefix_keys(J); k0 += J->c) {
         int64_t valid = L->prefix - k0;
         block16(J, H, r, q, k0, (int)(valid < J->c ? valid : J->c), s);
     }
@@ -169,8 +178,8 @@ static void phase_16(const draft_job *J, const draft_head *H, qvi_row *r,
 /* qvi_row_finish's flags for the rows of one video region: it retains a
  * key if the sequence has a prefix or a block of the region is kept (every
  * region holds at least one token); otherwise its rows are empty. */
-static int row_flags(const draft_job *J, const qvi_draft_layout *L, const uint8_t *prec) {
-    int retained = L->prefix > 0;
+static int row_flags(const draft_job *J, const uint8_t *prec) {
+    int retained = prefix_keys(J) > 0;
     for (int64_t b = 0; b < J->R && !retained; ++b)
         retained = prec[b] != 0;
     return (retained ? QVI_ROW_RETAINED : 0) | (J->strict ? QVI_ROW_STRICT : 0);
@@ -191,7 +200,7 @@ static void video_region(const draft_job *J, draft_head *H, int64_t a,
         phase_nvfp4(J, H, &r, prec, qrow, s);
         phase_int8(J, H, &r, prec, qrow, s);
         phase_16(J, H, &r, prec, slot, s);
-        H->lse[orig] = qvi_row_finish(&r, row_flags(J, L, prec), NULL, 0.0f,
+        H->lse[orig] = qvi_row_finish(&r, row_flags(J, prec), NULL, 0.0f,
                                       H->out + (int64_t)orig * J->d);
     }
 }
@@ -272,12 +281,12 @@ static qva_status head_alloc(const draft_job *J, draft_head *H) {
         H->A = xmalloc(sizeof(float) * R * R, &fail);
         H->prec = xmalloc(R * R, &fail);
     }
-    if (!J->warmup && J->quota[QVI_Q_4] > 0) {
+    if (J->with4) {
         H->q4 = xmalloc(sizeof(float) * nv * d, &fail);
         H->k4 = xmalloc(sizeof(float) * nv * d, &fail);
         H->v4 = xmalloc(sizeof(float) * nv * d, &fail);
     }
-    if (!J->warmup && J->quota[QVI_Q_8] > 0) {
+    if (J->with8) {
         H->dv = xmalloc(sizeof(float) * d, &fail);
     }
     if (fail) {
@@ -294,12 +303,12 @@ static qva_status head_alloc(const draft_job *J, draft_head *H) {
 static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
     int d = J->d, nv = (int)(J->R * J->c);
     size_t off = (size_t)J->lay->prefix_pad * (size_t)d;
-    if (J->quota[QVI_Q_4] > 0) {
+    if (H->quota[QVI_Q_4] > 0) {
         H->gq = qvi_quant_nvfp4_rows(H->qp + off, nv, d, H->q4);
         H->gk = qvi_quant_nvfp4_rows(H->kp + off, nv, d, H->k4);
         H->gv = qvi_quant_nvfp4_cols(H->vp + off, nv, d, H->v4);
     }
-    if (J->quota[QVI_Q_8] > 0) {
+    if (H->quota[QVI_Q_8] > 0) {
         /* The quantizers allocate; lowbit_free releases per head. */
         qvi_quant_i8(H->qp + off, nv, d, J->q_rows_per_scale, &H->q8);
         qvi_quant_i8(H->kp + off, nv, d, QVI_BLOCK, &H->k8);
@@ -314,13 +323,28 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
     return QVA_OK;
 }
 
-/* Router of one head: pooling, Eq. 2, Algorithm 1 (src/draft/route.c, the
- * composition the route-quality report reads its kept set from). */
+/* A probe's route filter on head bh: the pairs it drops are skipped
+ * (after the router, so operands and scales stay the call's); the route
+ * is copied out if asked for. */
+static void probe_route(const draft_job *J, draft_head *H, int64_t bh) {
+    const qvi_draft_probe *pb = J->probe;
+    const int64_t M = J->R * J->R;
+    for (int64_t i = 0; pb->keep && i < M; ++i)
+        if (!pb->keep[bh * M + i])
+            H->prec[i] = 0;
+    if (pb->prec_out)
+        memcpy(pb->prec_out + bh * M, H->prec, (size_t)M);
+}
+
+/* Router of one head: pooling, Eq. 2, Algorithm 1 with this head's quotas
+ * (per head under the MASS budget): src/draft/route.c, the composition the
+ * route-quality report reads its kept set from. */
 static qva_status route_head(const draft_job *J, draft_head *H,
                              const qva_config *cfg) {
     size_t off = (size_t)J->lay->prefix_pad * (size_t)J->d;
     const qvi_draft_route_buf rb = {H->qavg, H->qmax, H->kavg, H->kmax, H->A, H->prec};
-    return qvi_draft_route_packed(cfg, J->plan, J->lay, H->qp + off, H->kp + off, &rb);
+    return qvi_draft_route_packed(cfg, J->plan, J->lay, H->qp + off, H->kp + off, &rb,
+                                  H->quota);
 }
 
 /* Loads query head (b,h) and its K/V head (b, h / (H / H_kv)), routes it
@@ -338,6 +362,8 @@ static qva_status prep_head(const draft_job *J, draft_head *H,
         qvi_draft_pack(J->lay, H->k16, J->d, H->kp);
         qvi_draft_pack(J->lay, H->v16, J->d, H->vp);
         qva_status st = route_head(J, H, cfg);
+        if (st == QVA_OK && J->probe)
+            probe_route(J, H, b * q->shape[1] + h);
         if (st == QVA_OK)
             st = prep_lowbit(J, H);
         if (st != QVA_OK)
@@ -399,20 +425,35 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
     J->eta = P->eta;
     J->use_f16 = P->use_f16;
     J->warmup = P->warmup;
-    memcpy(J->quota, P->quota, sizeof(J->quota));
+    J->with4 = P->with4;
+    J->with8 = P->with8;
     return QVA_OK;
+}
+
+/* Adds head H's kept share to st (heads routed so far). */
+static void stats_add(qva_draft_stats *st, const draft_job *J, const draft_head *H) {
+    const int64_t M = J->R * J->R;
+    const double share = M > 0 ? (double)(M - H->quota[QVI_Q_SKIP]) / (double)M : 0.0;
+    st->kept_min = st->heads == 0 || share < st->kept_min ? share : st->kept_min;
+    st->kept_max = st->heads == 0 || share > st->kept_max ? share : st->kept_max;
+    st->kept_mean += share; /* a sum until run_heads divides */
+    st->heads += 1;
+    st->pairs = M;
 }
 
 /* Runs every (b, h) head with one set of buffers. */
 static qva_status run_heads(const draft_job *J, const qva_config *cfg,
                             const qva_tensor *q, const qva_tensor *k,
                             const qva_tensor *v, const qva_tensor *out,
-                            const qva_tensor *lse) {
+                            const qva_tensor *lse, qva_draft_stats *stats) {
     draft_head H;
+    memset(stats, 0, sizeof *stats);
     qva_status st = head_alloc(J, &H);
     for (int64_t b = 0; st == QVA_OK && b < q->shape[0]; ++b)
         for (int64_t h = 0; st == QVA_OK && h < q->shape[1]; ++h) {
             st = prep_head(J, &H, cfg, q, k, v, b, h);
+            if (st == QVA_OK && !J->warmup)
+                stats_add(stats, J, &H);
             if (st == QVA_OK) {
                 compute_head(J, &H);
                 if (cfg->check_finite)
@@ -427,6 +468,8 @@ static qva_status run_heads(const draft_job *J, const qva_config *cfg,
         }
     if (H.out) /* head_alloc succeeded */
         head_free(&H);
+    if (stats->heads > 0)
+        stats->kept_mean /= (double)stats->heads;
     return st;
 }
 
@@ -434,6 +477,13 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,
                          const qva_tensor *lse) {
+    return qvi_cpu_draft_probe(ctx, cfg, q, k, v, out, lse, NULL);
+}
+
+qva_status qvi_cpu_draft_probe(qva_context_t *ctx, const qva_config *cfg,
+                               const qva_tensor *q, const qva_tensor *k,
+                               const qva_tensor *v, const qva_tensor *out,
+                               const qva_tensor *lse, const qvi_draft_probe *probe) {
     qvi_draft_plan plan;
     qva_status st = qvi_draft_plan_make(cfg, q, &plan);
     if (st != QVA_OK)
@@ -450,10 +500,15 @@ qva_status qvi_cpu_draft(qva_context_t *ctx, const qva_config *cfg,
                                 p->prefix_at_end, &lay);
     if (st == QVA_OK) {
         draft_job J;
+        qva_draft_stats stats;
         st = job_init(&J, &plan, &lay);
         J.strict = cfg->check_finite != 0;
+        J.dp = &cfg->draft;
+        J.probe = probe;
         if (st == QVA_OK)
-            st = run_heads(&J, cfg, q, k, v, out, lse);
+            st = run_heads(&J, cfg, q, k, v, out, lse, &stats);
+        if (st == QVA_OK) /* only a call that finished reports */
+            qvi_context_set_draft_stats(ctx, &stats);
         qvi_draft_layout_free(&lay);
     }
     if (owned)

@@ -31,6 +31,29 @@ void qvi_draft_phase_enter_f64(double *acc, double *l, int d, double eta,
 void qvi_draft_phase_exit_f64(double *acc, double *l, int d, double eta,
                               const double *dv);
 
+/* ------------------------------------------------------------ probes */
+/*
+ * For tests: qvi_cpu_draft with the router's route filtered after the
+ * fact.  Operands, scales and quotas are the call's own (the low-bit
+ * scales come from the whole video part whatever the route), so a probe
+ * that drops pairs computes the same per-block quantities over fewer
+ * blocks: what a ring merge of key subsets needs (docs/DRAFT.md, "LSE").
+ *   keep        NULL, or B*H*R*R flags ([b*H + h][a*R + b']): a routed pair
+ *               whose flag is 0 is skipped
+ *   drop_prefix video queries skip the prefix keys (prefix queries stay
+ *               dense over every key)
+ *   prec_out    NULL, or B*H*R*R: each head's precision matrix, filtered
+ */
+typedef struct qvi_draft_probe {
+    const uint8_t *keep;
+    int drop_prefix;
+    uint8_t *prec_out;
+} qvi_draft_probe;
+qva_status qvi_cpu_draft_probe(qva_context_t *ctx, const qva_config *cfg,
+                               const qva_tensor *q, const qva_tensor *k,
+                               const qva_tensor *v, const qva_tensor *out,
+                               const qva_tensor *lse, const qvi_draft_probe *probe);
+
 #ifdef __cplusplus
 }
 #endif

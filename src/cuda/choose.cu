@@ -43,6 +43,18 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, char *why, size
         snprintf(why, len, "draft has no +hadamard variant");
         return QVC_KERNEL_NONE;
     }
+    /* Refused at every step, warm-up included, so that a caller who asks
+     * once gets the answer for the whole schedule. */
+    if (cfg->draft.budget == QVA_DRAFT_BUDGET_MASS) {
+        snprintf(why, len,
+                 "adaptive draft budget: CPU reference only for now (the device "
+                 "router's per-head mass select is not implemented)");
+        return QVC_KERNEL_NONE;
+    }
+    if (cfg->draft.budget != QVA_DRAFT_BUDGET_QUOTA) {
+        snprintf(why, len, "draft.budget = %d is not a qva_draft_budget", cfg->draft.budget);
+        return QVC_KERNEL_NONE;
+    }
     if (cfg->step < cfg->draft.dense_warmup_steps)
         return QVC_KERNEL_ATTN_BF16_MMA_64X128; /* the dense warm-up is the bf16 method */
     if (d == 128 && !draft_with4(&cfg->draft)) return QVC_KERNEL_ATTN_DRAFT_WS_128X128;

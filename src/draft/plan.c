@@ -62,6 +62,14 @@ qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
     return QVA_OK;
 }
 
+uint64_t qvi_draft_ppm_of(uint64_t x, int64_t ppm, int round_up) {
+    /* x = a*10^6 + b: ppm*a <= x cannot overflow and ppm*b < 10^12, so the
+     * product is never formed in full (the GPU can do the same). */
+    const uint64_t a = x / 1000000u, b = x % 1000000u, u = (uint64_t)ppm;
+    const uint64_t low = u * b;
+    return u * a + low / 1000000u + (round_up && low % 1000000u != 0);
+}
+
 /* ------------------------------------------------------------ Eq. 8 eta */
 
 float qvi_draft_eta(int expcast) {
@@ -70,6 +78,37 @@ float qvi_draft_eta(int expcast) {
 }
 
 /* ------------------------------------------------------------ validation */
+
+/* The budget mode, and under MASS its share, bounds and split (the
+ * fractions themselves are checked with the quotas). */
+static qva_status check_budget(const qva_draft_params *p) {
+    if (p->budget != QVA_DRAFT_BUDGET_QUOTA && p->budget != QVA_DRAFT_BUDGET_MASS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: budget = %d is not a qva_draft_budget "
+                        "(QVA_DRAFT_BUDGET_QUOTA = 0, QVA_DRAFT_BUDGET_MASS = 1)",
+                        p->budget);
+    if (p->budget == QVA_DRAFT_BUDGET_QUOTA)
+        return QVA_OK; /* mass, min_keep and max_keep are not read */
+    if (!(p->mass > 0.0f && p->mass <= 1.0f))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: mass = %g is outside (0, 1]: the share of each "
+                        "head's draft-map mass its kept pairs must reach",
+                        (double)p->mass);
+    if (!(p->min_keep >= 0.0f && p->min_keep <= p->max_keep && p->max_keep <= 1.0f))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: min_keep = %g and max_keep = %g need 0 <= "
+                        "min_keep <= max_keep <= 1 (shares of the R^2 region "
+                        "pairs a head keeps)",
+                        (double)p->min_keep, (double)p->max_keep);
+    if (p->frac_skip != 0.0f)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: the mass budget decides what each head skips: "
+                        "frac_skip = %g must be 0 and frac4/frac8/frac16 split "
+                        "the kept pairs (sum 1)",
+                        (double)p->frac_skip);
+    const float f[4] = {p->frac_skip, p->frac4, p->frac8, p->frac16};
+    return check_fractions(f);
+}
 
 qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
     const qva_draft_params *p = &cfg->draft;
@@ -111,7 +150,7 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
     if (!(p->lambda >= 0.0f && p->lambda <= 1.0f))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: lambda = %g is outside [0, 1]", (double)p->lambda);
-    return QVA_OK;
+    return check_budget(p);
 }
 
 /* Eq. 20: regions per frame ceil(H*W / C); -1 for a grid or capacity that
@@ -120,6 +159,20 @@ int64_t qvi_draft_regions_per_frame(const qva_draft_params *dp) {
     if (dp->grid_h <= 0 || dp->grid_w <= 0 || dp->capacity <= 0)
         return -1; /* int fields: the int64 product cannot overflow */
     return ((int64_t)dp->grid_h * dp->grid_w + dp->capacity - 1) / dp->capacity;
+}
+
+/* The MASS budget's integers (validated by check_budget): p in parts per
+ * million, the floor rounded up and the cap down to whole pairs.  The
+ * quotas stay zero: each head gets its own (qvi_draft_route_head). */
+static qva_status plan_mass(const qva_draft_params *dp, qvi_draft_plan *p) {
+    const int64_t M = p->regions * p->regions;
+    if (M > INT64_MAX / 2000000) /* as qvi_draft_quotas */
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs", (long long)M);
+    p->mass = 1;
+    p->mass_ppm = llround((double)dp->mass * 1e6);
+    p->keep_min = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->min_keep * 1e6), 1);
+    p->keep_max = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->max_keep * 1e6), 0);
+    return QVA_OK;
 }
 
 qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
@@ -135,11 +188,18 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     /* validate() bounded C = 128 and the grid by N */
     p->rf = (int)qvi_draft_regions_per_frame(dp);
     p->regions = (int64_t)dp->grid_t * p->rf;
-    st = qvi_draft_quotas(dp, p->regions * p->regions, p->quota);
+    st = dp->budget == QVA_DRAFT_BUDGET_MASS ? plan_mass(dp, p)
+                                             : qvi_draft_quotas(dp, p->regions * p->regions,
+                                                                p->quota);
     if (st != QVA_OK)
         return st;
-    p->with4 = !p->warmup && p->quota[QVI_Q_4] > 0;
-    p->with8 = !p->warmup && p->quota[QVI_Q_8] > 0;
+    if (p->mass) { /* some head may get these phases */
+        p->with4 = !p->warmup && p->keep_max > 0 && llround((double)dp->frac4 * 1e6) > 0;
+        p->with8 = !p->warmup && p->keep_max > 0 && llround((double)dp->frac8 * 1e6) > 0;
+    } else {
+        p->with4 = !p->warmup && p->quota[QVI_Q_4] > 0;
+        p->with8 = !p->warmup && p->quota[QVI_Q_8] > 0;
+    }
     if (p->with4 && p->d % 16 != 0)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "draft: the NVFP4 path needs D %% 16 == 0 (D = %d)", p->d);

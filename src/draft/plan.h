@@ -27,6 +27,10 @@ enum { QVI_Q_SKIP = 0, QVI_Q_4 = 1, QVI_Q_8 = 2, QVI_Q_16 = 3 };
 qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
                             int64_t quota[4]);
 
+/* ceil (round_up) or floor of ppm * x / 10^6, exact for every uint64 x
+ * and ppm in [0, 10^6] (the adaptive budget's target, floor and cap). */
+uint64_t qvi_draft_ppm_of(uint64_t x, int64_t ppm, int round_up);
+
 /* eta of the INT8 phase: 2^-8 with ExpCast, QVI_SAGE_ETA otherwise. */
 float qvi_draft_eta(int expcast);
 
@@ -41,9 +45,15 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
  * backend so both take the same decisions:
  *   warmup      cfg->step < dense_warmup_steps: every row dense (bf16 path)
  *   rf, regions R_f = ceil(H*W / C) and R = T * R_f (the partition's counts)
- *   quota       skip/4/8/16 over R^2 video-region pairs (qvi_draft_quotas)
- *   with4/with8 the NVFP4 / INT8 operands are needed (not in warm-up and a
- *               non-zero quota)
+ *   quota       skip/4/8/16 over R^2 video-region pairs (qvi_draft_quotas);
+ *               under the MASS budget all zero: the quotas are per head
+ *               (qvi_draft_route_head, src/draft/router.h)
+ *   mass        the MASS budget is on; mass_ppm = llround(mass * 10^6),
+ *               keep_min = ceil(min_keep * R^2) and keep_max =
+ *               floor(max_keep * R^2) in pairs (min_keep and max_keep in
+ *               parts per million first; docs/DRAFT.md, "Adaptive budget")
+ *   with4/with8 the NVFP4 / INT8 operands may be needed (not in warm-up
+ *               and a non-zero quota; MASS: a non-zero split fraction)
  *   dense_row0, dense_rows   the rows computed by the dense 16-bit path in
  *               sequence order: all N in warm-up, else the prefix queries
  *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
@@ -58,6 +68,8 @@ typedef struct qvi_draft_plan {
     int rf;
     int64_t regions;
     int64_t quota[4];
+    int mass;
+    int64_t mass_ppm, keep_min, keep_max;
     int with4, with8;
     int64_t dense_row0, dense_rows;
     float sm_scale, scale_log2, eta;

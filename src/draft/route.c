@@ -34,11 +34,13 @@ void qvi_draft_route_buf_free(qvi_draft_route_buf *b) {
 
 qva_status qvi_draft_route_packed(const qva_config *cfg, const qvi_draft_plan *P,
                                 const qvi_draft_layout *L, const float *qv,
-                                const float *kv, const qvi_draft_route_buf *b) {
+                                const float *kv, const qvi_draft_route_buf *b,
+                                int64_t quota[4]) {
     const int64_t R = L->regions;
     qvi_draft_pool(qv, L->count, R, L->c, P->d, b->qavg, b->qmax);
     qvi_draft_pool(kv, L->count, R, L->c, P->d, b->kavg, b->kmax);
     qva_status st = qvi_draft_map(b->qavg, b->qmax, b->kavg, b->kmax, R, P->d,
                                   P->sm_scale, cfg->draft.lambda, b->A);
-    return st != QVA_OK ? st : qvi_draft_assign(b->A, R, P->quota, b->prec);
+    return st != QVA_OK ? st
+                        : qvi_draft_route_head(b->A, R, &cfg->draft, P, quota, b->prec);
 }

@@ -34,12 +34,14 @@ void qvi_draft_route_buf_free(qvi_draft_route_buf *b);
  * blocks of c rows of P->d channels, f32 as loaded, before any 16-bit
  * rounding); b->prec receives the precision of each region pair (a*R + b).
  * Everything else in b is scratch the caller may read afterwards.  The
- * assignment step is the plan's (today Algorithm 1 with P->quota): a
- * budget that assigns otherwise belongs here, so both callers take it.
+ * assignment is qvi_draft_route_head's: the plan's quotas (Algorithm 1),
+ * or this head's own under the MASS budget; quota receives the head's
+ * counts.  Both callers take it, so the report judges what the method keeps.
  */
 qva_status qvi_draft_route_packed(const qva_config *cfg, const qvi_draft_plan *P,
                                 const qvi_draft_layout *L, const float *qv,
-                                const float *kv, const qvi_draft_route_buf *b);
+                                const float *kv, const qvi_draft_route_buf *b,
+                                int64_t quota[4]);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 #define QVATTN_DRAFT_ROUTER_H
 
 #include "internal.h"
+#include "draft/plan.h"
 
 #include <stdint.h>
 
@@ -39,6 +40,33 @@ qva_status qvi_draft_map(const float *qavg, const float *qmax,
  */
 qva_status qvi_draft_assign(const float *A, int64_t R, const int64_t quota[4],
                             uint8_t *prec);
+
+/* ------------------------------------------------------------ MASS budget */
+/*
+ * The adaptive budget (docs/DRAFT.md, "Adaptive budget"), in integers so
+ * that no summation order can change a decision:
+ *   w(A)  = floor(A * 2^40) for A in [0, 1] (exact in f32 -> FP64), 0 for
+ *           NaN and A <= 0, 2^40 for A >= 1;
+ *   T     = ceil(mass_ppm * sum(w) / 10^6) (qvi_draft_ppm_of);
+ *   K     = the least K whose top-K pairs (the ranking of qvi_draft_assign)
+ *           have a w-sum >= T, then max(K, keep_min), then min(K, keep_max).
+ */
+#define QVI_DRAFT_MASS_ONE ((uint64_t)1 << 40)
+uint64_t qvi_draft_mass_weight(float a);
+/* K of one head's map A (M pairs); QVA_ERR_UNSUPPORTED if sum(w) would not
+ * fit 64 bits (impossible for a map from qvi_draft_map below 2^23
+ * regions: each of its rows sums to 1 within a few f32 roundings). */
+qva_status qvi_draft_mass_keep(const float *A, int64_t M, int64_t mass_ppm,
+                               int64_t keep_min, int64_t keep_max, int64_t *kept);
+/*
+ * One head's route under the plan: its quotas (the plan's under the QUOTA
+ * budget; under MASS skip = R^2 - K and K split 4/8/16 by qvi_draft_quotas
+ * on dp's fractions) and its precision matrix (Algorithm 1 with those
+ * quotas; the QUOTA budget is exactly qvi_draft_assign).
+ */
+qva_status qvi_draft_route_head(const float *A, int64_t R, const qva_draft_params *dp,
+                                const qvi_draft_plan *plan, int64_t quota[4],
+                                uint8_t *prec);
 
 #ifdef __cplusplus
 }

@@ -133,6 +133,7 @@ typedef struct method_run {
     qva_device dev;
     double ms, ms_min;
     qva_error_metrics m;
+    qva_draft_stats draft; /* kept share of the last call (draft on the CPU) */
 } method_run;
 
 typedef struct method_list {

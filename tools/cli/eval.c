@@ -126,6 +126,22 @@ static void warn_aux(const vq_report *r) {
     if (!r->tv_ok) fprintf(stderr, "qvattn: warning: ExpCast TV: %s\n", r->tv_err);
 }
 
+/* The share of region pairs each head kept, for the draft methods that
+ * report it (the MASS budget varies it per head). */
+static void print_kept_shares(const method_list *ml) {
+    int header = 0;
+    for (int i = 0; i < ml->n; ++i) {
+        const qva_draft_stats *d = &ml->v[i].draft;
+        if (ml->v[i].skip[0] || d->heads == 0) continue;
+        if (!header++)
+            printf("\ndraft kept share (video-region pairs kept per head):\n"
+                   "  %-22s %8s %8s %8s %7s %6s\n", "method", "mean", "min", "max",
+                   "pairs", "heads");
+        printf("  %-22s %8.4f %8.4f %8.4f %7lld %6lld\n", ml->v[i].name, d->kept_mean,
+               d->kept_min, d->kept_max, (long long)d->pairs, (long long)d->heads);
+    }
+}
+
 static void print_eval_table(const method_list *ml) {
     printf("%-22s %-6s %11s %11s %11s %9s %10s\n", "method", "device", "rel-L2",
            "cos", "max-abs", "PSNR dB", "ms");
@@ -141,6 +157,7 @@ static void print_eval_table(const method_list *ml) {
     }
     for (int i = 0; i < ml->n; ++i)
         if (ml->v[i].note[0]) printf("note: %s: %s\n", ml->v[i].name, ml->v[i].note);
+    print_kept_shares(ml);
 }
 
 static void print_aux(const vq_report *r) {
@@ -162,6 +179,19 @@ static void print_aux(const vq_report *r) {
                r->tv_mean, r->tv_max);
     else
         printf("ExpCast TV: unavailable: %s\n", r->tv_err);
+}
+
+/* ,"kept_share":{...}: the draft stats of a method that routed heads. */
+static void js_kept_share(const qva_draft_stats *d) {
+    const char *const key[3] = {"mean", "min", "max"};
+    const double val[3] = {d->kept_mean, d->kept_min, d->kept_max};
+    printf(",\"kept_share\":{\"pairs\":%lld,\"heads\":%lld", (long long)d->pairs,
+           (long long)d->heads);
+    for (int i = 0; i < 3; ++i) {
+        printf(",\"%s\":", key[i]);
+        js_num(val[i]);
+    }
+    printf("}");
 }
 
 static void js_method_eval(const method_run *m) {
@@ -191,6 +221,7 @@ static void js_method_eval(const method_run *m) {
         printf(",\"note\":");
         js_str(m->note);
     }
+    if (m->draft.heads > 0) js_kept_share(&m->draft);
     printf("}");
 }
 

@@ -212,6 +212,7 @@ int run_method(runner *r, method_run *mr, int warmup, int iters, float *out) {
     }
     for (int i = 0; st == QVA_OK && i < iters; ++i)
         st = call_once(r, ctx, &mr->cfg, mr->dev, out, &t[i]);
+    if (st == QVA_OK) st = qva_context_last_draft_stats(ctx, &mr->draft);
     qva_context_free(ctx);
     int rc = st == QVA_OK ? RC_OK : skip_or_fail(r, mr, st);
     if (st == QVA_OK) {
