@@ -155,6 +155,13 @@ typedef struct qva_draft_params {
     float min_keep;        /* MASS: floor on the kept share of the R^2 pairs,
                               in [0, max_keep] (default 0.05)               */
     float max_keep;        /* MASS: cap on it, in [min_keep, 1] (default 1) */
+    qva_method warmup_method; /* the method of the dense warm-up steps:
+                              QVA_METHOD_BF16 (the default: DA2's dense
+                              16-bit step) or another dense method (exact,
+                              fp8, sage8, vc8, sage4, vc4), which the step
+                              then runs as, with the call's expcast (if
+                              8-bit), q_granularity (if INT8 Q) and vsmooth
+                              options (docs/DRAFT.md, "Warm-up")         */
 } qva_draft_params;
 
 /* Kept share of the last draft call on a context: per (batch, head), the
@@ -325,9 +332,11 @@ int qva_supports_heads(qva_device device, const qva_config *cfg, qva_dtype dtype
 /* A draft config's checks for a sequence of n_tokens tokens of head dim
  * head_dim (grid, prefix, capacity, lambda, fractions: the errors
  * qva_attention would give), and whether the call at cfg->step is a dense
- * warm-up step, which the library computes exactly as the bf16 method.
- * For callers that compute warm-up steps elsewhere (the PyTorch layer runs
- * them through torch SDPA). */
+ * warm-up step that the library computes exactly as the bf16 method
+ * (draft.warmup_method QVA_METHOD_BF16): *dense_warmup is 1 only then.  A
+ * warm-up step with another warmup_method gives 0: it runs as that method
+ * and only qva_attention computes it.  For callers that compute bf16
+ * warm-up steps elsewhere (the PyTorch layer runs them through torch SDPA). */
 qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t head_dim,
                                 int *dense_warmup);
 /* The checks qva_attention makes on a call before it computes: the config

@@ -30,6 +30,7 @@ void qva_config_default(qva_config *cfg) {
     cfg->draft.mass = 0.95f;
     cfg->draft.min_keep = 0.05f;
     cfg->draft.max_keep = 1.0f;
+    cfg->draft.warmup_method = QVA_METHOD_BF16;
     cfg->check_finite = 1;
 }
 

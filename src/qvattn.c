@@ -384,7 +384,7 @@ qva_status qva_draft_step_check(const qva_config *cfg, int64_t n_tokens, int64_t
     qvi_draft_plan pl;
     qva_status st = qvi_draft_plan_make(cfg, &q, &pl);
     if (st != QVA_OK) return st;
-    *dense_warmup = pl.warmup;
+    *dense_warmup = pl.warmup && cfg->draft.warmup_method == QVA_METHOD_BF16;
     return QVA_OK;
 }
 
@@ -479,6 +479,26 @@ qva_status qvi_cpu_run(qva_context_t *ctx, const qva_config *cfg, const qva_tens
                : cpu_attention_padded(ctx, cfg, q, k, v, out, lse, mask);
 }
 
+/* A draft call at a warm-up step whose warmup_method is not bf16 runs as
+ * that dense method (qvi_draft_warmup_config): after the draft call's own
+ * checks (grid, prefix, quotas: the errors every step of the schedule
+ * gives), *cfg becomes *warm, validated as that method (its options, such
+ * as vsmooth's; the NaN/Inf scan is not repeated). */
+static qva_status as_warmup_method(const qva_config **cfg, qva_config *warm,
+                                   const qva_tensor *q, const qva_tensor *k,
+                                   const qva_tensor *v, const qva_tensor *out,
+                                   const qva_tensor *lse, qva_device dev) {
+    if (!qvi_draft_warmup_config(*cfg, warm)) return QVA_OK;
+    qvi_draft_plan pl;
+    qva_status st = qvi_draft_plan_make(*cfg, q, &pl);
+    if (st != QVA_OK) return st;
+    qva_config again = *warm;
+    again.check_finite = 0;
+    if ((st = validate(&again, q, k, v, out, lse, dev, 1)) != QVA_OK) return st;
+    *cfg = warm;
+    return QVA_OK;
+}
+
 qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
                          const qva_tensor *q, const qva_tensor *k,
                          const qva_tensor *v, const qva_tensor *out,
@@ -486,6 +506,9 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
     qvi_clear_error();
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
     qva_status st = qvi_validate_call(cfg_in, q, k, v, out, lse, qvi_context_device(ctx));
+    if (st != QVA_OK) return st;
+    qva_config warm;
+    st = as_warmup_method(&cfg_in, &warm, q, k, v, out, lse, qvi_context_device(ctx));
     if (st != QVA_OK) return st;
     qva_config cfgv = *cfg_in;
     const qva_config *cfg = &cfgv;

@@ -32,6 +32,8 @@ typedef struct tol {
     double ceiling_vs_exact; /* CPU reference: rel-L2 vs exact must be below */
     double atol, rtol, rel_l2; /* other backend vs CPU reference            */
     int draft_warmup;          /* draft: run step 0 of a 1-step dense warm-up */
+    const char *warmup_as;     /* draft warm-up: draft.warmup_method (its
+                                  tolerances are this entry's); NULL: bf16 */
 } tol;
 
 /* Ceilings are sanity bounds on random data (not fidelity claims); the
@@ -39,28 +41,31 @@ typedef struct tol {
  * that skip pairs are far from exact on random inputs (no locality:
  * docs/DRAFT.md §7), so their ceiling only catches garbage. */
 static const tol TOLS[] = {
-    {"bf16", 0.02, 2e-3, 2e-2, 2e-3, 0},
-    {"fp8", 0.25, 2e-2, 5e-2, 2e-2, 0},
-    {"fp8+expcast", 0.25, 2e-2, 5e-2, 2e-2, 0},
-    {"sage8", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"sage8+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"sage8+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"vc8", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"vc8+expcast", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"vc8+expcast+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0},
-    {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0},
-    {"sage4+hadamard", 0.5, 5e-2, 1e-1, 5e-2, 0},
-    {"vc4", 0.5, 5e-2, 1e-1, 5e-2, 0},
+    {"bf16", 0.02, 2e-3, 2e-2, 2e-3, 0, NULL},
+    {"fp8", 0.25, 2e-2, 5e-2, 2e-2, 0, NULL},
+    {"fp8+expcast", 0.25, 2e-2, 5e-2, 2e-2, 0, NULL},
+    {"sage8", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"sage8+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"sage8+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"vc8", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"vc8+expcast", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"vc8+expcast+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
+    {"sage4+hadamard", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
+    {"vc4", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
     /* draft: the tolerance of the lowest precision phase the config uses */
-    {"draft@0/0/0/100", 0.02, 2e-3, 2e-2, 2e-3, 0},
-    {"draft@85/0/0/15", 10.0, 2e-3, 2e-2, 2e-3, 0},
-    {"draft@85/0/0/15", 0.02, 2e-3, 2e-2, 2e-3, 1}, /* dense warm-up = bf16 */
-    {"draft@85/0/7.5/7.5", 10.0, 1e-2, 5e-2, 1e-2, 0},
-    {"draft@85/0/7.5/7.5+expcast", 10.0, 1e-2, 5e-2, 1e-2, 0},
-    {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0},
-    {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0},
-    {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0},
+    {"draft@0/0/0/100", 0.02, 2e-3, 2e-2, 2e-3, 0, NULL},
+    {"draft@85/0/0/15", 10.0, 2e-3, 2e-2, 2e-3, 0, NULL},
+    {"draft@85/0/0/15", 0.02, 2e-3, 2e-2, 2e-3, 1, NULL}, /* dense warm-up = bf16 */
+    /* warm-up steps run as another dense method (= that method's entry) */
+    {"draft@85/0/0/15+expcast", 0.12, 1e-2, 5e-2, 1e-2, 1, "vc8+expcast"},
+    {"draft@85/0/7.5/7.5", 0.12, 1e-2, 5e-2, 1e-2, 1, "sage8"},
+    {"draft@85/0/7.5/7.5", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@85/0/7.5/7.5+expcast", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0, NULL},
+    {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
 };
 #define NTOLS (int)(sizeof TOLS / sizeof *TOLS)
 /* LSE of another backend vs the CPU reference, every method (natural log;
@@ -72,6 +77,15 @@ static const tol TOLS[] = {
  *     FMA can move one code by one step (1/16 of that weight): 2e-3;
  *   the rest: l is an FP32 sum of exp2 weights, so only order and log2f
  *     ulps differ: 2e-4 + 1e-5|ref|. */
+/* " (warm-up)", " (warm-up as M)" or "" after a method in the output. */
+static const char *warm_tag(const tol *t) {
+    static _Thread_local char buf[64];
+    if (!t->draft_warmup) return "";
+    if (!t->warmup_as) return " (warm-up)";
+    snprintf(buf, sizeof buf, " (warm-up as %s)", t->warmup_as);
+    return buf;
+}
+
 static void lse_tol(const char *method, double *atol, double *rtol) {
     if (!strncmp(method, "draft", 5))
         *atol = 1e-3, *rtol = 1e-3;
@@ -131,6 +145,12 @@ static qva_status make_config(const tcase *c, const tol *t, qva_config *cfg) {
     cfg->draft.prefix_tokens = c->P;
     cfg->draft.prefix_at_end = c->at_end;
     cfg->draft.dense_warmup_steps = t->draft_warmup ? 1 : 0;
+    if (t->warmup_as) { /* its method; +expcast is the draft string's */
+        qva_config m;
+        qva_config_default(&m);
+        if ((st = qva_config_set_method(&m, t->warmup_as)) != QVA_OK) return st;
+        cfg->draft.warmup_method = m.method;
+    }
     cfg->step = 0;
     return QVA_OK;
 }
@@ -331,7 +351,7 @@ static void hash_case(const tcase *c, int ci) {
         CHECK(run_cuda(c, &h, t, got, lgot) == QVA_OK, "case %d %s: %s", ci, t->method,
               qva_last_error());
         printf("hash case %d %-28s%s out %016llx lse %016llx  [%s]\n", ci, t->method,
-               t->draft_warmup ? " (warm-up)" : "",
+               warm_tag(t),
                (unsigned long long)fnv64(h.o, h.nq * qva_dtype_size(c->dt)),
                (unsigned long long)fnv64(lgot, nl * 4), why);
     }
@@ -353,7 +373,7 @@ static void run_case(int ci, int perf) {
     float *exact = malloc(h.nq * 4), *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4);
     float *lref = malloc(nl * 4), *lgot = malloc(nl * 4);
     double ms = 0;
-    CHECK(run_cpu(c, &h, &(tol){"exact", 0, 0, 0, 0, 0}, exact, NULL, NULL) == QVA_OK,
+    CHECK(run_cpu(c, &h, &(tol){"exact", 0, 0, 0, 0, 0, NULL}, exact, NULL, NULL) == QVA_OK,
           "case %d exact: %s", ci, qva_last_error());
     const int cuda = qva_cuda_available();
     for (int m = 0; m < NTOLS; ++m) {
@@ -361,7 +381,7 @@ static void run_case(int ci, int perf) {
         const int draft = is_draft(t->method);
         char label[96];
         snprintf(label, sizeof label, "case %d %s%s", ci, t->method,
-                 t->draft_warmup ? " (warm-up)" : "");
+                 warm_tag(t));
         if (method_filter && strncmp(t->method, method_filter, strlen(method_filter))) continue;
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue; /* self-attn only */
         if (draft ? c->T == 0 : c->draft_only) continue;
@@ -379,7 +399,7 @@ static void run_case(int ci, int perf) {
         if (!cuda || !qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
         CHECK(run_cuda(c, &h, t, got, lse_got) == QVA_OK, "%s cuda: %s", label, qva_last_error());
         compare_backend(label, c, t, got, ref, h.nq);
-        compare_lse(label, t->method, lse_got, lse_ref, nl);
+        compare_lse(label, t->warmup_as ? t->warmup_as : t->method, lse_got, lse_ref, nl);
     }
     free(exact), free(ref), free(got), free(lref), free(lgot);
     free_case(&h);
@@ -437,7 +457,7 @@ static void run_nonfinite(int ci) {
             if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
             char label[112];
             snprintf(label, sizeof label, "nonfinite case %d %s%s%s", ci, t->method,
-                     t->draft_warmup ? " (warm-up)" : "", variant ? " NaN q" : " 1e19");
+                     warm_tag(t), variant ? " NaN q" : " 1e19");
             g_check_finite = 0;
             qva_status sc = run_cpu(c, &h, t, ref, lref, NULL);
             qva_status sg = run_cuda(c, &h, t, got, lgot);

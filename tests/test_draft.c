@@ -757,6 +757,110 @@ static void test_bf16_inputs(qva_context_t *ctx) {
     free_problem(&p);
 }
 
+/* A draft config of p at step `step` of a `warmup`-step dense warm-up. */
+static void draft_config(const problem *p, const char *method, int step, int warmup,
+                         qva_config *cfg) {
+    qva_config_default(cfg);
+    CHECK(qva_config_set_method(cfg, method) == QVA_OK, "method %s", method);
+    cfg->draft.grid_t = p->T;
+    cfg->draft.grid_h = p->gh;
+    cfg->draft.grid_w = p->gw;
+    cfg->draft.prefix_tokens = p->P;
+    cfg->draft.prefix_at_end = p->at_end;
+    cfg->draft.dense_warmup_steps = warmup;
+    cfg->step = step;
+    cfg->num_steps = 8;
+}
+
+/* cfg on a fresh CPU context (state of its own: vc8 groups from scratch). */
+static qva_status run_fresh(const problem *p, const qva_config *cfg, float *out, float *lse) {
+    qva_context_t *ctx = NULL;
+    if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return QVA_ERR_OUT_OF_MEMORY;
+    qva_tensor q = qva_tensor_hnd(p->q, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
+    qva_tensor k = qva_tensor_hnd(p->k, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
+    qva_tensor v = qva_tensor_hnd(p->v, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
+    qva_tensor o = qva_tensor_hnd(out, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
+    qva_tensor l = qva_tensor_hnd(lse, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, 1);
+    const qva_status st = qva_attention(ctx, cfg, &q, &k, &v, &o, lse ? &l : NULL);
+    qva_context_free(ctx);
+    return st;
+}
+
+/* draft.warmup_method: a warm-up step runs as that dense method, with the
+ * call's expcast (8-bit methods only) and q_granularity (INT8 Q only);
+ * routed steps are untouched; bad values are refused at every step. */
+static void test_warmup_method(void) {
+    problem p = make_problem(2, 12, 20, 7, 1, 64); /* N = 487, prefix last */
+    const size_t n = problem_size(&p), nl = n / p.D;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *la = malloc(nl * 4), *lb = malloc(nl * 4);
+    static const struct {
+        const char *draft;  /* the call's method */
+        qva_method warm;    /* its warm-up method */
+        const char *as;     /* the dense method the warm-up step must equal */
+        int qblock;
+    } C[] = {
+        {"draft@85/0/0/15", QVA_METHOD_VC8, "vc8", 0},
+        {"draft@85/0/0/15+expcast", QVA_METHOD_VC8, "vc8+expcast", 0},
+        {"draft@85/0/7.5/7.5", QVA_METHOD_SAGE8, "sage8+qblock", 1},
+        {"draft@85/0/7.5/7.5+expcast", QVA_METHOD_FP8, "fp8+expcast", 0},
+        {"draft@85/0/0/15+expcast", QVA_METHOD_SAGE4, "sage4", 0},
+        {"draft@85/0/0/15", QVA_METHOD_EXACT, "exact", 0},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
+        qva_config cd, ref;
+        draft_config(&p, C[i].draft, 1, 3, &cd);
+        cd.draft.warmup_method = C[i].warm;
+        if (C[i].qblock) cd.q_granularity = QVA_Q_PER_BLOCK;
+        ref = cd;
+        CHECK(qva_config_set_method(&ref, C[i].as) == QVA_OK, "%s", C[i].as);
+        if (!strstr(C[i].as, "+expcast")) ref.expcast = 0;
+        if (!C[i].qblock) ref.q_granularity = QVA_Q_PER_ROW;
+        CHECK(run_fresh(&p, &cd, a, la) == QVA_OK, "%s warm-up as %s: %s", C[i].draft, C[i].as,
+              qva_last_error());
+        CHECK(run_fresh(&p, &ref, b, lb) == QVA_OK, "%s: %s", C[i].as, qva_last_error());
+        CHECK(!memcmp(a, b, n * 4) && !memcmp(la, lb, nl * 4),
+              "%s warm-up step = %s bit for bit (out and lse)", C[i].draft, C[i].as);
+        int dense = -1;
+        CHECK(qva_draft_step_check(&cd, p.N, p.D, &dense) == QVA_OK && dense == 0,
+              "step check: a %s warm-up is not a bf16 warm-up (%d)", C[i].as, dense);
+        /* a routed step (step 3 of 3 warm-up steps) ignores the warm-up method */
+        cd.step = 3;
+        ref = cd;
+        ref.draft.warmup_method = QVA_METHOD_BF16;
+        CHECK(run_fresh(&p, &cd, a, la) == QVA_OK && run_fresh(&p, &ref, b, lb) == QVA_OK,
+              "%s routed step: %s", C[i].draft, qva_last_error());
+        CHECK(!memcmp(a, b, n * 4) && !memcmp(la, lb, nl * 4),
+              "%s routed step unchanged by warmup_method", C[i].draft);
+    }
+    qva_config c;
+    draft_config(&p, "draft@85/0/0/15", 0, 2, &c);
+    int dense = -1;
+    CHECK(qva_draft_step_check(&c, p.N, p.D, &dense) == QVA_OK && dense == 1,
+          "step check: the default warm-up is bf16");
+    for (int step = 0; step < 3; step += 2) { /* a warm-up step, a routed one */
+        const qva_method bad[2] = {QVA_METHOD_DRAFT, (qva_method)99};
+        for (int j = 0; j < 2; ++j) {
+            draft_config(&p, "draft@85/0/0/15", step, 2, &c);
+            c.draft.warmup_method = bad[j];
+            CHECK(run_fresh(&p, &c, a, NULL) == QVA_ERR_INVALID_ARGUMENT &&
+                      strstr(qva_last_error(), "warmup_method"),
+                  "warmup_method %d at step %d refused: %s", (int)bad[j], step, qva_last_error());
+        }
+    }
+    /* the draft checks come first, then the warm-up method's own */
+    draft_config(&p, "draft@85/0/0/15", 0, 2, &c);
+    c.draft.warmup_method = QVA_METHOD_VC8;
+    c.draft.grid_w = 21;
+    CHECK(run_fresh(&p, &c, a, NULL) == QVA_ERR_SHAPE, "grid mismatch in a vc8 warm-up");
+    c.draft.grid_w = p.gw;
+    c.vsmooth.clusters = 0;
+    CHECK(run_fresh(&p, &c, a, NULL) == QVA_ERR_INVALID_ARGUMENT &&
+              strstr(qva_last_error(), "clusters"),
+          "vc8 warm-up with clusters 0: %s", qva_last_error());
+    free(a), free(b), free(la), free(lb);
+    free_problem(&p);
+}
+
 static void test_validation(qva_context_t *ctx) {
     problem p = make_problem(1, 12, 20, 5, 0, 64);
     size_t n = problem_size(&p);
@@ -923,6 +1027,7 @@ int main(void) {
         test_validation(ctx);
         qva_context_free(ctx);
     }
+    test_warmup_method();
     test_plan(); /* last: it draws from the RNG */
     return check_summary("test_draft");
 }

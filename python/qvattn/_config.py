@@ -28,6 +28,7 @@ _OPTION_FIELDS = {
     "draft.lambda": (("draft", "lambda_"), float),
     "draft.capacity": (("draft", "capacity"), int),
     "draft.dense_warmup_steps": (("draft", "dense_warmup_steps"), int),
+    "draft.warmup_method": (("draft", "warmup_method"), "method"),
     "draft.min_keep": (("draft", "min_keep"), float),
     "draft.max_keep": (("draft", "max_keep"), float),
     "draft.dense_warmup_frac": (None, float),
@@ -40,6 +41,27 @@ _SCHEDULES = {"paper": _ffi.QVA_SCHEDULE_PAPER, "always": _ffi.QVA_SCHEDULE_ALWA
 DENSE_BACKENDS = ("sdpa", "qvattn")
 
 
+def _warmup_method_name(name, value):
+    """A plain dense method name the library parses (no +options: the
+    warm-up takes the call's own +expcast and +qblock)."""
+    v = str(value).strip().strip("'\"").lower()
+    if "+" in v or _method_id(v) in (None, _ffi.QVA_METHOD_DRAFT):
+        raise ValueError(f"qvattn: option {name} must be a dense method name "
+                         f"(bf16, fp8, sage8, vc8, sage4, vc4, exact) without "
+                         f"+options, not {value!r}")
+    return v
+
+
+def _method_id(name):
+    """The qva_method the library parses name to, or None."""
+    cfg = _ffi.config_default()
+    try:
+        _ffi.config_set_method(cfg, name)
+    except ValueError:
+        return None
+    return cfg.method
+
+
 def _option_value(name, value):
     path, typ = _OPTION_FIELDS[name]
     if typ == "schedule":
@@ -49,6 +71,8 @@ def _option_value(name, value):
                                  f"{sorted(_SCHEDULES)}, not {value!r}")
             return _SCHEDULES[value]
         return int(value)
+    if typ == "method":
+        return _warmup_method_name(name, value)
     if typ == "dense_backend":
         v = str(value).strip().strip("'\"").lower()
         if v not in DENSE_BACKENDS:
@@ -109,7 +133,10 @@ def _base_config(method, options):
             obj = cfg
             for p in path[:-1]:
                 obj = getattr(obj, p)
-            setattr(obj, path[-1], float(val) if typ is float else int(val))
+            if typ == "method":
+                setattr(obj, path[-1], _method_id(val))
+            else:
+                setattr(obj, path[-1], float(val) if typ is float else int(val))
         raw = bytes(cfg)
         with _cfg_lock:
             _cfg_cache[key] = raw

@@ -112,6 +112,46 @@ def test_cpu_default_is_the_library(sdpa_calls):
                                rtol=0, atol=0)
 
 
+# ------------------------------------------------------------------ draft.warmup_method
+def test_warmup_method_option():
+    s = ops.options_string
+    assert s({"draft.warmup_method": "VC8"}) == "draft.warmup_method=vc8"
+    assert s("draft.warmup_method=bf16") == "draft.warmup_method=bf16"
+    for bad in ("vc8+expcast", "draft@85/0/0/15", "flash", ""):
+        with pytest.raises(ValueError, match="warmup_method"):
+            s({"draft.warmup_method": bad})
+    assert ops._base_config(DRAFT, "").draft.warmup_method == _ffi.QVA_METHOD_BF16
+    assert ops._base_config(DRAFT, s({"draft.warmup_method": "sage8"})).draft.warmup_method \
+        == _ffi.QVA_METHOD_SAGE8
+
+
+@pytest.mark.parametrize("draft_method,warm,as_method", [
+    (DRAFT, "vc8", "vc8"),
+    (DRAFT + "+expcast", "vc8", "vc8+expcast"),
+    (DRAFT + "+expcast", "sage4", "sage4"),  # expcast is 8-bit only
+])
+def test_warmup_method_runs_that_method(sdpa_calls, draft_method, warm, as_method):
+    """A warm-up step is a call of the warm-up method (bit for bit, on the
+    library even with the SDPA backend); routed steps are unchanged."""
+    q, k, v = make_qkv(N=N)
+    opts = {"draft.dense_warmup_steps": 2, "draft.warmup_method": warm,
+            "draft.dense_backend": "sdpa"}
+    kw = dict(grid=GRID, prefix_at_end=True, num_steps=4)
+    for step in range(2):
+        got = qvattn.attention(q, k, v, method=draft_method, step=step, options=opts,
+                               ctx=qvattn.Context(), **kw)
+        want = qvattn.attention(q, k, v, method=as_method, step=step, num_steps=4,
+                                ctx=qvattn.Context())
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        cfg = _cfg(draft_method, opts, step, 4)
+        assert not _config.draft_dense_warmup(cfg, N, q.shape[-1])
+    assert sdpa_calls == []
+    routed = qvattn.attention(q, k, v, method=draft_method, step=2, options=opts, **kw)
+    plain = qvattn.attention(q, k, v, method=draft_method, step=2,
+                             options={"draft.dense_warmup_steps": 2}, **kw)
+    torch.testing.assert_close(routed, plain, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------ SDPA forced on the CPU
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

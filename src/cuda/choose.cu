@@ -38,7 +38,11 @@ static int draft_with4(const qva_draft_params *dp) {
     return quota[QVI_Q_4] > 0;
 }
 
-static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, char *why, size_t len) {
+static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
+                         size_t len);
+
+static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
+                               size_t len) {
     if (cfg->hadamard) {
         snprintf(why, len, "draft has no +hadamard variant");
         return QVC_KERNEL_NONE;
@@ -55,6 +59,13 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, char *why, size
         snprintf(why, len, "draft.budget = %d is not a qva_draft_budget", cfg->draft.budget);
         return QVC_KERNEL_NONE;
     }
+    const qva_method wm = cfg->draft.warmup_method;
+    if ((unsigned)wm >= QVA_METHOD_COUNT_ || wm == QVA_METHOD_DRAFT) {
+        snprintf(why, len, "draft.warmup_method = %d is not a dense method", (int)wm);
+        return QVC_KERNEL_NONE;
+    }
+    qva_config warm;
+    if (qvi_draft_warmup_config(cfg, &warm)) return choose(&warm, d, kv_group, why, len);
     if (cfg->step < cfg->draft.dense_warmup_steps)
         return QVC_KERNEL_ATTN_BF16_MMA_64X128; /* the dense warm-up is the bf16 method */
     if (d == 128 && !draft_with4(&cfg->draft)) return QVC_KERNEL_ATTN_DRAFT_WS_128X128;
@@ -83,7 +94,7 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         return d == 128 ? QVC_KERNEL_ATTN8_WS_128X128 : QVC_KERNEL_ATTN8_MMA_64X128;
     case QVA_METHOD_SAGE4:
     case QVA_METHOD_VC4: return QVC_KERNEL_ATTN_FP4_SIMT_64X128;
-    case QVA_METHOD_DRAFT: return choose_draft(cfg, d, why, len);
+    case QVA_METHOD_DRAFT: return choose_draft(cfg, d, kv_group, why, len);
     case QVA_METHOD_EXACT:
         snprintf(why, len, "exact (FP64) is the CPU ground truth only");
         return QVC_KERNEL_NONE;

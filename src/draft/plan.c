@@ -139,6 +139,11 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: dense_warmup_steps = %d must be >= 0",
                         p->dense_warmup_steps);
+    if ((unsigned)p->warmup_method >= QVA_METHOD_COUNT_ || p->warmup_method == QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: warmup_method = %d must be a dense method (bf16, the "
+                        "default; exact, fp8, sage8, vc8, sage4, vc4)",
+                        (int)p->warmup_method);
     if (p->capacity < 1)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: capacity = %d must be positive", p->capacity);
@@ -217,4 +222,16 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     p->eta = qvi_draft_eta(p->expcast);
     p->use_f16 = q->dtype == QVA_F16;
     return QVA_OK;
+}
+
+int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out) {
+    const qva_method wm = cfg->draft.warmup_method;
+    if (cfg->method != QVA_METHOD_DRAFT || cfg->step >= cfg->draft.dense_warmup_steps ||
+        wm == QVA_METHOD_BF16 || (unsigned)wm >= QVA_METHOD_COUNT_ || wm == QVA_METHOD_DRAFT)
+        return 0; /* qvi_draft_validate refuses the last two */
+    *out = *cfg;
+    out->method = cfg->draft.warmup_method;
+    if (!qvi_method_is_8bit(out->method)) out->expcast = 0;
+    if (!qvi_method_has_int8_q(out->method)) out->q_granularity = QVA_Q_PER_ROW;
+    return 1;
 }

@@ -41,9 +41,20 @@ float qvi_draft_eta(int expcast);
  */
 qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
 /*
+ * A draft call at a dense warm-up step (step < dense_warmup_steps) whose
+ * warmup_method is not bf16 runs as that dense method: *out = cfg with
+ * method = warmup_method, expcast kept only for an 8-bit method and
+ * q_granularity only for one with INT8 queries (hadamard stays 0: draft
+ * refuses it).  Returns 1 then, else 0 (out untouched).  The dispatcher
+ * and the CUDA chooser both ask it, after qvi_draft_validate.
+ */
+int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out);
+/*
  * What one draft call computes, shared by the CPU reference and the CUDA
  * backend so both take the same decisions:
- *   warmup      cfg->step < dense_warmup_steps: every row dense (bf16 path)
+ *   warmup      cfg->step < dense_warmup_steps: every row dense (bf16 path;
+ *               another warmup_method never reaches the plan: the
+ *               dispatcher runs that method, qvi_draft_warmup_config)
  *   rf, regions R_f = ceil(H*W / C) and R = T * R_f (the partition's counts)
  *   quota       skip/4/8/16 over R^2 video-region pairs (qvi_draft_quotas);
  *               under the MASS budget all zero: the quotas are per head
