@@ -68,6 +68,8 @@ METHODS = [
     "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
     "sage8+hadamard", "vc8+hadamard", "fp8", "sage4", "vc4",
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
+    # the dense warm-up steps on an 8-bit method (option draft.warmup_method)
+    "draft@85/0/0/15+expcast:warm=vc8", "draft@85/0/0/15:warm=sage8",
 ]
 REFERENCE = "bf16-sdpa"
 

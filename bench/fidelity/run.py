@@ -230,7 +230,8 @@ class Harness:
         rec = {"status": "ok"}
         head_dim = self.cfg["model"]["head_dim"]
         h = C.heads(self.cfg)
-        ok, why = self.qvattn.supports(name, self.device.type, "bfloat16", head_dim, h, h)
+        ok, why = self.qvattn.supports(sample.split_method(name)[0], self.device.type,
+                                       "bfloat16", head_dim, h, h)
         if not ok:
             rec["status"] = f"skipped: {why}"
             self.log(f"  {name}: {rec['status']}")
@@ -300,8 +301,9 @@ class Harness:
             if rec["methods"][name]["status"] != "ok":
                 continue
             try:
+                # one routed (stateless) call: a :warm= variant's is its method's
                 rec["op_rel_l2"][name] = metrics.operator_rel_l2(
-                    self.qvattn, name, cap.saved, self.grid)
+                    self.qvattn, sample.split_method(name)[0], cap.saved, self.grid)
             except Exception as e:
                 rec["op_rel_l2"][name] = {"error": f"{type(e).__name__}: {e}"}
         self.phase(f"operator rel-L2 seed {seed}", t)
@@ -376,10 +378,14 @@ class Harness:
 
 def validate_methods(qvattn, methods):
     """None if every method string parses, else the error message."""
-    from qvattn._config import _base_config
+    from qvattn._config import _base_config, options_string
+    from fidelity import sample
     for m in methods:
+        method, warm = sample.split_method(m)
         try:
-            _base_config(m, "")
+            _base_config(method, options_string({"draft.warmup_method": warm} if warm else {}))
+            if warm and not method.startswith("draft"):
+                raise ValueError(f"{sample.WARM_TAG.strip(':=')} is for draft methods")
         except ValueError as e:
             return f"bad --methods entry {m!r}: {e}"
     return None

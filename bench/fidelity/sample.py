@@ -66,7 +66,7 @@ class QvattnMethod:
 
     def __init__(self, qvattn, method, grid, device, options=None):
         self.qvattn = qvattn
-        self.name = method
+        self.name = split_method(method)[0]
         self.grid = tuple(grid)
         self.options = options
         dev = torch.device(device)
@@ -86,11 +86,26 @@ class QvattnMethod:
         self.ctx.close()
 
 
-def method_options(method, cfg):
-    """Per-method qvattn options: draft's dense warm-up fraction."""
-    if method.startswith("draft"):
-        return {"draft.dense_warmup_frac": cfg["sample"]["draft_warmup_frac"]}
-    return None
+WARM_TAG = ":warm="
+
+
+def split_method(name):
+    """A harness method name -> (qvattn method, draft warm-up method or None).
+    "draft@85/0/0/15+expcast:warm=vc8" is draft whose dense warm-up steps run
+    as vc8 (+expcast: the draft string's), option draft.warmup_method."""
+    method, _, warm = name.partition(WARM_TAG)
+    return method, (warm or None)
+
+
+def method_options(name, cfg):
+    """Per-method qvattn options: draft's dense warm-up fraction and method."""
+    method, warm = split_method(name)
+    if not method.startswith("draft"):
+        return None
+    opts = {"draft.dense_warmup_frac": cfg["sample"]["draft_warmup_frac"]}
+    if warm:
+        opts["draft.warmup_method"] = warm
+    return opts
 
 
 class Capture:

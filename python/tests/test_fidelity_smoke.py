@@ -27,7 +27,7 @@ except OSError as e:  # library not built
 from fidelity import config as fid_config  # noqa: E402
 from fidelity import run as fid_run  # noqa: E402
 
-METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15"]
+METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15", "draft@85/0/0/15:warm=sage8"]
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,21 @@ def test_methods_finite_with_psnr(runs):
     assert len(stats) == 2 * len(fid_config.capture_steps(fid_config.TINY))
     for r in stats:
         assert 0.15 - 1e-6 <= r["locality"] <= 1 and 0 < r["entropy"] <= 1
+
+
+def test_draft_warmup_method_changes_only_the_warmup(runs):
+    """":warm=sage8" reaches the library as option draft.warmup_method: its
+    clips differ from the bf16 warm-up's (the warm-up steps run as sage8)."""
+    h = runs[0][1]
+    a, b = h.samples[0]["draft@85/0/0/15"], h.samples[0]["draft@85/0/0/15:warm=sage8"]
+    assert not torch.equal(a, b)
+    from fidelity import sample
+    assert sample.split_method("draft@85/0/0/15+expcast:warm=vc8") == \
+        ("draft@85/0/0/15+expcast", "vc8")
+    assert sample.method_options("draft@85/0/0/15:warm=sage8", fid_config.TINY) == {
+        "draft.dense_warmup_frac": fid_config.TINY["sample"]["draft_warmup_frac"],
+        "draft.warmup_method": "sage8"}
+    assert sample.method_options("vc8", fid_config.TINY) is None
 
 
 def _png_size(path):
