@@ -56,6 +56,10 @@ def parse_args(argv):
                         "2 layers, 60 training steps, 4 sampling steps, 2 clips, 1 model")
     p.add_argument("--models", type=int, default=None,
                    help="number of model seeds (default 3; tiny: 1)")
+    p.add_argument("--seeds", default=None,
+                   help="comma list of model seeds to run (default: the first --models "
+                        "of config.MODEL_SEEDS); with the weights cache, one device call "
+                        "can train some seeds and a later one report them all")
     p.add_argument("--clips", type=int, default=None,
                    help="clips sampled per model (default 8; tiny: 2)")
     p.add_argument("--methods", default=None,
@@ -74,6 +78,18 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 with --tiny)")
     return p.parse_args(argv)
+
+
+def parse_seeds(text):
+    """'0,2' -> ([0, 2], None): distinct non-negative integers in the order
+    given; ([], message) for anything else."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return [], f"--seeds {text!r}: a comma list of integers"
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        return [], f"--seeds {text!r}: distinct integers >= 0"
+    return seeds, None
 
 
 def load_qvattn():
@@ -131,6 +147,8 @@ class Harness:
         seeds = C.TINY_MODEL_SEEDS if args.tiny else C.MODEL_SEEDS
         n = args.models if args.models is not None else len(seeds)
         self.seeds = seeds[:n] if n <= len(seeds) else list(range(n))
+        if args.seeds is not None:
+            self.seeds = parse_seeds(args.seeds)[0]
         self.methods = ([m for m in args.methods.split(",") if m] if args.methods
                         else list(C.METHODS))
         self.grid = C.grid(self.cfg)
@@ -398,6 +416,9 @@ def exit_status(results):
 def run_cli(argv=None, log=print):
     """The command line, in-process: (exit status, Harness or None)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.seeds is not None and parse_seeds(args.seeds)[1]:
+        log(f"fidelity: {parse_seeds(args.seeds)[1]}")
+        return 2, None
     h = Harness(args, log)
     err = validate_methods(h.qvattn, h.methods)
     if err:

@@ -99,6 +99,16 @@ def test_draft_warmup_method_changes_only_the_warmup(runs):
     assert sample.method_options("vc8", fid_config.TINY) is None
 
 
+def test_seeds_option():
+    assert fid_run.parse_seeds("2,0") == ([2, 0], None)
+    for bad in ("", "a", "1,1", "-1"):
+        assert fid_run.parse_seeds(bad)[1], bad
+    lines = []
+    assert fid_run.run_cli(["--tiny", "--device", "cpu", "--seeds", "0,0"],
+                           log=lines.append) == (2, None)
+    assert "distinct" in lines[-1]
+
+
 def _png_size(path):
     """(width, height) of a PNG after checking its chunks and CRCs."""
     blob = open(path, "rb").read()
