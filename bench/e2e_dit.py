@@ -22,7 +22,10 @@ Cases (each: --warmup untimed forwards, then the median of --iters):
              "skipped: <reason>".  The warm-up step runs on the backend of
              option draft.dense_backend (default: torch SDPA on CUDA, under
              the same sdpa_kernel(CUDNN_ATTENTION) as every case; the
-             library's BF16 kernel with --draft-dense-backend qvattn).
+             library's BF16 kernel with --draft-dense-backend qvattn);
+             with --draft-warmup-method M the warm-up steps run as M and
+             are timed once per action of M's schedule (vc8: grouping and
+             reuse steps).
 The step is pinned with qvattn.diffusers.set_step(model, step, 40).
 
 Reported: forward time per case, speedup vs SDPA per step, and the 40-step
@@ -93,6 +96,10 @@ def parse_args(argv):
     p.add_argument("--draft-dense-backend", choices=("sdpa", "qvattn"), default=None,
                    help="draft dense warm-up steps on torch SDPA or on the library's "
                         "BF16 kernel (default: the library's default, sdpa on CUDA)")
+    p.add_argument("--draft-warmup-method", default=None, metavar="M",
+                   help="run draft's dense warm-up steps as the dense method M (option "
+                        "draft.warmup_method, e.g. vc8 or sage8; default: bf16); the "
+                        "warm-up steps are timed per action of M's schedule")
     p.add_argument("--iters", type=int, default=2, help="timed forwards per case")
     p.add_argument("--warmup", type=int, default=1, help="untimed forwards per case")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
@@ -278,14 +285,18 @@ class Bench:
             actions = {"group": 0, "reuse": 1 if n > 1 else 0, "plain": min(n - 1, window + 2)}
         elif method.startswith("draft"):
             actions = {"sparse": min(n - 1, warm)}
-            if warm > 0:
-                actions["dense"] = 0
+            for s, a in enumerate(self.warmup_actions(warm, n)):
+                actions.setdefault(a, s)
         else:
             actions = {"step": 0}
         rec = {"method": method, "label": "qvattn " + method, "steps": {}}
         opts = {}
         if method.startswith("draft"):
             rec["draft_warmup_steps"] = warm
+            if self.args.draft_warmup_method:
+                opts["draft.warmup_method"] = self.args.draft_warmup_method
+                rec["draft_warmup_method"] = self.args.draft_warmup_method
+                rec["label"] += f" (warm-up as {self.args.draft_warmup_method})"
             if self.args.draft_dense_backend:
                 opts["draft.dense_backend"] = self.args.draft_dense_backend
             from qvattn._config import dense_backend
@@ -298,7 +309,10 @@ class Bench:
                     rec["status"] = "cut short: time limit"
                     break
                 qd.set_step(self.model, step, n)
-                if action == "group" or method.startswith("draft"):
+                # a fresh state where the step does not build on the one
+                # before (a V-Smooth reuse step needs its grouping step's)
+                if action in ("group", "dense:group") or (
+                        method.startswith("draft") and not action.startswith("dense:")):
                     handle.state.reset()
                 ms, all_ms, out = self.time_forward()
                 rec["steps"][action] = {"step": step, "ms": ms, "all_ms": all_ms,
@@ -312,6 +326,18 @@ class Bench:
             qd.remove(self.model)
         self.add(rec)
 
+    def warmup_actions(self, warm, n):
+        """The action of each draft warm-up step: "dense" (bf16), or with
+        --draft-warmup-method M, "dense:" + M's V-Smooth action (vc*: group,
+        reuse or plain, the library's schedule) or "dense:step"."""
+        m = self.args.draft_warmup_method
+        if not m:
+            return ["dense"] * warm
+        if m.startswith("vc"):
+            cfg = self.qvattn._ffi.make_config(m)
+            return ["dense:" + self.qvattn._ffi.schedule_action(cfg, s, n) for s in range(warm)]
+        return ["dense:step"] * warm
+
     def add(self, rec):
         n = self.args.num_steps
         qd = self.qvattn.diffusers
@@ -324,6 +350,10 @@ class Bench:
             try:
                 if m == "sdpa" or not (m.startswith("vc") or m.startswith("draft")):
                     total = qd.schedule_cost({"step": times["step"]}, n, "sage8")
+                elif m.startswith("draft") and rec.get("draft_warmup_method"):
+                    warm = rec.get("draft_warmup_steps", 0)
+                    total = (sum(times[a] for a in self.warmup_actions(warm, n))
+                             + (n - warm) * times["sparse"])
                 elif m.startswith("draft"):
                     t = dict(times)
                     t.setdefault("dense", t.get("sparse"))
