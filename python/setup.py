@@ -42,9 +42,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIB = "libqvattn.so"
 CMAKE_MIN = (3, 18)
 # Measured: `pip install .` from a clean clone on a 2-core machine with nvcc
-# 13.0, about 2 CPU-minutes, 2.3-4.7 minutes of wall time under a load of
-# 3-8 (docs/PYTHON.md has the figures, their commit and date).
-CUDA_TIME = "about 2 CPU-minutes: 1-5 minutes on 2 cores, with the machine's load"
+# 13.0, about 1 CPU-minute of nvcc since the CUDA sources compile as three
+# units, 51-58 s of wall time under a load of 1.6-1.7 (2.3-4.7 minutes
+# under a load of 3-8 before; docs/PYTHON.md has the figures).
+CUDA_TIME = "about 1 CPU-minute: 1-3 minutes on 2 cores, with the machine's load"
 
 
 def _source_dir():
