@@ -76,6 +76,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "draft/plan.h"
 #include "internal.h"
 
 /* ================================================================ globals */
@@ -403,8 +404,10 @@ typedef struct tolr {
 
 /* tests/test_backend.c's TOLS and lse_tol (docs/NUMERICS.md §6); draft:
  * the tolerance of the lowest-precision phase the fractions ask for, and
- * bf16's on a dense warm-up step. */
+ * bf16's (or the warm-up method's) on a dense warm-up step. */
 static tolr tol_for(const qva_config *cfg) {
+    qva_config warm; /* a warm-up step run as another dense method: its tolerances */
+    if (qvi_draft_warmup_config(cfg, &warm)) return tol_for(&warm);
     tolr t = {2e-3, 2e-2, 2e-3, 2e-4, 1e-5};
     switch (cfg->method) {
     case QVA_METHOD_FP8: t.atol = 2e-2, t.rtol = 5e-2, t.rel_l2 = 2e-2; break;
@@ -576,10 +579,11 @@ static void describe(const scase *c, char *buf, size_t len) {
                               c->perturb_v ? " new-V-per-step" : "");
     if (g->method == QVA_METHOD_DRAFT)
         o += (size_t)snprintf(extra + o, sizeof extra - o,
-                              " grid=%dx%dx%d prefix=%d%s lambda=%g warmup_steps=%d",
+                              " grid=%dx%dx%d prefix=%d%s lambda=%g warmup_steps=%d warmup_method=%d",
                               g->draft.grid_t, g->draft.grid_h, g->draft.grid_w,
                               g->draft.prefix_tokens, g->draft.prefix_at_end ? "(last)" : "(first)",
-                              (double)g->draft.lambda, g->draft.dense_warmup_steps);
+                              (double)g->draft.lambda, g->draft.dense_warmup_steps,
+                              (int)g->draft.warmup_method);
     snprintf(buf, len,
              "case %d (--seed %" PRIu64 " --only %d): %s%s | B=%d H=%d Nq=%d Nk=%d D=%d | q/k/v %s/%s/%s "
              "out %s | in %s(row+%lld tok+%lld b+%lld off %lld) out %s(row+%lld tok+%lld b+%lld off "
@@ -752,6 +756,10 @@ static int gen_case(scase *c, int idx, const opts *o) {
         g->draft.lambda = lam[rng_int(&r, 0, 5)];
         const int wu = rng_unit(&r) < 0.6 ? 0 : rng_int(&r, 1, 2);
         g->draft.dense_warmup_steps = wu;
+        if (wu > 0 && rng_unit(&r) < 0.4) { /* the warm-up as a dense 8-bit method */
+            static const qva_method warm[] = {QVA_METHOD_SAGE8, QVA_METHOD_VC8, QVA_METHOD_FP8};
+            g->draft.warmup_method = warm[rng_int(&r, 0, 2)];
+        }
         if (wu > 0 && rng_unit(&r) < 0.5) c->nsteps = 2, c->steps[0] = 0, c->steps[1] = wu;
         else c->steps[0] = rng_int(&r, 0, 3);
         /* heads: the full CPU reference is N^2 D per head and step */
