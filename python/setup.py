@@ -45,7 +45,7 @@ CMAKE_MIN = (3, 18)
 # 13.0, about 1 CPU-minute of nvcc since the CUDA sources compile as three
 # units, 51-58 s of wall time under a load of 1.6-1.7 (2.3-4.7 minutes
 # under a load of 3-8 before; docs/PYTHON.md has the figures).
-CUDA_TIME = "about 1 CPU-minute: 1-3 minutes on 2 cores, with the machine's load"
+CUDA_TIME = "about 1 CPU-minute: about a minute on 2 idle cores, longer under load"
 
 
 def _source_dir():

@@ -482,19 +482,15 @@ qva_status qvi_cpu_run(qva_context_t *ctx, const qva_config *cfg, const qva_tens
 /* A draft call at a warm-up step whose warmup_method is not bf16 runs as
  * that dense method (qvi_draft_warmup_config): after the draft call's own
  * checks (grid, prefix, quotas: the errors every step of the schedule
- * gives), *cfg becomes *warm, validated as that method (its options, such
- * as vsmooth's; the NaN/Inf scan is not repeated). */
+ * gives), *cfg becomes *warm once its options (vsmooth's, say) pass
+ * check_config.  The tensors passed validate() already: draft asks more
+ * of them (self-attention) than any dense method. */
 static qva_status as_warmup_method(const qva_config **cfg, qva_config *warm,
-                                   const qva_tensor *q, const qva_tensor *k,
-                                   const qva_tensor *v, const qva_tensor *out,
-                                   const qva_tensor *lse, qva_device dev) {
+                                   const qva_tensor *q) {
     if (!qvi_draft_warmup_config(*cfg, warm)) return QVA_OK;
     qvi_draft_plan pl;
     qva_status st = qvi_draft_plan_make(*cfg, q, &pl);
-    if (st != QVA_OK) return st;
-    qva_config again = *warm;
-    again.check_finite = 0;
-    if ((st = validate(&again, q, k, v, out, lse, dev, 1)) != QVA_OK) return st;
+    if (st != QVA_OK || (st = check_config(warm)) != QVA_OK) return st;
     *cfg = warm;
     return QVA_OK;
 }
@@ -508,7 +504,7 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
     qva_status st = qvi_validate_call(cfg_in, q, k, v, out, lse, qvi_context_device(ctx));
     if (st != QVA_OK) return st;
     qva_config warm;
-    st = as_warmup_method(&cfg_in, &warm, q, k, v, out, lse, qvi_context_device(ctx));
+    st = as_warmup_method(&cfg_in, &warm, q);
     if (st != QVA_OK) return st;
     qva_config cfgv = *cfg_in;
     const qva_config *cfg = &cfgv;

@@ -456,28 +456,50 @@ static size_t problem_size(const problem *p) {
     return (size_t)p->B * p->H * p->N * p->D;
 }
 
-/* Runs one method; out (and lse if not NULL) receive [B,H,N,*]. */
-static qva_status run_method(qva_context_t *ctx, const problem *p,
-                             const char *method, int step, int warmup,
+/* The default config with `method`, p's grid and prefix, at step `step`
+ * of a `warmup`-step dense warm-up. */
+static void draft_config(const problem *p, const char *method, int step, int warmup,
+                         qva_config *cfg) {
+    qva_config_default(cfg);
+    CHECK(qva_config_set_method(cfg, method) == QVA_OK, "method %s: %s", method,
+          qva_last_error());
+    cfg->draft.grid_t = p->T;
+    cfg->draft.grid_h = p->gh;
+    cfg->draft.grid_w = p->gw;
+    cfg->draft.prefix_tokens = p->P;
+    cfg->draft.prefix_at_end = p->at_end;
+    cfg->draft.dense_warmup_steps = warmup;
+    cfg->step = step;
+}
+
+/* qva_attention of cfg on p; out (and lse if not NULL) receive [B,H,N,*]. */
+static qva_status run_config(qva_context_t *ctx, const problem *p, const qva_config *cfg,
                              float *out, float *lse) {
-    qva_config cfg;
-    qva_config_default(&cfg);
-    qva_status st = qva_config_set_method(&cfg, method);
-    CHECK(st == QVA_OK, "method %s: %s", method, qva_last_error());
-    cfg.draft.grid_t = p->T;
-    cfg.draft.grid_h = p->gh;
-    cfg.draft.grid_w = p->gw;
-    cfg.draft.prefix_tokens = p->P;
-    cfg.draft.prefix_at_end = p->at_end;
-    cfg.draft.dense_warmup_steps = warmup;
-    cfg.step = step;
     qva_tensor q = qva_tensor_hnd(p->q, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
     qva_tensor k = qva_tensor_hnd(p->k, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
     qva_tensor v = qva_tensor_hnd(p->v, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
     qva_tensor o = qva_tensor_hnd(out, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
     qva_tensor l = qva_tensor_hnd(lse, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, 1);
-    st = qva_attention(ctx, &cfg, &q, &k, &v, &o, lse ? &l : NULL);
+    return qva_attention(ctx, cfg, &q, &k, &v, &o, lse ? &l : NULL);
+}
+
+/* Runs one method; out (and lse if not NULL) receive [B,H,N,*]. */
+static qva_status run_method(qva_context_t *ctx, const problem *p,
+                             const char *method, int step, int warmup,
+                             float *out, float *lse) {
+    qva_config cfg;
+    draft_config(p, method, step, warmup, &cfg);
+    const qva_status st = run_config(ctx, p, &cfg, out, lse);
     CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
+    return st;
+}
+
+/* cfg on a fresh CPU context (state of its own: vc8 groups from scratch). */
+static qva_status run_fresh(const problem *p, const qva_config *cfg, float *out, float *lse) {
+    qva_context_t *ctx = NULL;
+    if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return QVA_ERR_OUT_OF_MEMORY;
+    const qva_status st = run_config(ctx, p, cfg, out, lse);
+    qva_context_free(ctx);
     return st;
 }
 
@@ -757,35 +779,6 @@ static void test_bf16_inputs(qva_context_t *ctx) {
     free_problem(&p);
 }
 
-/* A draft config of p at step `step` of a `warmup`-step dense warm-up. */
-static void draft_config(const problem *p, const char *method, int step, int warmup,
-                         qva_config *cfg) {
-    qva_config_default(cfg);
-    CHECK(qva_config_set_method(cfg, method) == QVA_OK, "method %s", method);
-    cfg->draft.grid_t = p->T;
-    cfg->draft.grid_h = p->gh;
-    cfg->draft.grid_w = p->gw;
-    cfg->draft.prefix_tokens = p->P;
-    cfg->draft.prefix_at_end = p->at_end;
-    cfg->draft.dense_warmup_steps = warmup;
-    cfg->step = step;
-    cfg->num_steps = 8;
-}
-
-/* cfg on a fresh CPU context (state of its own: vc8 groups from scratch). */
-static qva_status run_fresh(const problem *p, const qva_config *cfg, float *out, float *lse) {
-    qva_context_t *ctx = NULL;
-    if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return QVA_ERR_OUT_OF_MEMORY;
-    qva_tensor q = qva_tensor_hnd(p->q, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
-    qva_tensor k = qva_tensor_hnd(p->k, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
-    qva_tensor v = qva_tensor_hnd(p->v, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
-    qva_tensor o = qva_tensor_hnd(out, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, p->D);
-    qva_tensor l = qva_tensor_hnd(lse, QVA_F32, QVA_DEVICE_CPU, p->B, p->H, p->N, 1);
-    const qva_status st = qva_attention(ctx, cfg, &q, &k, &v, &o, lse ? &l : NULL);
-    qva_context_free(ctx);
-    return st;
-}
-
 /* draft.warmup_method: a warm-up step runs as that dense method, with the
  * call's expcast (8-bit methods only) and q_granularity (INT8 Q only);
  * routed steps are untouched; bad values are refused at every step. */
@@ -809,6 +802,7 @@ static void test_warmup_method(void) {
     for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
         qva_config cd, ref;
         draft_config(&p, C[i].draft, 1, 3, &cd);
+        cd.num_steps = 8;
         cd.draft.warmup_method = C[i].warm;
         if (C[i].qblock) cd.q_granularity = QVA_Q_PER_BLOCK;
         ref = cd;

@@ -416,8 +416,9 @@ def exit_status(results):
 def run_cli(argv=None, log=print):
     """The command line, in-process: (exit status, Harness or None)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.seeds is not None and parse_seeds(args.seeds)[1]:
-        log(f"fidelity: {parse_seeds(args.seeds)[1]}")
+    err = parse_seeds(args.seeds)[1] if args.seeds is not None else None
+    if err:
+        log(f"fidelity: {err}")
         return 2, None
     h = Harness(args, log)
     err = validate_methods(h.qvattn, h.methods)

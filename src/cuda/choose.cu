@@ -60,7 +60,7 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_grou
         return QVC_KERNEL_NONE;
     }
     const qva_method wm = cfg->draft.warmup_method;
-    if ((unsigned)wm >= QVA_METHOD_COUNT_ || wm == QVA_METHOD_DRAFT) {
+    if (!qvi_draft_warmup_method_ok(wm)) {
         snprintf(why, len, "draft.warmup_method = %d is not a dense method", (int)wm);
         return QVC_KERNEL_NONE;
     }

@@ -139,7 +139,7 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: dense_warmup_steps = %d must be >= 0",
                         p->dense_warmup_steps);
-    if ((unsigned)p->warmup_method >= QVA_METHOD_COUNT_ || p->warmup_method == QVA_METHOD_DRAFT)
+    if (!qvi_draft_warmup_method_ok(p->warmup_method))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: warmup_method = %d must be a dense method (bf16, the "
                         "default; exact, fp8, sage8, vc8, sage4, vc4)",
@@ -224,11 +224,15 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     return QVA_OK;
 }
 
+int qvi_draft_warmup_method_ok(qva_method m) {
+    return (unsigned)m < QVA_METHOD_COUNT_ && m != QVA_METHOD_DRAFT;
+}
+
 int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out) {
     const qva_method wm = cfg->draft.warmup_method;
     if (cfg->method != QVA_METHOD_DRAFT || cfg->step >= cfg->draft.dense_warmup_steps ||
-        wm == QVA_METHOD_BF16 || (unsigned)wm >= QVA_METHOD_COUNT_ || wm == QVA_METHOD_DRAFT)
-        return 0; /* qvi_draft_validate refuses the last two */
+        wm == QVA_METHOD_BF16 || !qvi_draft_warmup_method_ok(wm))
+        return 0; /* qvi_draft_validate refuses the last */
     *out = *cfg;
     out->method = cfg->draft.warmup_method;
     if (!qvi_method_is_8bit(out->method)) out->expcast = 0;

@@ -40,6 +40,8 @@ float qvi_draft_eta(int expcast);
  * capacity, lambda.  Shapes, dtypes and D were checked by the dispatcher.
  */
 qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q);
+/* A method the warm-up steps may run as: any dense one (not draft). */
+int qvi_draft_warmup_method_ok(qva_method m);
 /*
  * A draft call at a dense warm-up step (step < dense_warmup_steps) whose
  * warmup_method is not bf16 runs as that dense method: *out = cfg with
