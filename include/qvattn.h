@@ -161,7 +161,8 @@ typedef struct qva_draft_params {
                               fp8, sage8, vc8, sage4, vc4), which the step
                               then runs as, with the call's expcast (if
                               8-bit), q_granularity (if INT8 Q) and vsmooth
-                              options (docs/DRAFT.md, "Warm-up")         */
+                              options (docs/DRAFT.md, "Warm-up on a dense
+                              8-bit method")                             */
 } qva_draft_params;
 
 /* Kept share of the last draft call on a context: per (batch, head), the

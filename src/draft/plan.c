@@ -234,7 +234,7 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out) {
         wm == QVA_METHOD_BF16 || !qvi_draft_warmup_method_ok(wm))
         return 0; /* qvi_draft_validate refuses the last */
     *out = *cfg;
-    out->method = cfg->draft.warmup_method;
+    out->method = wm;
     if (!qvi_method_is_8bit(out->method)) out->expcast = 0;
     if (!qvi_method_has_int8_q(out->method)) out->q_granularity = QVA_Q_PER_ROW;
     return 1;
