@@ -145,6 +145,11 @@ def markdown(res):
            f"{m['date_utc']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
            f"{m['qvattn_build']}, git {m['git']}.", "",
            f"`{m['command']}`", ""]
+    for r in m.get("merged_from", []):
+        out += [f"* merged: `{r['file']}` (models {r['model_seeds']}), {r['date_utc']}, "
+                f"git {r['git']}: `{r['command']}`"]
+    if m.get("merged_from"):
+        out += [""]
     if not m["frozen"]:
         out += [f"**Not the frozen config**: {', '.join(m['overrides'])}.", ""]
     for w in res.get("warnings", []):
@@ -178,6 +183,11 @@ def markdown(res):
         out += ["", "## Frames", ""]
         for img in res["images"]:
             out.append(f"* `{img['file']}`: rows {', '.join(img['rows'])}; columns: frames.")
-    out += ["", "## Timings (s)", "",
-            ", ".join(f"{k} {v:.1f}" for k, v in res["timings"].items()), ""]
+    out += ["", "## Timings (s)", ""]
+    if m.get("merged_from"):
+        for name, t in res["timings"].items():
+            out.append(f"* {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()))
+        out.append("")
+    else:
+        out += [", ".join(f"{k} {v:.1f}" for k, v in res["timings"].items()), ""]
     return "\n".join(out)

@@ -834,8 +834,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     float16 on the CPU or a CUDA device.  Heads: H == Hq; or with
     enable_gqa=True grouped-query attention, Hq a multiple of H (query head
     h reads K/V head h // (Hq // H)), run on grouped K/V without copies
-    where the backend has the kernels (the CPU; CUDA refuses it today, see
-    below); without enable_gqa H == 1 broadcasts as in SDPA.  Head dims E,
+    on both backends; without enable_gqa H == 1 broadcasts as in SDPA.  Head dims E,
     Ev <= 128; other than 64/128 (or Ev != E) they are zero-padded to 64 or
     128 with the scale kept at 1/sqrt(E) (exact: zero channels change no
     score) and the padded output columns dropped; above 128 an error.
@@ -848,8 +847,8 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     for self-attention (L == S), "sage8+expcast" otherwise.
 
     What qvattn cannot run -- is_causal, dropout_p > 0, an additive or
-    dense mask, float64, scale <= 0, S or E == 0, a method or head grouping the
-    device backend lacks (grouped K/V on CUDA), and with fallback=True
+    dense mask, float64, scale <= 0, S or E == 0, a method the device backend
+    lacks (qvattn.supports says which), and with fallback=True
     inputs that need a gradient (qvattn has no backward) -- raises
     QvaUnsupportedError (a NotImplementedError) naming the reason, or with
     fallback=True warns once per reason (QvattnFallbackWarning) and runs

@@ -158,3 +158,39 @@ def test_recorded_loss_check(runs, monkeypatch):
     assert h.loss_check(info)["status"].startswith("FAILED")
     assert fid_run.exit_status(h.results) == 1
     h.warnings.clear()
+
+
+def test_merge_runs(runs, tmp_path):
+    """--merge: the reports of two runs with different seeds become one table
+    over both models; the same seed twice, or another config, is refused."""
+    d = runs[0][2]
+    js = [f for f in os.listdir(d) if f.endswith("-tiny.json")][0]
+    res = json.load(open(d / js))
+    other = json.loads(json.dumps(res))
+    other["models"][0]["seed"] = 1
+    other["models"][0]["methods"]["sage8"]["psnr_mean"] += 2.0
+    other["meta"]["model_seeds"] = [1]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(res))
+    b.write_text(json.dumps(other))
+    lines = []
+    assert fid_run.main(["--merge", str(b), str(a), "--out", str(tmp_path)],
+                        log=lines.append) == 0
+    merged = [f for f in os.listdir(tmp_path) if f.startswith("fidelity-merged-")]
+    assert sorted(f.rsplit(".", 1)[1] for f in merged) == ["json", "md"]
+    m = json.load(open(tmp_path / [f for f in merged if f.endswith(".json")][0]))
+    assert m["meta"]["model_seeds"] == [0, 1] and len(m["meta"]["merged_from"]) == 2
+    s = m["summary"]["sage8"]
+    p0 = res["models"][0]["methods"]["sage8"]["psnr_mean"]
+    assert s["per_model_psnr"] == [p0, p0 + 2.0]
+    assert abs(s["psnr_mean"] - (p0 + 1.0)) < 1e-9 and abs(s["psnr_std"] - 2 ** 0.5) < 1e-9
+    assert any("merged: `a.json`" in line for line in lines)
+    # the same seed in two runs, and a run of another configuration
+    assert fid_run.main(["--merge", str(a), str(a), "--out", str(tmp_path)],
+                        log=lines.append) == 2
+    assert "two runs" in lines[-1]
+    other["config"]["train"]["steps"] += 1
+    b.write_text(json.dumps(other))
+    assert fid_run.main(["--merge", str(a), str(b), "--out", str(tmp_path)],
+                        log=lines.append) == 2
+    assert "config differs" in lines[-1]
