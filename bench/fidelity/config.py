@@ -83,8 +83,10 @@ REFERENCE = "bf16-sdpa"
 # otherwise).  The maintainer fills this after the first H200 run: run.py
 # prints the lines to paste for every model that has no entry.
 RECORDED_FINAL_LOSS = {
-    # (the 3,500-step config's, fcba826: 0.0354, 0.0307, 0.0331; the 6,000-step
-    # config's are filled after its first H200 run)
+    # H200, torch 2.11.0+cu130, 2026-12-01 22:28 UTC, tree 6950552 (bench/RESULTS.md)
+    "cuda/default/hd128/seed0": 0.0296,
+    "cuda/default/hd128/seed1": 0.0273,
+    "cuda/default/hd128/seed2": 0.0282,
 }
 LOSS_TOLERANCE = 0.05
 
