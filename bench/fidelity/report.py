@@ -88,6 +88,25 @@ def _main_table(res):
     return lines
 
 
+def _kept_table(res):
+    """Draft methods: the share of region pairs kept on the routed steps,
+    per layer (mean over routed steps and heads, then over models)."""
+    lines = []
+    for m, s in res["summary"].items():
+        recs = [mod["methods"].get(m, {}).get("kept_share") for mod in res["models"]]
+        if s.get("status") != "ok" or not recs or not all(recs):
+            continue
+        n = min(len(r["per_layer"]) for r in recs)
+        per = [sum(r["per_layer"][i] for r in recs) / len(recs) for i in range(n)]
+        lines.append(f"| {m} | {_f(s.get('kept_share_mean'), '%.3f')} | "
+                     f"{_f(1 - s['kept_share_mean'], '%.3f') if s.get('kept_share_mean') is not None else 'n/a'} | "
+                     + " / ".join(_f(x, "%.3f") for x in per) + " |")
+    if not lines:
+        return []
+    return ["| method | kept share | skip rate | kept share per layer |",
+            "|---|--:|--:|---|"] + lines
+
+
 def _train_table(res):
     lines = ["| model seed | params | steps | train s | steps/s | first-5% loss | final loss "
              "| recorded | check |", "|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -169,6 +188,12 @@ def markdown(res):
             "(layer, step) of the reference run against float32 attention; mean (max) "
             f"over models and points. {m['lpips']}.", ""]
     out += _main_table(res)
+    kept = _kept_table(res)
+    if kept:
+        out += ["", "## Draft: region pairs kept on the routed steps", "",
+                "The share of the R² video-region pairs each routed call kept "
+                "(16, 8 or 4 bits), mean over heads and routed steps, then over "
+                "models; the dense warm-up steps are not counted.", ""] + kept
     out += ["", "## Training", ""] + _train_table(res)
     out += ["", "## Sanity: reference samples against the data", "",
             "Per-channel mean/std, mean absolute frame-to-frame difference, and the share "

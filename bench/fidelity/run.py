@@ -269,6 +269,7 @@ class Harness:
             self.log(traceback.format_exc())
             return rec, None
         finally:
+            rec["kept_share"] = attn.kept_share()
             attn.close()
         rec["sample_s"] = time.perf_counter() - t
         rec["finite"] = bool(self.torch.isfinite(clips).all())
@@ -396,6 +397,9 @@ def summarize(models, methods):
                 s[f"{key}_min"] = min(vals) if vals else None
                 s[f"{key}_max"] = max(vals) if vals else None
             s["finite"] = all(r.get("finite") for r in recs)
+            kept = [r["kept_share"]["mean"] for r in recs if r.get("kept_share")]
+            if len(kept) == len(recs):
+                s["kept_share_mean"] = _mean(kept)
         summary[name] = s
     return summary
 

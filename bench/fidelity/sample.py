@@ -72,15 +72,32 @@ class QvattnMethod:
         dev = torch.device(device)
         self.ctx = qvattn.Context(qvattn._ffi.device_enum(dev.type))
         self.step, self.num_steps = 0, 0
+        # draft: the kept share of each routed call, per layer (the adaptive
+        # budget's varies by head and layer); empty where the library does
+        # not report it
+        self.kept = {} if self.name.startswith("draft") else None
 
     def begin_step(self, step, num_steps):
         self.step, self.num_steps = step, num_steps
 
     def __call__(self, q, k, v, layer):
-        return self.qvattn.attention(
+        out = self.qvattn.attention(
             q.bfloat16(), k.bfloat16(), v.bfloat16(), method=self.name, layer=layer,
             step=self.step, num_steps=self.num_steps, grid=self.grid, ctx=self.ctx,
             options=self.options)
+        if self.kept is not None:
+            st = self.ctx.last_draft_stats()
+            if st["heads"] > 0:  # a routed step (not a dense warm-up one)
+                self.kept.setdefault(layer, []).append(st["kept_mean"])
+        return out
+
+    def kept_share(self):
+        """None, or {'per_layer': mean kept share of each layer's routed
+        calls, 'mean': their mean}."""
+        if not self.kept:
+            return None
+        per = [sum(v) / len(v) for _, v in sorted(self.kept.items())]
+        return {"per_layer": per, "mean": sum(per) / len(per)}
 
     def close(self):
         self.ctx.close()

@@ -27,7 +27,8 @@ except OSError as e:  # library not built
 from fidelity import config as fid_config  # noqa: E402
 from fidelity import run as fid_run  # noqa: E402
 
-METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15", "draft@85/0/0/15:warm=sage8"]
+METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15", "draft@85/0/0/15:warm=sage8",
+           "draft@p95"]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,21 @@ def test_draft_warmup_method_changes_only_the_warmup(runs):
         "draft.dense_warmup_frac": fid_config.TINY["sample"]["draft_warmup_frac"],
         "draft.warmup_method": "sage8"}
     assert sample.method_options("vc8", fid_config.TINY) is None
+
+
+def test_draft_kept_share(runs):
+    """The routed steps' kept share per layer: the fixed quotas keep their
+    share on every layer; the adaptive budget's lies in (0, 1]."""
+    h = runs[0][1]
+    n_layers = fid_config.TINY["model"]["layers"]
+    fixed = h.results["models"][0]["methods"]["draft@85/0/0/15"]["kept_share"]
+    assert len(fixed["per_layer"]) == n_layers
+    assert all(abs(x - fixed["per_layer"][0]) < 1e-12 for x in fixed["per_layer"])
+    assert 0.1 < fixed["mean"] < 0.25, fixed
+    ada = h.results["summary"]["draft@p95"]
+    assert 0 < ada["kept_share_mean"] <= 1
+    text = open(h.base + ".md").read()
+    assert "## Draft: region pairs kept" in text and "| draft@p95 |" in text
 
 
 def test_seeds_option():
