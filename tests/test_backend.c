@@ -66,6 +66,10 @@ static const tol TOLS[] = {
     {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
+    /* the adaptive budget: per head K (on CUDA found by the router) */
+    {"draft@p95", 10.0, 2e-3, 2e-2, 2e-3, 0, NULL},
+    {"draft@p90/0/50/50", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@p95/20/30/50", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
 };
 #define NTOLS (int)(sizeof TOLS / sizeof *TOLS)
 /* LSE of another backend vs the CPU reference, every method (natural log;
