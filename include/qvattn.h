@@ -170,8 +170,10 @@ typedef struct qva_draft_params {
  * budget every head keeps the same share; under MASS it varies. */
 typedef struct qva_draft_stats {
     int64_t heads;     /* heads routed; 0 when the last call routed none (not
-                          draft, a dense warm-up step, a failed call, or the
-                          CUDA backend, which does not report it yet)     */
+                          draft, a dense warm-up step, a failed call).  On
+                          CUDA the first read after a MASS call waits for
+                          that call's router (its per-head counts are on
+                          the device)                                      */
     int64_t pairs;     /* R^2 video-region pairs per head                   */
     double kept_mean;  /* mean over the heads of kept pairs / R^2           */
     double kept_min, kept_max;

@@ -23,6 +23,8 @@ struct qva_context {
     int profiling;
     qva_timings timings;
     qva_draft_stats draft_stats;
+    qvi_draft_stats_fn draft_stats_fn; /* pending: draft_stats not yet read */
+    void *draft_stats_arg;
     vs_entry *vs;
     size_t vs_len, vs_cap;
     void *slots[QVI_SLOT_COUNT_];
@@ -69,9 +71,23 @@ void qva_context_free(qva_context_t *ctx) {
     free(ctx);
 }
 
+/* Reads pending stats into ctx->draft_stats (zero heads on failure). */
+static qva_status resolve_draft_stats(qva_context_t *c) {
+    if (!c->draft_stats_fn) return QVA_OK;
+    qva_draft_stats st;
+    memset(&st, 0, sizeof st);
+    const qva_status r = c->draft_stats_fn(c->draft_stats_arg, &st);
+    if (r != QVA_OK) memset(&st, 0, sizeof st);
+    c->draft_stats = st;
+    c->draft_stats_fn = NULL;
+    c->draft_stats_arg = NULL;
+    return r;
+}
+
 qva_status qva_context_reset(qva_context_t *ctx) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
     qvi_context_lock(ctx);
+    (void)resolve_draft_stats(ctx); /* the stats outlive the slots, as on the CPU */
     free_state(ctx);
     qvi_context_unlock(ctx);
     return QVA_OK;
@@ -97,15 +113,24 @@ void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t) {
 
 void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st) {
     ctx->draft_stats = *st;
+    ctx->draft_stats_fn = NULL;
+    ctx->draft_stats_arg = NULL;
+}
+
+void qvi_context_set_draft_stats_lazy(qva_context_t *ctx, qvi_draft_stats_fn fn, void *arg) {
+    memset(&ctx->draft_stats, 0, sizeof ctx->draft_stats);
+    ctx->draft_stats_fn = fn;
+    ctx->draft_stats_arg = arg;
 }
 
 qva_status qva_context_last_draft_stats(const qva_context_t *ctx, qva_draft_stats *st) {
     if (!ctx || !st) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
     qva_context_t *c = (qva_context_t *)ctx; /* the lock is not the state */
     qvi_context_lock(c);
+    const qva_status r = resolve_draft_stats(c);
     *st = c->draft_stats;
     qvi_context_unlock(c);
-    return QVA_OK;
+    return r;
 }
 
 qva_status qva_context_set_profiling(qva_context_t *ctx, int on) {

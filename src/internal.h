@@ -86,6 +86,14 @@ void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 /* The kept share qva_context_last_draft_stats reports (zeroed at the start
  * of every qva_attention call; the CPU draft sets it when it finishes). */
 void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st);
+/* Stats a backend can only read later (the CUDA router's per-head counts
+ * live on the device): qva_context_last_draft_stats calls fn(arg, out) once,
+ * under the context lock, and keeps its answer; a failure reports no heads
+ * and returns fn's status.  Cleared by qvi_context_set_draft_stats (every
+ * qva_attention call starts with it); resolved before qva_context_reset
+ * frees the slots fn may read. */
+typedef qva_status (*qvi_draft_stats_fn)(void *arg, qva_draft_stats *out);
+void qvi_context_set_draft_stats_lazy(qva_context_t *ctx, qvi_draft_stats_fn fn, void *arg);
 
 /* Per-(layer, batch, head) V-Smooth state: permutation and centroids. */
 typedef struct qvi_vs_state {

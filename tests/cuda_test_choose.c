@@ -28,6 +28,8 @@ static void warmup_draft(qva_config *c) { warmup_step(c), c->draft.warmup_method
 static void routed_vc8(qva_config *c) { warmup_vc8(c), c->step = 2; }
 static void routed_bad(qva_config *c) { warmup_draft(c), c->step = 2; }
 static void mass_warmup_vc8(qva_config *c) { warmup_vc8(c), c->draft.budget = QVA_DRAFT_BUDGET_MASS; }
+static void mass_cap0(qva_config *c) { c->draft.min_keep = 0.0f, c->draft.max_keep = 0.0f; }
+static void mass_bad(qva_config *c) { c->draft.budget = 2; }
 
 int main(void) {
     static const struct {
@@ -47,7 +49,14 @@ int main(void) {
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
         {"draft@50/20/15/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
-        {"draft@p95", 128, NULL, QVC_KERNEL_NONE, "adaptive"},
+        /* the adaptive budget: NVFP4 blocks when its split gives 4 bits a
+         * share and some head may keep pairs (the plan's with4) */
+        {"draft@p95", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
+        {"draft@p95", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
+        {"draft@p90/0/50/50", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
+        {"draft@p90/20/30/50", 128, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
+        {"draft@p90/20/30/50", 128, mass_cap0, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
+        {"draft@p95", 128, mass_bad, QVC_KERNEL_NONE, "budget"},
         /* dense warm-up steps: bf16, or the warm-up method's own kernel */
         {"draft@85/0/0/15", 128, warmup_step, QVC_KERNEL_ATTN_BF16_MMA_64X128, NULL},
         {"draft@85/0/0/15", 128, warmup_vc8, QVC_KERNEL_ATTN8_WS_128X128, NULL},
@@ -58,7 +67,7 @@ int main(void) {
         /* refused at every step, so one answer holds for the schedule */
         {"draft@85/0/0/15", 128, warmup_draft, QVC_KERNEL_NONE, "warmup_method"},
         {"draft@85/0/0/15", 128, routed_bad, QVC_KERNEL_NONE, "warmup_method"},
-        {"draft@p95", 128, mass_warmup_vc8, QVC_KERNEL_NONE, "adaptive"},
+        {"draft@p95", 128, mass_warmup_vc8, QVC_KERNEL_ATTN8_WS_128X128, NULL},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
         char why[512] = "";

@@ -7,8 +7,12 @@
  * same stored inputs (bf16 / f16 / f32, HND or NHD).  Inputs: the "small"
  * synthetic preset, synthetic and random 2x12x20 grids with and without
  * prefix tokens (first or last), exact ties (zero Q, frame-periodic K),
- * larger grids for the ranking, and edge quotas.  Needs a GPU; prints SKIP
- * and exits 77 (CTest: skipped) without one.
+ * larger grids for the ranking, and edge quotas.  The adaptive MASS
+ * budget (draft@pM[/S4/S8/S16]) the same way against qvi_draft_route_head:
+ * each head's quotas (the device computes them), masses from 0.5% to
+ * 100%, active floors and caps, 4/8-bit splits, ties, an all-equal map and
+ * 1100 heads (the heads' list starts span tiles).  Needs a GPU; prints
+ * SKIP and exits 77 (CTest: skipped) without one.
  */
 #include <cuda_runtime.h>
 
@@ -49,7 +53,8 @@ typedef struct dcase {
     qva_dtype dt;
     int nhd;
     float lambda, sm_scale;
-    const char *quotas; /* S0/S4/S8/S16 */
+    const char *quotas; /* S0/S4/S8/S16, or pM[/S4/S8/S16] (MASS)          */
+    const char *keep;   /* MASS: "min_keep/max_keep", NULL for the defaults */
 } dcase;
 
 /* A host tensor holding the stored bytes and the same bytes on the device. */
@@ -181,17 +186,21 @@ static int make_inputs(const dcase *cs, dcase *rc, float **q, float **k) {
 
 /* ------------------------------------------------------------ CPU side */
 
+/* quota: the plan's (QUOTA; zeros under MASS); hq: each head's, as
+ * qvi_draft_route_head gives them; T: the pairs kept by all heads. */
 typedef struct cpu_ref {
     int BH, R, D;
     float *qavg, *qmax, *kavg, *kmax, *A;
     uint8_t *prec;
     int32_t *offsets, *cols;
+    int64_t *hq;
+    qvi_draft_plan plan;
     int64_t quota[4], T;
 } cpu_ref;
 
 static void cpu_ref_free(cpu_ref *r) {
     free(r->qavg), free(r->qmax), free(r->kavg), free(r->kmax), free(r->A);
-    free(r->prec), free(r->offsets), free(r->cols);
+    free(r->prec), free(r->offsets), free(r->cols), free(r->hq);
     memset(r, 0, sizeof *r);
 }
 
@@ -224,12 +233,13 @@ static int cpu_route(const qva_tensor *q, const qva_tensor *k, const qvi_draft_l
     r->prec = malloc(bh * (size_t)M);
     r->offsets = malloc((bh * (size_t)R * 3 + 1) * 4);
     r->cols = malloc(bh * (size_t)M * 4 + 4);
+    r->hq = malloc(bh * 4 * sizeof(int64_t));
     float *head = malloc((size_t)n * D * 4), *packed = malloc((size_t)lay->n_pack * D * 4);
     int ok = r->qavg && r->qmax && r->kavg && r->kmax && r->A && r->prec && r->offsets &&
-             r->cols && head && packed;
+             r->cols && r->hq && head && packed;
     CHECK(ok, "host allocation");
-    if (ok) ok = qvi_draft_quotas(&cfg->draft, M, r->quota) == QVA_OK;
-    r->T = r->quota[QVI_Q_4] + r->quota[QVI_Q_8] + r->quota[QVI_Q_16];
+    if (ok) ok = qvi_draft_plan_make(cfg, q, &r->plan) == QVA_OK && r->plan.regions == R;
+    memcpy(r->quota, r->plan.quota, sizeof r->quota);
     const size_t off = (size_t)lay->prefix_pad * D;
     for (int b = 0; ok && b < B; ++b)
         for (int h = 0; ok && h < H; ++h) {
@@ -245,10 +255,12 @@ static int cpu_route(const qva_tensor *q, const qva_tensor *k, const qvi_draft_l
             ok = qvi_draft_map(r->qavg + i * rd, r->qmax + i * rd, r->kavg + i * rd,
                                r->kmax + i * rd, R, D, qvi_sm_scale(cfg, D), cfg->draft.lambda,
                                r->A + i * M) == QVA_OK &&
-                 qvi_draft_assign(r->A + i * M, R, r->quota, r->prec + i * M) == QVA_OK;
+                 qvi_draft_route_head(r->A + i * M, R, &cfg->draft, &r->plan, r->hq + i * 4,
+                                      r->prec + i * M) == QVA_OK;
         }
     CHECK(ok, "CPU route: %s", qva_last_error());
     if (ok) csr_from_prec(r->prec, r->BH, (int)R, r->offsets, r->cols);
+    if (ok) r->T = r->offsets[(size_t)r->BH * R * 3];
     free(head), free(packed);
     return ok;
 }
@@ -321,13 +333,15 @@ static void run_case(const dcase *cs, cudaStream_t st) {
     float *g_f = NULL, *gA = NULL;
     uint8_t *gprec = NULL, *prec_of_gA = NULL;
     int32_t *goff = NULL, *gcols = NULL;
+    int64_t *ghq = NULL, *hq_of_gA = NULL;
 
     if (!make_inputs(cs, &c, &qf, &kf)) goto done;
     const int N = c.P + c.T * c.GH * c.GW, BH = c.B * c.H, D = c.D;
     char tag[160];
-    snprintf(tag, sizeof tag, "%s %dx%dx%d P=%d%s D=%d %s %s draft@%s l=%g", cs->name, c.T, c.GH,
-             c.GW, c.P, c.at_end ? "(end)" : "", D, dtype_name(c.dt), c.nhd ? "NHD" : "HND",
-             c.quotas, (double)c.lambda);
+    snprintf(tag, sizeof tag, "%s %dx%dx%d P=%d%s BH=%d D=%d %s %s draft@%s%s%s l=%g", cs->name,
+             c.T, c.GH, c.GW, c.P, c.at_end ? "(end)" : "", BH, D, dtype_name(c.dt),
+             c.nhd ? "NHD" : "HND", c.quotas, c.keep ? " keep " : "", c.keep ? c.keep : "",
+             (double)c.lambda);
     if (!store_tensor(&q, qf, c.dt, c.nhd, c.B, c.H, N, D) ||
         !store_tensor(&k, kf, c.dt, c.nhd, c.B, c.H, N, D))
         goto done;
@@ -339,6 +353,10 @@ static void run_case(const dcase *cs, cudaStream_t st) {
     CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "[%s] method: %s", tag, qva_last_error());
     cfg.draft.lambda = c.lambda;
     cfg.sm_scale = c.sm_scale;
+    if (c.keep)
+        CHECK(sscanf(c.keep, "%f/%f", &cfg.draft.min_keep, &cfg.draft.max_keep) == 2,
+              "[%s] keep '%s'", tag, c.keep);
+    const int mass = cfg.draft.budget == QVA_DRAFT_BUDGET_MASS;
     cfg.draft.grid_t = c.T, cfg.draft.grid_h = c.GH, cfg.draft.grid_w = c.GW;
     cfg.draft.prefix_tokens = c.P, cfg.draft.prefix_at_end = c.at_end;
 
@@ -378,12 +396,14 @@ static void run_case(const dcase *cs, cudaStream_t st) {
         free(p2o), free(cnt);
     }
 
-    CHECK(memcmp(buf.quota, ref.quota, sizeof ref.quota) == 0 && buf.retained == ref.T,
+    const int64_t T1 = mass ? -1 : ref.quota[1] + ref.quota[2] + ref.quota[3];
+    CHECK(buf.mass == mass && memcmp(buf.quota, ref.quota, sizeof ref.quota) == 0 &&
+              buf.retained == T1,
           "[%s] quotas gpu %lld/%lld/%lld/%lld (T %lld) cpu %lld/%lld/%lld/%lld (T %lld)", tag,
           (long long)buf.quota[0], (long long)buf.quota[1], (long long)buf.quota[2],
           (long long)buf.quota[3], (long long)buf.retained, (long long)ref.quota[0],
           (long long)ref.quota[1], (long long)ref.quota[2], (long long)ref.quota[3],
-          (long long)ref.T);
+          (long long)T1);
 
     const size_t rd = (size_t)BH * R * D;
     g_f = malloc(rd * 4);
@@ -392,7 +412,9 @@ static void run_case(const dcase *cs, cudaStream_t st) {
     prec_of_gA = malloc((size_t)BH * M);
     goff = malloc(((size_t)BH * R * 3 + 1) * 4);
     gcols = malloc((size_t)BH * M * 4 + 4);
-    if (!g_f || !gA || !gprec || !prec_of_gA || !goff || !gcols) {
+    ghq = malloc((size_t)BH * 4 * sizeof(int64_t));
+    hq_of_gA = malloc((size_t)BH * 4 * sizeof(int64_t));
+    if (!g_f || !gA || !gprec || !prec_of_gA || !goff || !gcols || !ghq || !hq_of_gA) {
         CHECK(0, "host allocation");
         goto done;
     }
@@ -411,7 +433,7 @@ static void run_case(const dcase *cs, cudaStream_t st) {
                  "D2H offsets"))
         goto done;
     if (ref.T > 0 &&
-        !cuda_ok(cudaMemcpy(gcols, buf.cols, (size_t)BH * ref.T * 4, cudaMemcpyDeviceToHost),
+        !cuda_ok(cudaMemcpy(gcols, buf.cols, (size_t)ref.T * 4, cudaMemcpyDeviceToHost),
                  "D2H cols"))
         goto done;
 
@@ -420,28 +442,59 @@ static void run_case(const dcase *cs, cudaStream_t st) {
           "[%s] draft map: %ld of %zu differ (a 1-ulp difference can only come from "
           "libm vs CUDA exp at an f32 rounding boundary, docs/DRAFT.md §3)",
           tag, bad, (size_t)BH * M);
-    /* The ranking alone: the CPU's Algorithm 1 on the device's own A. */
+    /* The ranking alone (and under MASS each head's count): the CPU's
+     * route of a head on the device's own A. */
     for (int bh = 0; bh < BH; ++bh)
-        qvi_draft_assign(gA + (size_t)bh * M, R, ref.quota, prec_of_gA + (size_t)bh * M);
-    bad = cmp_u8(tag, "prec vs assign(gpu A)", gprec, prec_of_gA, BH, R);
+        qvi_draft_route_head(gA + (size_t)bh * M, R, &cfg.draft, &ref.plan, hq_of_gA + bh * 4,
+                             prec_of_gA + (size_t)bh * M);
+    bad = cmp_u8(tag, "prec vs route(gpu A)", gprec, prec_of_gA, BH, R);
     CHECK(bad == 0, "[%s] ranking of the device map: %ld pairs differ", tag, bad);
+    if (mass) { /* the heads' quotas, found on the device */
+        if (!cuda_ok(cudaMemcpy(ghq, buf.head_quota, (size_t)BH * 4 * sizeof(int64_t),
+                                cudaMemcpyDeviceToHost),
+                     "D2H head quotas"))
+            goto done;
+        long badq = 0;
+        for (int bh = 0; bh < BH; ++bh) {
+            const int64_t *g = ghq + bh * 4, *w = hq_of_gA + bh * 4;
+            if (!memcmp(g, w, 4 * sizeof(int64_t))) continue;
+            if (badq++ < 5)
+                fprintf(stderr, "  [%s] head %d quotas gpu %lld/%lld/%lld/%lld, route(gpu A) "
+                                "%lld/%lld/%lld/%lld\n", tag, bh, (long long)g[0], (long long)g[1],
+                        (long long)g[2], (long long)g[3], (long long)w[0], (long long)w[1],
+                        (long long)w[2], (long long)w[3]);
+        }
+        CHECK(badq == 0, "[%s] per-head quotas: %ld heads differ", tag, badq);
+        badq = memcmp(hq_of_gA, ref.hq, (size_t)BH * 4 * sizeof(int64_t)) != 0;
+        CHECK(badq == 0, "[%s] per-head quotas of the CPU route differ", tag);
+    }
     bad = cmp_u8(tag, "prec", gprec, ref.prec, BH, R);
     CHECK(bad == 0, "[%s] precision matrix: %ld of %zu differ", tag, bad, (size_t)BH * M);
     bad = cmp_i32(tag, "offsets", goff, ref.offsets, (size_t)BH * R * 3 + 1);
     CHECK(bad == 0, "[%s] CSR offsets: %ld differ", tag, bad);
-    bad = cmp_i32(tag, "cols", gcols, ref.cols, (size_t)BH * ref.T);
+    bad = cmp_i32(tag, "cols", gcols, ref.cols, (size_t)ref.T);
     CHECK(bad == 0, "[%s] CSR key regions: %ld differ", tag, bad);
-    /* Every head keeps exactly T pairs. */
+    /* Every head keeps exactly its quotas. */
+    int64_t kmin = INT64_MAX, kmax = 0;
     for (int bh = 0; bh < BH; ++bh) {
-        long kept = 0;
-        for (size_t i = 0; i < M; ++i) kept += gprec[(size_t)bh * M + i] != 0;
-        CHECK(kept == ref.T, "[%s] head %d keeps %ld pairs, quota %lld", tag, bh, kept,
-              (long long)ref.T);
+        int64_t n[4] = {0, 0, 0, 0};
+        for (size_t i = 0; i < M; ++i) {
+            const uint8_t p = gprec[(size_t)bh * M + i];
+            n[p == 4 ? QVI_Q_4 : p == 8 ? QVI_Q_8 : p == 16 ? QVI_Q_16 : QVI_Q_SKIP] += 1;
+        }
+        const int64_t *w = ref.hq + bh * 4;
+        CHECK(!memcmp(n, w, sizeof n), "[%s] head %d keeps %lld/%lld/%lld/%lld, quota "
+              "%lld/%lld/%lld/%lld", tag, bh, (long long)n[0], (long long)n[1], (long long)n[2],
+              (long long)n[3], (long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3]);
+        const int64_t kept = (int64_t)M - w[0];
+        kmin = kept < kmin ? kept : kmin;
+        kmax = kept > kmax ? kept : kmax;
     }
-    printf("  %-72s R=%-4d T=%-6lld ok\n", tag, R, (long long)ref.T);
+    printf("  %-96s R=%-4d kept %lld..%lld ok\n", tag, R, (long long)kmin, (long long)kmax);
 
 done:
     free(g_f), free(gA), free(gprec), free(prec_of_gA), free(goff), free(gcols);
+    free(ghq), free(hq_of_gA);
     cpu_ref_free(&ref);
     qvc_draft_route_free(&buf);
     qvc_draft_layout_free(&dl);
@@ -486,6 +539,19 @@ static void test_errors(cudaStream_t st) {
               "bad fractions");
         CHECK(qvc_draft_route(NULL, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
               "NULL q");
+        qva_config_set_method(&cfg, "draft@p95");
+        cfg.draft.mass = 0.0f;
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "MASS: mass 0");
+        cfg.draft.mass = 0.95f, cfg.draft.frac_skip = 0.5f, cfg.draft.frac16 = 0.5f;
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "MASS: frac_skip 0.5");
+        cfg.draft.frac_skip = 0.0f, cfg.draft.frac16 = 1.0f, cfg.draft.min_keep = 0.7f,
+        cfg.draft.max_keep = 0.6f;
+        CHECK(qvc_draft_route(&q.view, &q.view, &cfg, &dl, &buf, st) == QVA_ERR_INVALID_ARGUMENT,
+              "MASS: min_keep above max_keep");
+        qva_config_set_method(&cfg, "draft@85/0/7.5/7.5");
+        cfg.draft.min_keep = 0.05f, cfg.draft.max_keep = 1.0f;
         qvc_view bad = q.view;
         bad.N = N + 1;
         CHECK(qvc_draft_route(&bad, &bad, &cfg, &dl, &buf, st) == QVA_ERR_SHAPE, "N mismatch");
@@ -503,29 +569,54 @@ static void test_errors(cudaStream_t st) {
 /* ------------------------------------------------------------ main */
 
 static const dcase CASES[] = {
-    /* name       src         B  H  D    T  GH  GW   P end dtype     nhd  lambda sm    quotas */
-    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "85/0/7.5/7.5"},
-    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "0/40/30/30"},
-    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F16, 0, 0.5f, 0.0f, "50/10/20/20"},
-    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "50/10/20/20"},
-    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 0, 0, QVA_F32, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
-    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 77, 0, QVA_BF16, 1, 0.2f, 0.0f, "70/10/10/10"},
-    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 77, 1, QVA_F32, 0, 0.2f, 0.0f, "40/20/20/20"},
-    {"synth", SRC_SYNTH, 2, 3, 64, 2, 12, 20, 128, 0, QVA_F32, 1, 0.0f, 0.0f, "60/0/0/40"},
-    {"random", SRC_RANDOM, 2, 3, 128, 2, 12, 20, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
-    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 130, 0, QVA_F32, 0, 0.0f, 0.3f, "40/20/20/20"},
-    {"random", SRC_RANDOM, 1, 2, 128, 2, 12, 20, 5, 1, QVA_F16, 1, 1.0f, 0.0f, "25/25/25/25"},
-    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 33, 1, QVA_F32, 1, 0.2f, 0.0f, "0/0/0/100"},
-    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "100/0/0/0"},
-    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/100/0/0"},
-    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "60/10/15/15"},
-    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 128, 5, 30, 40, 17, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/5/5/5"},
-    {"tied-K", SRC_TIED_K, 1, 2, 128, 3, 12, 20, 20, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/7.5/7.5"},
-    {"tied-K", SRC_TIED_K, 1, 3, 64, 6, 16, 24, 0, 0, QVA_F32, 1, 0.3f, 0.0f, "50/10/20/20"},
-    {"random", SRC_RANDOM, 2, 2, 64, 4, 30, 40, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/5/5/5"},
-    {"synth", SRC_SYNTH, 1, 2, 128, 6, 45, 80, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5"},
-    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/0/0/100"}, /* R=1 */
-    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 3, 0, QVA_F32, 0, 0.2f, 0.0f, "50/0/0/50"},
+    /* name       src         B  H  D    T  GH  GW   P end dtype     nhd  lambda sm    quotas  keep */
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "0/40/30/30", NULL},
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F16, 0, 0.5f, 0.0f, "50/10/20/20", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "50/10/20/20", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 0, 0, QVA_F32, 1, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 77, 0, QVA_BF16, 1, 0.2f, 0.0f, "70/10/10/10", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 77, 1, QVA_F32, 0, 0.2f, 0.0f, "40/20/20/20", NULL},
+    {"synth", SRC_SYNTH, 2, 3, 64, 2, 12, 20, 128, 0, QVA_F32, 1, 0.0f, 0.0f, "60/0/0/40", NULL},
+    {"random", SRC_RANDOM, 2, 3, 128, 2, 12, 20, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 130, 0, QVA_F32, 0, 0.0f, 0.3f, "40/20/20/20", NULL},
+    {"random", SRC_RANDOM, 1, 2, 128, 2, 12, 20, 5, 1, QVA_F16, 1, 1.0f, 0.0f, "25/25/25/25", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 33, 1, QVA_F32, 1, 0.2f, 0.0f, "0/0/0/100", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "100/0/0/0", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/100/0/0", NULL},
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "60/10/15/15", NULL},
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 128, 5, 30, 40, 17, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/5/5/5", NULL},
+    {"tied-K", SRC_TIED_K, 1, 2, 128, 3, 12, 20, 20, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"tied-K", SRC_TIED_K, 1, 3, 64, 6, 16, 24, 0, 0, QVA_F32, 1, 0.3f, 0.0f, "50/10/20/20", NULL},
+    {"random", SRC_RANDOM, 2, 2, 64, 4, 30, 40, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/5/5/5", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 128, 6, 45, 80, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/0/0/100", NULL}, /* R=1 */
+    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 3, 0, QVA_F32, 0, 0.2f, 0.0f, "50/0/0/50", NULL},
+    /* the adaptive MASS budget: each head's K on the device */
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p95", NULL},
+    {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "p90/0/50/50", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "p50", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 128, 2, 12, 20, 77, 0, QVA_F32, 1, 0.2f, 0.0f, "p90/20/30/50", NULL},
+    {"synth", SRC_SYNTH, 2, 3, 64, 2, 12, 20, 128, 1, QVA_F16, 0, 0.0f, 0.0f, "p100", NULL},
+    {"random", SRC_RANDOM, 2, 3, 128, 2, 12, 20, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "p95/0/50/50", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 33, 1, QVA_F32, 0, 1.0f, 0.3f, "p0.5", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p99.9/30/30/40", NULL},
+    /* floors and caps that bind; a cap of none and a floor of all */
+    {"random", SRC_RANDOM, 1, 3, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "p50", "0.6/1"},
+    {"random", SRC_RANDOM, 1, 3, 64, 2, 12, 20, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "p99/0/50/50", "0/0.2"},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p90/20/30/50", "0.3/0.45"},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p95", "0/0"},
+    {"synth", SRC_SYNTH, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p50/0/50/50", "1/1"},
+    /* ties and a degenerate map: zero Q makes every entry equal */
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 64, 2, 12, 20, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p90", NULL},
+    {"zero-Q ties", SRC_ZERO_Q, 1, 2, 128, 5, 30, 40, 17, 0, QVA_BF16, 1, 0.2f, 0.0f, "p50/20/30/50", NULL},
+    {"tied-K", SRC_TIED_K, 1, 2, 128, 3, 12, 20, 20, 0, QVA_BF16, 0, 0.2f, 0.0f, "p95/0/50/50", NULL},
+    {"tied-K", SRC_TIED_K, 1, 3, 64, 6, 16, 24, 0, 0, QVA_F32, 1, 0.3f, 0.0f, "p90", NULL},
+    /* larger grids (several histogram CTAs per head), R = 1, many heads */
+    {"random", SRC_RANDOM, 2, 2, 64, 4, 30, 40, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "p95/10/20/70", NULL},
+    {"synth", SRC_SYNTH, 1, 2, 128, 6, 45, 80, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "p95", NULL},
+    {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p50", NULL},
+    {"random", SRC_RANDOM, 11, 100, 64, 2, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p90/0/50/50", NULL},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 

@@ -66,6 +66,10 @@ static const tol TOLS[] = {
     {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
+    /* the adaptive budget: per head K (on CUDA found by the router) */
+    {"draft@p95", 10.0, 2e-3, 2e-2, 2e-3, 0, NULL},
+    {"draft@p90/0/50/50", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@p95/20/30/50", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
 };
 #define NTOLS (int)(sizeof TOLS / sizeof *TOLS)
 /* LSE of another backend vs the CPU reference, every method (natural log;
@@ -203,6 +207,9 @@ static qva_tensor lse_desc(void *p, const tcase *c, qva_device dev) {
 
 /* Output as f32 in storage order, poisoned before the run; lse (if not
  * NULL) receives [B,H,Nq] f32, poisoned too. */
+/* The draft stats of the last run_cpu / run_cuda call (zero if it failed). */
+static qva_draft_stats g_stats_cpu, g_stats_cuda;
+
 static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, float *lse,
                           double *ms) {
     qva_context_t *ctx;
@@ -222,6 +229,8 @@ static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, 
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (ms) *ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
     for (size_t i = 0; i < h->nq; ++i) res[i] = qvi_load_elem(&o, (int64_t)i);
+    memset(&g_stats_cpu, 0, sizeof g_stats_cpu);
+    if (st == QVA_OK) st = qva_context_last_draft_stats(ctx, &g_stats_cpu);
     qva_context_free(ctx);
     return st;
 }
@@ -256,7 +265,9 @@ static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res,
         (lse && (st = qva_memcpy_to_host(lse, dlse, nl * sizeof(float)))))
         goto done;
     for (size_t i = 0; i < h->nq; ++i) res[i] = qvi_load_elem(&o, (int64_t)i);
+    st = qva_context_last_draft_stats(ctx, &g_stats_cuda);
 done:
+    if (st != QVA_OK) memset(&g_stats_cuda, 0, sizeof g_stats_cuda);
     qva_context_free(ctx);
     qva_device_free(dq), qva_device_free(dk), qva_device_free(dv), qva_device_free(dout);
     if (dlse) qva_device_free(dlse);
@@ -400,6 +411,13 @@ static void run_case(int ci, int perf) {
         CHECK(run_cuda(c, &h, t, got, lse_got) == QVA_OK, "%s cuda: %s", label, qva_last_error());
         compare_backend(label, c, t, got, ref, h.nq);
         compare_lse(label, t->warmup_as ? t->warmup_as : t->method, lse_got, lse_ref, nl);
+        /* the kept shares: each head's count (MASS: found on the device) */
+        CHECK(!memcmp(&g_stats_cpu, &g_stats_cuda, sizeof g_stats_cpu),
+              "%s: draft stats cuda %lld heads %.9g..%.9g mean %.9g, cpu %lld heads "
+              "%.9g..%.9g mean %.9g", label, (long long)g_stats_cuda.heads,
+              g_stats_cuda.kept_min, g_stats_cuda.kept_max, g_stats_cuda.kept_mean,
+              (long long)g_stats_cpu.heads, g_stats_cpu.kept_min, g_stats_cpu.kept_max,
+              g_stats_cpu.kept_mean);
     }
     free(exact), free(ref), free(got), free(lref), free(lgot);
     free_case(&h);

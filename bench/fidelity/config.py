@@ -72,7 +72,7 @@ METHODS = [
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
     # the dense warm-up steps on an 8-bit method (option draft.warmup_method)
     "draft@85/0/0/15+expcast:warm=vc8", "draft@85/0/0/15:warm=sage8",
-    # the adaptive budget (a "skipped" row until the CUDA router has it)
+    # the adaptive budget (per-head K, on the device on CUDA)
     "draft@p95",
 ]
 REFERENCE = "bf16-sdpa"

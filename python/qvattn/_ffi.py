@@ -730,7 +730,8 @@ class Context:
     def last_draft_stats(self):
         """{'heads', 'pairs', 'kept_mean', 'kept_min', 'kept_max'}: the share of
         region pairs each head kept in the last call (heads 0 when it routed
-        none: not draft, a warm-up step, or CUDA)."""
+        none: not draft, or a warm-up step).  After a CUDA call with the
+        adaptive budget this waits for that call's router."""
         if not has_symbol("qva_context_last_draft_stats"):
             raise QvaUnsupportedError(QVA_ERR_UNSUPPORTED,
                                       "library has no qva_context_last_draft_stats")

@@ -291,7 +291,7 @@ def test_profiling_on_cpu():
 
 def test_adaptive_draft_budget_on_cpu():
     """draft@pM on the CPU: the kept share varies per head within the
-    options' floor and cap; CUDA says it cannot run it."""
+    options' floor and cap; CUDA runs it too where it runs draft."""
     T, H, W = 2, 16, 16  # R = 4 regions, 16 pairs per head
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, 3, T * H * W, 64)).astype(np.float32)
@@ -311,7 +311,7 @@ def test_adaptive_draft_budget_on_cpu():
             qvattn.attention(q, k, v, method="draft@p90", grid=(T, H, W), ctx=ctx,
                              options={"draft.min_keep": 0.6, "draft.max_keep": 0.5})
     ok, why = _ffi.supports(_ffi.QVA_DEVICE_CUDA, _ffi.make_config("draft@p90"), 0, 128)
-    assert not ok and (not _ffi.cuda_available() or "adaptive draft budget" in why)
+    assert ok == bool(_ffi.cuda_available()), why
 
 
 # ------------------------------------------------------------------ errors

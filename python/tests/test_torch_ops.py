@@ -433,6 +433,23 @@ def test_cuda_current_stream_and_graph():
                                rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not cuda_ok("draft@p90/0/50/50"), reason="no CUDA device / CUDA build")
+def test_cuda_adaptive_draft_matches_cpu():
+    """draft@pM on the device: each head's kept count is the CPU's (the
+    stats are equal), and the output is the CPU's within the 8-bit phase's
+    tolerance."""
+    T, H, W = 2, 16, 16  # R = 4 regions, 16 pairs per head
+    q, k, v = make_qkv(B=2, H=3, N=T * H * W, D=128, dtype=torch.bfloat16)
+    method, opts = "draft@p90/0/50/50", {"draft.min_keep": 0.2}
+    cpu_ctx, gpu_ctx = qvattn.Context(), qvattn.Context(_ffi.QVA_DEVICE_CUDA)
+    cpu = qvattn.attention(q, k, v, method=method, grid=(T, H, W), ctx=cpu_ctx, options=opts)
+    gpu = qvattn.attention(q.cuda(), k.cuda(), v.cuda(), method=method, grid=(T, H, W),
+                           ctx=gpu_ctx, options=opts)
+    st = gpu_ctx.last_draft_stats()
+    assert st == cpu_ctx.last_draft_stats() and st["heads"] == 6, st
+    assert rel_l2(gpu.cpu(), cpu) < 2e-2
+
+
 @pytest.mark.skipif(not cuda_ok("vc8+expcast"), reason="no CUDA device / CUDA build")
 @pytest.mark.parametrize("step", [0, 1, 12])  # group, reuse, plain
 def test_cuda_graph_vc8_schedule(step):

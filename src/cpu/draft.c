@@ -432,13 +432,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
 
 /* Adds head H's kept share to st (heads routed so far). */
 static void stats_add(qva_draft_stats *st, const draft_job *J, const draft_head *H) {
-    const int64_t M = J->R * J->R;
-    const double share = M > 0 ? (double)(M - H->quota[QVI_Q_SKIP]) / (double)M : 0.0;
-    st->kept_min = st->heads == 0 || share < st->kept_min ? share : st->kept_min;
-    st->kept_max = st->heads == 0 || share > st->kept_max ? share : st->kept_max;
-    st->kept_mean += share; /* a sum until run_heads divides */
-    st->heads += 1;
-    st->pairs = M;
+    qvi_draft_stats_add(st, J->R * J->R, H->quota[QVI_Q_SKIP]);
 }
 
 /* Runs every (b, h) head with one set of buffers. */
@@ -468,8 +462,7 @@ static qva_status run_heads(const draft_job *J, const qva_config *cfg,
         }
     if (H.out) /* head_alloc succeeded */
         head_free(&H);
-    if (stats->heads > 0)
-        stats->kept_mean /= (double)stats->heads;
+    qvi_draft_stats_finish(stats);
     return st;
 }
 

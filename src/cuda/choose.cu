@@ -3,6 +3,7 @@
  * the dispatch (runtime.cu, draft/host.cu) runs it.  Nothing here reads
  * the environment; kernel versions under trial are set on a context by
  * the dev driver (dev/cuda), never by the library. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,15 +27,22 @@ static const char *kernel_what(qvc_kernel k) {
     }
 }
 
-/* Whether the draft route of cfg has NVFP4 blocks: the plan's quotas
- * (qvi_draft_plan_make) when the grid is set, else the fraction asked. */
+/* Whether the draft route of cfg has NVFP4 blocks: the plan's with4
+ * (qvi_draft_plan_make) when the grid is set, else the fraction asked.
+ * QUOTA: a non-zero 4-bit quota; MASS: some head may keep pairs (cap > 0)
+ * and the split gives 4 bits a share (its K varies per head). */
 static int draft_with4(const qva_draft_params *dp) {
     const int64_t rf = qvi_draft_regions_per_frame(dp);
     if (rf < 0 || dp->grid_t <= 0 || dp->grid_t > (1 << 20) || dp->grid_t * rf > (1 << 20))
         return dp->frac4 > 0.0f;
-    const int64_t regions = dp->grid_t * rf;
+    const int64_t regions = dp->grid_t * rf, M = regions * regions;
+    if (dp->budget == QVA_DRAFT_BUDGET_MASS) {
+        int64_t ppm, lo, hi;
+        if (qvi_draft_mass_bounds(dp, M, &ppm, &lo, &hi) != QVA_OK) return dp->frac4 > 0.0f;
+        return hi > 0 && llround((double)dp->frac4 * 1e6) > 0;
+    }
     int64_t quota[4];
-    if (qvi_draft_quotas(dp, regions * regions, quota) != QVA_OK) return dp->frac4 > 0.0f;
+    if (qvi_draft_quotas(dp, M, quota) != QVA_OK) return dp->frac4 > 0.0f;
     return quota[QVI_Q_4] > 0;
 }
 
@@ -48,14 +56,9 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_grou
         return QVC_KERNEL_NONE;
     }
     /* Refused at every step, warm-up included, so that a caller who asks
-     * once gets the answer for the whole schedule. */
-    if (cfg->draft.budget == QVA_DRAFT_BUDGET_MASS) {
-        snprintf(why, len,
-                 "adaptive draft budget: CPU reference only for now (the device "
-                 "router's per-head mass select is not implemented)");
-        return QVC_KERNEL_NONE;
-    }
-    if (cfg->draft.budget != QVA_DRAFT_BUDGET_QUOTA) {
+     * once gets the answer for the whole schedule.  Both budgets run (the
+     * router selects MASS's per-head counts on the device). */
+    if (cfg->draft.budget != QVA_DRAFT_BUDGET_QUOTA && cfg->draft.budget != QVA_DRAFT_BUDGET_MASS) {
         snprintf(why, len, "draft.budget = %d is not a qva_draft_budget", cfg->draft.budget);
         return QVC_KERNEL_NONE;
     }

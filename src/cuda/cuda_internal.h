@@ -125,15 +125,22 @@ typedef struct qvc_draft_layout {
 qva_status qvc_draft_layout_upload(const struct qvi_partition *part, int t, int prefix,
                                    int prefix_at_end, qvc_draft_layout *out);
 void qvc_draft_layout_free(qvc_draft_layout *l);
+/* The lists of head bh follow those of head bh - 1 without a gap (a row's
+ * end is the next row's start, offsets[i + 1], across heads too): under
+ * the QUOTA budget head bh starts at bh*T, under MASS at the sum of the
+ * earlier heads' kept counts, computed on the device. */
 typedef struct qvc_draft_route_buf {
     int BH, R, D;
-    int64_t quota[4];   /* host: skip,4,8,16 of the last call */
-    int64_t retained;   /* host: T */
+    int mass;           /* host: the last call ran the MASS budget          */
+    int64_t quota[4];   /* host: skip,4,8,16 of the last call (QUOTA; all 0
+                           under MASS: head_quota has them)                  */
+    int64_t retained;   /* host: T = R^2 - skip (QUOTA; -1 under MASS)      */
     float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
     float *A;           /* [BH][R][R] */
     uint8_t *prec;      /* [BH][R][R] */
     int32_t *offsets;   /* [BH*R*3+1] */
     int32_t *cols;      /* [BH*R*R] capacity */
+    int64_t *head_quota; /* [BH][4] skip,4,8,16 of each head (MASS only)    */
     void *scratch;
 } qvc_draft_route_buf;
 qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);

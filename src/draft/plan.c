@@ -166,18 +166,42 @@ int64_t qvi_draft_regions_per_frame(const qva_draft_params *dp) {
     return ((int64_t)dp->grid_h * dp->grid_w + dp->capacity - 1) / dp->capacity;
 }
 
+qva_status qvi_draft_mass_bounds(const qva_draft_params *dp, int64_t M, int64_t *mass_ppm,
+                                 int64_t *keep_min, int64_t *keep_max) {
+    qva_status st = check_budget(dp);
+    if (st != QVA_OK)
+        return st;
+    if (dp->budget != QVA_DRAFT_BUDGET_MASS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "draft: the mass bounds of a QUOTA budget");
+    if (M < 0 || M > INT64_MAX / 2000000) /* as qvi_draft_quotas */
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs", (long long)M);
+    *mass_ppm = llround((double)dp->mass * 1e6);
+    *keep_min = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->min_keep * 1e6), 1);
+    *keep_max = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->max_keep * 1e6), 0);
+    return QVA_OK;
+}
+
 /* The MASS budget's integers (validated by check_budget): p in parts per
  * million, the floor rounded up and the cap down to whole pairs.  The
  * quotas stay zero: each head gets its own (qvi_draft_route_head). */
 static qva_status plan_mass(const qva_draft_params *dp, qvi_draft_plan *p) {
-    const int64_t M = p->regions * p->regions;
-    if (M > INT64_MAX / 2000000) /* as qvi_draft_quotas */
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs", (long long)M);
     p->mass = 1;
-    p->mass_ppm = llround((double)dp->mass * 1e6);
-    p->keep_min = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->min_keep * 1e6), 1);
-    p->keep_max = (int64_t)qvi_draft_ppm_of((uint64_t)M, llround((double)dp->max_keep * 1e6), 0);
-    return QVA_OK;
+    return qvi_draft_mass_bounds(dp, p->regions * p->regions, &p->mass_ppm, &p->keep_min,
+                                 &p->keep_max);
+}
+
+void qvi_draft_stats_add(qva_draft_stats *st, int64_t M, int64_t skipped) {
+    const double share = M > 0 ? (double)(M - skipped) / (double)M : 0.0;
+    st->kept_min = st->heads == 0 || share < st->kept_min ? share : st->kept_min;
+    st->kept_max = st->heads == 0 || share > st->kept_max ? share : st->kept_max;
+    st->kept_mean += share; /* a sum until qvi_draft_stats_finish divides */
+    st->heads += 1;
+    st->pairs = M;
+}
+
+void qvi_draft_stats_finish(qva_draft_stats *st) {
+    if (st->heads > 0)
+        st->kept_mean /= (double)st->heads;
 }
 
 qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,

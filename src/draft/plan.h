@@ -31,6 +31,23 @@ qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
  * and ppm in [0, 10^6] (the adaptive budget's target, floor and cap). */
 uint64_t qvi_draft_ppm_of(uint64_t x, int64_t ppm, int round_up);
 
+/* The MASS budget's integers over M region pairs (docs/DRAFT.md, "Adaptive
+ * budget"): mass_ppm = llround(mass * 10^6), keep_min = ceil(min_keep * M)
+ * and keep_max = floor(max_keep * M) with the keep shares in parts per
+ * million first.  Checks the budget fields first (QVA_ERR_INVALID_ARGUMENT,
+ * also for a QUOTA budget).  The plan and the CUDA router both take them
+ * from here. */
+qva_status qvi_draft_mass_bounds(const qva_draft_params *dp, int64_t M, int64_t *mass_ppm,
+                                 int64_t *keep_min, int64_t *keep_max);
+
+/* The kept-share stats (qva_draft_stats) of one call, a head at a time:
+ * st zeroed first, then qvi_draft_stats_add for each head routed (M pairs,
+ * `skipped` of them skipped) in (batch, head) order, then
+ * qvi_draft_stats_finish (the mean).  The CPU reference and the CUDA
+ * backend report through these, so both give the same doubles. */
+void qvi_draft_stats_add(qva_draft_stats *st, int64_t M, int64_t skipped);
+void qvi_draft_stats_finish(qva_draft_stats *st);
+
 /* eta of the INT8 phase: 2^-8 with ExpCast, QVI_SAGE_ETA otherwise. */
 float qvi_draft_eta(int expcast);
 

@@ -38,6 +38,14 @@ typedef struct dg_state {
      * stream by events, while the router runs on the caller's stream. */
     cudaStream_t side;
     cudaEvent_t fork, join;
+    /* The kept-share stats of the last routed call, read lazily
+     * (qvi_context_set_draft_stats_lazy): under QUOTA every head skips
+     * stats_skip of stats_M pairs; under MASS the heads' quotas are in
+     * route.head_quota once `routed` (recorded after the router) has
+     * passed. */
+    int stats_mass;
+    int64_t stats_BH, stats_M, stats_skip;
+    cudaEvent_t routed;
 } dg_state;
 
 static void dg_ops_free(dg_ops *o) {
@@ -57,6 +65,7 @@ static void dg_state_free(void *ptr) {
     qvc_timer_free(&s->timer);
     if (s->fork) cudaEventDestroy(s->fork);
     if (s->join) cudaEventDestroy(s->join);
+    if (s->routed) cudaEventDestroy(s->routed);
     if (s->side) cudaStreamDestroy(s->side);
     free(s);
 }
@@ -249,6 +258,49 @@ static qva_status dg_fork_prep(dg_state *s, const qvi_draft_plan *pl, const qvc_
     return QVA_OK;
 }
 
+/* What the stats of this call need: the plan's quotas, or (MASS) an
+ * event after the router, so that reading the heads' quotas later waits
+ * for it and for nothing else. */
+static qva_status dg_stats_mark(dg_state *s, const qvi_draft_plan *pl, cudaStream_t st) {
+    s->stats_mass = pl->mass;
+    s->stats_BH = s->route.BH;
+    s->stats_M = pl->regions * pl->regions;
+    s->stats_skip = pl->quota[QVI_Q_SKIP];
+    if (!pl->mass) return QVA_OK;
+    cudaError_t e = cudaSuccess;
+    if (!s->routed) e = cudaEventCreateWithFlags(&s->routed, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(s->routed, st);
+    return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: route event");
+}
+
+/* qvi_draft_stats_fn of a routed call: the CPU reference's stats, head by
+ * head in (batch, head) order.  Under MASS this waits for the router of
+ * that call (only when the stats are asked for) and copies its B*H
+ * quotas; no later call has rewritten them, since every call replaces
+ * these pending stats first. */
+static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
+    const dg_state *s = (const dg_state *)arg;
+    memset(out, 0, sizeof *out);
+    if (!s->stats_mass) {
+        for (int64_t h = 0; h < s->stats_BH; ++h) qvi_draft_stats_add(out, s->stats_M, s->stats_skip);
+        qvi_draft_stats_finish(out);
+        return QVA_OK;
+    }
+    const size_t n = (size_t)s->stats_BH * 4;
+    int64_t *hq = (int64_t *)malloc(n * sizeof(int64_t));
+    if (!hq) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft (cuda): stats");
+    cudaError_t e = cudaEventSynchronize(s->routed);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(hq, s->route.head_quota, n * sizeof(int64_t), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) {
+        for (int64_t h = 0; h < s->stats_BH; ++h)
+            qvi_draft_stats_add(out, s->stats_M, hq[h * 4 + QVI_Q_SKIP]);
+        qvi_draft_stats_finish(out);
+    }
+    free(hq);
+    return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft (cuda): stats");
+}
+
 /* The router on the caller's stream and the preparation beside it; the
  * kernel waits for both.  Timings: grouping_ms is the router, prep_ms the
  * part of the preparation not hidden under it.  serial (the dev driver,
@@ -259,8 +311,11 @@ static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_dr
     qva_status r;
     if (!serial && (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK) return r;
     if ((r = qvc_draft_route(&xv[0], &xv[1], cfg, &s->lay, &s->route, st)) != QVA_OK) return r;
-    if (memcmp(s->route.quota, pl->quota, sizeof pl->quota))
+    /* Under MASS the plan has no quotas (each head's are on the device). */
+    if (s->route.mass != pl->mass ||
+        (!pl->mass && memcmp(s->route.quota, pl->quota, sizeof pl->quota)))
         return qvi_fail(QVA_ERR_SHAPE, "draft (cuda): router quotas differ from the plan's");
+    if ((r = dg_stats_mark(s, pl, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
     if (serial) return dg_prep(pl, &s->lay, &xv[0], &xv[1], &xv[2], &s->ops, st);
     const cudaError_t e = cudaStreamWaitEvent(st, s->join, 0);
@@ -341,5 +396,7 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     /* The prefix queries: dense over every key, as the bf16 method.  The
      * Hopper kernel computes them itself (its prefix-query CTAs). */
     if (!hopper && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
-    return dg_finish(ctx, s, prof, st);
+    if ((r = dg_finish(ctx, s, prof, st)) != QVA_OK) return r;
+    qvi_context_set_draft_stats_lazy(ctx, dg_stats_read, s); /* only a call that ran reports */
+    return QVA_OK;
 }

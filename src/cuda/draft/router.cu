@@ -52,7 +52,37 @@
  *   - lists: a warp per (head, query region) row writes each phase's key
  *     regions in ascending order with ballots; a per-head scan of the row
  *     counts gives the CSR offsets (layout in cuda_internal.h).
- * Quotas come from the CPU function (qvi_draft_quotas) on the host.
+ * QUOTA budget: the quotas come from the CPU function (qvi_draft_quotas)
+ * on the host, the same e_j for every head (dr_route_quota).
+ * MASS budget (docs/DRAFT.md, "Adaptive budget"; dr_route_mass): each
+ * head's K comes from the device, with no host synchronisation, by the
+ * integer rule of src/draft/budget.h (the CPU's, tested against it on the
+ * host):
+ *   - weighted select: w = floor(A * 2^40) depends only on the value half
+ *     of the key and grows with it.  Four passes over the value digits
+ *     (dr_whist_kernel: per digit bucket the count and the uint64 w-sum of
+ *     the candidate keys, integer atomics, so order-free; dr_wselect_kernel:
+ *     one walk per head).  The first pass also gives S = sum(w) and the
+ *     target T = ceil(mass_ppm * S / 10^6).  From bucket 255 down, the
+ *     bucket whose w-sum reaches what is left of T holds the boundary; the
+ *     ones above are kept whole (their count added, their weight taken
+ *     off).  After the last value digit the candidates share one A, ranked
+ *     by pair index, each of weight w(A) > 0, so K_mass = keys above +
+ *     ceil(left / w(A)): no index digit is needed;
+ *   - the same kernel clamps K to [keep_min, keep_max], splits it with
+ *     qvi_draft_quotas's largest remainders (qvi_budget_split, on the
+ *     fractions in ppm from the host), writes the head's quotas
+ *     (head_quota) and sets the head's count-select state for its own
+ *     e_0..e_2 (a boundary of 0 or M settled at once, tau above every key
+ *     or 0, so the assignment compares all three as thresholds);
+ *   - then the count select, precision matrix and lists above, unchanged
+ *     but for the list starts: head bh starts at the kept counts of the
+ *     heads before it (dr_head_base_kernel, one CTA), so the lists stay
+ *     contiguous and a row's end is the next row's start, as the phased
+ *     kernels read them.
+ *   Extra work per call: 4 histogram and 4 walk launches, one list-start
+ *   launch and one more memset than QUOTA; memory per head: 2 KB of w-sum
+ *   buckets, 40 B of select state and list start, 32 B of quotas.
  */
 #include <cuda_fp16.h>
 #include <math.h>
@@ -60,6 +90,7 @@
 #include <string.h>
 
 #include "common/device_util.cuh"
+#include "draft/budget.h"
 #include "draft/partition.h"
 #include "draft/plan.h"
 
@@ -78,9 +109,7 @@
  * compares with !=).
  */
 static __host__ __device__ __forceinline__ uint32_t dr_order_key(uint32_t u) {
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;
-    if (u == 0x80000000u) u = 0u;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return qvi_budget_order_key(u); /* src/draft/budget.h: the MASS select reads it too */
 }
 
 /* Distinct 64-bit key of pair i among M: descending order = the CPU's
@@ -491,6 +520,165 @@ __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int
     }
 }
 
+/* ------------------------------------------------------------ MASS budget */
+
+/* The MASS integers of one call, from the host (qvi_draft_mass_bounds and
+ * the split fractions in parts per million, as qvi_draft_quotas takes
+ * them). */
+typedef struct dr_mass_params {
+    long long M, mass_ppm, keep_min, keep_max;
+    long long u[4]; /* QVI_Q_* order; u[QVI_Q_SKIP] = 0 */
+} dr_mass_params;
+
+/* Per head, the weighted select over the value digits (budget.h). */
+typedef qvi_budget_sel dr_mass;
+
+/* Sum of v over the lanes of `peers` (v < 2^20 and at most 32 lanes: no
+ * overflow of the 32-bit warp reduction). */
+static __device__ __forceinline__ unsigned dr_peer_sum(unsigned peers, unsigned v) {
+    return __reduce_add_sync(peers, v);
+}
+
+/*
+ * Per head: the count and the w-sum of each 8-bit value digit at `shift`
+ * (56, 48, 40, 32) over the keys whose higher value bits match the head's
+ * prefix; the first pass (56) takes every key.  The weight is a function
+ * of the value bits, so only the 32 value bits of the composite key are
+ * read.  Warp-aggregated as dr_hist_kernel: the lanes of one digit add
+ * their weights by two 32-bit warp reductions (w < 2^40 split at bit 20),
+ * then one shared atomic per digit; integer sums, so the order of the
+ * atomics changes nothing.  Counts go to bin set 0 of hist.
+ */
+__global__ void __launch_bounds__(DR_HIST_THREADS)
+dr_whist_kernel(const float *A, long long M, int shift, const dr_mass *ms, unsigned int *hist,
+                unsigned long long *whist /* [BH][256] */) {
+    __shared__ unsigned int h[256];
+    __shared__ unsigned long long w[256];
+    const int bh = blockIdx.y, lane = threadIdx.x & 31;
+    const bool first = shift == 56;
+    if (!first && ms[bh].done) return; /* per head: before any barrier */
+    const unsigned long long pre = first ? 0ull : ms[bh].prefix;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) h[i] = 0u, w[i] = 0ull;
+    __syncthreads();
+    const uint64_t high = first ? 0ull : ~0ull << (shift + 8);
+    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
+    const long long i0 = (long long)blockIdx.x * DR_HIST_THREADS * DR_HIST_ITEMS;
+#pragma unroll 4
+    for (int it = 0; it < DR_HIST_ITEMS; ++it) {
+        const long long i = i0 + (long long)it * DR_HIST_THREADS + threadIdx.x;
+        const uint32_t bits = i < M ? __ldg(Ab + i) : 0u;
+        const uint64_t v = (uint64_t)dr_order_key(bits) << 32;
+        const int val = i < M && (v & high) == pre ? (int)((v >> shift) & 255u) : -1;
+        if (!__any_sync(DR_FULL, val >= 0)) continue; /* uniform */
+        const unsigned peers = __match_any_sync(DR_FULL, val);
+        const uint64_t wt = val >= 0 ? qvi_budget_weight(bits) : 0ull;
+        const unsigned lo = dr_peer_sum(peers, (unsigned)(wt & 0xfffffu));
+        const unsigned hi = dr_peer_sum(peers, (unsigned)(wt >> 20));
+        if (val >= 0 && lane == __ffs(peers) - 1) {
+            atomicAdd(&h[val], (unsigned)__popc(peers));
+            atomicAdd(&w[val], ((unsigned long long)hi << 20) + lo);
+        }
+    }
+    __syncthreads();
+    unsigned int *g = hist + (int64_t)bh * 3 * 256;
+    unsigned long long *gw = whist + (int64_t)bh * 256;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        if (h[i]) atomicAdd(g + i, h[i]);
+        if (w[i]) atomicAdd(gw + i, w[i]);
+    }
+}
+
+/* The count-select state of one head for its cumulative boundaries e[j]:
+ * e = 0 keeps nothing (tau above every key: the largest key is
+ * 0xff800000 << 32 | index, +inf's), e >= M everything (tau = 0); both
+ * are settled, so dr_assign_kernel compares every boundary as FIND. */
+static __device__ void dr_sel_set(dr_sel *s, const long long e[3], long long M) {
+    for (int j = 0; j < 3; ++j) {
+        s->prefix[j] = e[j] <= 0 ? ~0ull : 0ull;
+        s->rank[j] = e[j] > 0 ? (unsigned long long)(e[j] - 1) : 0ull;
+        s->done[j] = e[j] <= 0 || e[j] >= M;
+    }
+}
+
+/*
+ * One digit of the weighted select, a warp per head: the bins are copied
+ * to shared memory and cleared for the next pass, and lane 0 takes the
+ * step of src/draft/budget.h (tested there against the CPU's rule).  The
+ * first pass (56) sums every bin, S = sum(w) (below 2^56: the map's rows
+ * each sum to about 1 and R < 2^16, so no overflow check is needed), and
+ * sets T.  The last pass (32) finds K_mass with no index digit, clamps it,
+ * splits it (qvi_budget_split = qvi_draft_quotas) and writes the head's
+ * quotas and the count-select state of its boundaries e_0..e_2.
+ */
+__global__ void dr_wselect_kernel(unsigned int *hist, unsigned long long *whist, dr_mass *ms,
+                                  int shift, dr_mass_params mp, dr_sel *sel,
+                                  int64_t *head_quota /* [BH][4] */) {
+    __shared__ unsigned int h[256];
+    __shared__ uint64_t w[256];
+    const int bh = blockIdx.x, lane = threadIdx.x;
+    unsigned int *g = hist + (int64_t)bh * 3 * 256;
+    unsigned long long *gw = whist + (int64_t)bh * 256;
+    for (int i = lane; i < 256; i += 32) {
+        h[i] = g[i], w[i] = gw[i];
+        g[i] = 0u, gw[i] = 0ull;
+    }
+    __syncwarp();
+    if (lane) return;
+    dr_mass m;
+    if (shift == 56) {
+        uint64_t S = 0;
+        for (int d = 0; d < 256; ++d) S += w[d];
+        qvi_budget_start(&m, S, mp.mass_ppm);
+    } else {
+        m = ms[bh];
+    }
+    qvi_budget_digit(&m, h, w, shift);
+    if (shift != 32) {
+        ms[bh] = m;
+        return;
+    }
+    const int64_t k = qvi_budget_clamp(qvi_budget_count(&m), mp.keep_min, mp.keep_max);
+    int64_t q[4];
+    const int64_t u[4] = {mp.u[0], mp.u[1], mp.u[2], mp.u[3]};
+    qvi_budget_split(u, k, q);
+    q[QVI_Q_SKIP] = mp.M - k;
+    for (int j = 0; j < 4; ++j) head_quota[(int64_t)bh * 4 + j] = q[j];
+    const long long e[3] = {q[QVI_Q_16], q[QVI_Q_16] + q[QVI_Q_8], k};
+    dr_sel_set(&sel[bh], e, mp.M);
+}
+
+/* Start of each head's lists: the exclusive prefix sum of the kept counts
+ * R^2 - skip over the heads, one CTA (B*H <= 65535, 64 tiles at most). */
+__global__ void __launch_bounds__(DR_SCAN_THREADS)
+dr_head_base_kernel(const int64_t *head_quota, int BH, long long M, int64_t *base) {
+    __shared__ long long wsum[DR_SCAN_THREADS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long long carry = 0;
+    for (int h0 = 0; h0 < BH; h0 += DR_SCAN_THREADS) {
+        const int h = h0 + threadIdx.x;
+        const long long v = h < BH ? M - head_quota[(int64_t)h * 4 + QVI_Q_SKIP] : 0;
+        long long x = v;
+        for (int d = 1; d < 32; d <<= 1) {
+            const long long y = __shfl_up_sync(DR_FULL, x, d);
+            if (lane >= d) x += y;
+        }
+        if (lane == 31) wsum[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            long long t = wsum[lane];
+            for (int d = 1; d < 32; d <<= 1) {
+                const long long y = __shfl_up_sync(DR_FULL, t, d);
+                if (lane >= d) t += y;
+            }
+            wsum[lane] = t;
+        }
+        __syncthreads();
+        if (h < BH) base[h] = carry + x - v + (warp ? wsum[warp - 1] : 0);
+        carry += wsum[DR_SCAN_THREADS / 32 - 1];
+        __syncthreads(); /* wsum is rewritten by the next tile */
+    }
+}
+
 /* ------------------------------------------------------------ lists */
 
 /* Precision of every pair of a row (warp per query region) and the row's
@@ -528,14 +716,16 @@ dr_assign_kernel(const float *A, int R, dr_bounds bd, const dr_sel *sel, uint8_t
 }
 
 /* CSR offsets: per head an exclusive scan of its 3R row counts, placed at
- * bh*T.  The last head also writes the end, offsets[BH*3R]. */
+ * bh*T (QUOTA: every head keeps T), or at hbase[bh] (MASS).  The last head
+ * also writes the end, offsets[BH*3R]. */
 __global__ void __launch_bounds__(DR_SCAN_THREADS)
-dr_scan_kernel(const int32_t *cnt, int n3, int BH, long long T, int32_t *offsets) {
+dr_scan_kernel(const int32_t *cnt, int n3, int BH, long long T, const int64_t *hbase,
+               int32_t *offsets) {
     __shared__ int wsum[DR_SCAN_THREADS / 32];
     const int bh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int32_t *c = cnt + (int64_t)bh * n3;
     int32_t *o = offsets + (int64_t)bh * n3;
-    const long long base = (long long)bh * T;
+    const long long base = hbase ? hbase[bh] : (long long)bh * T;
     long long carry = 0;
     for (int k0 = 0; k0 < n3; k0 += DR_SCAN_THREADS) {
         const int k = k0 + threadIdx.x;
@@ -651,10 +841,46 @@ extern "C" void qvc_draft_layout_free(qvc_draft_layout *l) {
 static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Scratch: histograms [BH][3][256] u32, selection state [BH], row counts
- * [BH][R][3] i32. */
+ * [BH][R][3] i32; for the MASS budget the w-sum bins [BH][256] u64, the
+ * weighted-select state [BH] and the heads' list starts [BH] i64. */
 static size_t dr_scratch_hist(int BH) { return dr_align((size_t)BH * 3 * 256 * sizeof(unsigned)); }
 static size_t dr_scratch_sel(int BH) { return dr_align((size_t)BH * sizeof(dr_sel)); }
 static size_t dr_scratch_cnt(int BH, int R) { return dr_align((size_t)BH * R * 3 * sizeof(int32_t)); }
+static size_t dr_scratch_whist(int BH) { return dr_align((size_t)BH * 256 * sizeof(unsigned long long)); }
+static size_t dr_scratch_mass(int BH) { return dr_align((size_t)BH * sizeof(dr_mass)); }
+static size_t dr_scratch_base(int BH) { return dr_align((size_t)BH * sizeof(int64_t)); }
+
+/* The scratch regions of one call, carved in the order of the sizes. */
+typedef struct dr_scratch {
+    unsigned int *hist;
+    dr_sel *sel;
+    int32_t *cnt;
+    unsigned long long *whist;
+    dr_mass *mass;
+    int64_t *base;
+} dr_scratch;
+
+static size_t dr_scratch_bytes(int BH, int R) {
+    return dr_scratch_hist(BH) + dr_scratch_sel(BH) + dr_scratch_cnt(BH, R) +
+           dr_scratch_whist(BH) + dr_scratch_mass(BH) + dr_scratch_base(BH);
+}
+
+static dr_scratch dr_scratch_of(void *scratch, int BH, int R) {
+    char *p = (char *)scratch;
+    dr_scratch x;
+    x.hist = (unsigned int *)p;
+    p += dr_scratch_hist(BH);
+    x.sel = (dr_sel *)p;
+    p += dr_scratch_sel(BH);
+    x.cnt = (int32_t *)p;
+    p += dr_scratch_cnt(BH, R);
+    x.whist = (unsigned long long *)p;
+    p += dr_scratch_whist(BH);
+    x.mass = (dr_mass *)p;
+    p += dr_scratch_mass(BH);
+    x.base = (int64_t *)p;
+    return x;
+}
 
 extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D) {
     if (!b) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_route_alloc: buf is NULL");
@@ -669,7 +895,7 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
     b->BH = BH;
     b->R = R;
     b->D = D;
-    const size_t scratch = dr_scratch_hist(BH) + dr_scratch_sel(BH) + dr_scratch_cnt(BH, R);
+    const size_t scratch = dr_scratch_bytes(BH, R);
     const qvc_alloc req[] = {
         {(void **)&b->qavg, bh * r * d * sizeof(float)},
         {(void **)&b->qmax, bh * r * d * sizeof(float)},
@@ -679,6 +905,7 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
         {(void **)&b->prec, bh * M},
         {(void **)&b->offsets, (bh * r * 3 + 1) * sizeof(int32_t)},
         {(void **)&b->cols, bh * M * sizeof(int32_t)},
+        {(void **)&b->head_quota, bh * 4 * sizeof(int64_t)},
         {&b->scratch, scratch},
     };
     qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_draft_route_alloc: cudaMalloc");
@@ -689,7 +916,7 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
 extern "C" void qvc_draft_route_free(qvc_draft_route_buf *b) {
     if (!b) return;
     void *ptrs[] = {b->qavg, b->qmax, b->kavg, b->kmax, b->A,
-                    b->prec, b->offsets, b->cols, b->scratch};
+                    b->prec, b->offsets, b->cols, b->head_quota, b->scratch};
     qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(b, 0, sizeof *b);
 }
@@ -741,6 +968,128 @@ static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st
     }
 }
 
+/* The MASS integers of a call: the bounds of the plan (validated there)
+ * and the split fractions in parts per million, exactly as
+ * qvi_draft_quotas rounds them. */
+static qva_status dr_mass_setup(const qva_draft_params *dp, long long M, dr_mass_params *mp) {
+    int64_t ppm, lo, hi;
+    const qva_status s = qvi_draft_mass_bounds(dp, M, &ppm, &lo, &hi);
+    if (s != QVA_OK) return s;
+    mp->M = M, mp->mass_ppm = ppm, mp->keep_min = lo, mp->keep_max = hi;
+    const float f[4] = {dp->frac_skip, dp->frac4, dp->frac8, dp->frac16}; /* QVI_Q_* order */
+    for (int i = 0; i < 4; ++i) mp->u[i] = llround((double)f[i] * 1e6);
+    return QVA_OK;
+}
+
+/* The count select of the boundaries in findmask (sel initialised): a
+ * histogram and a digit pass per 8 bits, the 32 value bits, then the index
+ * bits that M - 1 uses.  hist must be zero; it is zero again after. */
+static qva_status dr_count_select(const float *A, long long M, int BH, int findmask, dr_sel *sel,
+                                  unsigned int *hist, cudaStream_t st) {
+    qva_status s;
+    int shifts[8], np = 0;
+    for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
+    int ibits = 0;
+    while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits) != 0ull) ++ibits;
+    for (int sh = ((ibits + 7) / 8 - 1) * 8; sh >= 0; sh -= 8) shifts[np++] = sh;
+    const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
+    const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
+    for (int i = 0; i < np; ++i) {
+        dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel, hist);
+        if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
+        dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
+        if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
+    }
+    return QVA_OK;
+}
+
+/* QUOTA: one set of boundaries for every head, from the host. */
+static qva_status dr_route_quota(qvc_draft_route_buf *b, const int64_t quota[4],
+                                 const dr_scratch *sc, cudaStream_t st) {
+    const int BH = b->BH, R = b->R;
+    const long long M = (long long)R * R;
+    const long long e[3] = {quota[QVI_Q_16], quota[QVI_Q_16] + quota[QVI_Q_8],
+                            quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4]};
+    qva_status s;
+    /* c. thresholds of the three cumulative quotas (Algorithm 1) */
+    dr_bounds bd;
+    int findmask = 0;
+    for (int j = 0; j < 3; ++j) {
+        bd.mode[j] = e[j] <= 0 ? DR_SEL_NONE : e[j] >= M ? DR_SEL_ALL : DR_SEL_FIND;
+        if (bd.mode[j] == DR_SEL_FIND) findmask |= 1 << j;
+    }
+    dr_sel_init_kernel<<<(unsigned)qvi_cdiv(BH, 128), 128, 0, st>>>(
+        sc->sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
+    if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
+    if (findmask) {
+        const cudaError_t ce =
+            cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st);
+        if (ce != cudaSuccess) return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
+        if ((s = dr_count_select(b->A, M, BH, findmask, sc->sel, sc->hist, st)) != QVA_OK)
+            return s;
+    }
+
+    /* d. precision matrix, row counts, CSR offsets and lists */
+    const dim3 rgrid((unsigned)qvi_cdiv(R, DR_ROWS_PER_CTA), (unsigned)BH);
+    dr_assign_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->A, R, bd, sc->sel, b->prec,
+                                                              sc->cnt);
+    if ((s = qvc_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
+    dr_scan_kernel<<<(unsigned)BH, DR_SCAN_THREADS, 0, st>>>(sc->cnt, 3 * R, BH, e[2], NULL,
+                                                             b->offsets);
+    if ((s = qvc_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
+    if (e[2] > 0) {
+        dr_fill_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->prec, b->offsets, R, b->cols);
+        if ((s = qvc_launch_check("qvc_draft_route: lists")) != QVA_OK) return s;
+    }
+    return QVA_OK;
+}
+
+/*
+ * MASS: each head's K and quotas on the device, then the QUOTA path's
+ * kernels with per-head boundaries.  c1: the weighted select, four value
+ * digits (dr_whist_kernel, dr_wselect_kernel), whose last pass writes the
+ * head's quotas and its count-select state; c2: the count select of
+ * every boundary a head still has to find; d: the lists, each head's
+ * starting at the kept counts of the heads before it (dr_head_base).
+ */
+static qva_status dr_route_mass(qvc_draft_route_buf *b, const dr_mass_params *mp,
+                                const dr_scratch *sc, cudaStream_t st) {
+    const int BH = b->BH, R = b->R;
+    const long long M = (long long)R * R;
+    qva_status s;
+    cudaError_t ce;
+    if ((ce = cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st)) !=
+            cudaSuccess ||
+        (ce = cudaMemsetAsync(sc->whist, 0, (size_t)BH * 256 * sizeof(unsigned long long),
+                              st)) != cudaSuccess)
+        return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
+    const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
+    const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
+    for (int sh = 56; sh >= 32; sh -= 8) {
+        dr_whist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(b->A, M, sh, sc->mass, sc->hist,
+                                                            sc->whist);
+        if ((s = qvc_launch_check("qvc_draft_route: mass histogram")) != QVA_OK) return s;
+        dr_wselect_kernel<<<(unsigned)BH, 32, 0, st>>>(sc->hist, sc->whist, sc->mass, sh, *mp,
+                                                        sc->sel, b->head_quota);
+        if ((s = qvc_launch_check("qvc_draft_route: mass digit")) != QVA_OK) return s;
+    }
+    if ((s = dr_count_select(b->A, M, BH, 7, sc->sel, sc->hist, st)) != QVA_OK) return s;
+
+    dr_bounds bd; /* per head in sel: settled boundaries hold tau 0 or above every key */
+    bd.mode[0] = bd.mode[1] = bd.mode[2] = DR_SEL_FIND;
+    const dim3 rgrid((unsigned)qvi_cdiv(R, DR_ROWS_PER_CTA), (unsigned)BH);
+    dr_assign_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->A, R, bd, sc->sel, b->prec,
+                                                              sc->cnt);
+    if ((s = qvc_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
+    dr_head_base_kernel<<<1, DR_SCAN_THREADS, 0, st>>>(b->head_quota, BH, M, sc->base);
+    if ((s = qvc_launch_check("qvc_draft_route: list starts")) != QVA_OK) return s;
+    dr_scan_kernel<<<(unsigned)BH, DR_SCAN_THREADS, 0, st>>>(sc->cnt, 3 * R, BH, 0, sc->base,
+                                                             b->offsets);
+    if ((s = qvc_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
+    dr_fill_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->prec, b->offsets, R, b->cols);
+    return qvc_launch_check("qvc_draft_route: lists");
+}
+
 extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
                                       const qva_config *cfg, const qvc_draft_layout *lay,
                                       qvc_draft_route_buf *b, cudaStream_t st) {
@@ -775,17 +1124,19 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
                         (double)lambda);
     const int BH = (int)BH64;
     const long long M = (long long)R * R;
-    int64_t quota[4];
-    if ((s = qvi_draft_quotas(&cfg->draft, M, quota)) != QVA_OK) return s;
+    const int mass = cfg->draft.budget == QVA_DRAFT_BUDGET_MASS;
+    int64_t quota[4] = {0, 0, 0, 0};
+    dr_mass_params mpar;
+    if (mass) {
+        if ((s = dr_mass_setup(&cfg->draft, M, &mpar)) != QVA_OK) return s;
+        b->retained = -1; /* per head, on the device (head_quota) */
+    } else {
+        if ((s = qvi_draft_quotas(&cfg->draft, M, quota)) != QVA_OK) return s;
+        b->retained = quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4];
+    }
     memcpy(b->quota, quota, sizeof quota);
-    const long long e[3] = {quota[QVI_Q_16], quota[QVI_Q_16] + quota[QVI_Q_8],
-                            quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4]};
-    b->retained = e[2];
-
-    char *scr = (char *)b->scratch;
-    unsigned int *hist = (unsigned int *)scr;
-    dr_sel *sel = (dr_sel *)(scr + dr_scratch_hist(BH));
-    int32_t *cnt = (int32_t *)(scr + dr_scratch_hist(BH) + dr_scratch_sel(BH));
+    b->mass = mass;
+    const dr_scratch sc = dr_scratch_of(b->scratch, BH, R);
 
     /* a. pooling (Eq. 1) */
     dr_pool_params pp;
@@ -818,47 +1169,6 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     mp.A = b->A;
     if ((s = dr_launch_map(mp, BH, st)) != QVA_OK) return s;
 
-    /* c. thresholds of the three cumulative quotas (Algorithm 1) */
-    dr_bounds bd;
-    int findmask = 0;
-    for (int j = 0; j < 3; ++j) {
-        bd.mode[j] = e[j] <= 0 ? DR_SEL_NONE : e[j] >= M ? DR_SEL_ALL : DR_SEL_FIND;
-        if (bd.mode[j] == DR_SEL_FIND) findmask |= 1 << j;
-    }
-    cudaError_t ce;
-    dr_sel_init_kernel<<<(unsigned)qvi_cdiv(BH, 128), 128, 0, st>>>(
-        sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
-    if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
-    if (findmask) {
-        if ((ce = cudaMemsetAsync(hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st)) !=
-            cudaSuccess)
-            return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
-        /* Digits: the 32 value bits, then the index bits that M - 1 uses. */
-        int shifts[8], np = 0;
-        for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
-        int ibits = 0;
-        while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits) != 0ull) ++ibits;
-        for (int sh = ((ibits + 7) / 8 - 1) * 8; sh >= 0; sh -= 8) shifts[np++] = sh;
-        const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
-        const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
-        for (int i = 0; i < np; ++i) {
-            dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(b->A, M, shifts[i], findmask, sel,
-                                                               hist);
-            if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
-            dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
-            if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
-        }
-    }
-
-    /* d. precision matrix, row counts, CSR offsets and lists */
-    const dim3 rgrid((unsigned)qvi_cdiv(R, DR_ROWS_PER_CTA), (unsigned)BH);
-    dr_assign_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->A, R, bd, sel, b->prec, cnt);
-    if ((s = qvc_launch_check("qvc_draft_route: assign")) != QVA_OK) return s;
-    dr_scan_kernel<<<(unsigned)BH, DR_SCAN_THREADS, 0, st>>>(cnt, 3 * R, BH, e[2], b->offsets);
-    if ((s = qvc_launch_check("qvc_draft_route: offsets")) != QVA_OK) return s;
-    if (e[2] > 0) {
-        dr_fill_kernel<<<rgrid, 32 * DR_ROWS_PER_CTA, 0, st>>>(b->prec, b->offsets, R, b->cols);
-        if ((s = qvc_launch_check("qvc_draft_route: lists")) != QVA_OK) return s;
-    }
-    return QVA_OK;
+    /* c.-d. the ranking and the lists */
+    return mass ? dr_route_mass(b, &mpar, &sc, st) : dr_route_quota(b, quota, &sc, st);
 }
