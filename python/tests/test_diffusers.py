@@ -404,10 +404,22 @@ def test_regional_compile_no_recompiles_per_step():
     """Blocks compiled with fullgraph: one graph per block for all steps,
     outputs bitwise equal to eager."""
     from torch._dynamo.utils import counters
+    x, enc = wan_inputs()
+    # diffusers' own blocks first: where they do not compile with fullgraph
+    # on this torch (seen with diffusers 0.42.1 on torch 2.11: a lazy import
+    # in its attention dispatch), there is nothing of qvattn's to test
+    plain = tiny_wan()
+    for b in plain.blocks:
+        b.compile(backend="aot_eager", fullgraph=True)
+    try:
+        with torch.no_grad():
+            plain(x, torch.tensor([999.0]), enc)
+    except torch._dynamo.exc.Unsupported as e:
+        pytest.skip(f"diffusers' own blocks do not compile with fullgraph here: "
+                    f"{str(e).splitlines()[0]}")
     torch._dynamo.reset()
     counters.clear()
     m = tiny_wan()
-    x, enc = wan_inputs()
     ts = (999.0, 700.0, 400.0, 100.0)
     qd.apply(m, "vc8+expcast", num_steps=4)
     with torch.no_grad():

@@ -77,6 +77,9 @@ def test_supports_heads():
     q, k, v = qkv(H=6, Hkv=4, N=64)
     with pytest.raises(ValueError, match="multiple of the K/V heads"):
         qvattn.attention(q, k, v, method="exact")
-    ok, why = _ffi.supports_heads(_ffi.QVA_DEVICE_CUDA, _ffi.make_config("sage8"),
-                                  _ffi.QVA_BF16, 128, 4, 2)
-    assert not ok and why  # no GPU here; on one: "grouped K/V heads ..." (test_gqa.c)
+    # grouped K/V run on CUDA wherever the method does (no GPU here: both
+    # refused with a reason; on one, both supported)
+    cfg = _ffi.make_config("sage8")
+    ok, why = _ffi.supports_heads(_ffi.QVA_DEVICE_CUDA, cfg, _ffi.QVA_BF16, 128, 4, 2)
+    ok_mha, _ = _ffi.supports_heads(_ffi.QVA_DEVICE_CUDA, cfg, _ffi.QVA_BF16, 128, 4, 4)
+    assert ok == ok_mha and (ok or why)
