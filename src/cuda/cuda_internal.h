@@ -108,7 +108,7 @@ qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
                            int seg_per_bh, int nseg, float *out,
                            cudaStream_t st);
 
-/* ---- DraftAttention2 router (src/cuda/draft/router.cu) ---------------- */
+/* ---- DraftAttention2 router (src/cuda/draft/router*.cu) --------------- */
 /* The packing of the host partition (src/cpu/draft.h), uploaded once per
  * (partition, T, prefix); the route lists are CSR rows
  * i = (bh*R + a)*3 + phase (0: 4-bit, 1: 8-bit, 2: 16-bit) with ascending

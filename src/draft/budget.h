@@ -1,7 +1,7 @@
 /*
  * The integer arithmetic of the adaptive MASS budget (docs/DRAFT.md,
  * "Adaptive budget") in one header that the CUDA router
- * (src/cuda/draft/router.cu) runs on the device, per head, and that the
+ * (src/cuda/draft/router_select.cu) runs on the device, per head, and the
  * host compiles too: tests/test_draft_adaptive.c checks each function
  * against the CPU reference it ports (src/draft/plan.c, src/draft/router.c)
  * on many inputs, without a GPU.  Integers only, so the device takes the
