@@ -5,6 +5,7 @@
  * CUDA backend alike; docs/DRAFT.md ("Plan", "Validation").
  */
 #include "draft/plan.h"
+#include "draft/budget.h"
 #include "checked.h"
 
 #include <math.h>
@@ -38,27 +39,13 @@ qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
     if (pairs < 0 || pairs > INT64_MAX / 2000000)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "draft: %lld region pairs",
                         (long long)pairs);
-    /* Exact rational arithmetic: fraction i is u[i]/U with u in ppm. */
-    int64_t u[4], U = 0, rem[4], total = 0;
-    for (int i = 0; i < 4; ++i) {
+    /* Exact rational arithmetic: fraction i is u[i]/U with u in ppm; the
+     * largest remainders get one more, ties favouring 16, 8, 4, skip
+     * (qvi_budget_split, which the CUDA router runs per head too). */
+    int64_t u[4];
+    for (int i = 0; i < 4; ++i)
         u[i] = llround((double)f[i] * 1e6);
-        U += u[i];
-    }
-    for (int i = 0; i < 4; ++i) {
-        quota[i] = u[i] * pairs / U;
-        rem[i] = u[i] * pairs % U;
-        total += quota[i];
-    }
-    /* Largest remainders get one more; ties favour 16, 8, 4, skip. */
-    int bumped[4] = {0, 0, 0, 0};
-    for (int64_t left = pairs - total; left > 0; --left) {
-        int best = -1;
-        for (int i = 3; i >= 0; --i)
-            if (!bumped[i] && (best < 0 || rem[i] > rem[best]))
-                best = i;
-        bumped[best] = 1;
-        ++quota[best];
-    }
+    qvi_budget_split(u, pairs, quota);
     return QVA_OK;
 }
 
