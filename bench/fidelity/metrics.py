@@ -112,6 +112,27 @@ def clip_stats(x):
     return {"mean": mean, "std": std, "frame_diff": tdiff, "hf_ratio": hf}
 
 
+# The harness's sanity criterion (issue 14: "samples look like the data"):
+# each statistic of the reference samples within these factors of the
+# held-out data's.  Loose on purpose (8 clips against 64), it catches what
+# the eye sees first: samples too flat (low std, little high-frequency
+# energy), too still or too jittery.  Set after the 6,000-step runs, which
+# miss it by a wide margin (ratios 0.6-0.75), not to pass or fail them.
+LIKENESS_BOUNDS = (0.8, 1.25)
+
+
+def likeness(sample, data):
+    """Ratios of the reference samples' statistics to the data's (mean
+    over channels for the std) and whether all lie within LIKENESS_BOUNDS."""
+    lo, hi = LIKENESS_BOUNDS
+    std = sum(a / b for a, b in zip(sample["std"], data["std"]) if b > 0) / len(data["std"])
+    ratios = {"std": std,
+              "frame_diff": sample["frame_diff"] / data["frame_diff"] if data["frame_diff"] else None,
+              "hf_ratio": sample["hf_ratio"] / data["hf_ratio"] if data["hf_ratio"] else None}
+    ok = all(r is not None and lo <= r <= hi for r in ratios.values())
+    return {"ratios": ratios, "like_data": ok, "bounds": [lo, hi]}
+
+
 # ------------------------------------------------------------ attention statistics
 def attention_stats(q, k, v, block=BLOCK, top=TOP_BLOCKS):
     """Locality, normalized entropy, v_block and v_mean (module docstring)

@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 
+from .metrics import LIKENESS_BOUNDS
+
 SEP = 2          # pixels between frames and rows of a frame sheet
 SEP_GREY = 128
 
@@ -126,14 +128,36 @@ def _stats_row(label, s):
     return f"| {label} | {mean} | {std} | {s['frame_diff']:.4f} | {s['hf_ratio']:.4f} |"
 
 
+def _ratios(like):
+    r = like["ratios"]
+    return " / ".join(_f(r[k]) for k in ("std", "frame_diff", "hf_ratio"))
+
+
 def _sanity_table(res):
-    lines = ["| clips | mean R/G/B | std R/G/B | mean abs frame diff | HF energy ratio |",
-             "|---|---|---|--:|--:|",
+    lines = ["| clips | mean R/G/B | std R/G/B | mean abs frame diff | HF energy ratio "
+             "| ratios to the data (std / frame diff / HF) | like the data? |",
+             "|---|---|---|--:|--:|---|---|",
              _stats_row(f"data ({res['data_stats']['clips']} held-out clips)",
-                        res["data_stats"])]
+                        res["data_stats"]) + " | |"]
     for m in res["models"]:
         if m.get("sample_stats"):
-            lines.append(_stats_row(f"samples, model {m['seed']} (bf16-sdpa)", m["sample_stats"]))
+            like = m.get("likeness")
+            tail = (f" {_ratios(like)} | {'yes' if like['like_data'] else 'no'} |" if like
+                    else " | |")
+            lines.append(_stats_row(f"samples, model {m['seed']} (bf16-sdpa)",
+                                    m["sample_stats"]) + tail)
+    return lines
+
+
+def _probe_table(res):
+    """--probe-every: the reference samples' likeness during training."""
+    rows = [(m["seed"], p) for m in res["models"] for p in m["train"].get("probes") or []]
+    if not rows:
+        return []
+    lines = ["| model | step | ratios to the data (std / frame diff / HF) | like the data? |",
+             "|--:|--:|---|---|"]
+    for seed, p in rows:
+        lines.append(f"| {seed} | {p['step']} | {_ratios(p)} | {'yes' if p['like_data'] else 'no'} |")
     return lines
 
 
@@ -197,7 +221,14 @@ def markdown(res):
     out += ["", "## Training", ""] + _train_table(res)
     out += ["", "## Sanity: reference samples against the data", "",
             "Per-channel mean/std, mean absolute frame-to-frame difference, and the share "
-            "of spectral energy above half the Nyquist frequency.", ""] + _sanity_table(res)
+            "of spectral energy above half the Nyquist frequency; the samples look like "
+            "the data when every ratio lies in [%g, %g] (metrics.LIKENESS_BOUNDS)."
+            % LIKENESS_BOUNDS,
+            ""] + _sanity_table(res)
+    probes = _probe_table(res)
+    if probes:
+        out += ["", "During training (`--probe-every`, up to 4 clips, the weights the run would "
+                "return at that step):", ""] + probes
     out += ["", "## Attention per layer (reference run, clip 0)", "",
             "locality: share of the probability mass in the heaviest 15% of 128×128 blocks; "
             "entropy: mean row entropy / log N; v_block: share of the centred V's energy "

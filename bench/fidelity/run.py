@@ -75,6 +75,10 @@ def parse_args(argv):
                    help="override the training steps (marks the run as not the frozen config)")
     p.add_argument("--sample-steps", type=int, default=None,
                    help="override the sampling steps (marks the run as not the frozen config)")
+    p.add_argument("--probe-every", type=int, default=0, metavar="N",
+                   help="every N training steps (and at the end) sample a few clips with "
+                        "bf16-sdpa and record their statistics against the data's: does "
+                        "longer training help? (not training time; the weights are the same)")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="train nothing: merge the reports of runs with different "
                         "--seeds (same config and methods) into one table")
@@ -245,6 +249,17 @@ class Harness:
                 self.log("!" * 70 + f"\nWARNING: {self.warnings[-1]}\n" + "!" * 70)
         return out
 
+    def probe(self, model, step):
+        """--probe-every: the statistics of 4 reference clips from the model
+        in training, against the data's."""
+        from fidelity import metrics, sample
+        sc = self.cfg["sample"]
+        noise = sample.clip_noise(self.cfg, min(4, sc["clips"]), self.device)
+        clips = sample.sample(model, noise, sample.SdpaBF16(), sc["num_steps"], sc["shift"])
+        st = metrics.clip_stats(clips)
+        like = metrics.likeness(st, self.results["data_stats"])
+        return {"stats": st, "ratios": like["ratios"], "like_data": like["like_data"]}
+
     def sample_method(self, model, noise, name, ref):
         """Sample with one method; returns its per-model record."""
         from fidelity import metrics, sample
@@ -285,7 +300,9 @@ class Harness:
         from fidelity import metrics, sample, train
         torch = self.torch
         t = time.perf_counter()
-        model, info = train.train_or_load(self.cfg, seed, self.device, self.cache, self.log)
+        model, info = train.train_or_load(self.cfg, seed, self.device, self.cache, self.log,
+                                          self.probe if self.args.probe_every else None,
+                                          max(0, self.args.probe_every))
         self.phase(f"train seed {seed}", t)
         rec = {"seed": seed, "train": info, "loss_check": self.loss_check(info),
                "methods": {}}
@@ -302,6 +319,7 @@ class Harness:
         rec["methods"][C.REFERENCE] = {"status": "ok", "sample_s": time.perf_counter() - t,
                                        "finite": bool(torch.isfinite(ref).all())}
         rec["sample_stats"] = metrics.clip_stats(ref)
+        rec["likeness"] = metrics.likeness(rec["sample_stats"], self.results["data_stats"])
         self.phase(f"sample bf16-sdpa seed {seed}", t)
 
         t = time.perf_counter()

@@ -93,9 +93,33 @@ def ema_decay(step, ema):
     return min(ema, (1 + step) / (10 + step))
 
 
-def train(cfg, seed, device, log=print):
+def _probe(model, avg, probe, step, log):
+    """probe(model, step) on the weights the run would return now (the
+    average when there is one), then back to training."""
+    saved = None
+    if avg is not None:
+        saved = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p, a in zip(model.parameters(), avg):
+                p.copy_(a)
+    model.eval()
+    out = probe(model, step)
+    model.train()
+    if saved is not None:
+        with torch.no_grad():
+            for p, b in zip(model.parameters(), saved):
+                p.copy_(b)
+    log(f"  probe at step {step}: {out}")
+    return out
+
+
+def train(cfg, seed, device, log=print, probe=None, probe_every=0):
     """Train one model.  Returns (model in eval mode, info dict with the
-    loss curve, seconds, steps/s, final loss)."""
+    loss curve, seconds, steps/s, final loss).  probe(model, step), every
+    probe_every steps and at the end, looks at the model in training (for
+    example the statistics of a few samples) without changing what it
+    learns; its results go to info["probes"] and its time is not training
+    time."""
     tc = cfg["train"]
     dev = torch.device(device)
     torch.manual_seed(int(seed))
@@ -114,6 +138,7 @@ def train(cfg, seed, device, log=print):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
+    probes, probe_s = [], 0.0
     for step in range(tc["steps"]):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
@@ -140,6 +165,10 @@ def train(cfg, seed, device, log=print):
                 torch._foreach_lerp_(avg, [p.detach() for p in model.parameters()],
                                      1.0 - ema_decay(step, ema))
         losses.append(loss.detach())
+        if probe and probe_every and (step + 1) % probe_every == 0 and step + 1 < tc["steps"]:
+            tp = time.perf_counter()
+            probes.append({"step": step + 1, **_probe(model, avg, probe, step + 1, log)})
+            probe_s += time.perf_counter() - tp
         if tc["log_every"] and (step + 1) % tc["log_every"] == 0:
             recent = torch.stack(losses[-tc["log_every"]:]).mean().item()
             el = time.perf_counter() - t0
@@ -147,7 +176,7 @@ def train(cfg, seed, device, log=print):
                 f"{(step + 1) / el:.1f} steps/s")
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    secs = time.perf_counter() - t0
+    secs = time.perf_counter() - t0 - probe_s
     curve = torch.stack(losses).float().cpu().tolist()
     if avg is not None:
         with torch.no_grad():
@@ -159,6 +188,10 @@ def train(cfg, seed, device, log=print):
             "first_loss": first_loss(curve), "loss_curve": curve,
             "params": param_count(model), "compiled": fwd is not model, "cached": False,
             "ema": ema}
+    if probe and probe_every:  # and the returned model itself, last
+        last = probe(model, tc["steps"])
+        log(f"  probe at step {tc['steps']}: {last}")
+        info["probes"] = probes + [{"step": tc["steps"], **last}]
     log(f"  seed {seed}: {tc['steps']} steps in {secs:.1f} s ({info['steps_per_s']:.1f} "
         f"steps/s), final loss {info['final_loss']:.4f} (first 5%: {info['first_loss']:.4f})")
     return model, info
@@ -177,7 +210,7 @@ def cache_key(cfg, seed, device_type):
     return h.hexdigest()[:16]
 
 
-def train_or_load(cfg, seed, device, cache_dir=None, log=print):
+def train_or_load(cfg, seed, device, cache_dir=None, log=print, probe=None, probe_every=0):
     """The trained model of `seed`, from cache_dir if a matching file is
     there (None: no cache), else trained and then saved there."""
     dev = torch.device(device)
@@ -194,7 +227,7 @@ def train_or_load(cfg, seed, device, cache_dir=None, log=print):
             log(f"  seed {seed}: loaded {path} (trained {info['steps']} steps in "
                 f"{info['train_s']:.1f} s, final loss {info['final_loss']:.4f})")
             return model, info
-    model, info = train(cfg, seed, dev, log)
+    model, info = train(cfg, seed, dev, log, probe, probe_every)
     if path:
         os.makedirs(cache_dir, exist_ok=True)
         tmp = path + ".tmp"

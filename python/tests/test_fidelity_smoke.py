@@ -115,6 +115,40 @@ def test_draft_kept_share(runs):
     assert "## Draft: region pairs kept" in text and "| draft@p95 |" in text
 
 
+def test_probes_watch_training_without_changing_it(runs, tmp_path):
+    """--probe-every: sample statistics during training (steps 20, 40 and
+    the end), the same loss curve and samples as a run without probes, and
+    the likeness verdict in the report."""
+    lines, threads = [], torch.get_num_threads()
+    try:
+        status, h = fid_run.run_cli(["--tiny", "--device", "cpu", "--no-cache", "--methods",
+                                     "bf16", "--probe-every", "20", "--out", str(tmp_path)],
+                                    log=lines.append)
+    finally:
+        torch.set_num_threads(threads)  # --tiny sets 1 thread for the process
+    assert status == 0
+    m, ref = h.results["models"][0], runs[0][1].results["models"][0]
+    assert m["train"]["loss_curve"] == ref["train"]["loss_curve"]
+    assert torch.equal(h.samples[0][fid_config.REFERENCE], runs[0][1].samples[0][fid_config.REFERENCE])
+    probes = m["train"]["probes"]
+    assert [p["step"] for p in probes] == [20, 40, 60]
+    for p in probes:
+        assert set(p["ratios"]) == {"std", "frame_diff", "hf_ratio"} and isinstance(p["like_data"], bool)
+    # the last probe looks at the returned model: the run's own samples' statistics
+    assert isinstance(m["likeness"]["like_data"], bool)
+    text = open(h.base + ".md").read()
+    assert "During training (`--probe-every`" in text and "| like the data? |" in text
+
+
+def test_likeness_bounds():
+    from fidelity import metrics
+    data = {"std": [0.4, 0.4, 0.4], "frame_diff": 0.1, "hf_ratio": 0.02}
+    same = metrics.likeness(data, data)
+    assert same["like_data"] and all(abs(r - 1) < 1e-12 for r in same["ratios"].values())
+    flat = dict(data, std=[0.25, 0.25, 0.25])
+    assert not metrics.likeness(flat, data)["like_data"]
+
+
 def test_seeds_option():
     assert fid_run.parse_seeds("2,0") == ([2, 0], None)
     for bad in ("", "a", "1,1", "-1"):
