@@ -22,7 +22,8 @@
  *   --seconds T     time budget: cases (default 300) / all (default 300,
  *                   streams+graphs+oom first, cases get what is left)
  *   --only K        run case K of the seed alone, verbosely (reproduces a
- *                   failure; the sweep's long-lived context is then fresh)
+ *                   failure; the sweep's long-lived context is then fresh;
+ *                   K >= 1000000: the MASS twin of draft case K - 1000000)
  *   --max-n N       cap the sequence length of random cases (default 20000)
  *   --soak N        calls of the oom mode's soak (default 1000)
  *   --methods P     small/cases: only methods whose name starts with P
@@ -51,7 +52,12 @@
  * qva_attention, so the vc8/vc4 references call the CPU backend's
  * qvi_cpu_attention directly with the gathered rows (the permutation
  * depends on V alone).  Draft's partition and routing depend on all of Q,
- * so draft cases run the CPU on the full tensors and stay small.
+ * so draft cases run the CPU on the full tensors and stay small.  Draft
+ * cases draw fixed quotas (draft@S0/S4/S8/S16); about half of them have a
+ * MASS twin, case K + 1000000, that repeats case K with an adaptive budget
+ * (draft@pM[/S4/S8/S16] and min_keep/max_keep from a generator of its own,
+ * so no case of an earlier seed changed) and runs right after it; the
+ * per-method table counts the twins as "draft@p* (adaptive)".
  * The device output is poisoned (NaN bytes, guard zones around every
  * allocation) before each call; every element of every row must be finite
  * afterwards, padding and guards untouched, the inputs unchanged, and the
@@ -531,8 +537,73 @@ static const char *const QUOTAS[] = {"0/0/0/100",  "85/0/0/15",   "85/0/7.5/7.5"
                                      "50/20/15/15", "70/0/30/0",  "90/10/0/0",    "60/20/20/0",
                                      "0/0/100/0",  "0/100/0/0",   "95/0/0/5",     "30/30/30/10"};
 #define NQUOTAS (int)(sizeof QUOTAS / sizeof *QUOTAS)
-/* Method families for the per-method table: METHODS up to the draft ones. */
-#define NFAMILIES 18
+/* Method families for the per-method table: METHODS up to the first draft
+ * entry, then the draft cases by budget (fixed quotas, adaptive MASS). */
+#define FAM_DRAFT 17
+#define FAM_MASS 18
+#define NFAMILIES 19
+
+/* The adaptive MASS budget (draft@pM[/S4/S8/S16], docs/DRAFT.md "Adaptive
+ * budget") runs in twin cases, so that every case a seed produced before
+ * stays what it was: case K + MASS_TWIN is the MASS twin of draft case K,
+ * drawn from K's generator exactly as K (grid, prefix, heads, dtypes,
+ * layouts, value styles, steps, warm-up, the expcast draw) except the
+ * method, whose mass level, 4/8/16 split and min_keep/max_keep come from a
+ * stream of their own (mass_rng).  About half of the draft cases have a
+ * twin (has_mass_twin: from the same stream); a sweep runs it right after
+ * K.  What hangs on the case id is the twin's own: its layer (so it shares
+ * no draft state with K), the tensors' random values (run_scase) and the
+ * fresh-context draw. */
+#define MASS_TWIN 1000000
+static const char *const MASS_LEVELS[] = {"50", "75", "90", "95", "95", "98", "99", "99.9", "100", "0.5"};
+#define NMASS_LEVELS (int)(sizeof MASS_LEVELS / sizeof *MASS_LEVELS)
+/* "": every kept pair at 16 bits; otherwise the S4/S8/S16 split */
+static const char *const MASS_SPLITS[] = {"",          "",          "",          "/0/0/100",  "/0/50/50",
+                                          "/20/30/50", "/10/20/70", "/0/100/0",  "/100/0/0", "/30/30/40",
+                                          "/50/0/50",  "/0/7.5/92.5"};
+#define NMASS_SPLITS (int)(sizeof MASS_SPLITS / sizeof *MASS_SPLITS)
+/* min_keep / max_keep: the defaults (0.05 / 1, the first entry) in about
+ * two twins of three, else one of the others: floors and caps that bind, no
+ * floor, a cap of none and a floor of all */
+static const float MASS_KEEP[][2] = {{0.05f, 1.0f}, {0.0f, 1.0f},  {0.6f, 1.0f}, {0.0f, 0.2f},
+                                     {0.3f, 0.45f}, {0.1f, 0.5f},  {0.02f, 0.9f}, {0.0f, 0.0f},
+                                     {1.0f, 1.0f}};
+#define NMASS_KEEP (int)(sizeof MASS_KEEP / sizeof *MASS_KEEP)
+
+static int is_draft_slot(int idx) {
+    return idx >= 0 && idx < MASS_TWIN && !strcmp(METHODS[idx % NMETHODS], "draft");
+}
+/* The MASS stream of draft case K: a generator of its own, so that none of
+ * K's draws moves. */
+static rng mass_rng(uint64_t seed, int idx) { return rng_of(seed ^ 0x4D4153534255ull, (uint64_t)idx); }
+static int has_mass_twin(uint64_t seed, int idx) {
+    if (!is_draft_slot(idx)) return 0;
+    rng m = mass_rng(seed, idx);
+    return rng_unit(&m) < 0.5;
+}
+/* The MASS twin's method parts, from draft case idx's MASS stream. */
+typedef struct mass_pick {
+    const char *level, *split;
+    float min_keep, max_keep;
+} mass_pick;
+static mass_pick pick_mass(uint64_t seed, int idx) {
+    rng m = mass_rng(seed, idx);
+    (void)rng_unit(&m); /* has_mass_twin's draw */
+    mass_pick p;
+    p.level = MASS_LEVELS[rng_int(&m, 0, NMASS_LEVELS - 1)];
+    p.split = MASS_SPLITS[rng_int(&m, 0, NMASS_SPLITS - 1)];
+    const int other = rng_unit(&m) < 0.35;
+    const int k = rng_int(&m, 1, NMASS_KEEP - 1);
+    p.min_keep = MASS_KEEP[other ? k : 0][0], p.max_keep = MASS_KEEP[other ? k : 0][1];
+    return p;
+}
+/* The case after id in a sweep: 0, 1, 2, ..., each draft case K with a twin
+ * followed by K + MASS_TWIN; -1 at the end of the id space. */
+static int next_case_id(uint64_t seed, int id) {
+    if (id < MASS_TWIN && has_mass_twin(seed, id)) return id + MASS_TWIN;
+    const int base = id >= MASS_TWIN ? id - MASS_TWIN : id;
+    return base + 1 < MASS_TWIN ? base + 1 : -1;
+}
 
 typedef struct scase {
     int idx;
@@ -584,6 +655,10 @@ static void describe(const scase *c, char *buf, size_t len) {
                               g->draft.prefix_tokens, g->draft.prefix_at_end ? "(last)" : "(first)",
                               (double)g->draft.lambda, g->draft.dense_warmup_steps,
                               (int)g->draft.warmup_method);
+    if (g->method == QVA_METHOD_DRAFT && g->draft.budget == QVA_DRAFT_BUDGET_MASS)
+        o += (size_t)snprintf(extra + o, sizeof extra - o, " min_keep=%g max_keep=%g%s",
+                              (double)g->draft.min_keep, (double)g->draft.max_keep,
+                              c->idx >= MASS_TWIN ? " (MASS twin)" : "");
     snprintf(buf, len,
              "case %d (--seed %" PRIu64 " --only %d): %s%s | B=%d H=%d Nq=%d Nk=%d D=%d | q/k/v %s/%s/%s "
              "out %s | in %s(row+%lld tok+%lld b+%lld off %lld) out %s(row+%lld tok+%lld b+%lld off "
@@ -684,14 +759,15 @@ static int case_init(scase *c, int idx, uint64_t seed, const char *method) {
     c->idx = idx;
     c->seed = seed;
     snprintf(c->method, sizeof c->method, "%s", method);
-    c->family = NFAMILIES - 1;
-    for (int i = 0; i < NFAMILIES; ++i)
+    c->family = FAM_DRAFT;
+    for (int i = 0; i < FAM_DRAFT; ++i)
         if (!strcmp(METHODS[i], method)) c->family = i;
     qva_config_default(&c->cfg);
     if (qva_config_set_method(&c->cfg, method) != QVA_OK) {
         printf("internal: bad method '%s': %s\n", method, qva_last_error());
         return 0;
     }
+    if (c->cfg.method == QVA_METHOD_DRAFT && c->cfg.draft.budget == QVA_DRAFT_BUDGET_MASS) c->family = FAM_MASS;
     c->cfg.layer = idx;
     c->nsteps = 1;
     c->dtq = c->dtk = c->dtv = c->dto = QVA_BF16;
@@ -706,17 +782,38 @@ static void set_draft_grid(scase *c, int T, int GH, int GW, int P, int at_end) {
     c->full_ref = 1;
 }
 
+/* Case idx of a seed; idx >= MASS_TWIN: the MASS twin of draft case
+ * idx - MASS_TWIN (every draw of that case, then the MASS stream's). */
 static int gen_case(scase *c, int idx, const opts *o) {
-    rng r = rng_of(o->seed, (uint64_t)idx);
+    const int twin = idx >= MASS_TWIN, bidx = twin ? idx - MASS_TWIN : idx;
+    if (twin && !is_draft_slot(bidx)) {
+        printf("case %d: not a MASS twin (case %d is not a draft case)\n", idx, bidx);
+        return 0;
+    }
+    rng r = rng_of(o->seed, (uint64_t)bidx);
     char method[64];
-    const char *base = METHODS[idx % NMETHODS];
-    if (!strcmp(base, "draft"))
-        snprintf(method, sizeof method, "draft@%s%s", QUOTAS[rng_int(&r, 0, NQUOTAS - 1)],
-                 rng_unit(&r) < 0.5 ? "+expcast" : "");
-    else
+    const char *base = METHODS[bidx % NMETHODS];
+    if (!strcmp(base, "draft")) {
+        /* expcast first, then the quota: the order in which GCC evaluated
+         * the arguments of the snprintf that used to draw both (right to
+         * left), so that the cases of earlier seeds stay the same */
+        const char *ec = rng_unit(&r) < 0.5 ? "+expcast" : "";
+        const char *quota = QUOTAS[rng_int(&r, 0, NQUOTAS - 1)];
+        if (twin) { /* K's quota and expcast draws are made all the same */
+            const mass_pick mp = pick_mass(o->seed, bidx);
+            snprintf(method, sizeof method, "draft@p%s%s%s", mp.level, mp.split, ec);
+        } else {
+            snprintf(method, sizeof method, "draft@%s%s", quota, ec);
+        }
+    } else {
         snprintf(method, sizeof method, "%s", base);
+    }
     if (!case_init(c, idx, o->seed, method)) return 0;
     qva_config *g = &c->cfg;
+    if (twin) {
+        const mass_pick mp = pick_mass(o->seed, bidx);
+        g->draft.min_keep = mp.min_keep, g->draft.max_keep = mp.max_keep;
+    }
     const int draft = g->method == QVA_METHOD_DRAFT;
     if (rng_unit(&r) < 0.2) g->sm_scale = (float)(0.03 + 0.17 * rng_unit(&r));
     if (g->hadamard && rng_unit(&r) < 0.5) {
@@ -1234,7 +1331,7 @@ static int mode_cases(const opts *o) {
     double last_progress = t0;
     printf("cases: %d asked, seed %" PRIu64 ", budget %.0f s, N <= %d%s\n", o->n, o->seed, o->seconds,
            o->max_n, g_cpu_dev ? " (harness self-test: the device is a CPU context)" : "");
-    for (int idx = o->only >= 0 ? o->only : 0;; ++idx) {
+    for (int idx = o->only >= 0 ? o->only : 0; idx >= 0; idx = next_case_id(o->seed, idx)) {
         if (o->only >= 0 && idx != o->only) break;
         if (o->only < 0 && g_run >= o->n) break;
         if (g_dev_broken) break;
@@ -1243,17 +1340,23 @@ static int mode_cases(const opts *o) {
             printf("cases: the time budget of %.0f s is spent after %d cases\n", o->seconds, g_run);
             break;
         }
-        if (++attempts > 4 * o->n + 100) break;
         scase c;
-        if (!gen_case(&c, idx, o)) {
+        const int gen_ok = gen_case(&c, idx, o);
+        /* --methods: the cases of other methods are not attempts, so that a
+         * rare family (draft@p: one id in ten) still gets its N cases */
+        if (gen_ok && o->methods && strncmp(c.method, o->methods, strlen(o->methods))) continue;
+        if (++attempts > 4 * o->n + 100) break;
+        if (!gen_ok) {
             failf("case %d: could not be generated", idx);
             continue;
         }
-        if (o->methods && strncmp(c.method, o->methods, strlen(o->methods))) continue;
         /* one long-lived context (its workspace reallocates from case to
-         * case, as in a model), reset every 32 cases and replaced every 128;
-         * one case in ten on a fresh context on the legacy default stream */
-        if (!gctx || idx % 128 == 0) {
+         * case, as in a model), reset every 32 cases and replaced every 128
+         * (by the ids below MASS_TWIN: a MASS twin runs on its case's
+         * context); one case in ten on a fresh context on the legacy default
+         * stream */
+        const int not_twin = idx < MASS_TWIN;
+        if (!gctx || (not_twin && idx % 128 == 0)) {
             qva_context_free(gctx);
             gctx = NULL;
             if (qva_context_create(&gctx, dev_kind()) != QVA_OK) {
@@ -1261,7 +1364,7 @@ static int mode_cases(const opts *o) {
                 break;
             }
             if (!g_cpu_dev) qva_context_set_stream(gctx, stream);
-        } else if (idx % 32 == 0) {
+        } else if (not_twin && idx % 32 == 0) {
             qva_context_reset(gctx);
         }
         rng r = rng_of(o->seed, (uint64_t)idx ^ 0xC0FFEEull);
@@ -1294,8 +1397,9 @@ static int mode_cases(const opts *o) {
     printf("\ncases per method family (run / failed):\n");
     for (int i = 0; i < NFAMILIES; ++i)
         if (fam_run[i] || fam_fail[i])
-            printf("  %-24s %4d / %d\n", i == NFAMILIES - 1 ? "draft@* (all mixes)" : METHODS[i], fam_run[i],
-                   fam_fail[i]);
+            printf("  %-24s %4d / %d\n",
+                   i == FAM_DRAFT ? "draft@* (fixed quotas)" : i == FAM_MASS ? "draft@p* (adaptive)" : METHODS[i],
+                   fam_run[i], fam_fail[i]);
     print_skips();
     printf("time: device calls %.1f s, CPU reference %.1f s, total %.1f s\n", tm.dev_s, tm.cpu_s,
            now_s() - t0);
@@ -1310,8 +1414,10 @@ static int mode_cases(const opts *o) {
 /* The cases of a seed and their CPU work, without running them. */
 static int plan_cases(const opts *o) {
     double work = 0, km = 0, maxw = 0, elems = 0;
-    int n = 0, big = 0, full = 0, draft = 0, cross = 0, lay[LAY_COUNT_] = {0};
-    for (int idx = o->only >= 0 ? o->only : 0; n < (o->only >= 0 ? 1 : o->n); ++idx) {
+    int n = 0, big = 0, full = 0, draft = 0, mass = 0, cross = 0, lay[LAY_COUNT_] = {0};
+    for (int idx = o->only >= 0 ? o->only : 0; idx >= 0 && n < (o->only >= 0 ? 1 : o->n);
+         idx = next_case_id(o->seed, idx)) {
+        if (o->only >= 0 && idx != o->only) break;
         scase c;
         if (!gen_case(&c, idx, o)) return 1;
         if (o->methods && strncmp(c.method, o->methods, strlen(o->methods))) continue;
@@ -1322,6 +1428,7 @@ static int plan_cases(const opts *o) {
             km += (double)c.B * c.H * c.Nk * c.D * c.cfg.vsmooth.clusters * (c.cfg.vsmooth.iters + 1) * c.nsteps;
         elems += (double)c.B * c.H * ((double)c.Nq + 2.0 * c.Nk) * c.D;
         big += c.Nq > 8192, full += c.full_ref, draft += c.cfg.method == QVA_METHOD_DRAFT, cross += c.Nq != c.Nk;
+        mass += c.family == FAM_MASS;
         ++lay[c.lay];
         if (o->verbose) {
             char d[1024];
@@ -1329,7 +1436,8 @@ static int plan_cases(const opts *o) {
             printf("  %s | work %.3g\n", d, w);
         }
     }
-    printf("plan: %d cases: %d with N > 8192, %d draft, %d cross-attention, %d on all rows;", n, big, draft, cross, full);
+    printf("plan: %d cases: %d with N > 8192, %d draft (%d MASS), %d cross-attention, %d on all rows;", n, big, draft,
+           mass, cross, full);
     for (int i = 0; i < LAY_COUNT_; ++i) printf(" %s %d", LAY_NAME[i], lay[i]);
     printf("\nplan: CPU reference work %.3g (max %.3g a case), k-means %.3g, %.3g input elements generated\n",
            work, maxw, km, elems);
@@ -1377,6 +1485,12 @@ static int small_list(scase *cs) {
     small_case(&cs[n], n, "draft@85/0/0/15", 1, 2, 0, 0, 128, QVA_BF16, LAY_HND, 1);
     set_draft_grid(&cs[n], 1, 10, 20, 8, 0);
     cs[n].cfg.draft.dense_warmup_steps = 1, cs[n].nsteps = 2, cs[n].steps[1] = 1, ++n;
+    /* the adaptive MASS budget: the device's per-head select and counts */
+    small_case(&cs[n], n, "draft@p95", 1, 2, 0, 0, 128, QVA_BF16, LAY_NHD, 1);
+    set_draft_grid(&cs[n], 1, 12, 20, 16, 1), ++n;
+    small_case(&cs[n], n, "draft@p90/20/30/50+expcast", 1, 2, 0, 0, 64, QVA_F16, LAY_HND, 1);
+    set_draft_grid(&cs[n], 2, 10, 13, 0, 0);
+    cs[n].cfg.draft.min_keep = 0.1f, cs[n].cfg.draft.max_keep = 0.6f, ++n;
     return n;
 }
 
