@@ -176,6 +176,20 @@ assert f['kept_share']['min'] == f['kept_share']['max'] and abs(f['kept_share'][
 k = a['kept_share']
 assert 0 < k['min'] <= k['mean'] <= k['max'] <= 1 and k['pairs'] == 36, k
 assert a['canonical'] == 'draft@p90/0/50/50' and a['rel_l2'] < f['rel_l2'], a"
+# --dtype: the library is given 16-bit q, k, v (rounded to nearest even);
+# exact then runs on the rounded values, so bf16's error leaves out the
+# input rounding that it counts with f32 inputs.
+run eval --synthetic tiny --methods exact,bf16 --json
+cp "$T/out" "$T/f32.json"
+run eval --synthetic tiny --methods exact,bf16 --dtype bf16 --json
+check_json "eval --dtype bf16 --json" "
+f = json.load(open('$T/f32.json'))
+assert d['input']['dtype'] == 'bf16' and f['input']['dtype'] == 'f32'
+assert d['methods']['exact']['rel_l2'] == 0
+assert 0 < d['methods']['bf16']['rel_l2'] < f['methods']['bf16']['rel_l2'], (d['methods']['bf16'], f['methods']['bf16'])"
+expect_ok "bench --dtype f16" bench --shape 1,1,128,64 --methods bf16 --iters 1 --dtype f16
+grep -q "D=64 f16" "$T/out" && ok "bench --dtype f16 table" || bad "bench --dtype f16 table"
+expect_err "eval --dtype unknown" 2 "f32, bf16 or f16" eval --synthetic tiny --dtype f8
 expect_ok "eval adaptive table" eval --synthetic small --methods draft@p95 --device cpu
 grep -q "draft kept share" "$T/out" && grep -q "^  draft@p95 " "$T/out" \
     && ok "eval kept share table" || bad "eval kept share table"

@@ -18,6 +18,8 @@ static const char USAGE_BENCH[] =
     "  --shape B,H,N,D      random normal q, k, v of this shape\n"
     "  --input PATH         as for eval\n"
     "  --seed S             seed of the synthetic or random data\n"
+    "  --dtype f32|bf16|f16 inputs as given to the library (default f32); bf16/f16\n"
+    "                       round q, k, v to nearest even first, for every method\n"
     "  --grid T,H,W --prefix P --prefix-at-end   video layout (draft@)\n"
     "  --methods a,b,c      default: " DEFAULT_METHODS "\n"
     "  --iters N            timed calls per method (default 3, at most 100000)\n"

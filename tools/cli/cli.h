@@ -57,7 +57,7 @@ double now_ms(void);
  * its opt_spec table lists. */
 typedef struct opts {
     const char *input, *synthetic, *methods, *grid, *shape, *device;
-    const char *seed, *clusters, *iters_list, *draft_sweep;
+    const char *seed, *clusters, *iters_list, *draft_sweep, *dtype;
     int prefix, prefix_at_end, layer, step, steps, heads, query_sample;
     int iters, json, decompose, draft_report;
 } opts;
@@ -75,7 +75,8 @@ typedef struct opt_spec {
 #define OS(n, k, f) {n, k, offsetof(opts, f)}
 #define OPTS_INPUT                                                            \
     OS("input", OPT_STR, input), OS("synthetic", OPT_STR, synthetic),         \
-        OS("seed", OPT_STR, seed), OS("json", OPT_FLAG, json)
+        OS("seed", OPT_STR, seed), OS("json", OPT_FLAG, json),                \
+        OS("dtype", OPT_STR, dtype)
 #define OPTS_LAYOUT                                                           \
     OS("grid", OPT_STR, grid), OS("prefix", OPT_INT, prefix),                 \
         OS("prefix-at-end", OPT_FLAG, prefix_at_end),                         \
@@ -95,6 +96,11 @@ int opt_or(int v, int dflt);
 /* ------------------------------------------------------------ workload */
 typedef struct workload {
     qio_qkv x;          /* f32 [B,H,N,D] q, k, v (q has Nq rows) */
+    /* --dtype bf16|f16: x holds the rounded values (every consumer sees the
+     * same inputs) and q16/k16/v16 their 16-bit codes, which the library
+     * is given; f32: dtype QVA_F32 and no codes. */
+    qva_dtype dtype;
+    uint16_t *q16, *k16, *v16;
     char source[600];
     const char *format; /* "synthetic", "random", "safetensors", "npy" */
     int has_grid, grid[3], prefix, prefix_at_end;
@@ -164,9 +170,9 @@ int method_session_open(method_session *s);
 int method_session_prepare(method_session *s, const opts *o, int allow_rows);
 void method_session_close(method_session *s);
 
-/* CUDA when asked for (or auto), available and able to run cfg at f32;
- * else the CPU, with a note saying why when cuda was wanted. */
-qva_device pick_device(dev_mode m, const qva_config *cfg, int64_t D,
+/* CUDA when asked for (or auto), available and able to run cfg on inputs
+ * of dtype dt; else the CPU, with a note saying why when cuda was wanted. */
+qva_device pick_device(dev_mode m, const qva_config *cfg, qva_dtype dt, int64_t D,
                        char *note, size_t len);
 /* Runs mr `iters` times (after `warmup` untimed calls) on a fresh context,
  * so no method inherits another's per-layer state. */

@@ -22,6 +22,8 @@ static const char USAGE_EVAL[] =
     "                       q.npy, k.npy, v.npy; or Q.npy,K.npy,V.npy\n"
     "  --synthetic NAME     a synthetic preset (grid and prefix come with it)\n"
     "  --seed S             seed of the synthetic preset\n"
+    "  --dtype f32|bf16|f16 inputs as given to the library (default f32); bf16/f16\n"
+    "                       round q, k, v to nearest even first, for every method\n"
     "  --grid T,H,W         latent video grid (needed by draft@ for files)\n"
     "  --prefix P           prefix (text) tokens outside the grid (default 0)\n"
     "  --prefix-at-end      the prefix follows the video tokens\n"
@@ -300,7 +302,7 @@ static int eval_methods(runner *r, method_list *ml, float *ref, float *out) {
     for (int i = 0; i < ml->n; ++i) {
         method_run *m = &ml->v[i];
         int reuse = m->cfg.method == QVA_METHOD_EXACT &&
-                    pick_device(r->mode, &m->cfg, r->vw->D, m->note,
+                    pick_device(r->mode, &m->cfg, r->vw->q.dtype, r->vw->D, m->note,
                                 sizeof m->note) == QVA_DEVICE_CPU;
         if (reuse) { /* the same computation: do not pay for it twice */
             m->dev = QVA_DEVICE_CPU;

@@ -28,29 +28,34 @@ static void gpu_free(gpu_state *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* q, k, v as the library is given them (f32, or the 16-bit codes of
+ * --dtype) and an f32 output. */
 static qva_status gpu_upload(gpu_state *g, const workload *w, size_t out_elems) {
     const qio_qkv *x = &w->x;
-    size_t nq = (size_t)(x->B * x->H * x->Nq * x->D) * sizeof(float);
-    size_t nk = (size_t)(x->B * x->H * x->N * x->D) * sizeof(float);
+    const int half = w->dtype != QVA_F32;
+    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+    size_t nq = (size_t)(x->B * x->H * x->Nq * x->D) * es;
+    size_t nk = (size_t)(x->B * x->H * x->N * x->D) * es;
+    const void *q = half ? (const void *)w->q16 : (const void *)x->q;
+    const void *k = half ? (const void *)w->k16 : (const void *)x->k;
+    const void *v = half ? (const void *)w->v16 : (const void *)x->v;
     qva_status st;
     if ((st = qva_device_malloc(&g->q, nq)) || (st = qva_device_malloc(&g->k, nk)) ||
         (st = qva_device_malloc(&g->v, nk)) ||
         (st = qva_device_malloc(&g->out, out_elems * sizeof(float))) ||
-        (st = qva_memcpy_to_device(g->q, x->q, nq)) ||
-        (st = qva_memcpy_to_device(g->k, x->k, nk)) ||
-        (st = qva_memcpy_to_device(g->v, x->v, nk)))
+        (st = qva_memcpy_to_device(g->q, q, nq)) ||
+        (st = qva_memcpy_to_device(g->k, k, nk)) ||
+        (st = qva_memcpy_to_device(g->v, v, nk)))
         return st;
     g->ready = 1;
     return QVA_OK;
 }
 
-/* CUDA when asked for (or auto), available and able to run cfg at f32;
- * else the CPU, with a note saying why when cuda was wanted. */
-qva_device pick_device(dev_mode m, const qva_config *cfg, int64_t D,
+qva_device pick_device(dev_mode m, const qva_config *cfg, qva_dtype dt, int64_t D,
                        char *note, size_t len) {
     char why[200] = "";
     if (m == DEV_CPU || !qva_cuda_available()) return QVA_DEVICE_CPU;
-    if (qva_supports(QVA_DEVICE_CUDA, cfg, QVA_F32, D, why, sizeof why))
+    if (qva_supports(QVA_DEVICE_CUDA, cfg, dt, D, why, sizeof why))
         return QVA_DEVICE_CUDA;
     snprintf(note, len, "cuda cannot run it (%s); ran on cpu", why);
     return QVA_DEVICE_CPU;
@@ -201,7 +206,8 @@ static int cmp_double(const void *a, const void *b) {
 int run_method(runner *r, method_run *mr, int warmup, int iters, float *out) {
     qva_context_t *ctx = NULL;
     double *t = calloc((size_t)iters, sizeof *t);
-    mr->dev = pick_device(r->mode, &mr->cfg, r->vw->D, mr->note, sizeof mr->note);
+    mr->dev = pick_device(r->mode, &mr->cfg, r->vw->q.dtype, r->vw->D, mr->note,
+                          sizeof mr->note);
     qva_status st = t ? QVA_OK : QVA_ERR_OUT_OF_MEMORY;
     if (st == QVA_OK && mr->dev == QVA_DEVICE_CUDA && !r->gpu.ready)
         st = gpu_upload(&r->gpu, r->w, r->vw->out_elems);

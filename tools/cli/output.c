@@ -44,8 +44,9 @@ void js_input(const workload *w, const views *vw) {
     js_key("grid");
     if (w->has_grid) printf("[%d,%d,%d]", w->grid[0], w->grid[1], w->grid[2]);
     else fputs("null", stdout);
-    printf(",\"prefix\":%d,\"prefix_at_end\":%s}", w->prefix,
-           w->prefix_at_end ? "true" : "false");
+    printf(",\"prefix\":%d,\"prefix_at_end\":%s,\"dtype\":\"%s\"}", w->prefix,
+           w->prefix_at_end ? "true" : "false",
+           w->dtype == QVA_BF16 ? "bf16" : w->dtype == QVA_F16 ? "f16" : "f32");
 }
 
 void print_input(const workload *w, const views *vw) {
@@ -56,6 +57,7 @@ void print_input(const workload *w, const views *vw) {
     if (vw->R != w->x.Nq || w->x.Nq != vw->N)
         printf(" query rows=%lld of %lld", (long long)vw->R, (long long)w->x.Nq);
     printf(" D=%lld", (long long)vw->D);
+    if (w->dtype != QVA_F32) printf(" %s", w->dtype == QVA_BF16 ? "bf16" : "f16");
     if (w->has_grid)
         printf("  grid %dx%dx%d prefix %d%s", w->grid[0], w->grid[1], w->grid[2],
                w->prefix, w->prefix_at_end ? " (at end)" : "");

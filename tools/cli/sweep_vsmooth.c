@@ -21,6 +21,7 @@ static const char USAGE_SWEEP[] =
     "  --synthetic NAME     preset (default wan-small)\n"
     "  --input PATH         as for eval\n"
     "  --seed S             seed of the synthetic preset\n"
+    "  --dtype f32|bf16|f16 round q, k, v to this dtype first (default f32)\n"
     "  --clusters LIST      default 4,8,16,32,64 (each in [1, 4096])\n"
     "  --iters LIST         default 1,2,4,8 (each in [1, 1000])\n"
     "  --heads H            only the first H heads (of each batch)\n"

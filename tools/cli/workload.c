@@ -12,7 +12,13 @@
 #include "checked.h"
 #include "cli.h"
 
-void workload_free(workload *w) { qio_qkv_free(&w->x); }
+void workload_free(workload *w) {
+    qio_qkv_free(&w->x);
+    free(w->q16);
+    free(w->k16);
+    free(w->v16);
+    w->q16 = w->k16 = w->v16 = NULL;
+}
 
 static int alloc_qkv(qio_qkv *x, int64_t B, int64_t H, int64_t N, int64_t D) {
     size_t n = (size_t)(B * H * N * D);
@@ -117,15 +123,53 @@ static int load_file(const char *path, workload *w) {
     return RC_OK;
 }
 
+/* --dtype: f32 (default), bf16 or f16. */
+static int parse_dtype(const char *s, qva_dtype *dt) {
+    if (!s || !strcmp(s, "f32")) *dt = QVA_F32;
+    else if (!strcmp(s, "bf16")) *dt = QVA_BF16;
+    else if (!strcmp(s, "f16")) *dt = QVA_F16;
+    else return usage_error("--dtype %s: f32, bf16 or f16", s);
+    return RC_OK;
+}
+
+/* n values rounded to the 16-bit dtype (round to nearest even): the codes
+ * into *codes, the rounded values back into x. */
+static int round_to_16(float *x, size_t n, qva_dtype dt, uint16_t **codes) {
+    uint16_t *c = malloc(n * sizeof *c);
+    if (!c) return runtime_error("out of memory for 16-bit q, k, v (%zu values)", n);
+    for (size_t i = 0; i < n; ++i) {
+        c[i] = dt == QVA_BF16 ? qio_f32_to_bf16(x[i]) : qio_f32_to_f16(x[i]);
+        x[i] = dt == QVA_BF16 ? qio_bf16_to_f32(c[i]) : qio_f16_to_f32(c[i]);
+    }
+    *codes = c;
+    return RC_OK;
+}
+
+static int apply_dtype(workload *w) {
+    const qio_qkv *x = &w->x;
+    if (w->dtype == QVA_F32) return RC_OK;
+    const size_t nq = (size_t)(x->B * x->H * x->Nq * x->D);
+    const size_t nk = (size_t)(x->B * x->H * x->N * x->D);
+    int rc;
+    if ((rc = round_to_16(x->q, nq, w->dtype, &w->q16)) ||
+        (rc = round_to_16(x->k, nk, w->dtype, &w->k16)) ||
+        (rc = round_to_16(x->v, nk, w->dtype, &w->v16)))
+        return rc;
+    return RC_OK;
+}
+
 /* Exactly one source; `dflt` preset when none is given. */
 int load_workload(const opts *o, const char *dflt, workload *w) {
     int given = !!o->input + !!o->synthetic + !!o->shape;
     memset(w, 0, sizeof *w);
     if (given > 1)
         return usage_error("give only one of --input, --synthetic, --shape");
-    if (o->input) return load_file(o->input, w);
-    if (o->shape) return load_random(o, w);
-    return load_synthetic(o, o->synthetic ? o->synthetic : dflt, w);
+    int rc = parse_dtype(o->dtype, &w->dtype);
+    if (rc) return rc;
+    if (o->input) rc = load_file(o->input, w);
+    else if (o->shape) rc = load_random(o, w);
+    else rc = load_synthetic(o, o->synthetic ? o->synthetic : dflt, w);
+    return rc ? rc : apply_dtype(w);
 }
 
 /* --grid/--prefix override the preset's layout; T*H*W + P must equal N. */
@@ -178,9 +222,13 @@ int make_views(const opts *o, const workload *w, int allow_rows, views *vw) {
                                o->query_sample, (long long)x->Nq);
         R = o->query_sample;
     }
-    vw->q = qva_tensor_hnd(x->q, QVA_F32, QVA_DEVICE_CPU, x->B, x->H, x->Nq, x->D);
-    vw->k = qva_tensor_hnd(x->k, QVA_F32, QVA_DEVICE_CPU, x->B, x->H, x->N, x->D);
-    vw->v = qva_tensor_hnd(x->v, QVA_F32, QVA_DEVICE_CPU, x->B, x->H, x->N, x->D);
+    const int half = w->dtype != QVA_F32;
+    vw->q = qva_tensor_hnd(half ? (void *)w->q16 : (void *)x->q, w->dtype, QVA_DEVICE_CPU, x->B,
+                           x->H, x->Nq, x->D);
+    vw->k = qva_tensor_hnd(half ? (void *)w->k16 : (void *)x->k, w->dtype, QVA_DEVICE_CPU, x->B,
+                           x->H, x->N, x->D);
+    vw->v = qva_tensor_hnd(half ? (void *)w->v16 : (void *)x->v, w->dtype, QVA_DEVICE_CPU, x->B,
+                           x->H, x->N, x->D);
     vw->q.shape[1] = vw->k.shape[1] = vw->v.shape[1] = H;
     vw->q.shape[2] = R;
     vw->q.stride[2] *= x->Nq / R; /* evenly spaced rows: 0, s, 2s, ... */
