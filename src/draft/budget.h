@@ -2,19 +2,20 @@
  * The integer arithmetic of the adaptive MASS budget (docs/DRAFT.md,
  * "Adaptive budget") in one header that the CUDA router
  * (src/cuda/draft/router_select.cu) runs on the device, per head, and the
- * host compiles too: tests/test_draft_adaptive.c checks each function
- * against the CPU reference it ports (src/draft/plan.c, src/draft/router.c)
- * on many inputs, without a GPU.  Integers only, so the device takes the
- * CPU's decisions bit for bit:
+ * host compiles too.  The plan (src/draft/plan.c) calls the ppm rounding
+ * and the split itself; the weight and the select are checked against the
+ * CPU reference's own ranking (src/draft/router.c) by
+ * tests/test_draft_adaptive.c, on many inputs, without a GPU.  Integers
+ * only, so the device takes the CPU's decisions bit for bit:
  *
  *   qvi_budget_weight   w of one draft-map value from its f32 bits, as
  *                       qvi_draft_mass_weight (floor(A * 2^40), 0 for NaN
  *                       and A <= 0, 2^40 for A >= 1) by shifts alone
- *   qvi_budget_ppm_of   qvi_draft_ppm_of: ceil or floor of ppm * x / 10^6
- *   qvi_budget_split    qvi_draft_quotas on fractions already in parts per
- *                       million (u[i] = llround(f_i * 10^6), QVI_Q_* order):
- *                       floors, then the largest remainders, ties to 16, 8,
- *                       4, skip
+ *   qvi_budget_ppm_of   ceil or floor of ppm * x / 10^6 (qvi_draft_ppm_of)
+ *   qvi_budget_split    qvi_draft_quotas' split, on fractions already in
+ *                       parts per million (u[i] = llround(f_i * 10^6),
+ *                       QVI_Q_* order): floors, then the largest
+ *                       remainders, ties to 16, 8, 4, skip
  *   qvi_budget_sel      K_mass of one head by a weighted radix select on the
  *                       value bits of the ranking keys, a digit at a time
  *                       from per-digit counts and w-sums (the router's

@@ -50,11 +50,7 @@ qva_status qvi_draft_quotas(const qva_draft_params *p, int64_t pairs,
 }
 
 uint64_t qvi_draft_ppm_of(uint64_t x, int64_t ppm, int round_up) {
-    /* x = a*10^6 + b: ppm*a <= x cannot overflow and ppm*b < 10^12, so the
-     * product is never formed in full (the GPU can do the same). */
-    const uint64_t a = x / 1000000u, b = x % 1000000u, u = (uint64_t)ppm;
-    const uint64_t low = u * b;
-    return u * a + low / 1000000u + (round_up && low % 1000000u != 0);
+    return qvi_budget_ppm_of(x, ppm, round_up); /* the device's too */
 }
 
 /* ------------------------------------------------------------ Eq. 8 eta */
