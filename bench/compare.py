@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchutil import OUT_HELP, git_rev, out_dir, use_checkout_package  # noqa: E402
+import peers  # noqa: E402
 
 SHAPES = {  # name -> (B, H, N, D)
     "wan2.2-720p": (1, 40, 75600, 128),
@@ -74,8 +75,9 @@ def parse_args(argv):
                         "comma list of: " + ", ".join(SHAPES))
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma list of qvattn methods (default: %(default)s)")
-    p.add_argument("--baselines", default="cudnn,flash",
-                   help="SDPA backends to time: cudnn, flash (comma list; '' for none)")
+    p.add_argument("--baselines", default="cudnn,flash,sage2",
+                   help="SDPA backends to time: cudnn, flash, and peers where installed "
+                        "(bench/peers.py: sage2) (comma list; '' for none)")
     p.add_argument("--iters", type=int, default=10, help="timed calls per case (>= 10 "
                    "unless --budget-s cuts a very slow case short)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (at least --sets)")
@@ -292,6 +294,25 @@ class Bench:
     def out_of_time(self):
         return time.time() > self.deadline
 
+    def peer_entry(self, name, sets, ref):
+        """A peer kernel (bench/peers.py) timed and checked as the SDPA backends."""
+        e = {"impl": name, "label": f"peer {name}", "mode": "-"}
+        call, why = peers.load(name)
+        if call is None:
+            e["status"] = f"unavailable: {why}"
+            return e
+        if self.out_of_time():
+            e["status"] = "skipped: time limit"
+            return e
+        try:
+            e.update(self.timer.run(lambda i: call(*sets[i]), len(sets)))
+            e["rel_l2"] = self.rel_l2(call(*sets[0]), ref)
+            e["status"] = "ok"
+        except Exception as ex:
+            msg = (str(ex).splitlines() or [""])[0][:200]
+            e["status"] = f"unavailable: {type(ex).__name__}: {msg}"
+        return e
+
     def sdpa_entries(self, sets, ref, fl):
         torch = self.torch
         entries = []
@@ -304,6 +325,12 @@ class Bench:
         backends = {"cudnn": ("cuDNN", SDPBackend.CUDNN_ATTENTION),
                     "flash": ("FlashAttention", SDPBackend.FLASH_ATTENTION)}
         for b in [x.strip() for x in self.args.baselines.split(",") if x.strip()]:
+            if b in peers.PEERS:
+                e = self.peer_entry(b, sets, ref)
+                e["tops"] = tops(fl, e.get("ms"))
+                entries.append(e)
+                log(f"  {e['impl']:<22} {fmt_ms(e.get('ms'))} ms  {e['status']}")
+                continue
             if b not in backends:
                 entries.append({"impl": f"sdpa-{b}", "status": "unknown baseline"})
                 continue

@@ -74,6 +74,8 @@ METHODS = [
     "draft@85/0/0/15+expcast:warm=vc8", "draft@85/0/0/15:warm=sage8",
     # the adaptive budget (per-head K, on the device on CUDA)
     "draft@p95",
+    # peers (bench/peers.py), a "skipped" row where not installed
+    "sage2",
 ]
 REFERENCE = "bf16-sdpa"
 

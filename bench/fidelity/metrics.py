@@ -173,14 +173,17 @@ def rel_l2(out, ref):
     return (out - ref).norm().item() / n if n > 0 else float("nan")
 
 
-def operator_rel_l2(qvattn, method, captured, grid, options=None):
+def operator_rel_l2(qvattn, method, captured, grid, options=None, call=None):
     """Mean and max rel-L2 of one stateless qvattn call per captured
-    (layer, step) against float32 attention; {point: value} too."""
+    (layer, step) against float32 attention; {point: value} too.  `call`
+    (q, k, v) -> out replaces qvattn for a peer kernel."""
     per = {}
     for key, (q, k, v) in captured.items():
         ref = reference_attention(q, k, v)
         if method == "bf16-sdpa":
             out = F.scaled_dot_product_attention(q, k, v)
+        elif call is not None:
+            out = call(q, k, v)
         else:
             out = qvattn.attention(q, k, v, method=method, grid=grid, options=options)
         per[key] = rel_l2(out, ref)

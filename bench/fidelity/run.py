@@ -43,6 +43,7 @@ if BENCH not in sys.path:
 
 from benchutil import OUT_HELP, ROOT, git_rev, out_dir, use_checkout_package  # noqa: E402
 from fidelity import config as C  # noqa: E402
+import peers  # noqa: E402
 
 DEFAULT_CACHE = os.path.join(ROOT, "bench", "out", "fidelity-cache")
 
@@ -266,15 +267,22 @@ class Harness:
         rec = {"status": "ok"}
         head_dim = self.cfg["model"]["head_dim"]
         h = C.heads(self.cfg)
-        ok, why = self.qvattn.supports(sample.split_method(name)[0], self.device.type,
-                                       "bfloat16", head_dim, h, h)
+        if name in peers.PEERS:
+            call, why = peers.load(name) if self.device.type == "cuda" else (None, "CUDA only")
+            ok = call is not None
+        else:
+            ok, why = self.qvattn.supports(sample.split_method(name)[0], self.device.type,
+                                           "bfloat16", head_dim, h, h)
         if not ok:
             rec["status"] = f"skipped: {why}"
             self.log(f"  {name}: {rec['status']}")
             return rec, None
         t = time.perf_counter()
-        attn = sample.QvattnMethod(self.qvattn, name, self.grid, self.device,
-                                   sample.method_options(name, self.cfg))
+        if name in peers.PEERS:
+            attn = sample.PeerMethod(name, call)
+        else:
+            attn = sample.QvattnMethod(self.qvattn, name, self.grid, self.device,
+                                       sample.method_options(name, self.cfg))
         try:
             clips = sample.sample(model, noise, attn, self.cfg["sample"]["num_steps"],
                                   self.cfg["sample"]["shift"])
@@ -342,8 +350,10 @@ class Harness:
                 continue
             try:
                 # one routed (stateless) call: a :warm= variant's is its method's
+                peer = peers.load(name)[0] if name in peers.PEERS else None
                 rec["op_rel_l2"][name] = metrics.operator_rel_l2(
-                    self.qvattn, sample.split_method(name)[0], cap.saved, self.grid)
+                    self.qvattn, sample.split_method(name)[0], cap.saved, self.grid,
+                    call=peer)
             except Exception as e:
                 rec["op_rel_l2"][name] = {"error": f"{type(e).__name__}: {e}"}
         self.phase(f"operator rel-L2 seed {seed}", t)
@@ -487,6 +497,8 @@ def validate_methods(qvattn, methods):
     from qvattn._config import _base_config, options_string
     from fidelity import sample
     for m in methods:
+        if m in peers.PEERS:
+            continue
         method, warm = sample.split_method(m)
         try:
             _base_config(method, options_string({"draft.warmup_method": warm} if warm else {}))

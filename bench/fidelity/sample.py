@@ -11,7 +11,8 @@ the method's own qvattn.Context (one per method per sampling run).
 Attentions:
   SdpaBF16      the reference "bf16-sdpa": torch SDPA on bf16 q, k, v;
   QvattnMethod  qvattn.attention(q, k, v, method=M, layer=i, step=s,
-                num_steps=n, grid=(T, Hp, Wp), ctx=...) on bf16 q, k, v.
+                num_steps=n, grid=(T, Hp, Wp), ctx=...) on bf16 q, k, v;
+  PeerMethod    a peer kernel (bench/peers.py) where it is installed.
 Capture wraps either and keeps q, k, v of clip 0 at chosen steps.
 """
 import torch
@@ -101,6 +102,24 @@ class QvattnMethod:
 
     def close(self):
         self.ctx.close()
+
+
+class PeerMethod:
+    """A peer kernel of bench/peers.py (SageAttention2 as "sage2"): no
+    schedule, the same call on every step."""
+
+    def __init__(self, name, call):
+        self.name, self.call = name, call
+
+    def __call__(self, q, k, v, layer):
+        return self.call(q.bfloat16().contiguous(), k.bfloat16().contiguous(),
+                         v.bfloat16().contiguous())
+
+    def kept_share(self):
+        return None
+
+    def close(self):
+        pass
 
 
 WARM_TAG = ":warm="

@@ -29,7 +29,7 @@ from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noq
 __all__ = ["attention", "sdpa", "describe", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
            "default_context", "supports", "capture", "error_terms", "draft_report",
-           "draft_sweep"]
+           "draft_sweep", "synthetic", "synthetic_presets"]
 
 __version__ = "0.1.0"
 
@@ -321,6 +321,31 @@ def draft_sweep(q, k, v, skip_rates=(50, 70, 85, 90, 95), *, method="draft@85/0/
     cfg, tq, tk, tv = _draft_call(q, k, v, method, grid, prefix, prefix_at_end, layout,
                                   sm_scale, options)
     return _ffi.draft_sweep(cfg, tq, tk, tv, [float(s) / 100.0 for s in skip_rates])
+
+
+def synthetic_presets():
+    """The names of the built-in synthetic workloads (docs/SYNTHETIC.md)."""
+    return _ffi.synthetic_presets()
+
+
+def synthetic(name="wan-small", seed=None):
+    """A built-in synthetic workload (qva_synthetic_generate, the same
+    tensors as `qvattn eval --synthetic NAME --seed S`).
+
+    Returns {"q", "k", "v": float32 numpy arrays [B, H, N, D] (HND),
+    "grid": (T, H, W), "prefix": prefix tokens, "name", "seed", "recipe"}.
+    An unknown name raises QvaValueError listing the presets."""
+    if _np is None:
+        raise ImportError("qvattn.synthetic needs numpy")
+    spec = _ffi.synthetic_spec(name, seed)
+    n = spec.prefix_tokens + spec.grid_t * spec.grid_h * spec.grid_w
+    shape = (spec.B, spec.H, n, spec.D)
+    q, k, v = (_np.empty(shape, dtype=_np.float32) for _ in range(3))
+    ptr = lambda a: a.ctypes.data_as(_ffi.POINTER(_ffi.ctypes.c_float))  # noqa: E731
+    _ffi.synthetic_generate(spec, ptr(q), ptr(k), ptr(v))
+    return {"q": q, "k": k, "v": v, "grid": (spec.grid_t, spec.grid_h, spec.grid_w),
+            "prefix": int(spec.prefix_tokens), "name": spec.name.decode(),
+            "seed": int(spec.seed), "recipe": int(spec.recipe)}
 
 
 def capture(pipe, layers=None, steps=None, path="qvattn-capture", **kwargs):

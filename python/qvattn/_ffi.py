@@ -282,6 +282,18 @@ class QvaTimings(Structure):
     ]
 
 
+class QvaSyntheticSpec(Structure):
+    """qva_synthetic_spec: a synthetic workload (docs/SYNTHETIC.md)."""
+    _fields_ = [
+        ("name", ctypes.c_char * 32),
+        ("B", c_int), ("H", c_int), ("D", c_int),
+        ("grid_t", c_int), ("grid_h", c_int), ("grid_w", c_int),
+        ("prefix_tokens", c_int),
+        ("seed", ctypes.c_uint64),
+        ("recipe", c_int),
+    ]
+
+
 class QvaDraftStats(Structure):
     """qva_draft_stats: the kept share of the last draft call's heads."""
     _fields_ = [
@@ -329,7 +341,8 @@ class QvaDraftReport(Structure):
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 144, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 68,
                   "qva_error_terms": 56, "qva_draft_stats": 40,
-                  "qva_draft_head_report": 112, "qva_draft_report": 112}
+                  "qva_draft_head_report": 112, "qva_draft_report": 112,
+                  "qva_synthetic_spec": 72}
 
 
 # ------------------------------------------------------------------ errors
@@ -440,6 +453,11 @@ _OPTIONAL_SIGS = {
     "qva_draft_report_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                           _P(QvaTensor), _P(QvaDraftReport),
                                           _P(QvaDraftHeadReport), c_int64]),
+    "qva_synthetic_preset": (c_enum, [c_char_p, _P(QvaSyntheticSpec)]),
+    "qva_synthetic_preset_count": (c_int, []),
+    "qva_synthetic_preset_name": (c_char_p, [c_int]),
+    "qva_synthetic_generate": (c_enum, [_P(QvaSyntheticSpec), _P(ctypes.c_float),
+                                        _P(ctypes.c_float), _P(ctypes.c_float)]),
     "qva_draft_sweep_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                          _P(QvaTensor), _P(c_double), c_int64,
                                          _P(QvaDraftReport), _P(QvaDraftHeadReport),
@@ -625,6 +643,27 @@ def draft_sweep(cfg, q, k, v, skip):
     return [{"summary": _struct_dict(reps[i], DRAFT_REPORT_FIELDS),
              "heads": [_struct_dict(heads[i * nh + j], DRAFT_HEAD_FIELDS) for j in range(nh)]}
             for i in range(n)]
+
+
+def synthetic_presets():
+    """The names of the synthetic presets, in the library's order."""
+    _need("qva_synthetic_preset_count")
+    return [_s(lib.qva_synthetic_preset_name(i)) for i in range(lib.qva_synthetic_preset_count())]
+
+
+def synthetic_spec(name, seed=None):
+    """qva_synthetic_preset(name), with `seed` replacing the preset's."""
+    _need("qva_synthetic_preset")
+    spec = QvaSyntheticSpec()
+    check(lib.qva_synthetic_preset(c_string(name, "name"), byref(spec)), "qva_synthetic_preset")
+    if seed is not None:
+        spec.seed = c_integer(seed, "seed", ctypes.c_uint64)
+    return spec
+
+
+def synthetic_generate(spec, q, k, v):
+    """qva_synthetic_generate into three float32 buffers (ctypes pointers)."""
+    check(lib.qva_synthetic_generate(byref(spec), q, k, v), "qva_synthetic_generate")
 
 
 def draft_step_check(cfg, n_tokens, head_dim, func="qva_draft_step_check"):

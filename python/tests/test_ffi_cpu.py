@@ -80,6 +80,11 @@ int main(void) {
     F(qva_draft_report, router_mass); F(qva_draft_report, oracle_mass);
     F(qva_draft_report, ratio); F(qva_draft_report, ratio_min);
     F(qva_draft_report, ratio_min_head); F(qva_draft_report, rel_l2);
+    Z(qva_synthetic_spec);
+    F(qva_synthetic_spec, name); F(qva_synthetic_spec, B); F(qva_synthetic_spec, H);
+    F(qva_synthetic_spec, D); F(qva_synthetic_spec, grid_t); F(qva_synthetic_spec, grid_h);
+    F(qva_synthetic_spec, grid_w); F(qva_synthetic_spec, prefix_tokens);
+    F(qva_synthetic_spec, seed); F(qva_synthetic_spec, recipe);
     TIMINGS
     return 0;
 }
@@ -97,6 +102,7 @@ PY_STRUCTS = {
     "qva_error_terms": _ffi.QvaErrorTerms,
     "qva_draft_head_report": _ffi.QvaDraftHeadReport,
     "qva_draft_report": _ffi.QvaDraftReport,
+    "qva_synthetic_spec": _ffi.QvaSyntheticSpec,
 }
 
 
