@@ -342,7 +342,7 @@ EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 144, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 68,
                   "qva_error_terms": 56, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,
-                  "qva_synthetic_spec": 72}
+                  "qva_synthetic_spec": 80}
 
 
 # ------------------------------------------------------------------ errors
