@@ -38,6 +38,10 @@ DEFAULT = {
     },
     "sample": {
         "num_steps": 20, "shift": 3.0, "clips": 8, "clip_seed": 7700,
+        # the sanity statistics (samples against data) come from this many
+        # reference clips, as many as the data's stats_clips: per-clip
+        # statistics vary widely (the data mixes still and moving scenes)
+        "sanity_clips": 64,
         # draft's dense warm-up: ceil(0.25 * num_steps) steps, the default of
         # qvattn.diffusers.apply (draft_warmup=0.25), passed as the option
         # draft.dense_warmup_frac (the library's own default is 0).
@@ -56,7 +60,7 @@ TINY["data"].update({"frames": 4, "height": 32, "width": 32, "pool": 4096,
 TINY["model"].update({"hidden": 128, "layers": 2, "freq_dim": 64})
 TINY["train"].update({"steps": 60, "ema": 0.9, "batch": 4, "lr": 1e-3, "warmup": 6,
                       "log_every": 20})
-TINY["sample"].update({"num_steps": 4, "clips": 2, "image_frames": 4,
+TINY["sample"].update({"num_steps": 4, "clips": 2, "sanity_clips": 16, "image_frames": 4,
                        "image_clips": 1})
 
 PRESETS = {"default": DEFAULT, "tiny": TINY}

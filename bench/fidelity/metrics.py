@@ -114,7 +114,7 @@ def clip_stats(x):
 
 # The harness's sanity criterion (issue 14: "samples look like the data"):
 # each statistic of the reference samples within these factors of the
-# held-out data's.  Loose on purpose (8 clips against 64), it catches what
+# held-out data's.  Loose on purpose (the sanity clips are few), it catches what
 # the eye sees first: samples too flat (low std, little high-frequency
 # energy), too still or too jittery.  Set after the 6,000-step runs, which
 # miss it by a wide margin (ratios 0.6-0.75), not to pass or fail them.

@@ -144,8 +144,27 @@ def _sanity_table(res):
             like = m.get("likeness")
             tail = (f" {_ratios(like)} | {'yes' if like['like_data'] else 'no'} |" if like
                     else " | |")
-            lines.append(_stats_row(f"samples, model {m['seed']} (bf16-sdpa)",
+            n = m["sample_stats"].get("clips")
+            lines.append(_stats_row(f"samples, model {m['seed']} (bf16-sdpa"
+                                    + (f", {n} clips)" if n else ")"),
                                     m["sample_stats"]) + tail)
+    return lines
+
+
+def _sampler_table(res):
+    """--sanity-samplers: the same sanity statistics with other samplers."""
+    rows = [(m["seed"], p) for m in res["models"] for p in m.get("sampler_probe") or []]
+    if not rows:
+        return []
+    lines = ["| model | Euler steps | shift | std R/G/B | mean abs frame diff | HF energy ratio "
+             "| ratios to the data (std / frame diff / HF) | like the data? |",
+             "|--:|--:|--:|---|--:|--:|---|---|"]
+    for seed, p in rows:
+        st = p["stats"]
+        lines.append(f"| {seed} | {p['num_steps']} | {p['shift']:g} | "
+                     + "/".join("%.3f" % x for x in st["std"])
+                     + f" | {st['frame_diff']:.4f} | {st['hf_ratio']:.4f} | {_ratios(p)} | "
+                     f"{'yes' if p['like_data'] else 'no'} |")
     return lines
 
 
@@ -225,10 +244,14 @@ def markdown(res):
             "the data when every ratio lies in [%g, %g] (metrics.LIKENESS_BOUNDS)."
             % LIKENESS_BOUNDS,
             ""] + _sanity_table(res)
+    samplers = _sampler_table(res)
+    if samplers:
+        out += ["", "The same statistics with other Euler samplers (`--sanity-samplers`), "
+                "same model and noise:", ""] + samplers
     probes = _probe_table(res)
     if probes:
-        out += ["", "During training (`--probe-every`, up to 4 clips, the weights the run would "
-                "return at that step):", ""] + probes
+        out += ["", "During training (`--probe-every`, the sanity clips, the weights the run "
+                "would return at that step):", ""] + probes
     out += ["", "## Attention per layer (reference run, clip 0)", "",
             "locality: share of the probability mass in the heaviest 15% of 128×128 blocks; "
             "entropy: mean row entropy / log N; v_block: share of the centred V's energy "

@@ -80,12 +80,32 @@ def parse_args(argv):
                    help="every N training steps (and at the end) sample a few clips with "
                         "bf16-sdpa and record their statistics against the data's: does "
                         "longer training help? (not training time; the weights are the same)")
+    p.add_argument("--sanity-samplers", default=None, metavar="STEPS:SHIFT,...",
+                   help="also compute the sanity statistics (samples against data) with "
+                        "these Euler samplers, e.g. 20:3,50:1 (the frozen one is "
+                        "num_steps:shift): is the sampler or the model the limit?")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="train nothing: merge the reports of runs with different "
                         "--seeds (same config and methods) into one table")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 with --tiny)")
     return p.parse_args(argv)
+
+
+def parse_samplers(text):
+    """'20:3,50:1' -> ([(20, 3.0), (50, 1.0)], None), or ([], message)."""
+    out = []
+    for item in (x.strip() for x in (text or "").split(",")):
+        if not item:
+            continue
+        try:
+            steps, shift = item.split(":")
+            out.append((int(steps), float(shift)))
+        except ValueError:
+            return [], f"--sanity-samplers {text!r}: STEPS:SHIFT items, e.g. 20:3,50:1"
+        if out[-1][0] < 1 or not out[-1][1] > 0:
+            return [], f"--sanity-samplers {item!r}: steps >= 1 and shift > 0"
+    return out, None
 
 
 def parse_seeds(text):
@@ -157,6 +177,7 @@ class Harness:
         self.seeds = seeds[:n] if n <= len(seeds) else list(range(n))
         if args.seeds is not None:
             self.seeds = parse_seeds(args.seeds)[0]
+        self.samplers = parse_samplers(args.sanity_samplers)[0]
         self.methods = ([m for m in args.methods.split(",") if m] if args.methods
                         else list(C.METHODS))
         self.grid = C.grid(self.cfg)
@@ -251,15 +272,25 @@ class Harness:
         return out
 
     def probe(self, model, step):
-        """--probe-every: the statistics of 4 reference clips from the model
-        in training, against the data's."""
-        from fidelity import metrics, sample
+        """--probe-every: the sanity statistics of the model in training,
+        against the data's."""
+        from fidelity import metrics
         sc = self.cfg["sample"]
-        noise = sample.clip_noise(self.cfg, min(4, sc["clips"]), self.device)
-        clips = sample.sample(model, noise, sample.SdpaBF16(), sc["num_steps"], sc["shift"])
-        st = metrics.clip_stats(clips)
+        st = self.sanity_stats(model, sc["num_steps"], sc["shift"])
         like = metrics.likeness(st, self.results["data_stats"])
         return {"stats": st, "ratios": like["ratios"], "like_data": like["like_data"]}
+
+    def sanity_stats(self, model, num_steps, shift):
+        """clip_stats of sanity_clips reference clips (bf16-sdpa), sampled in
+        batches of the method clips' size."""
+        from fidelity import metrics, sample
+        sc = self.cfg["sample"]
+        noise = sample.clip_noise(self.cfg, sc["sanity_clips"], self.device)
+        clips = [sample.sample(model, noise[i:i + sc["clips"]], sample.SdpaBF16(), num_steps,
+                               shift).cpu() for i in range(0, len(noise), sc["clips"])]
+        st = metrics.clip_stats(self.torch.cat(clips))
+        st["clips"] = len(noise)
+        return st
 
     def sample_method(self, model, noise, name, ref):
         """Sample with one method; returns its per-model record."""
@@ -326,9 +357,19 @@ class Harness:
         clips_of[C.REFERENCE] = ref.cpu()
         rec["methods"][C.REFERENCE] = {"status": "ok", "sample_s": time.perf_counter() - t,
                                        "finite": bool(torch.isfinite(ref).all())}
-        rec["sample_stats"] = metrics.clip_stats(ref)
-        rec["likeness"] = metrics.likeness(rec["sample_stats"], self.results["data_stats"])
         self.phase(f"sample bf16-sdpa seed {seed}", t)
+        t = time.perf_counter()
+        rec["sample_stats"] = self.sanity_stats(model, sc["num_steps"], sc["shift"])
+        rec["likeness"] = metrics.likeness(rec["sample_stats"], self.results["data_stats"])
+        rec["sampler_probe"] = []
+        for steps, shift in self.samplers:
+            st = self.sanity_stats(model, steps, shift)
+            like = metrics.likeness(st, self.results["data_stats"])
+            rec["sampler_probe"].append({"num_steps": steps, "shift": shift, "stats": st,
+                                         "ratios": like["ratios"],
+                                         "like_data": like["like_data"]})
+            self.log(f"  sampler {steps}:{shift:g}: ratios {like['ratios']}")
+        self.phase(f"sanity stats seed {seed}", t)
 
         t = time.perf_counter()
         for name in self.methods:
@@ -519,6 +560,7 @@ def run_cli(argv=None, log=print):
     if args.merge:
         return merge_cli(args.merge, args.out, log), None
     err = parse_seeds(args.seeds)[1] if args.seeds is not None else None
+    err = err or parse_samplers(args.sanity_samplers)[1]
     if err:
         log(f"fidelity: {err}")
         return 2, None

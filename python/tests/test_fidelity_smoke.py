@@ -134,10 +134,35 @@ def test_probes_watch_training_without_changing_it(runs, tmp_path):
     assert [p["step"] for p in probes] == [20, 40, 60]
     for p in probes:
         assert set(p["ratios"]) == {"std", "frame_diff", "hf_ratio"} and isinstance(p["like_data"], bool)
-    # the last probe looks at the returned model: the run's own samples' statistics
+    # the last probe looks at the returned model: the run's own sanity statistics
     assert isinstance(m["likeness"]["like_data"], bool)
+    assert probes[-1]["ratios"] == m["likeness"]["ratios"]
+    assert m["sample_stats"]["clips"] == fid_config.TINY["sample"]["sanity_clips"]
     text = open(h.base + ".md").read()
     assert "During training (`--probe-every`" in text and "| like the data? |" in text
+
+
+def test_sanity_samplers(tmp_path):
+    """--sanity-samplers: the frozen sampler reproduces the run's own sanity
+    statistics; another sampler gives its own row; bad lists exit 2."""
+    sc = fid_config.TINY["sample"]
+    frozen = f"{sc['num_steps']}:{sc['shift']:g}"
+    lines, threads = [], torch.get_num_threads()
+    try:
+        status, h = fid_run.run_cli(["--tiny", "--device", "cpu", "--no-cache", "--methods",
+                                     "bf16", "--sanity-samplers", frozen + ",8:1",
+                                     "--out", str(tmp_path)], log=lines.append)
+        assert fid_run.run_cli(["--tiny", "--sanity-samplers", "8"], log=lines.append)[0] == 2
+        assert fid_run.run_cli(["--tiny", "--sanity-samplers", "0:1"], log=lines.append)[0] == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    m = h.results["models"][0]
+    probe = m["sampler_probe"]
+    assert [(p["num_steps"], p["shift"]) for p in probe] == [(sc["num_steps"], sc["shift"]), (8, 1.0)]
+    assert probe[0]["stats"] == m["sample_stats"]
+    assert probe[1]["stats"] != m["sample_stats"]
+    assert "--sanity-samplers" in open(h.base + ".md").read()
 
 
 def test_likeness_bounds():
