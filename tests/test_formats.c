@@ -598,6 +598,15 @@ static void test_channel_mean(void) {
     float big[3] = {1e8f, 1.0f, -1e8f}; /* FP64 sums keep the 1 */
     qvi_channel_mean(big, 3, 1, m);
     CHECK(m[0] == (float)(1.0 / 3.0), "fp64 sum: %.9g", (double)m[0]);
+    /* Two levels: block sums (128 rows, in row order), then their sum.  In
+     * row order 2^53 + 1 would round to 2^53 and the 1 be lost; block 1
+     * sums 1 - 2^53 exactly first, so the mean is 1/256, not 0. */
+    static float two[256];
+    two[0] = 0x1p53f;
+    two[128] = 1.0f;
+    two[129] = -0x1p53f;
+    qvi_channel_mean(two, 256, 1, m);
+    CHECK(m[0] == 1.0f / 256.0f, "block-ordered sum: %.9g", (double)m[0]);
 }
 
 static void fill_random(float *x, size_t n, double scale) {

@@ -328,13 +328,21 @@ void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs) {
                                                                    : 1.0f;
 }
 
-/* mean[c] = (float)(sum_r x[r][c] / n), FP64 sums in row order; zeros for
- * n <= 0. */
+/* mean[c] = (float)(S / n); zeros for n <= 0.  S is summed in FP64 in two
+ * levels: each QVI_BLOCK-row block's sum in row order, then those block
+ * sums in block order.  The blocks are independent, so the GPU sums them
+ * in parallel and still gives these roundings bit for bit
+ * (docs/NUMERICS.md, "K smoothing"). */
 void qvi_channel_mean(const float *x, int n, int d, float *mean) {
     for (int c = 0; c < d; ++c) {
         double s = 0.0;
-        for (int r = 0; r < n; ++r)
-            s += (double)x[(size_t)r * (size_t)d + (size_t)c];
+        for (int r0 = 0; r0 < n; r0 += QVI_BLOCK) {
+            const int r1 = n - r0 < QVI_BLOCK ? n : r0 + QVI_BLOCK;
+            double b = 0.0;
+            for (int r = r0; r < r1; ++r)
+                b += (double)x[(size_t)r * (size_t)d + (size_t)c];
+            s += b;
+        }
         mean[c] = (n > 0) ? (float)(s / (double)n) : 0.0f;
     }
 }

@@ -100,8 +100,7 @@ qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
                            float *centroids, int32_t *perm, cudaStream_t st);
 
 /* FP64 means of lists of V rows (segments of `rows`), equal to the CPU's
- * sequential sums (prep/colsum.cu); used by the K channel mean and the
- * k-means centroid update. */
+ * sequential sums (prep/colsum.cu); used by the k-means centroid update. */
 qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,
                            const uint32_t *pos_seg, int npos,
                            const int *seg_start, const int *seg_len,

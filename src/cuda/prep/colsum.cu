@@ -1,9 +1,7 @@
 /*
  * Exact FP64 column means of row lists, qvc_colsum_mean (cuda_internal.h):
- * the K channel mean of qvc_prep / qvc_prep4 and the centroid update of
- * the k-means (kmeans.cu), which is why it stands apart from the Q/K/V
- * kernels.  Equal to the CPU's sequential FP64 sums bit for bit
- * (qvi_channel_mean: K mean; update_centroids: k-means): a certified
+ * the centroid update of the k-means (kmeans.cu).  Equal to the CPU's
+ * sequential FP64 sums bit for bit (update_centroids): a certified
  * parallel pass and a sequential fallback.
  *
  * Head bh has npos positions; position p names row rows[bh*npos + p]

@@ -1,7 +1,7 @@
 /*
  * Host side of the 8-bit preparation: qvc_ops_alloc / qvc_ops_free and
  * qvc_prep (cuda_internal.h), which runs Q and K through qk.cu, the K
- * channel mean through colsum.cu and V through v.cu; and what qvc_prep4
+ * channel mean through kmean.cu and V through v.cu; and what qvc_prep4
  * (fp4.cu) shares with it: the checks of the views and arguments, and K
  * smoothing (the channel mean and the LSE shift it causes).
  */
@@ -40,7 +40,7 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, cudaStream_t st) {
     qva_status s = QVA_OK;
-    if (kmean) s = qvc_colsum_mean(k, a->perm, NULL, nk, NULL, NULL, 1, BH, kmean, st);
+    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, st);
     if (s == QVA_OK && a->lse_shift)
         s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
     return s;

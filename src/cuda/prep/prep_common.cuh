@@ -4,8 +4,9 @@
  * demeaning, and quantize into the layouts of cuda_internal.h.  The files
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
- *   colsum.cu  exact FP64 column means (qvc_colsum_mean): the K channel
- *              mean here, the centroid update of kmeans.cu
+ *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
+ *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
+ *              centroid update of kmeans.cu
  *   v.cu       V: block statistics, per-channel scales, E4M3 codes
  *   fp4.cu     the NVFP4 operands of sage4 / vc4 (qvc_prep4, qvc_ops4_*)
  *   prep8.cu   qvc_prep, qvc_ops_alloc / free, the LSE shift
@@ -20,10 +21,10 @@
  *     does not form (the CPU is built -std=c11, which does not contract);
  *   - the FP64 sums (K channel mean, V block means) give the CPU's
  *     sequential sums exactly: V block means (128 rows) are summed
- *     sequentially in row order (v.cu); the K mean is summed in parallel
- *     when the data certify that no partial sum can round (then every
- *     order is exact), and sequentially in the CPU's order otherwise
- *     (colsum.cu);
+ *     sequentially in row order (v.cu); the K mean in 128-row blocks,
+ *     then over blocks, as the CPU defines it (kmean.cu); the k-means
+ *     centroid sums in parallel when the data certify that no partial sum
+ *     can round, sequentially in the CPU's order otherwise (colsum.cu);
  *   - maxima are order-independent, so they use ordinary tree reductions.
  * The input dtype is a template parameter of every kernel, so unrolled
  * loops issue their loads back to back.
@@ -83,6 +84,50 @@ static __device__ __forceinline__ void butterfly(float &a, float &b) {
     float s = __fadd_rn(a, b), d = __fsub_rn(a, b);
     a = s;
     b = d;
+}
+
+/* The vectorized kernels (qk.cu, v.cu): a lane holds QK_CPL adjacent
+ * channels of a row, so a row of D channels takes D / QK_CPL lanes (32 at
+ * D 128, 16 at D 64) and one warp step covers 32 / that many rows.  Loads
+ * are QK_CPL elements wide and codes leave 4 bytes per lane. */
+#define QK_CPL 4
+template <int D>
+struct qk_geom {
+    static constexpr int LPR = D / QK_CPL;               /* lanes per row  */
+    static constexpr int RPS = 32 / LPR;                 /* rows per step  */
+    static constexpr int STEPS = ROWS_PER_WARP / RPS;    /* steps per warp */
+};
+
+/* Vector loads need the view's base and every stride on a QK_CPL-element
+ * boundary (the channel stride is 1). */
+static inline int prep_vec_ok(const qvc_view &x) {
+    const size_t es = x.dtype == QVA_F32 ? 4 : 2;
+    return ((uintptr_t)x.data % (QK_CPL * es)) == 0 && x.sb % QK_CPL == 0 &&
+           x.sh % QK_CPL == 0 && x.sn % QK_CPL == 0;
+}
+
+/* QK_CPL elements of a user view at off, widened exactly: one vector load
+ * where vec (prep_vec_ok), else one by one. */
+template <int DT>
+static __device__ __forceinline__ void prep_load4(const void *data, int64_t off, int vec,
+                                                  float *x) {
+    if (vec) {
+        if constexpr (DT == QVA_F32) {
+            const float4 v = __ldg((const float4 *)((const float *)data + off));
+            x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+        } else {
+            const uint2 v = __ldg((const uint2 *)((const unsigned short *)data + off));
+            const unsigned short h[4] = {(unsigned short)(v.x & 0xFFFFu), (unsigned short)(v.x >> 16),
+                                         (unsigned short)(v.y & 0xFFFFu), (unsigned short)(v.y >> 16)};
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e)
+                x[e] = DT == QVA_BF16 ? __uint_as_float((unsigned)h[e] << 16)
+                                      : __half2float(__ushort_as_half(h[e]));
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = qvc_ld<DT>(data, off + e);
+    }
 }
 
 /* The per-lane channel constants of qk_row (K mean, Hadamard signs). */

@@ -27,6 +27,7 @@ typedef struct qk_params {
     int fmt;              /* qvc_qk_format                     */
     int n, n_pad;
     int rows_per_scale;   /* 1 (INT8 Q per row) or QVI_BLOCK   */
+    int vec;              /* qk.cu: vector loads allowed (set there) */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -38,11 +39,17 @@ static inline size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_view *k,
                                 const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
                                 int nk, int D);
-/* K smoothing: kmean [BH][D] (NULL: none) = the channel mean of K[a->perm],
- * summed in that order as the CPU does, then a->lse_shift (if not NULL)
+/* K smoothing: kmean [BH][D] (NULL: none) = the channel mean of K[a->perm]
+ * (qvc_kmean), then a->lse_shift (if not NULL)
  * = the LSE shift it causes (smooth_k() of the CPU). */
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, cudaStream_t st);
+
+/* ---- kmean.cu */
+/* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
+ * CPU's qvi_channel_mean sums it: 128-row block sums, then their sum. */
+qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                     cudaStream_t st);
 
 /* ---- qk.cu */
 /* Codes and scales (per block, or per row for INT8 with p.rows_per_scale

@@ -5,14 +5,14 @@
  * the K channel mean, rotated.  Launched by qvc_prep (prep8.cu) through
  * qvc_prep_qk8.
  *
- *   qk_quant_kernel<DT,NC>  one CTA per (128-row block, bh) of Q or K:
- *                           8 warps x 16 rows, lane = channel (c = lane +
- *                           32 j, j < NC); gather, smooth, Hadamard
- *                           (shuffles for strides < 32, in registers for
- *                           32 and 64); pass 1 the block amax, pass 2
- *                           (rows re-read) the codes.
- *   qk_quant_rows_kernel<DT,NC>  the same CTAs, one INT8 scale per row:
- *                           one pass, a warp max per row.
+ *   qk_quant_kernel<DT,D>   one CTA per (128-row block, bh) of Q or K:
+ *                           8 warps x 16 rows, a lane = 4 adjacent
+ *                           channels (vector loads, 4-byte code stores);
+ *                           gather, smooth, Hadamard (in registers for
+ *                           strides 1 and 2, shuffles above); pass 1 the
+ *                           block amax, pass 2 (rows re-read) the codes.
+ *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
+ *                           one pass, a max over each row's lanes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,30 +27,110 @@ static __device__ __forceinline__ int8_t int8_round(float y) {
     return (int8_t)(int)roundf(y);
 }
 
+
+/* The lane's channel constants (K mean, Hadamard signs) of qk_row4. */
+template <int D>
+static __device__ __forceinline__ void qk_consts4(const qk_params &p, int bh, float *mu, float *sg) {
+    const int c0 = ((threadIdx.x & 31) % qk_geom<D>::LPR) * QK_CPL;
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) {
+        mu[e] = p.mean ? p.mean[(int64_t)bh * D + c0 + e] : 0.0f;
+        sg[e] = p.signs ? p.signs[c0 + e] : 1.0f;
+    }
+}
+
+/*
+ * Row i, the lane's QK_CPL channels, as the CPU has it just before
+ * quantization: loaded, smoothed (K), rotated (if hadamard).  Rows past n
+ * are +0 (no sign flip, so no -0).  Every lane of the warp must call it
+ * together (the Hadamard shuffles), valid row or not.
+ */
+template <int DT, int D>
+static __device__ __forceinline__ void qk_row4(const qk_params &p, int64_t base, int bh, int i,
+                                               const float *mu, const float *sg, float *x) {
+    constexpr int LPR = qk_geom<D>::LPR;
+    const int sub = (threadIdx.x & 31) % LPR;
+    const bool valid = i < p.n;
+    if (valid)
+        prep_load4<DT>(p.x.data, base + src_row(p.perm, bh, p.n, i) * p.x.sn + sub * QK_CPL, p.vec,
+                       x);
+    else
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = 0.0f;
+    if (p.mean && valid) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
+    }
+    if (!p.hadamard) return;
+    if (valid) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
+    }
+    /* qva_hadamard's stages in its order, h = 1, 2, ... D/2: strides 1 and 2
+     * pair registers of a lane, strides 4 and up pair lanes sub ^ h/4 (the
+     * lane without that bit holds a and gets a + b, its partner a - b). */
+#pragma unroll
+    for (int h = 1; h < QK_CPL; h <<= 1) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e)
+            if (!(e & h)) butterfly(x[e], x[e + h]);
+    }
+#pragma unroll
+    for (int hl = 1; hl < LPR; hl <<= 1) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            const float o = __shfl_xor_sync(FULL_MASK, x[e], hl);
+            x[e] = (sub & hl) ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
+}
+
+/* Max over the LPR lanes of a row (xor offsets stay inside the row). */
+template <int D>
+static __device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+    for (int o = qk_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+/* The lane's QK_CPL codes of y = x / scale, packed little-endian. */
+static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, int fmt) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) {
+        const float y = __fdiv_rn(x[e], scale);
+        const uint8_t c = fmt == QVC_QK_INT8 ? (uint8_t)int8_round(y) : e4m3(y);
+        w |= (uint32_t)c << (8 * e);
+    }
+    return w;
+}
+
 /* Two passes over the block: the amax, then the codes.  The second pass
  * re-reads the rows (from L2) and recomputes them instead of holding the
  * block in registers, which keeps the kernel small enough for the
  * occupancy that hides the memory latency. */
-template <int DT, int NC>
+template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_kernel(qk_params p) {
+    using G = qk_geom<D>;
     __shared__ float red[PREP_WARPS];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int D = (int)p.x.D;
     const int64_t base = qvc_head_base(p.x, bh);
-    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP;
+    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP + lane / G::LPR;
 
-    float mu[NC], sg[NC];
-    qk_lane_consts<NC>(p, bh, mu, sg);
+    float mu[QK_CPL], sg[QK_CPL];
+    qk_consts4<D>(p, bh, mu, sg);
 
     float amax = 0.0f;
-#pragma unroll 2
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        float x[NC];
-        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x);
 #pragma unroll
-        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[j]));
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = block_max(amax, red);
 
@@ -64,69 +144,61 @@ qk_quant_kernel(qk_params p) {
     if (threadIdx.x == 0)
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
 
-#pragma unroll 2
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        float x[NC];
-        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
-        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + r0 + r) * D;
-#pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            const int c = lane + 32 * j;
-            if (c >= D) continue;
-            const float y = __fdiv_rn(x[j], scale);
-            dst[c] = p.fmt == QVC_QK_INT8 ? int8_round(y) : (int8_t)e4m3(y);
-        }
+    const int c0 = (lane % G::LPR) * QK_CPL;
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int r = r0 + s * G::RPS;
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, p.fmt);
     }
 }
 
-/* INT8 with one scale per row: each warp's rows are whole in its lanes,
- * so one pass (a warp max per row, then the codes) suffices. */
-template <int DT, int NC>
+/* INT8 with one scale per row: each row is whole in its lanes, so one
+ * pass (a max over the row's lanes, then the codes) suffices. */
+template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_rows_kernel(qk_params p) {
+    using G = qk_geom<D>;
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int D = (int)p.x.D;
     const int64_t base = qvc_head_base(p.x, bh);
-    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP;
+    const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP + lane / G::LPR;
+    const int c0 = (lane % G::LPR) * QK_CPL;
 
-    float mu[NC], sg[NC];
-    qk_lane_consts<NC>(p, bh, mu, sg);
-#pragma unroll 2
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        float x[NC];
-        qk_row<DT, NC>(p, base, bh, r0 + r, mu, sg, x);
+    float mu[QK_CPL], sg[QK_CPL];
+    qk_consts4<D>(p, bh, mu, sg);
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int r = r0 + s * G::RPS;
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
         float amax = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NC; ++j) amax = fmaxf(amax, fabsf(x[j]));
-        amax = warp_max(amax);
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        amax = row_max<D>(amax);
         const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
-        if (lane == 0) p.scale[(int64_t)bh * p.n_pad + r0 + r] = scale;
-        int8_t *dst = p.codes + ((int64_t)bh * p.n_pad + r0 + r) * D;
-#pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            const int c = lane + 32 * j;
-            if (c < D) dst[c] = int8_round(__fdiv_rn(x[j], scale));
-        }
+        if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
+            qk_codes4(x, scale, QVC_QK_INT8);
     }
 }
 
-template <int DT, int NC>
-static void launch_qk_nc(const qk_params &p, dim3 grid, cudaStream_t st) {
+template <int DT, int D>
+static void launch_qk_d(const qk_params &p, dim3 grid, cudaStream_t st) {
     if (p.rows_per_scale == 1)
-        qk_quant_rows_kernel<DT, NC><<<grid, PREP_THREADS, 0, st>>>(p);
+        qk_quant_rows_kernel<DT, D><<<grid, PREP_THREADS, 0, st>>>(p);
     else
-        qk_quant_kernel<DT, NC><<<grid, PREP_THREADS, 0, st>>>(p);
+        qk_quant_kernel<DT, D><<<grid, PREP_THREADS, 0, st>>>(p);
 }
 
-/* Head dims 64 and 128 only (the chooser's; others arrive zero-padded):
- * two instantiations per dtype instead of four. */
+/* Head dims 64 and 128 only (the chooser's; others arrive zero-padded). */
 template <int DT>
 static void launch_qk_dt(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
     if (D == 64)
-        launch_qk_nc<DT, 2>(p, grid, st);
+        launch_qk_d<DT, 64>(p, grid, st);
     else
-        launch_qk_nc<DT, 4>(p, grid, st);
+        launch_qk_d<DT, 128>(p, grid, st);
 }
 
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what) {
@@ -135,6 +207,8 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
     if (p.rows_per_scale != QVI_BLOCK && !(p.rows_per_scale == 1 && p.fmt == QVC_QK_INT8))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
-    QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(p, grid, D, st));
+    qk_params pv = p;
+    pv.vec = prep_vec_ok(p.x);
+    QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(pv, grid, D, st));
     return qvc_launch_check(what);
 }

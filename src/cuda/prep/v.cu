@@ -10,9 +10,10 @@
  *                           block mean (if demean), residual amax.
  *   v_scale_kernel          thread per (bh, channel): per-channel scale and
  *                           the FP16-rounded mean / scale.
- *   v_encode_kernel<DT>     one CTA per (block, bh): E4M3 codes of the block
- *                           into shared memory, written transposed [D][128]
- *                           with the PV slot order of qvc_pv_slot_key().
+ *   v_encode_kernel<DT,D>   one CTA per (block, bh): E4M3 codes of the block
+ *                           (a lane = 4 adjacent channels, as qk.cu) into
+ *                           shared memory, written transposed [D][128] with
+ *                           the PV slot order of qvc_pv_slot_key().
  */
 #include <math.h>
 #include <stdint.h>
@@ -84,6 +85,7 @@ typedef struct v_params {
     qvc_view v;
     const int32_t *perm;
     int n, nblk;
+    int vec;             /* vector loads allowed (prep_vec_ok)          */
     int mode;            /* 0: per-channel (sage/vc); 1: per-block (fp8) */
     int demean;          /* mode 0 */
     const float *bmu;    /* mode 0 with demean: [BH][nblk][D] raw means */
@@ -97,28 +99,28 @@ typedef struct v_params {
  * read (fixed channel, 32 different keys) hit 32 different banks. */
 #define TILE_STRIDE (MAX_D + 4)
 
-template <int DT>
+template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 v_encode_kernel(v_params p) {
-    __shared__ uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    using G = qk_geom<D>;
+    __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     __shared__ float red[PREP_WARPS];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int D = (int)p.v.D;
+    const int c0 = (lane % G::LPR) * QK_CPL, key0 = warp * ROWS_PER_WARP + lane / G::LPR;
     const int64_t base = qvc_head_base(p.v, bh);
 
     float bscale = 1.0f;
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
         float amax = 0.0f;
 #pragma unroll 4
-        for (int r = 0; r < ROWS_PER_WARP; ++r) {
-            const int i = blk * QVI_BLOCK + warp * ROWS_PER_WARP + r;
-            if (i >= p.n) break; /* warp-uniform */
-            const int64_t row = base + src_row(p.perm, bh, p.n, i) * p.v.sn;
+        for (int s = 0; s < G::STEPS; ++s) {
+            const int i = blk * QVI_BLOCK + key0 + s * G::RPS;
+            if (i < p.n) {
+                float x[QK_CPL];
+                prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
 #pragma unroll
-            for (int j = 0; j < MAX_NC; ++j) {
-                const int c = lane + 32 * j;
-                if (c < D) amax = fmaxf(amax, fabsf(qvc_ld<DT>(p.v.data, row + c)));
+                for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
             }
         }
         amax = block_max(amax, red);
@@ -126,40 +128,35 @@ v_encode_kernel(v_params p) {
         if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
     }
 
-    float mu[MAX_NC], cs[MAX_NC];
+    float mu[QK_CPL], cs[QK_CPL];
 #pragma unroll
-    for (int j = 0; j < MAX_NC; ++j) {
-        const int c = lane + 32 * j;
-        const bool in = p.mode == 0 && c < D;
-        mu[j] = in && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
-        cs[j] = in ? p.chan[(int64_t)bh * D + c] : 1.0f;
+    for (int e = 0; e < QK_CPL; ++e) {
+        const int c = c0 + e;
+        mu[e] = p.mode == 0 && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
+        cs[e] = p.mode == 0 ? p.chan[(int64_t)bh * D + c] : 1.0f;
     }
-    /* Codes of the warp's 16 keys into the tile (re-reading the rows the
-     * amax pass touched: L2 hits, and a small kernel). */
-#pragma unroll 2
-    for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        const int key = warp * ROWS_PER_WARP + r, i = blk * QVI_BLOCK + key;
-        const bool valid = i < p.n;
-        const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.v.sn : 0;
-        uint8_t *trow = tile + key * TILE_STRIDE;
+    /* Codes of the warp's 16 keys into the tile, 4 bytes per lane
+     * (re-reading the rows the amax pass touched: L2 hits). */
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int key = key0 + s * G::RPS, i = blk * QVI_BLOCK + key;
+        uint32_t word = 0; /* padding keys: code 0 */
+        if (i < p.n) {
+            float x[QK_CPL];
+            prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
 #pragma unroll
-        for (int j = 0; j < MAX_NC; ++j) {
-            const int c = lane + 32 * j;
-            if (c >= D) continue;
-            uint8_t code = 0; /* padding keys: code 0 */
-            if (valid) {
-                const float x = qvc_ld<DT>(p.v.data, row + c);
+            for (int e = 0; e < QK_CPL; ++e) {
                 float y;
                 if (p.mode == 1) {
-                    y = __fdiv_rn(x, bscale);
+                    y = __fdiv_rn(x[e], bscale);
                 } else {
-                    const float res = p.demean ? __fsub_rn(x, mu[j]) : x;
-                    y = __fdiv_rn(res, cs[j]);
+                    const float res = p.demean ? __fsub_rn(x[e], mu[e]) : x[e];
+                    y = __fdiv_rn(res, cs[e]);
                 }
-                code = e4m3(y);
+                word |= (uint32_t)e4m3(y) << (8 * e);
             }
-            trow[c] = code;
         }
+        *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
     }
     __syncthreads();
 
@@ -222,8 +219,14 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK) {
-        QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
-        s = qvc_launch_check("qvc_prep: V encode");
+        vp.vec = prep_vec_ok(*v);
+        if (D == 64)
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 64><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        else if (D == 128)
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 128><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        else
+            s = qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: V encode: head dim %d (64 or 128)", D);
+        if (s == QVA_OK) s = qvc_launch_check("qvc_prep: V encode");
     }
     return s;
 }
