@@ -105,6 +105,15 @@ typedef enum qva_method {
  * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
  * 128-row block; one per row is more faithful (the query quantizer was the
  * largest error term) and costs the kernels nothing. */
+/* cfg.expcast: the P code of the 8-bit methods (docs/NUMERICS.md §3, §7). */
+typedef enum qva_expcast_mode {
+    QVA_EXPCAST_OFF = 0,     /* exp2 then cast to E4M3 (DA2 C.3)             */
+    QVA_EXPCAST_PAPER = 1,   /* VC Eq. 7, beta = -0.35 ("+expcast")          */
+    QVA_EXPCAST_CENTRED = 2  /* Eq. 7 with beta = -0.45, which centres the
+                                decoded/exact ratio on 1 ("+expcast-centred";
+                                CPU reference only for now)                  */
+} qva_expcast_mode;
+
 typedef enum qva_q_granularity {
     QVA_Q_PER_ROW = 0,  /* one INT8 scale per query row (the default)      */
     QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
@@ -189,7 +198,7 @@ typedef struct qva_config {
     int hadamard;          /* rotate Q and K by a Hadamard matrix first     */
     int hadamard_signs;    /* ... with seeded random signs (randomized)     */
     uint64_t hadamard_seed;
-    int expcast;           /* ExpCast-FP8 probabilities (8-bit methods)     */
+    int expcast;           /* qva_expcast_mode of the 8-bit P (and draft's) */
     int q_granularity;     /* qva_q_granularity of INT8 Q (sage8, vc8, draft) */
     qva_vsmooth_params vsmooth;
     qva_draft_params draft;
@@ -215,6 +224,8 @@ typedef struct qva_config {
 void qva_config_default(qva_config *cfg);
 /*
  * Parses a method name into cfg (other fields untouched):
+ * (the option "+expcast-centred" is ExpCast with QVA_EXPCAST_BETA_CENTRED,
+ * cfg->expcast = QVA_EXPCAST_CENTRED; exclusive with "+expcast")
  *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
  *   | draft@pM | draft@pM/S4/S8/S16
  * optionally followed by "+expcast" (8-bit methods and draft), "+hadamard"
@@ -441,6 +452,12 @@ float qva_e4m3_decode(uint8_t code);
  * beta = -0.35, u = (s - m) log2(e) <= 0.  NaN gives 0. */
 uint8_t qva_expcast_e4m3(float u);
 #define QVA_EXPCAST_BETA (-0.35f)
+/* The same code with another beta in (-0.5, 0.5) (the row max keeps code
+ * 120): qva_expcast_e4m3(u) is qva_expcast_e4m3_beta(u, QVA_EXPCAST_BETA)
+ * bit for bit.  QVA_EXPCAST_BETA_CENTRED makes the mean ratio of decoded
+ * to exact probability over a doubling 1 (NUMERICS §7, "ExpCast's bias"). */
+uint8_t qva_expcast_e4m3_beta(float u, float beta);
+#define QVA_EXPCAST_BETA_CENTRED (-0.45f)
 /* E2M1 (FP4): values {0,.5,1,1.5,2,3,4,6} with sign; RNE, saturating. */
 uint8_t qva_e2m1_encode(float x);
 float qva_e2m1_decode(uint8_t code);

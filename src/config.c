@@ -1,6 +1,7 @@
 /* Configs: the paper defaults, method names (strict parsing), and the
  * V-Smooth step schedule. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,24 +191,40 @@ static qva_status parse_draft_mass(const char *s, qva_draft_params *dp,
     return QVA_OK;
 }
 
+/* The method options: name, the config field it sets, and the value. */
+typedef struct method_option {
+    const char *name;
+    size_t field; /* offsetof(qva_config, ...), an int */
+    int value;
+} method_option;
+
+static const method_option method_options[] = {
+    {"expcast", offsetof(qva_config, expcast), QVA_EXPCAST_PAPER},
+    {"expcast-centred", offsetof(qva_config, expcast), QVA_EXPCAST_CENTRED},
+    {"hadamard", offsetof(qva_config, hadamard), 1},
+    {"qblock", offsetof(qva_config, q_granularity), QVA_Q_PER_BLOCK},
+};
+
 static qva_status parse_suffixes(const char *s, qva_config *c) {
     while (*s == '+') {
         ++s;
         size_t len = strcspn(s, "+");
-        int *flag = len == 7 && !strncmp(s, "expcast", 7)    ? &c->expcast
-                    : len == 8 && !strncmp(s, "hadamard", 8) ? &c->hadamard
-                    : len == 6 && !strncmp(s, "qblock", 6)   ? &c->q_granularity
-                                                             : NULL;
-        if (flag && *flag)
-            return qvi_fail(QVA_ERR_PARSE, "method option '+%.*s' given twice",
-                            (int)len, s);
-        if (flag)
-            *flag = 1;
-        else
+        const method_option *opt = NULL;
+        for (size_t i = 0; i < sizeof method_options / sizeof method_options[0]; ++i)
+            if (strlen(method_options[i].name) == len && !strncmp(s, method_options[i].name, len))
+                opt = &method_options[i];
+        if (!opt)
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected "
-                            "+expcast, +hadamard or +qblock)",
+                            "+expcast, +expcast-centred, +hadamard or +qblock)",
                             (int)len, s);
+        int *field = (int *)((char *)c + opt->field);
+        if (*field)
+            return qvi_fail(QVA_ERR_PARSE,
+                            "method option '+%.*s' given twice (or with another "
+                            "option of the same setting)",
+                            (int)len, s);
+        *field = opt->value;
         s += len;
     }
     if (*s)
@@ -230,7 +247,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
-                        "+expcast, +hadamard, +qblock)",
+                        "+expcast, +expcast-centred, +hadamard, +qblock)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -286,7 +303,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     else
         n = snprintf(buf, len, "%s", method_names[cfg->method]);
     if (n >= 0 && (size_t)n < len && cfg->expcast)
-        n += snprintf(buf + n, len - (size_t)n, "+expcast");
+        n += snprintf(buf + n, len - (size_t)n,
+                      cfg->expcast == QVA_EXPCAST_CENTRED ? "+expcast-centred" : "+expcast");
     if (n >= 0 && (size_t)n < len && cfg->hadamard)
         n += snprintf(buf + n, len - (size_t)n, "+hadamard");
     if (n >= 0 && (size_t)n < len && cfg->q_granularity == QVA_Q_PER_BLOCK)

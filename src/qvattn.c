@@ -187,6 +187,10 @@ static qva_status check_config(const qva_config *cfg) {
     if (!(cfg->sm_scale >= 0) || !isfinite(cfg->sm_scale))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "sm_scale must be finite and >= 0 (0 = 1/sqrt(D))");
+    if (cfg->expcast != QVA_EXPCAST_OFF && cfg->expcast != QVA_EXPCAST_PAPER &&
+        cfg->expcast != QVA_EXPCAST_CENTRED)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "expcast = %d is not a qva_expcast_mode",
+                        cfg->expcast);
     if (cfg->expcast && !(qvi_method_is_8bit(cfg->method) || cfg->method == QVA_METHOD_DRAFT))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "expcast needs an 8-bit method or draft");

@@ -45,6 +45,8 @@ int main(void) {
         {"fp8", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
         {"vc4", 128, NULL, QVC_KERNEL_ATTN_FP4_SIMT_64X128, NULL},
         {"exact", 128, NULL, QVC_KERNEL_NONE, "CPU"},
+        {"vc8+expcast-centred", 128, NULL, QVC_KERNEL_NONE, "CPU reference only"},
+        {"draft@85/0/0/15+expcast-centred", 128, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"sage8", 96, NULL, QVC_KERNEL_NONE, "zero-pad"},
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},

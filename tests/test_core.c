@@ -16,7 +16,8 @@ static void test_method_names(void) {
     qva_config_default(&c);
     const char *good[] = {"exact", "bf16", "fp8", "sage8", "vc8", "vc8+expcast",
                           "sage8+hadamard", "vc8+expcast+hadamard", "sage4", "vc4",
-                          "draft@85/0/7.5/7.5", "draft@85/0/0/15", "fp8+expcast"};
+                          "draft@85/0/7.5/7.5", "draft@85/0/0/15", "fp8+expcast",
+                          "vc8+expcast-centred", "draft@85/0/7.5/7.5+expcast-centred"};
     for (size_t i = 0; i < sizeof good / sizeof *good; ++i) {
         char buf[64];
         CHECK(qva_config_set_method(&c, good[i]) == QVA_OK, "%s: %s", good[i], qva_last_error());
@@ -26,10 +27,16 @@ static void test_method_names(void) {
     CHECK(qva_config_set_method(&c, "draft@85/0/7.5/7.5") == QVA_OK, "draft");
     CHECK_NEAR(c.draft.frac_skip, 0.85, 1e-6, "skip");
     CHECK_NEAR(c.draft.frac8, 0.075, 1e-6, "f8");
+    CHECK(qva_config_set_method(&c, "sage8+expcast-centred") == QVA_OK &&
+              c.expcast == QVA_EXPCAST_CENTRED, "+expcast-centred sets QVA_EXPCAST_CENTRED");
+    CHECK(qva_config_set_method(&c, "sage8+expcast") == QVA_OK && c.expcast == QVA_EXPCAST_PAPER,
+          "+expcast sets QVA_EXPCAST_PAPER");
     const char *bad[] = {"", "vc9", "exact+expcast", "bf16+hadamard", "draft",
                          "draft@85/0/7.5", "draft@90/0/7.5/7.5", "draft@-5/5/50/50",
                          "vc8+turbo", "sage8@1/2/3/4", "draft@85/0/7.5/7.5x",
-                         "vc4+expcast"};
+                         "vc4+expcast", "vc8+expcast+expcast-centred",
+                         "sage8+expcast-centred+expcast", "bf16+expcast-centred",
+                         "vc8+expcast-centre"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         qva_config before = c;
         CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "'%s' accepted", bad[i]);

@@ -265,7 +265,37 @@ static void test_tv(float u_lo, float u_hi) {
     CHECK(adv_max > 0.036, "the bound is nearly attained (%.6f)", adv_max);
 }
 
+/* qva_expcast_e4m3_beta: the paper's beta is qva_expcast_e4m3 bit for bit;
+ * the centred beta keeps the row max at code 120 and makes the mean
+ * decoded/exact ratio over a doubling 1 (the paper's is about 1.0093). */
+static double mean_ratio(float beta) {
+    const int n = 1 << 16;
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) {
+        const float u = -1.0f + ((float)i + 0.5f) / (float)n; /* one doubling */
+        sum += (double)qva_e4m3_decode(qva_expcast_e4m3_beta(u, beta)) / exp2((double)u + 8.0);
+    }
+    return sum / n;
+}
+
+static void test_beta(void) {
+    int differ = 0;
+    for (int i = -200000; i <= 1000; ++i) {
+        const float u = (float)i * 7.5e-5f;
+        CHECK(qva_expcast_e4m3_beta(u, QVA_EXPCAST_BETA) == qva_expcast_e4m3(u),
+              "u = %g: paper beta differs from qva_expcast_e4m3", (double)u);
+        differ += qva_expcast_e4m3_beta(u, QVA_EXPCAST_BETA_CENTRED) != qva_expcast_e4m3(u);
+    }
+    CHECK(differ > 1000, "the centred beta changes codes (%d)", differ);
+    CHECK(qva_expcast_e4m3_beta(0.0f, QVA_EXPCAST_BETA_CENTRED) == 120, "row max -> 120");
+    CHECK(qva_expcast_e4m3_beta(NAN, QVA_EXPCAST_BETA_CENTRED) == 0, "NaN -> 0");
+    const double paper = mean_ratio(QVA_EXPCAST_BETA), centred = mean_ratio(QVA_EXPCAST_BETA_CENTRED);
+    CHECK(paper > 1.008 && paper < 1.011, "paper mean ratio %.5f", paper);
+    CHECK(fabs(centred - 1.0) < 1e-3, "centred mean ratio %.5f", centred);
+}
+
 int main(void) {
+    test_beta();
     test_worked_example_and_edges();
     test_agreement();
     float u_lo = -3.0f, u_hi = -3.0f;

@@ -316,6 +316,21 @@ static void test_option_values(void) {
         z.c.q_granularity = QVA_Q_PER_BLOCK;
         EXPECT(&z, QVA_ERR_INVALID_ARGUMENT, "applies to sage8, vc8 and draft", "fp8 per block");
     }
+    /* expcast: a qva_expcast_mode; the centred beta runs on the CPU and
+     * gives other codes than the paper's */
+    {
+        call y = make_call("vc8+expcast");
+        y.c.expcast = 3;
+        EXPECT(&y, QVA_ERR_INVALID_ARGUMENT, "expcast = 3", "expcast 3");
+        static float paper[TELEMS];
+        y.c.expcast = QVA_EXPCAST_PAPER;
+        CHECK(run(&y) == QVA_OK, "expcast: %s", qva_last_error());
+        memcpy(paper, g_buf + 3 * TELEMS, sizeof paper);
+        y.c.expcast = QVA_EXPCAST_CENTRED;
+        CHECK(run(&y) == QVA_OK, "expcast-centred: %s", qva_last_error());
+        CHECK(memcmp(paper, g_buf + 3 * TELEMS, sizeof paper) != 0,
+              "the centred beta reaches the P codes");
+    }
     /* vsmooth.refresh_every <= 0 quietly became 4 */
     call x = make_call("vc8");
     x.c.vsmooth.refresh_every = -3;

@@ -160,7 +160,7 @@ def test_config_default_roundtrip():
     assert abs(cfg.draft.lambda_ - 0.2) < 1e-7 and cfg.check_finite == 1
     for name in ["exact", "bf16", "fp8", "sage8+hadamard", "vc8+expcast",
                  "sage4", "vc4", "draft@85/0/7.5/7.5", "draft@p95",
-                 "draft@p99.5/0/50/50", "draft@p90+expcast"]:
+                 "draft@p99.5/0/50/50", "draft@p90+expcast", "vc8+expcast-centred"]:
         _ffi.config_set_method(cfg, name)
         assert _ffi.config_method_name(cfg) == name
     _ffi.config_set_method(cfg, "draft@p95/0/0/100")  # the short form is canonical

@@ -87,23 +87,24 @@ float qva_e4m3_decode(uint8_t code) {
 
 /*
  * VC Eq. 7 with the affine part folded into one FMA:
- *     t = fmaf(8.0f, u, 119.65f),   119.65f = 64 + 56 + beta
+ *     t = fmaf(8.0f, u, 120.0f + beta),   119.65f = 64 + 56 + beta for the
+ *     paper's beta = -0.35
  * (8(u+8) + 56 + beta = 8u + 120 + beta; the float constant 119.65f is
  * 0x42EF4CCD = 119.650001525878906, the same float 120.0f + beta gives).
  * Then clip to [0, 120] and RNE with rintf.  Clipping before rounding is
  * equivalent to Eq. 7's clip(Round()) because both bounds are integers.
  * NaN gives 0, as does any t < 0 (u < -14.956...); u > 0 gives 120.
  */
-#define QVI_EXPCAST_FMA_ADDEND 119.65f
-
-uint8_t qva_expcast_e4m3(float u) {
-    float t = fmaf(8.0f, u, QVI_EXPCAST_FMA_ADDEND);
+uint8_t qva_expcast_e4m3_beta(float u, float beta) {
+    float t = fmaf(8.0f, u, 120.0f + beta);
     if (!(t >= 0.0f)) /* NaN or underflow */
         return 0;
     if (t > 120.0f)
         t = 120.0f;
     return (uint8_t)rintf(t);
 }
+
+uint8_t qva_expcast_e4m3(float u) { return qva_expcast_e4m3_beta(u, QVA_EXPCAST_BETA); }
 
 /* ====================================================== E2M1 (FP4) */
 
