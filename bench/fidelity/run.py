@@ -76,6 +76,11 @@ def parse_args(argv):
                    help="override the training steps (marks the run as not the frozen config)")
     p.add_argument("--sample-steps", type=int, default=None,
                    help="override the sampling steps (marks the run as not the frozen config)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. train.t_dist=uniform or "
+                        "train.batch=32 (repeatable; the key must exist; the value keeps "
+                        "the type of the one it replaces; marks the run as not the "
+                        "frozen config, and the weights cache keys on it)")
     p.add_argument("--probe-every", type=int, default=0, metavar="N",
                    help="every N training steps (and at the end) sample a few clips with "
                         "bf16-sdpa and record their statistics against the data's: does "
@@ -90,6 +95,37 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 with --tiny)")
     return p.parse_args(argv)
+
+
+def apply_sets(cfg, items):
+    """--set: cfg with each SECTION.KEY=VALUE applied; (list of the
+    overrides as given, None) or ([], message)."""
+    done = []
+    for item in items:
+        key, eq, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot or section not in ("data", "model", "train", "sample"):
+            return [], f"--set {item!r}: SECTION.KEY=VALUE with SECTION data, model, train or sample"
+        if name not in cfg[section]:
+            return [], (f"--set {item!r}: no key {name!r} in {section} "
+                        f"(keys: {', '.join(sorted(cfg[section]))})")
+        old = cfg[section][name]
+        try:
+            if isinstance(old, bool):
+                if text not in ("true", "false"):
+                    raise ValueError("true or false")
+                val = text == "true"
+            elif isinstance(old, (int, float, str)):
+                val = type(old)(text)
+            else:
+                val = json.loads(text)
+                if type(val) is not type(old):
+                    raise ValueError(f"a JSON {type(old).__name__}")
+        except ValueError as e:
+            return [], f"--set {item!r}: {section}.{name} is {type(old).__name__} ({e})"
+        cfg[section][name] = val
+        done.append(f"--set {key}={text}")
+    return done, None
 
 
 def parse_samplers(text):
@@ -170,6 +206,7 @@ class Harness:
             self.overrides.append(f"--sample-steps {args.sample_steps}")
         if args.clips is not None:
             self.cfg["sample"]["clips"] = args.clips
+        self.overrides += apply_sets(self.cfg, args.set)[0]
         dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(dev)
         seeds = C.TINY_MODEL_SEEDS if args.tiny else C.MODEL_SEEDS
@@ -561,6 +598,8 @@ def run_cli(argv=None, log=print):
         return merge_cli(args.merge, args.out, log), None
     err = parse_seeds(args.seeds)[1] if args.seeds is not None else None
     err = err or parse_samplers(args.sanity_samplers)[1]
+    err = err or apply_sets(C.preset("tiny" if args.tiny else "default", args.head_dim),
+                            args.set)[1]
     if err:
         log(f"fidelity: {err}")
         return 2, None

@@ -165,6 +165,34 @@ def test_sanity_samplers(tmp_path):
     assert "--sanity-samplers" in open(h.base + ".md").read()
 
 
+def test_set_overrides(tmp_path):
+    """--set SECTION.KEY=VALUE: typed, checked, marks the run as not frozen
+    and trains another model; bad keys, sections and values exit 2."""
+    cfg = fid_config.preset("tiny")
+    done, err = fid_run.apply_sets(cfg, ["train.t_dist=uniform", "train.batch=3",
+                                         "train.lr=5e-4", "train.compile=false"])
+    assert err is None and len(done) == 4
+    assert (cfg["train"]["t_dist"], cfg["train"]["batch"], cfg["train"]["lr"],
+            cfg["train"]["compile"]) == ("uniform", 3, 5e-4, False)
+    for bad in ["train.batch=3.5", "train.nope=1", "optim.lr=1", "train.lr", "lr=1",
+                "train.compile=yes", "model.patch=[1,2]x"]:
+        assert fid_run.apply_sets(fid_config.preset("tiny"), [bad])[1], bad
+    lines, threads = [], torch.get_num_threads()
+    try:
+        assert fid_run.run_cli(["--tiny", "--set", "train.nope=1"], log=lines.append)[0] == 2
+        status, h = fid_run.run_cli(["--tiny", "--device", "cpu", "--no-cache", "--methods",
+                                     "bf16", "--set", "train.t_dist=uniform",
+                                     "--out", str(tmp_path)], log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    meta = h.results["meta"]
+    assert not meta["frozen"] and meta["overrides"] == ["--set train.t_dist=uniform"]
+    assert h.results["config"]["train"]["t_dist"] == "uniform"
+    assert h.results["models"][0]["loss_check"]["status"].startswith("not checked")
+    assert "Not the frozen config" in open(h.base + ".md").read()
+
+
 def test_likeness_bounds():
     from fidelity import metrics
     data = {"std": [0.4, 0.4, 0.4], "frame_diff": 0.1, "hf_ratio": 0.02}
