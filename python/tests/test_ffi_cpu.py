@@ -447,3 +447,23 @@ def test_torch_cuda_matches_cpu(method):
     torch.cuda.synchronize()
     assert gpu.is_cuda and gpu.dtype == torch.bfloat16
     assert rel_l2(gpu.float().cpu().numpy(), cpu.float().numpy().astype(np.float64)) < 2e-2
+
+
+def test_synthetic_workloads():
+    """qvattn.synthetic: the library's presets as float32 HND arrays, seeded
+    and deterministic; unknown names raise with the list of presets."""
+    import numpy as np
+    import qvattn
+    names = qvattn.synthetic_presets()
+    assert "tiny" in names and "video-mixed" in names
+    w = qvattn.synthetic("tiny")
+    assert w["q"].shape == (1, 2, 128, 64) and w["q"].dtype == np.float32
+    assert w["grid"] == (2, 8, 8) and w["prefix"] == 0 and w["name"] == "tiny"
+    again = qvattn.synthetic("tiny")
+    assert all(np.array_equal(w[x], again[x]) for x in "qkv")
+    other = qvattn.synthetic("tiny", seed=w["seed"] + 1)
+    assert other["seed"] == w["seed"] + 1 and not np.array_equal(w["q"], other["q"])
+    p = qvattn.synthetic("wan-small-prefix")
+    assert p["prefix"] == 64 and p["q"].shape[2] == 64 + 4 * 16 * 24
+    with pytest.raises(qvattn.QvaValueError, match="presets: tiny"):
+        qvattn.synthetic("no-such-preset")
