@@ -224,11 +224,10 @@ typedef struct qva_config {
 void qva_config_default(qva_config *cfg);
 /*
  * Parses a method name into cfg (other fields untouched):
- * (the option "+expcast-centred" is ExpCast with QVA_EXPCAST_BETA_CENTRED,
- * cfg->expcast = QVA_EXPCAST_CENTRED; exclusive with "+expcast")
  *   exact | bf16 | fp8 | sage8 | vc8 | sage4 | vc4 | draft@S0/S4/S8/S16
  *   | draft@pM | draft@pM/S4/S8/S16
- * optionally followed by "+expcast" (8-bit methods and draft), "+hadamard"
+ * optionally followed by "+expcast" (8-bit methods and draft), or instead
+ * "+expcast-centred" (cfg->expcast = QVA_EXPCAST_CENTRED), "+hadamard"
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
  * query scale per 128 rows instead of one per row), each at most once.  Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
