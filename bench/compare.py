@@ -5,10 +5,11 @@ One run times, for each shape, bf16 inputs in HND layout [B, H, N, D]:
   * torch SDPA BF16 with the cuDNN backend and with the FlashAttention backend,
   * each qvattn method of --methods through the ctypes binding, where
     qva_supports() says the CUDA backend can run it:
-      - the full call (qva_attention as is); for V-Smooth (vc*) methods both
-        on a grouping step (num_steps=40, step=0: k-means runs) and on a
-        non-grouping step (step=1, same context: the stored permutation is
-        reused),
+      - the full call (qva_attention as is); for V-Smooth (vc*) methods
+        on a grouping step (num_steps=40, step=0: k-means runs), on a
+        reuse step (step=1, same context: the stored permutation is reused,
+        the block means restored) and on a plain step (step=20, past the
+        window: the stored permutation, no means),
       - the kernel alone, from the library's per-call profiling
         (qva_context_set_profiling / qva_context_last_timings) where the
         library has it, else n/a.
@@ -65,6 +66,9 @@ GRIDS = {"wan2.2-720p": (21, 45, 80), "wan2.2-720p-text": (21, 45, 80),
          "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32)}
 DEFAULT_METHODS = "sage8,vc8,vc8+expcast,fp8,sage8+hadamard"
 VSMOOTH_NUM_STEPS = 40
+# A step past V-Smooth's window (the first quarter): the stored permutation,
+# no block means, the plain kernel (three quarters of the schedule).
+VSMOOTH_PLAIN_STEP = 20
 
 
 def parse_args(argv):
@@ -390,7 +394,8 @@ class Bench:
                                 "status": "unsupported: no latent grid known for this shape"})
                 continue
             vc = base.method in (ffi.QVA_METHOD_VC8, ffi.QVA_METHOD_VC4)
-            modes = [("group", 0), ("reuse", 1)] if vc else [("-", 0)]
+            modes = ([("group", 0), ("reuse", 1), ("plain", VSMOOTH_PLAIN_STEP)] if vc
+                     else [("-", 0)])
             ctx = None
             try:
                 ctx = qv.Context(ffi.QVA_DEVICE_CUDA)
