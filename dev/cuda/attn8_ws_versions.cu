@@ -17,17 +17,25 @@ struct ws5_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr bool SHORT_CHAINS = false;
 };
 
+/* The tensor maps and parameters every version launches with. */
+static qva_status version_args(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                               CUtensorMap *maps, attn8_params *p) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK only (sage8, vc8)");
+    const qva_status r = attn8_maps(ops, maps);
+    if (r != QVA_OK) return r;
+    p->ops = *ops;
+    p->a = *a;
+    return QVA_OK;
+}
+
 template <class F>
 static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
                                  cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK only (sage8, vc8)");
     CUtensorMap maps[3];
-    const qva_status r = attn8_maps(ops, maps);
-    if (r != QVA_OK) return r;
     attn8_params p;
-    p.ops = *ops;
-    p.a = *a;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
     return a->expcast ? attn8_launch<F, 1>(maps, &p, st) : attn8_launch<F, 0>(maps, &p, st);
 }
 
@@ -272,16 +280,11 @@ static qva_status ws8_launch(const CUtensorMap *m, const attn8_params *p, cudaSt
 
 extern "C" qva_status dev_attn8_ws8(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 ws8: INT8 QK only (sage8, vc8)");
-    CUtensorMap maps[3];
-    const qva_status r = attn8_maps(ops, maps);
-    if (r != QVA_OK) return r;
-    attn8_params p;
-    p.ops = *ops;
-    p.a = *a;
-    typedef attn8_ws_flags<QVC_QK_INT8> F;
     if (!ops->v_mu) /* no means (sage8, plain steps): the library kernel */
-        return a->expcast ? attn8_launch<F, 1>(maps, &p, st) : attn8_launch<F, 0>(maps, &p, st);
+        return launch_version<attn8_ws_flags<QVC_QK_INT8>>(ops, fmt, a, st);
+    CUtensorMap maps[3];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
     return a->expcast ? ws8_launch<1>(maps, &p, st) : ws8_launch<0>(maps, &p, st);
 }
