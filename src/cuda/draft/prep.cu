@@ -76,7 +76,7 @@ static __device__ __forceinline__ uint16_t dg_bf16_bits(float a) {
 /* ---- prep kernels: one CTA of 2*D threads per (128-slot block, bh) ----
  *
  * Rows of the user view are read in chunks of 8 channels (16-byte loads
- * where dg_vec_ok holds, else scalar), so the 16 (D 128) or 8 (D 64) lanes
+ * where qvc_view_vec_ok holds, else scalar), so the 16 (D 128) or 8 (D 64) lanes
  * of a row read it in one coalesced piece and share its pack index (a
  * broadcast load).  Thread t keeps chunk c = 8 (t % (D/8)) and takes the
  * rows t / (D/8) + 16 k: with 2*D threads the trip counts are constants
@@ -91,34 +91,6 @@ static __device__ __forceinline__ uint16_t dg_bf16_bits(float a) {
 
 #define DG_CPR_LG(D) ((D) == 128 ? 4 : 3) /* log2 of the 8-channel chunks per row */
 #define DG_RSTEP 16                       /* rows (or tile words) between a thread's tasks */
-
-/* Channels off .. off+7 of a user view, widened to f32 exactly (qvc_ld).
- * VEC: off is 16-byte aligned (dg_vec_ok). */
-template <int DT, bool VEC>
-static __device__ __forceinline__ void dg_ld8(const void *p, int64_t off, float *x) {
-    if constexpr (VEC && DT == QVA_F32) {
-        const float4 a = __ldg((const float4 *)((const float *)p + off));
-        const float4 b = __ldg((const float4 *)((const float *)p + off) + 1);
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-        x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-    } else if constexpr (VEC) {
-        const uint4 u = __ldg((const uint4 *)((const unsigned short *)p + off));
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if constexpr (DT == QVA_BF16) {
-                x[2 * i] = __uint_as_float(w[i] << 16);
-                x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-            } else {
-                x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
-                x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-            }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = qvc_ld<DT>(p, off + i);
-    }
-}
 
 /* x = +0 where the slot is padding. */
 static __device__ __forceinline__ void dg_mask8(float *x, bool valid) {
@@ -185,7 +157,7 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int 
     for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-        dg_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
+        qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
     uint16_t *o = dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c;
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -222,7 +194,7 @@ dg_pack16t_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            dg_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k][h], 0) * x.sn + c, v[k][h]);
+            qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)max(orig[k][h], 0) * x.sn + c, v[k][h]);
     const int s = dg_swz(c, lg);
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -329,7 +301,7 @@ dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pr
         orig[k] = i < n ? __ldg(pack + slot0 + i) : 0;
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) dg_ld8<DT, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
+    for (int k = 0; k < 8; ++k) qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
     if (ROWS) {
         dg_int8_rows(v, n, r0, lg, delta + blk * DG_KEYS, codes + (blk * DG_KEYS + r0) * D + c, D);
         return;
@@ -379,7 +351,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
     for (int k = 0; k < 2; ++k)
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            dg_ld8<DT, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
+            qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
     float d[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) d[e] = __ldg(dv + (int64_t)bh * D + c + e);
@@ -453,14 +425,6 @@ dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_
 
 /* ================================================================ launchers */
 
-/* 16-byte row loads are legal when the base and every row start are
- * 16-byte aligned (chunks start at multiples of 8 elements). */
-static bool dg_vec_ok(const qvc_view *x) {
-    const int64_t step = x->dtype == QVA_F32 ? 4 : 8; /* elements per 16 bytes */
-    return ((uintptr_t)x->data & 15u) == 0 && x->sb % step == 0 && x->sh % step == 0 &&
-           x->sn % step == 0;
-}
-
 /* One 16-bit operand (trans: V^T) and, with amax, its channel amax. */
 template <int DT, int F16>
 static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
@@ -470,7 +434,7 @@ static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R
     const int32_t *pk = L->pack_to_orig;
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
-    const bool vec = dg_vec_ok(&x);
+    const bool vec = qvc_view_vec_ok(&x, 8);
     if (trans && vec)
         dg_pack16t_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
     else if (trans)
@@ -489,7 +453,7 @@ static void dg_launch_8bit(const qvc_view &x, const qvc_draft_layout *L, const d
     const unsigned nt = 2 * (unsigned)o->D;
     const int32_t *pk = L->pack_to_orig, *cnt = L->count;
     const int64_t pp = L->prefix_pad;
-    const bool vec = dg_vec_ok(&x);
+    const bool vec = qvc_view_vec_ok(&x, 8);
     const float *am = o->amax + (size_t)w * o->BH * o->R * o->D;
     float *dl = w ? o->k8s : o->q8s;
     int8_t *codes = w ? o->k8 : o->q8;

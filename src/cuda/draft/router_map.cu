@@ -113,14 +113,10 @@ static size_t dr_map_smem(int rows, int R, int D) {
 /* Eight consecutive channels of one key descriptor, as two 16-byte loads
  * when the rows are 16-byte aligned (D % 4 == 0). */
 static __device__ __forceinline__ void dr_ld8(const float *p, bool vec, float (&f)[8]) {
-    if (vec) {
-        const float4 u = __ldg((const float4 *)p), v = __ldg((const float4 *)p + 1);
-        f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w;
-        f[4] = v.x, f[5] = v.y, f[6] = v.z, f[7] = v.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = __ldg(p + i);
-    }
+    if (vec)
+        qvc_ldn<QVA_F32, 8, true>(p, 0, f);
+    else
+        qvc_ldn<QVA_F32, 8, false>(p, 0, f);
 }
 
 /*

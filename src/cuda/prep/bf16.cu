@@ -36,41 +36,6 @@
 
 /* ------------------------------------------------------------ device helpers */
 
-static __device__ __forceinline__ float widen16(unsigned short u, int dt) {
-    return dt == QVA_BF16 ? __uint_as_float((unsigned)u << 16) : __half2float(__ushort_as_half(u));
-}
-
-/* Elements off .. off+7 of a user view, widened to f32 exactly.  VEC: the
- * host checked that off is a multiple of 16 bytes' worth of elements. */
-template <int DT, bool VEC>
-static __device__ __forceinline__ void load8(const void *p, int64_t off, float *x) {
-    if constexpr (DT == QVA_F32) {
-        const float *f = (const float *)p + off;
-        if constexpr (VEC) {
-            const float4 a = __ldg((const float4 *)f), b = __ldg((const float4 *)f + 1);
-            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-            x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = __ldg(f + i);
-        }
-    } else {
-        const unsigned short *h = (const unsigned short *)p + off;
-        if constexpr (VEC) {
-            const uint4 u = __ldg((const uint4 *)h);
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                x[2 * i] = widen16((unsigned short)(w[i] & 0xFFFFu), DT);
-                x[2 * i + 1] = widen16((unsigned short)(w[i] >> 16), DT);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) x[i] = widen16(__ldg(h + i), DT);
-        }
-    }
-}
-
 template <int F16>
 static __device__ __forceinline__ unsigned short round16(float a) {
     if constexpr (F16)
@@ -97,7 +62,7 @@ qk16_kernel(qvc_view x, int n, int n_pad, uint16_t *dst) {
     uint4 w = make_uint4(0u, 0u, 0u, 0u); /* padding rows: +0 */
     if (row < n) {
         float v[8];
-        load8<DT, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
+        qvc_ldn<DT, 8, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
         w.x = qvc_pack2<F16>(v[0], v[1]);
         w.y = qvc_pack2<F16>(v[2], v[3]);
         w.z = qvc_pack2<F16>(v[4], v[5]);
@@ -126,7 +91,7 @@ v16_kernel(qvc_view v, int n, int nblk, uint16_t *v_t) {
     for (int c = c0; c < c0 + D / 2; c += 8) {
         float x[8];
         if (valid) {
-            load8<DT, VEC>(v.data, row + c, x);
+            qvc_ldn<DT, 8, VEC>(v.data, row + c, x);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) x[e] = 0.0f;
@@ -175,20 +140,12 @@ extern "C" void qvc_ops16_free(qvc_ops16 *ops) {
     memset(ops, 0, sizeof *ops);
 }
 
-/* 16-byte loads are legal when the base and every row start are 16-byte
- * aligned (channel chunks start at multiples of 8 elements). */
-static bool vec_ok(const qvc_view *x) {
-    const int64_t step = x->dtype == QVA_F32 ? 4 : 8; /* elements per 16 bytes */
-    return ((uintptr_t)x->data & 15u) == 0 && x->sb % step == 0 && x->sh % step == 0 &&
-           x->sn % step == 0;
-}
-
 template <int DT, int F16>
 static void launch_qk16_dt(const qvc_view &x, int n, int n_pad, int BH, uint16_t *dst,
                            cudaStream_t st) {
     const int64_t work = (int64_t)n_pad * (x.D / 8);
     dim3 grid((unsigned)((work + P16_THREADS - 1) / P16_THREADS), (unsigned)BH);
-    if (vec_ok(&x))
+    if (qvc_view_vec_ok(&x, 8))
         qk16_kernel<DT, F16, true><<<grid, P16_THREADS, 0, st>>>(x, n, n_pad, dst);
     else
         qk16_kernel<DT, F16, false><<<grid, P16_THREADS, 0, st>>>(x, n, n_pad, dst);
@@ -198,7 +155,7 @@ template <int DT, int F16>
 static void launch_v16_dt(const qvc_view &x, int n, int nblk, int BH, uint16_t *dst,
                           cudaStream_t st) {
     dim3 grid((unsigned)nblk, (unsigned)BH);
-    if (vec_ok(&x))
+    if (qvc_view_vec_ok(&x, 8))
         v16_kernel<DT, F16, true><<<grid, P16_THREADS, 0, st>>>(x, n, nblk, dst);
     else
         v16_kernel<DT, F16, false><<<grid, P16_THREADS, 0, st>>>(x, n, nblk, dst);

@@ -98,36 +98,16 @@ struct qk_geom {
     static constexpr int STEPS = ROWS_PER_WARP / RPS;    /* steps per warp */
 };
 
-/* Vector loads need the view's base and every stride on a QK_CPL-element
- * boundary (the channel stride is 1). */
-static inline int prep_vec_ok(const qvc_view &x) {
-    const size_t es = x.dtype == QVA_F32 ? 4 : 2;
-    return ((uintptr_t)x.data % (QK_CPL * es)) == 0 && x.sb % QK_CPL == 0 &&
-           x.sh % QK_CPL == 0 && x.sn % QK_CPL == 0;
-}
-
-/* QK_CPL elements of a user view at off, widened exactly: one vector load
- * where vec (prep_vec_ok), else one by one. */
+/* QK_CPL elements of a user view at off, widened exactly: vector loads where
+ * vec (qvc_view_vec_ok(view, QK_CPL), checked once per launch), else one by
+ * one. */
 template <int DT>
 static __device__ __forceinline__ void prep_load4(const void *data, int64_t off, int vec,
                                                   float *x) {
-    if (vec) {
-        if constexpr (DT == QVA_F32) {
-            const float4 v = __ldg((const float4 *)((const float *)data + off));
-            x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
-        } else {
-            const uint2 v = __ldg((const uint2 *)((const unsigned short *)data + off));
-            const unsigned short h[4] = {(unsigned short)(v.x & 0xFFFFu), (unsigned short)(v.x >> 16),
-                                         (unsigned short)(v.y & 0xFFFFu), (unsigned short)(v.y >> 16)};
-#pragma unroll
-            for (int e = 0; e < QK_CPL; ++e)
-                x[e] = DT == QVA_BF16 ? __uint_as_float((unsigned)h[e] << 16)
-                                      : __half2float(__ushort_as_half(h[e]));
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) x[e] = qvc_ld<DT>(data, off + e);
-    }
+    if (vec)
+        qvc_ldn<DT, QK_CPL, true>(data, off, x);
+    else
+        qvc_ldn<DT, QK_CPL, false>(data, off, x);
 }
 
 /* The per-lane channel constants of qk_row (K mean, Hadamard signs). */

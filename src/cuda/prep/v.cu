@@ -85,7 +85,7 @@ typedef struct v_params {
     qvc_view v;
     const int32_t *perm;
     int n, nblk;
-    int vec;             /* vector loads allowed (prep_vec_ok)          */
+    int vec;             /* vector loads allowed (qvc_view_vec_ok)      */
     int mode;            /* 0: per-channel (sage/vc); 1: per-block (fp8) */
     int demean;          /* mode 0 */
     const float *bmu;    /* mode 0 with demean: [BH][nblk][D] raw means */
@@ -219,7 +219,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK) {
-        vp.vec = prep_vec_ok(*v);
+        vp.vec = qvc_view_vec_ok(v, QK_CPL);
         if (D == 64)
             QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 64><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
         else if (D == 128)
