@@ -128,7 +128,7 @@ def main(argv=None):
             "git": git_rev(), "device": args.device, "argv": sys.argv,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             "torch": torch.__version__, "qvattn_build": qvattn.build_info(),
-            "peers_skipped": skipped, "sage2_version": peers.version("sage2")}
+            "peers_skipped": skipped, "sage2_origin": peers.origin("sage2")}
     md = table(rows, labels)
     for name, why in skipped.items():
         md += f"\n\n{name}: skipped, {why}"

@@ -36,12 +36,13 @@ def load(name):
     return _LOADERS[name]()
 
 
-def version(name):
-    """The installed peer's version string, or None."""
+def origin(name):
+    """Where the peer was imported from (its package folder), or None: an
+    in-place build from source has no installed version to report."""
     if name == "sage2":
         try:
-            from importlib.metadata import version as v
-            return v("sageattention")
+            import sageattention
+            return sageattention.__file__
         except Exception:
             return None
     return None
