@@ -30,6 +30,7 @@ with their commit, GPU, date and command, into bench/RESULTS.md.
     python3 bench/compare.py --shapes small --methods sage8,vc8+expcast --out /tmp/bench
 """
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -298,71 +299,59 @@ class Bench:
     def out_of_time(self):
         return time.time() > self.deadline
 
-    def peer_entry(self, name, sets, ref):
-        """A peer kernel (bench/peers.py) timed and checked as the SDPA backends."""
-        e = {"impl": name, "label": f"peer {name}", "mode": "-"}
-        call, why = peers.load(name)
-        if call is None:
-            e["status"] = f"unavailable: {why}"
-            return e
+    def timed_entry(self, e, call, sets, ref, fl, context=None):
+        """Times call(q, k, v) over the input sets (inside `context`, e.g. an
+        SDPA backend choice) and checks its output against ref; fills e."""
         if self.out_of_time():
             e["status"] = "skipped: time limit"
-            return e
-        try:
-            e.update(self.timer.run(lambda i: call(*sets[i]), len(sets)))
-            e["rel_l2"] = self.rel_l2(call(*sets[0]), ref)
-            e["status"] = "ok"
-        except Exception as ex:
-            msg = (str(ex).splitlines() or [""])[0][:200]
-            e["status"] = f"unavailable: {type(ex).__name__}: {msg}"
+        else:
+            out = None
+            try:
+                with context or contextlib.nullcontext():
+                    e.update(self.timer.run(lambda i: call(*sets[i]), len(sets)))
+                    out = call(*sets[0])
+                e["status"] = "ok"
+            except Exception as ex:  # backend or peer not available for this shape/GPU
+                msg = (str(ex).splitlines() or [""])[0][:200]
+                e["status"] = f"unavailable: {type(ex).__name__}: {msg}"
+            if out is not None:
+                try:
+                    e["rel_l2"] = self.rel_l2(out, ref)
+                except Exception as ex:
+                    e["status"] = f"ok (fidelity failed: {type(ex).__name__}: {ex})"
+                del out
+        e["tops"] = tops(fl, e.get("ms"))
+        log(f"  {e['impl']:<22} {fmt_ms(e.get('ms'))} ms  {e['status']}")
+        self.torch.cuda.empty_cache()
         return e
 
     def sdpa_entries(self, sets, ref, fl):
-        torch = self.torch
+        """The baselines: torch SDPA backends and installed peers (bench/peers.py)."""
         entries = []
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
         except Exception as e:
             return [{"impl": f"sdpa-{b}", "status": f"unavailable: {e}"}
                     for b in self.args.baselines.split(",") if b]
-        F = torch.nn.functional
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
         backends = {"cudnn": ("cuDNN", SDPBackend.CUDNN_ATTENTION),
                     "flash": ("FlashAttention", SDPBackend.FLASH_ATTENTION)}
         for b in [x.strip() for x in self.args.baselines.split(",") if x.strip()]:
             if b in peers.PEERS:
-                e = self.peer_entry(b, sets, ref)
-                e["tops"] = tops(fl, e.get("ms"))
-                entries.append(e)
-                log(f"  {e['impl']:<22} {fmt_ms(e.get('ms'))} ms  {e['status']}")
-                continue
-            if b not in backends:
+                e = {"impl": b, "label": f"peer {b}", "mode": "-"}
+                call, why = peers.load(b)
+                if call is None:
+                    e["status"] = f"unavailable: {why}"
+                    entries.append(e)
+                    log(f"  {b:<22} {e['status']}")
+                else:
+                    entries.append(self.timed_entry(e, call, sets, ref, fl))
+            elif b in backends:
+                label, backend = backends[b]
+                e = {"impl": f"sdpa-{b}", "label": f"SDPA {label} BF16", "mode": "-"}
+                entries.append(self.timed_entry(e, sdpa, sets, ref, fl, sdpa_kernel(backend)))
+            else:
                 entries.append({"impl": f"sdpa-{b}", "status": "unknown baseline"})
-                continue
-            label, backend = backends[b]
-            e = {"impl": f"sdpa-{b}", "label": f"SDPA {label} BF16", "mode": "-"}
-            if self.out_of_time():
-                e["status"] = "skipped: time limit"
-                entries.append(e)
-                continue
-            try:
-                with sdpa_kernel(backend):
-                    call = lambda i: F.scaled_dot_product_attention(*sets[i])  # noqa: E731
-                    e.update(self.timer.run(call, len(sets)))
-                    out = F.scaled_dot_product_attention(*sets[0])
-                e["status"] = "ok"
-            except Exception as ex:  # backend not available for this shape/GPU
-                msg = (str(ex).splitlines() or [""])[0][:200]
-                e["status"] = f"unavailable: {type(ex).__name__}: {msg}"
-            if e["status"] == "ok":
-                try:
-                    e["rel_l2"] = self.rel_l2(out, ref)
-                except Exception as ex:
-                    e["status"] = f"ok (fidelity failed: {type(ex).__name__}: {ex})"
-                del out
-            e["tops"] = tops(fl, e.get("ms"))
-            entries.append(e)
-            log(f"  {e['impl']:<22} {fmt_ms(e.get('ms'))} ms  {e['status']}")
-            torch.cuda.empty_cache()
         return entries
 
     def qvattn_entries(self, sets, ref, fl, B, H, N, D):
