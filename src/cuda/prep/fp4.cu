@@ -5,8 +5,9 @@
  * per-head tensor scale g needs the amax of the whole prepared head first,
  * so each operand takes two launches: an amax pass (atomicMax of the float
  * bits: non-negative floats order like their bit patterns) and an encode
- * pass.  The rows are the ones qk_row() gives the INT8 path (gathered,
- * smoothed, rotated); V reuses v_stats_kernel of v.cu (block means,
+ * pass.  The rows are those of the 8-bit path (qk.cu's qk_row4: gathered,
+ * smoothed, rotated), loaded here with a lane per channel (qk_row, below),
+ * the layout of the NVFP4 groups of 16 channels; V reuses v_stats_kernel of v.cu (block means,
  * residual amax).  amax[bh*3 + slot], slot 0/1/2 = Q/K/V; g likewise.
  */
 #include <math.h>
@@ -14,6 +15,69 @@
 #include <string.h>
 
 #include "prep_common.cuh"
+
+/* The per-lane channel constants of qk_row (K mean, Hadamard signs). */
+template <int NC>
+static __device__ __forceinline__ void qk_lane_consts(const qk_params &p, int bh, float *mu,
+                                                      float *sg) {
+    const int lane = threadIdx.x & 31, D = (int)p.x.D;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        mu[j] = (p.mean && c < D) ? p.mean[(int64_t)bh * D + c] : 0.0f;
+        sg[j] = (p.signs && c < D) ? p.signs[c] : 1.0f;
+    }
+}
+
+/*
+ * Row i of the block, as the CPU has it just before quantization: loaded,
+ * smoothed (K), rotated (if hadamard).  Deterministic, so the two passes
+ * of qk_quant_kernel see identical values.  Lane = channel lane + 32 j.
+ */
+template <int DT, int NC>
+static __device__ __forceinline__ void qk_row(const qk_params &p, int64_t base, int bh, int i,
+                                              const float *mu, const float *sg, float *x) {
+    const int lane = threadIdx.x & 31, D = (int)p.x.D;
+    const bool valid = i < p.n; /* warp-uniform */
+    const int64_t row = valid ? base + src_row(p.perm, bh, p.n, i) * p.x.sn : 0;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        x[j] = (valid && c < D) ? qvc_ld<DT>(p.x.data, row + c) : 0.0f;
+    }
+    if (!valid) return; /* padding rows stay +0 (a sign flip would give -0) */
+    if (p.mean) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+            if (lane + 32 * j < D) x[j] = __fsub_rn(x[j], mu[j]);
+    }
+    if (p.hadamard) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], sg[j]);
+        /* Strides 1..16 live across lanes: the lane without bit h holds a
+         * (gets a + b), its partner holds b (gets a - b). */
+        for (int h = 1; h < 32 && h < D; h <<= 1) {
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const float o = __shfl_xor_sync(FULL_MASK, x[j], h);
+                x[j] = (lane & h) ? __fsub_rn(o, x[j]) : __fadd_rn(x[j], o);
+            }
+        }
+        /* Strides 32 and 64 pair registers j and j + h/32. */
+        if (D > 32) {
+#pragma unroll
+            for (int j = 0; j + 1 < NC; ++j)
+                if (!(j & 1)) butterfly(x[j], x[j + 1]);
+        }
+        if (D > 64) {
+#pragma unroll
+            for (int j = 0; j + 2 < NC; ++j)
+                if (!(j & 2)) butterfly(x[j], x[j + 2]);
+        }
+#pragma unroll
+        for (int j = 0; j < NC; ++j) x[j] = __fmul_rn(x[j], p.had_scale);
+    }
+}
 
 template <int DT, int NC>
 __global__ void __launch_bounds__(PREP_THREADS)

@@ -1,8 +1,8 @@
 /*
  * Q and K of the 8-bit methods: codes (INT8 or E4M3, qvc_prep_args
- * qk_format) with one scale per 128-row block (or, INT8 Q, per row), the rows as qk_row()
- * (prep_common.cuh) gives them: gathered by the permutation, smoothed by
- * the K channel mean, rotated.  Launched by qvc_prep (prep8.cu) through
+ * qk_format) with one scale per 128-row block (or, INT8 Q, per row), the rows as qk_row4()
+ * gives them: gathered by the permutation, smoothed by the K channel mean,
+ * rotated.  Launched by qvc_prep (prep8.cu) through
  * qvc_prep_qk8.
  *
  *   qk_quant_kernel<DT,D>   one CTA per (128-row block, bh) of Q or K:
