@@ -167,31 +167,21 @@ static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
     }
 }
 
-/* Elements off .. off + N - 1 (N = 4 or 8) of a user view, widened to f32
- * exactly (qvc_ld).  VEC: qvc_view_vec_ok(view, N) held on the host and off
- * is a multiple of N, so they come as 8- or 16-byte vector loads (two for
- * 8 floats); else one by one. */
-template <int DT, int N, bool VEC>
-static __device__ __forceinline__ void qvc_ldn(const void *p, int64_t off, float *x) {
-    static_assert(N == 4 || N == 8, "qvc_ldn: 4 or 8 elements");
+/* Elements off .. off + 7 of a user view, widened to f32 exactly (qvc_ld).
+ * VEC: qvc_view_vec_ok(view, 8) held on the host and off is a multiple of
+ * 8, so they come as 16-byte loads (two for floats); else one by one. */
+template <int DT, bool VEC>
+static __device__ __forceinline__ void qvc_ld8(const void *p, int64_t off, float *x) {
     if constexpr (VEC && DT == QVA_F32) {
         const float4 *f = (const float4 *)((const float *)p + off);
-#pragma unroll
-        for (int i = 0; i < N / 4; ++i) {
-            const float4 a = __ldg(f + i);
-            x[4 * i] = a.x, x[4 * i + 1] = a.y, x[4 * i + 2] = a.z, x[4 * i + 3] = a.w;
-        }
+        const float4 a = __ldg(f), b = __ldg(f + 1);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+        x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
     } else if constexpr (VEC) {
-        uint32_t w[N / 2];
-        if constexpr (N == 8) {
-            const uint4 u = __ldg((const uint4 *)((const unsigned short *)p + off));
-            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-        } else {
-            const uint2 u = __ldg((const uint2 *)((const unsigned short *)p + off));
-            w[0] = u.x, w[1] = u.y;
-        }
+        const uint4 u = __ldg((const uint4 *)((const unsigned short *)p + off));
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < N / 2; ++i) {
+        for (int i = 0; i < 4; ++i) {
             if constexpr (DT == QVA_BF16) {
                 x[2 * i] = __uint_as_float(w[i] << 16);
                 x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
@@ -202,12 +192,13 @@ static __device__ __forceinline__ void qvc_ldn(const void *p, int64_t off, float
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < N; ++i) x[i] = qvc_ld<DT>(p, off + i);
+        for (int i = 0; i < 8; ++i) x[i] = qvc_ld<DT>(p, off + i);
     }
 }
 
-/* Whether qvc_ldn<DT, n, true> may read x at every multiple of n: the base
- * and every stride on a vector boundary (n elements, at most 16 bytes). */
+/* Whether n-element vector loads (qvc_ld8, n = 8; prep_load4, n = 4) may
+ * read x at every multiple of n: the base and every stride on a vector
+ * boundary (n elements, at most 16 bytes). */
 static inline bool qvc_view_vec_ok(const qvc_view *x, int n) {
     const int64_t es = x->dtype == QVA_F32 ? 4 : 2;
     const int64_t step = n * es > 16 ? 16 / es : n; /* elements per vector load */

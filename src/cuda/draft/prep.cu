@@ -157,7 +157,7 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int 
     for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-        qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
+        qvc_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
     uint16_t *o = dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c;
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -194,7 +194,7 @@ dg_pack16t_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int
     for (int k = 0; k < 4; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)max(orig[k][h], 0) * x.sn + c, v[k][h]);
+            qvc_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k][h], 0) * x.sn + c, v[k][h]);
     const int s = dg_swz(c, lg);
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -301,7 +301,7 @@ dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pr
         orig[k] = i < n ? __ldg(pack + slot0 + i) : 0;
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
+    for (int k = 0; k < 8; ++k) qvc_ld8<DT, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
     if (ROWS) {
         dg_int8_rows(v, n, r0, lg, delta + blk * DG_KEYS, codes + (blk * DG_KEYS + r0) * D + c, D);
         return;
@@ -351,7 +351,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
     for (int k = 0; k < 2; ++k)
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            qvc_ldn<DT, 8, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
+            qvc_ld8<DT, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
     float d[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) d[e] = __ldg(dv + (int64_t)bh * D + c + e);

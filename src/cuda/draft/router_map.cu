@@ -114,9 +114,9 @@ static size_t dr_map_smem(int rows, int R, int D) {
  * when the rows are 16-byte aligned (D % 4 == 0). */
 static __device__ __forceinline__ void dr_ld8(const float *p, bool vec, float (&f)[8]) {
     if (vec)
-        qvc_ldn<QVA_F32, 8, true>(p, 0, f);
+        qvc_ld8<QVA_F32, true>(p, 0, f);
     else
-        qvc_ldn<QVA_F32, 8, false>(p, 0, f);
+        qvc_ld8<QVA_F32, false>(p, 0, f);
 }
 
 /*

@@ -62,7 +62,7 @@ qk16_kernel(qvc_view x, int n, int n_pad, uint16_t *dst) {
     uint4 w = make_uint4(0u, 0u, 0u, 0u); /* padding rows: +0 */
     if (row < n) {
         float v[8];
-        qvc_ldn<DT, 8, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
+        qvc_ld8<DT, VEC>(x.data, p16_head_base(x, bh) + (int64_t)row * x.sn + c, v);
         w.x = qvc_pack2<F16>(v[0], v[1]);
         w.y = qvc_pack2<F16>(v[2], v[3]);
         w.z = qvc_pack2<F16>(v[4], v[5]);
@@ -91,7 +91,7 @@ v16_kernel(qvc_view v, int n, int nblk, uint16_t *v_t) {
     for (int c = c0; c < c0 + D / 2; c += 8) {
         float x[8];
         if (valid) {
-            qvc_ldn<DT, 8, VEC>(v.data, row + c, x);
+            qvc_ld8<DT, VEC>(v.data, row + c, x);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) x[e] = 0.0f;

@@ -98,16 +98,29 @@ struct qk_geom {
     static constexpr int STEPS = ROWS_PER_WARP / RPS;    /* steps per warp */
 };
 
-/* QK_CPL elements of a user view at off, widened exactly: vector loads where
- * vec (qvc_view_vec_ok(view, QK_CPL), checked once per launch), else one by
- * one. */
+/* QK_CPL elements of a user view at off, widened exactly: one vector load
+ * where vec (qvc_view_vec_ok(view, QK_CPL), checked once per launch), else
+ * one by one (qvc_ld8's 4-wide twin, with a run-time flag). */
 template <int DT>
 static __device__ __forceinline__ void prep_load4(const void *data, int64_t off, int vec,
                                                   float *x) {
-    if (vec)
-        qvc_ldn<DT, QK_CPL, true>(data, off, x);
-    else
-        qvc_ldn<DT, QK_CPL, false>(data, off, x);
+    if (vec) {
+        if constexpr (DT == QVA_F32) {
+            const float4 v = __ldg((const float4 *)((const float *)data + off));
+            x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+        } else {
+            const uint2 v = __ldg((const uint2 *)((const unsigned short *)data + off));
+            const unsigned short h[4] = {(unsigned short)(v.x & 0xFFFFu), (unsigned short)(v.x >> 16),
+                                         (unsigned short)(v.y & 0xFFFFu), (unsigned short)(v.y >> 16)};
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e)
+                x[e] = DT == QVA_BF16 ? __uint_as_float((unsigned)h[e] << 16)
+                                      : __half2float(__ushort_as_half(h[e]));
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = qvc_ld<DT>(data, off + e);
+    }
 }
 
 #endif
