@@ -2,9 +2,10 @@
  * K smoothing's channel mean on the device, qvc_kmean (prep_internal.h):
  * the two-level FP64 sum of the CPU's qvi_channel_mean, bit for bit.
  *
- *   kmean_block_kernel<DT>  one CTA per (128-row block, bh), thread =
- *                           channel: the block's FP64 sum of K[perm] in row
- *                           order, into partial [BH][nblk][D].
+ *   kmean_block_kernel<DT,D>  a lane = 4 adjacent channels of one 128-row
+ *                           block (4 or 8 blocks per 128-thread CTA): the
+ *                           block's FP64 sums of K[perm] in row order
+ *                           (block_colsum4), into partial [BH][nblk][D].
  *   kmean_finish_kernel     thread = (bh, channel): the block sums in block
  *                           order, divided by n, rounded to float.
  * Every block is read once by one CTA (about the cost of a copy of K); the
@@ -12,34 +13,34 @@
  */
 #include <stdint.h>
 
-#include "common/device_util.cuh"
-#include "prep_internal.h"
+#include "prep_common.cuh"
 
-#define KSM_THREADS MAX_D
-#define KSM_UNROLL 16
+#define KSM_THREADS 128
+
+template <int DT, int D>
+__global__ void __launch_bounds__(KSM_THREADS)
+kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, double *partial) {
+    using L = block_lanes<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+    const int blk = blockIdx.x * L::PER_CTA + warp * L::PER_WARP + lane / qk_geom<D>::LPR;
+    if (blk >= nblk) return;
+    const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
+    double s[QK_CPL];
+    block_colsum4<DT>(k, perm, bh, n, qvc_head_base(k, bh), r0, min(QVI_BLOCK, n - r0), c0, vec, s);
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) partial[((int64_t)bh * nblk + blk) * D + c0 + e] = s[e];
+}
 
 template <int DT>
-__global__ void __launch_bounds__(KSM_THREADS)
-kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, double *partial) {
-    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)k.D;
-    if (c >= D) return;
-    const int64_t base = qvc_head_base(k, bh);
-    const int r0 = blk * QVI_BLOCK, rows = min(QVI_BLOCK, n - r0);
-    const int32_t *pr = perm ? perm + (int64_t)bh * n + r0 : NULL;
-    double s = 0.0;
-    for (int r = 0; r < rows; r += KSM_UNROLL) {
-        float x[KSM_UNROLL];
-#pragma unroll
-        for (int u = 0; u < KSM_UNROLL; ++u) { /* loads first, then the ordered adds */
-            const int i = r + u;
-            const int64_t row = i < rows ? (pr ? (int64_t)__ldg(pr + i) : (int64_t)(r0 + i)) : -1;
-            x[u] = row >= 0 ? qvc_ld<DT>(k.data, base + row * k.sn + c) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < KSM_UNROLL; ++u)
-            if (r + u < rows) s = __dadd_rn(s, (double)x[u]);
-    }
-    partial[((int64_t)bh * nblk + blk) * D + c] = s;
+static void launch_kmean_block(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
+                               double *partial, cudaStream_t st) {
+    const int vec = qvc_view_vec_ok(&k, QK_CPL);
+    if (k.D == 64)
+        kmean_block_kernel<DT, 64><<<dim3((unsigned)qvi_cdiv(nblk, block_lanes<64>::PER_CTA), BH),
+                                     KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial);
+    else
+        kmean_block_kernel<DT, 128><<<dim3((unsigned)qvi_cdiv(nblk, block_lanes<128>::PER_CTA), BH),
+                                      KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial);
 }
 
 __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int BH, int D,
@@ -56,15 +57,13 @@ __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int 
 qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
                      cudaStream_t st) {
     const int D = (int)k->D;
-    if (n < 1 || D < 1 || D > MAX_D)
-        return qvi_fail(QVA_ERR_SHAPE, "K mean: n=%d D=%d", n, D);
+    if (n < 1 || (D != 64 && D != 128))
+        return qvi_fail(QVA_ERR_SHAPE, "K mean: n=%d D=%d (64 or 128)", n, D);
     const int nblk = qvi_cdiv(n, QVI_BLOCK);
     double *partial = NULL;
     cudaError_t e = cudaMallocAsync((void **)&partial, (size_t)BH * nblk * D * sizeof(double), st);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "K mean: cudaMallocAsync");
-    dim3 grid((unsigned)nblk, (unsigned)BH);
-    QVC_DISPATCH_DTYPE(k->dtype, (kmean_block_kernel<DT_><<<grid, KSM_THREADS, 0, st>>>(
-                                     *k, perm, n, nblk, partial)));
+    QVC_DISPATCH_DTYPE(k->dtype, launch_kmean_block<DT_>(*k, perm, n, nblk, BH, partial, st));
     qva_status s = qvc_launch_check("K mean: block sums");
     if (s == QVA_OK) {
         const int64_t cells = (int64_t)BH * D;

@@ -123,4 +123,40 @@ static __device__ __forceinline__ void prep_load4(const void *data, int64_t off,
     }
 }
 
+/* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
+ * r0 .. r0 + len - 1 of X[perm] (loads 8 rows ahead, then the ordered
+ * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
+ * block means (v.cu), bit for bit the CPU's sequential sums. */
+template <int DT>
+static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
+                                                     int n, int64_t base, int r0, int len, int c0,
+                                                     int vec, double *s) {
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
+    for (int i = 0; i < len; i += 8) {
+        float v[8][QK_CPL];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (i + u < len)
+                prep_load4<DT>(x.data, base + src_row(perm, bh, n, r0 + i + u) * x.sn + c0, vec, v[u]);
+            else
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) v[u][e] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (i + u < len)
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) s[e] = __dadd_rn(s[e], (double)v[u][e]);
+    }
+}
+
+/* The lane's block and channels when a 128-thread CTA's warps each take
+ * 32 / LPR blocks (a row of D channels is LPR = D / QK_CPL lanes). */
+template <int D>
+struct block_lanes {
+    static constexpr int PER_WARP = 32 / qk_geom<D>::LPR;
+    static constexpr int PER_CTA = 4 * PER_WARP;
+};
+
 #endif

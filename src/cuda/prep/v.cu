@@ -6,8 +6,9 @@
  * runs it through qvc_prep_v8; qvc_prep4 (fp4.cu) reuses v_stats_kernel
  * through qvc_prep_v_stats.
  *
- *   v_stats_kernel<DT>      one CTA per (block, bh), thread = channel:
- *                           block mean (if demean), residual amax.
+ *   v_stats_kernel<DT,D>    a lane = 4 channels of one block, 4 or 8
+ *                           blocks per CTA: block mean (if demean),
+ *                           residual amax.
  *   v_scale_kernel          thread per (bh, channel): per-channel scale and
  *                           the FP16-rounded mean / scale.
  *   v_encode_kernel<DT,D>   one CTA per (block, bh): E4M3 codes of the block
@@ -23,41 +24,41 @@
 
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
- * A block has at most 128 rows and there are nblk x BH CTAs, so the
- * plain per-thread chain is short and well hidden. */
-template <int DT>
-__global__ void __launch_bounds__(MAX_D)
-v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean,
+ * A lane holds 4 adjacent channels of one block (4 or 8 blocks per
+ * 128-thread CTA): the mean's FP64 sums in row order (block_colsum4), then
+ * a second pass over the block's rows (L2 hits) for the amax. */
+template <int DT, int D>
+__global__ void __launch_bounds__(128)
+v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int vec,
                float *bmu, float *bamax) {
-    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x, D = (int)v.D;
-    if (c >= D) return;
+    using L = block_lanes<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+    const int blk = blockIdx.x * L::PER_CTA + warp * L::PER_WARP + lane / qk_geom<D>::LPR;
+    if (blk >= nblk) return;
+    const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
+    const int len = min(QVI_BLOCK, n - r0);
     const int64_t base = qvc_head_base(v, bh);
-    const int r0 = blk * QVI_BLOCK, len = min(QVI_BLOCK, n - r0);
-    float m = 0.0f;
+    float m[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (demean) {
-        double s = 0.0;
-        int i = 0;
-        for (; i + 16 <= len; i += 16) { /* loads ahead, adds in row order */
-            float t[16];
+        double s[QK_CPL];
+        block_colsum4<DT>(v, perm, bh, n, base, r0, len, c0, vec, s);
 #pragma unroll
-            for (int u = 0; u < 16; ++u)
-                t[u] = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i + u) * v.sn + c);
-#pragma unroll
-            for (int u = 0; u < 16; ++u) s += (double)t[u];
-        }
-        for (; i < len; ++i) s += (double)qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
-        m = (float)(s / (double)len);
+        for (int e = 0; e < QK_CPL; ++e) m[e] = (float)(s[e] / (double)len);
     }
-    float amax = 0.0f;
-#pragma unroll 16
+    float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
     for (int i = 0; i < len; ++i) {
-        float x = qvc_ld<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c);
-        if (demean) x = __fsub_rn(x, m);
-        amax = fmaxf(amax, fabsf(x));
+        float x[QK_CPL];
+        prep_load4<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c0, vec, x);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            const float y = demean ? __fsub_rn(x[e], m[e]) : x[e];
+            amax[e] = fmaxf(amax[e], fabsf(y));
+        }
     }
-    const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
-    bmu[o] = m;
-    bamax[o] = amax;
+    const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) bmu[o + e] = m[e], bamax[o + e] = amax[e];
 }
 
 /* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B). */
@@ -179,11 +180,25 @@ v_encode_kernel(v_params p) {
         for (int c = threadIdx.x; c < D; c += PREP_THREADS) p.v_chan[(int64_t)bh * D + c] = 1.0f;
 }
 
+template <int DT, int D>
+static void launch_v_stats(const qvc_view &v, const int32_t *perm, int nk, int nblk, int BH,
+                           int demean, float *bmu, float *bamax, cudaStream_t st) {
+    const dim3 grid((unsigned)qvi_cdiv(nblk, block_lanes<D>::PER_CTA), (unsigned)BH);
+    v_stats_kernel<DT, D><<<grid, 128, 0, st>>>(v, perm, nk, nblk, demean, qvc_view_vec_ok(&v, QK_CPL), bmu,
+                                                bamax);
+}
+
 qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int nblk, int BH,
                             int demean, float *bmu, float *bamax, cudaStream_t st,
                             const char *what) {
-    QVC_DISPATCH_DTYPE(v->dtype, (v_stats_kernel<DT_><<<dim3(nblk, BH), MAX_D, 0, st>>>(
-                                 *v, perm, nk, nblk, demean, bmu, bamax)));
+    if (v->D == 64)
+        QVC_DISPATCH_DTYPE(v->dtype, (launch_v_stats<DT_, 64>(*v, perm, nk, nblk, BH, demean, bmu,
+                                                              bamax, st)));
+    else if (v->D == 128)
+        QVC_DISPATCH_DTYPE(v->dtype, (launch_v_stats<DT_, 128>(*v, perm, nk, nblk, BH, demean, bmu,
+                                                               bamax, st)));
+    else
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: head dim %d (64 or 128)", what, (int)v->D);
     return qvc_launch_check(what);
 }
 
