@@ -8,11 +8,13 @@
  *   qvi_i2f_magic      INT32 -> FP32 by the 1.5*2^23 magic add, exact for
  *                      |x| < 2^22, with no I2F (the conversion pipe is
  *                      MUFU's rate on Hopper)
- *   qvi_expcast_bits   ExpCast's t = 8u + 119.65 rounded to an integer code
+ *   qvi_expcast_bits   ExpCast's t = 8u + A rounded to an integer code
  *                      by the magic add (RNE, as rintf), clamped below at 0;
  *                      the code is the low byte of the result's bits
- *   qvi_expcast_c      the per-row constant 119.65 - 8m of the fused form
- *                      t = x * 8f + (119.65 - 8m), one FMA per score
+ *   qvi_expcast_c      the per-row constant A - 8m of the fused form
+ *                      t = x * 8f + (A - 8m), one FMA per score
+ * A = 120 + beta is ExpCast's addend (qvi_expcast_addend): 119.65 with the
+ * paper's beta, 119.55 with the centred one (qvattn.h, QVA_EXPCAST_BETA*).
  */
 #ifndef QVATTN_EXPCAST_MAGIC_H
 #define QVATTN_EXPCAST_MAGIC_H
@@ -39,7 +41,7 @@
 
 #define QVI_MAGIC 12582912.0f /* 1.5 * 2^23: ulp 1 from 2^23 to 2^24 */
 #define QVI_MAGIC_BITS 0x4B400000
-#define QVI_EXPCAST_ADDEND 119.65f /* VC Eq. 7 (NUMERICS-formats.md) */
+#define QVI_EXPCAST_ADDEND 119.65f /* VC Eq. 7 with the paper's beta (NUMERICS-formats.md) */
 
 QVI_HD float qvi_bits_float(uint32_t b) {
     float f;
@@ -57,16 +59,19 @@ QVI_HD float qvi_i2f_magic(int32_t x) {
     return QVI_SUB_RN(qvi_bits_float((uint32_t)(x + QVI_MAGIC_BITS)), QVI_MAGIC);
 }
 
+/* The addend 120 + beta, as the float qva_expcast_e4m3_beta computes it. */
+QVI_HD float qvi_expcast_addend(float beta) { return 120.0f + beta; }
+
 /* Bits whose low byte is the ExpCast E4M3 code of t (t <= 120.5; for
- * u <= 0, t <= 119.65).  t < 0, -inf and NaN give code 0. */
+ * u <= 0, t <= A < 120).  t < 0, -inf and NaN give code 0. */
 QVI_HD uint32_t qvi_expcast_bits(float t) {
     return qvi_float_bits(fmaxf(QVI_ADD_RN(t, QVI_MAGIC), QVI_MAGIC));
 }
 
-/* The reference argument: t = fma(8, u, 119.65) with u = s - m. */
-QVI_HD float qvi_expcast_t(float u) { return fmaf(8.0f, u, QVI_EXPCAST_ADDEND); }
+/* The reference argument: t = fma(8, u, A) with u = s - m. */
+QVI_HD float qvi_expcast_t(float u, float add) { return fmaf(8.0f, u, add); }
 
 /* The fused form's per-row constant, so that t = fma(x, 8f, c). */
-QVI_HD float qvi_expcast_c(float m) { return fmaf(-8.0f, m, QVI_EXPCAST_ADDEND); }
+QVI_HD float qvi_expcast_c(float m, float add) { return fmaf(-8.0f, m, add); }
 
 #endif

@@ -21,6 +21,13 @@ extern "C" {
 #define QVI_EXPCAST_LOG2_AMP 8.0f  /* ExpCast puts the row max at 2^8       */
 #define QVI_V_E4M3_RANGE 2.25f     /* per-channel V scale amax/2.25 (C.3)   */
 
+/* ExpCast's beta for a qva_expcast_mode other than off (the paper's, or
+ * the centred one); the kernels take the addend 120 + beta
+ * (qvi_expcast_addend in expcast_magic.h). */
+static inline float qvi_expcast_beta(int mode) {
+    return mode == QVA_EXPCAST_CENTRED ? QVA_EXPCAST_BETA_CENTRED : QVA_EXPCAST_BETA;
+}
+
 /* ------------------------------------------------------------ errors */
 /* Records a formatted message for qva_last_error() and returns st. */
 qva_status qvi_fail(qva_status st, const char *fmt, ...)

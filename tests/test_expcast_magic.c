@@ -3,11 +3,12 @@
  * (src/expcast_magic.h, compiled here exactly as the kernel compiles it):
  *  (a) the magic-add int -> float is exact on the whole range a 128-channel
  *      INT8 dot product can take (|x| <= 128 * 127^2 < 2^21);
- *  (b) the magic-add ExpCast code equals the reference qva_expcast_e4m3 on
- *      every u <= 0 tried (dense float grid plus edges);
- *  (c) the fused form t = x * 8f + (119.65 - 8m) that ws4 and later use
+ *  (b) the magic-add ExpCast code equals the reference qva_expcast_e4m3_beta
+ *      on every u <= 0 tried (dense float grid plus edges), for the paper's
+ *      beta and the centred one;
+ *  (c) the fused form t = x * 8f + (A - 8m) that ws4 and later use
  *      moves a code by at most one step, and rarely: the measured rate is
- *      printed and bounded.
+ *      printed and bounded, for both betas.
  */
 #define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
 #include "check.h"
@@ -27,32 +28,43 @@ static void test_i2f(void) {
     CHECK(qvi_i2f_magic(-(1 << 22) + 1) == (float)(-(1 << 22) + 1), "mask value");
 }
 
-static uint8_t magic_code(float u) {
-    return (uint8_t)(qvi_expcast_bits(qvi_expcast_t(u)) & 0xFFu);
+static uint8_t magic_code(float u, float beta) {
+    return (uint8_t)(qvi_expcast_bits(qvi_expcast_t(u, qvi_expcast_addend(beta))) & 0xFFu);
 }
 
-static void test_code_equals_reference(void) {
+static void test_code_equals_reference(float beta) {
     long n = 0, bad = 0;
     /* every float u in [-32, 0] whose bits are a multiple of 64 apart */
     for (uint32_t b = 0x80000000u; b <= qvi_float_bits(-32.0f); b += 64) {
         const float u = qvi_bits_float(b);
+        const uint8_t ref = qva_expcast_e4m3_beta(u, beta);
         ++n;
-        if (magic_code(u) != qva_expcast_e4m3(u)) {
-            if (bad++ < 3) fprintf(stderr, "  u = %.9g: %d vs %d\n", u, magic_code(u), qva_expcast_e4m3(u));
+        if (magic_code(u, beta) != ref) {
+            if (bad++ < 3) fprintf(stderr, "  u = %.9g: %d vs %d\n", u, magic_code(u, beta), ref);
         }
     }
-    CHECK(bad == 0, "%ld of %ld u values give another code", bad, n);
-    const float edges[] = {-0.0f, 0.0f, -1e-30f, -0.0435f, -0.04375f, -0.05625f, -14.95f,
-                           -14.956f, -15.0f, -1e30f, -INFINITY};
+    CHECK(bad == 0, "beta %g: %ld of %ld u values give another code", (double)beta, bad, n);
+    const float edges[] = {-0.0f, 0.0f, -1e-30f, -0.0435f, -0.04375f, -0.05625f, -0.06875f,
+                           -14.94f, -14.95f, -14.956f, -15.0f, -1e30f, -INFINITY};
     for (size_t i = 0; i < sizeof edges / sizeof *edges; ++i)
-        CHECK(magic_code(edges[i]) == qva_expcast_e4m3(edges[i]), "u = %g: %d vs %d",
-              (double)edges[i], magic_code(edges[i]), qva_expcast_e4m3(edges[i]));
+        CHECK(magic_code(edges[i], beta) == qva_expcast_e4m3_beta(edges[i], beta),
+              "beta %g, u = %g: %d vs %d", (double)beta, (double)edges[i],
+              magic_code(edges[i], beta), qva_expcast_e4m3_beta(edges[i], beta));
     CHECK((qvi_expcast_bits(NAN) & 0xFFu) == 0, "NaN gives code 0");
+}
+
+/* The paper's addend is the float the kernels were written with. */
+static void test_addends(void) {
+    CHECK(qvi_expcast_addend(QVA_EXPCAST_BETA) == QVI_EXPCAST_ADDEND, "paper addend %.9g",
+          (double)qvi_expcast_addend(QVA_EXPCAST_BETA));
+    CHECK(qvi_expcast_beta(QVA_EXPCAST_PAPER) == QVA_EXPCAST_BETA, "paper beta");
+    CHECK(qvi_expcast_beta(QVA_EXPCAST_CENTRED) == QVA_EXPCAST_BETA_CENTRED, "centred beta");
 }
 
 /* Scores as the kernel sees them: an INT32 dot x, a scale f = dq*dk*log2e*
  * sm_scale, the row max m = x_max * f. */
-static void test_fused_flip_rate(void) {
+static void test_fused_flip_rate(float beta) {
+    const float add = qvi_expcast_addend(beta);
     const long n = 4000000;
     long flips = 0, worse = 0;
     for (long i = 0; i < n; ++i) {
@@ -62,23 +74,26 @@ static void test_fused_flip_rate(void) {
         const int32_t span = (int32_t)(16.0f / f) + 1;
         const int32_t x = xmax - (int32_t)(rng_u64() % (uint64_t)span);
         const float m = (float)xmax * f;
-        const uint8_t ref = qva_expcast_e4m3((float)x * f - m);
+        const uint8_t ref = qva_expcast_e4m3_beta((float)x * f - m, beta);
         const uint8_t fused =
-            (uint8_t)(qvi_expcast_bits(fmaf(qvi_i2f_magic(x), 8.0f * f, qvi_expcast_c(m))) & 0xFFu);
+            (uint8_t)(qvi_expcast_bits(fmaf(qvi_i2f_magic(x), 8.0f * f, qvi_expcast_c(m, add))) & 0xFFu);
         const int d = (int)fused - (int)ref;
         if (d) ++flips;
         if (d > 1 || d < -1) ++worse;
     }
     const double rate = (double)flips / (double)n;
-    printf("fused ExpCast argument: %ld of %ld codes (%.2e) one step from the reference\n", flips,
-           n, rate);
+    printf("fused ExpCast argument, beta %g: %ld of %ld codes (%.2e) one step from the reference\n",
+           (double)beta, flips, n, rate);
     CHECK(worse == 0, "%ld codes more than one step off", worse);
     CHECK(rate < 1e-3, "flip rate %.3e (bound 1e-3)", rate);
 }
 
 int main(void) {
     test_i2f();
-    test_code_equals_reference();
-    test_fused_flip_rate();
+    test_addends();
+    test_code_equals_reference(QVA_EXPCAST_BETA);
+    test_code_equals_reference(QVA_EXPCAST_BETA_CENTRED);
+    test_fused_flip_rate(QVA_EXPCAST_BETA);
+    test_fused_flip_rate(QVA_EXPCAST_BETA_CENTRED);
     return check_summary("test_expcast_magic");
 }

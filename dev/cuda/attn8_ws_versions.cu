@@ -167,9 +167,9 @@ static __device__ __forceinline__ void ws8_mainloop(
             qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
             if (alpha[0] != 1.0f || alpha[1] != 1.0f) ws8_rescale(ph, alpha);
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
             if (!EXPCAST) {
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);

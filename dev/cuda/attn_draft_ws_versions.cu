@@ -43,7 +43,7 @@ static __device__ __forceinline__ void dw9_int8_phase(dw_acc &r, const qvc_draft
         dw_score_scales(dq, w.k8s[hr + kb], w.scale_log2, f);
         float rs[2];
         uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, w.count[kb], tig, r.m, r.l, r.o, rs, pa);
+        softmax8<EXPCAST>(sacc, f, w.count[kb], w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
         named_sync(1 + cw, 256);
         float part[EXPCAST ? 68 : 64];

@@ -110,9 +110,7 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
             continue;
         }
         if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
-            pcodes[j] = qva_expcast_e4m3_beta(s[j] - m, expcast == QVA_EXPCAST_CENTRED
-                                                            ? QVA_EXPCAST_BETA_CENTRED
-                                                            : QVA_EXPCAST_BETA);
+            pcodes[j] = qva_expcast_e4m3_beta(s[j] - m, qvi_expcast_beta(expcast));
             rowsum += e4m3_lut()[pcodes[j]];
         } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
             float p = exp2f((s[j] - m) + QVI_SAGE_P_OFFSET);

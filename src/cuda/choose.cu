@@ -89,11 +89,6 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
-    if (cfg->expcast == QVA_EXPCAST_CENTRED) {
-        snprintf(why, len, "+expcast-centred (beta %g) is in the CPU reference only so far; "
-                 "the kernels have the paper's beta (+expcast)", (double)QVA_EXPCAST_BETA_CENTRED);
-        return QVC_KERNEL_NONE;
-    }
     switch (cfg->method) {
     case QVA_METHOD_BF16: return QVC_KERNEL_ATTN_BF16_MMA_64X128;
     case QVA_METHOD_SAGE8:

@@ -150,7 +150,8 @@ qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k, const qva_confi
 /* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
 typedef struct qvc_attn_args {
     float scale_log2;  /* sm_scale * log2(e)                           */
-    int expcast;       /* ExpCast P codes                              */
+    int expcast;       /* ExpCast P codes (a qva_expcast_mode)         */
+    float expcast_add; /* its addend 120 + beta (expcast_magic.h)     */
     void *out;         /* user output (strided, its dtype)             */
     int out_dtype;
     int64_t osb, osh, osn;

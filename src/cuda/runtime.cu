@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/device_util.cuh"
+#include "expcast_magic.h"
 
 #define CUDA_TRY(call, what)                                   \
     do {                                                       \
@@ -200,6 +201,7 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     qvc_attn_args a;
     a.scale_log2 = qvi_sm_scale(cfg, q->shape[3]) * QVI_LOG2E;
     a.expcast = cfg->expcast;
+    a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(cfg->expcast));
     a.out = out->data;
     a.out_dtype = (int)out->dtype;
     a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];

@@ -224,7 +224,7 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     }
     p->sm_scale = qvi_sm_scale(cfg, q->shape[3]);
     p->scale_log2 = p->sm_scale * QVI_LOG2E;
-    p->expcast = cfg->expcast ? 1 : 0;
+    p->expcast = cfg->expcast; /* the qva_expcast_mode: its beta reaches the P codes */
     p->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     p->eta = qvi_draft_eta(p->expcast);
     p->use_f16 = q->dtype == QVA_F16;

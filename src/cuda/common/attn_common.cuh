@@ -30,9 +30,10 @@ static __device__ __forceinline__ void qvc_q_scales(const qvc_ops &ops, int bh, 
     dq[1] = __ldg(qs + (row + 8) / rps);
 }
 
-/* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md. */
-static __device__ __forceinline__ uint32_t qvc_expcast_code(float u) {
-    float t = __fmaf_rn(8.0f, u, 119.65f);
+/* VC Eq. 7 with the float expression of docs/NUMERICS-formats.md; add is
+ * the addend 120 + beta. */
+static __device__ __forceinline__ uint32_t qvc_expcast_code(float u, float add) {
+    float t = __fmaf_rn(8.0f, u, add);
     if (!(t >= 0.0f)) return 0;
     return (uint32_t)rintf(fminf(t, 120.0f));
 }
@@ -48,8 +49,9 @@ static __device__ __forceinline__ float qvc_f16_sat(float x) {
  * their FP32 values are added to *rowsum; with ExpCast the row sum of the
  * decoded codes comes from the PV product instead (a ones column). */
 static __device__ __forceinline__ uint32_t qvc_prob_codes2(float s0, float s1, float m,
-                                                           int expcast, float *rowsum) {
-    if (expcast) return qvc_expcast_code(s0 - m) | (qvc_expcast_code(s1 - m) << 8);
+                                                           int expcast, float ec_add,
+                                                           float *rowsum) {
+    if (expcast) return qvc_expcast_code(s0 - m, ec_add) | (qvc_expcast_code(s1 - m, ec_add) << 8);
     float p0 = exp2f((s0 - m) + QVC_P_AMP), p1 = exp2f((s1 - m) + QVC_P_AMP);
     *rowsum += p0;
     *rowsum += p1;
@@ -61,15 +63,16 @@ static __device__ __forceinline__ uint32_t qvc_prob_codes2(float s0, float s1, f
  * as in the accumulator layout.  The key order this produces is
  * qvc_pv_slot_key(), which the prep kernel used to lay out V. */
 static __device__ __forceinline__ void qvc_pack_p32(const float (*s)[4], float m0, float m1,
-                                                    int expcast, float *rs, uint32_t *pa) {
-    uint32_t lo0 = qvc_prob_codes2(s[0][0], s[0][1], m0, expcast, &rs[0]);
-    uint32_t hi0 = qvc_prob_codes2(s[1][0], s[1][1], m0, expcast, &rs[0]);
-    uint32_t lo1 = qvc_prob_codes2(s[0][2], s[0][3], m1, expcast, &rs[1]);
-    uint32_t hi1 = qvc_prob_codes2(s[1][2], s[1][3], m1, expcast, &rs[1]);
-    uint32_t lo2 = qvc_prob_codes2(s[2][0], s[2][1], m0, expcast, &rs[0]);
-    uint32_t hi2 = qvc_prob_codes2(s[3][0], s[3][1], m0, expcast, &rs[0]);
-    uint32_t lo3 = qvc_prob_codes2(s[2][2], s[2][3], m1, expcast, &rs[1]);
-    uint32_t hi3 = qvc_prob_codes2(s[3][2], s[3][3], m1, expcast, &rs[1]);
+                                                    int expcast, float ec_add, float *rs,
+                                                    uint32_t *pa) {
+    uint32_t lo0 = qvc_prob_codes2(s[0][0], s[0][1], m0, expcast, ec_add, &rs[0]);
+    uint32_t hi0 = qvc_prob_codes2(s[1][0], s[1][1], m0, expcast, ec_add, &rs[0]);
+    uint32_t lo1 = qvc_prob_codes2(s[0][2], s[0][3], m1, expcast, ec_add, &rs[1]);
+    uint32_t hi1 = qvc_prob_codes2(s[1][2], s[1][3], m1, expcast, ec_add, &rs[1]);
+    uint32_t lo2 = qvc_prob_codes2(s[2][0], s[2][1], m0, expcast, ec_add, &rs[0]);
+    uint32_t hi2 = qvc_prob_codes2(s[3][0], s[3][1], m0, expcast, ec_add, &rs[0]);
+    uint32_t lo3 = qvc_prob_codes2(s[2][2], s[2][3], m1, expcast, ec_add, &rs[1]);
+    uint32_t hi3 = qvc_prob_codes2(s[3][2], s[3][3], m1, expcast, ec_add, &rs[1]);
     pa[0] = lo0 | (hi0 << 16);
     pa[1] = lo1 | (hi1 << 16);
     pa[2] = lo2 | (hi2 << 16);

@@ -273,14 +273,16 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
  * in 4 partial sums.  MASK: the
  * block holds padding keys (only the last one can).  f0, f1: the score
- * scales of rows g and g + 8 (equal with per-block query scales). */
+ * scales of rows g and g + 8 (equal with per-block query scales).
+ * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST). */
 template <int EXPCAST, int MASK, int SPLIT_SUM>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
-                                                    float m0, float m1, int key0, int nk, int tig,
-                                                    float *rs, uint32_t (&pa)[4][4]) {
+                                                    float m0, float m1, float ec_add, int key0,
+                                                    int nk, int tig, float *rs,
+                                                    uint32_t (&pa)[4][4]) {
     const float fm0 = EXPCAST ? 8.0f * f0 : f0, fm1 = EXPCAST ? 8.0f * f1 : f1;
-    const float c0 = EXPCAST ? qvi_expcast_c(m0) : __fsub_rn(QVC_P_AMP, m0);
-    const float c1 = EXPCAST ? qvi_expcast_c(m1) : __fsub_rn(QVC_P_AMP, m1);
+    const float c0 = EXPCAST ? qvi_expcast_c(m0, ec_add) : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST ? qvi_expcast_c(m1, ec_add) : __fsub_rn(QVC_P_AMP, m1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float t[4][4];

@@ -118,7 +118,7 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
 #pragma unroll
         for (int c = 0; c < KEYS / 32; ++c)
-            qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, rs, pa[c]);
+            qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, a.expcast_add, rs, pa[c]);
         qvc_softmax_code_sums(pa, a.expcast, rs);
         l[0] += rs[0];
         l[1] += rs[1];

@@ -108,9 +108,9 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
         mx[1] = fmaxf(mx[1], r.m[1]);
         qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
         if ((j + 1) * WS_KEYS > ops.nk)
-            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
         else
-            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], j * WS_KEYS, ops.nk, tig, rs, pa);
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
         if (!EXPCAST) {
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
@@ -160,7 +160,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
         qvc_softmax_raise<0>(mx, r.m, r.l, qvc_rows_of(r.o));
         const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, rs, pa[c]);
+        for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, a.expcast_add, rs, pa[c]);
         if (!EXPCAST) {
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);

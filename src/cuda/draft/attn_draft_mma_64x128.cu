@@ -264,8 +264,10 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
 /* Two scores -> two E4M3 P codes (low byte first); the exp path adds the
  * FP32 amplified weights to *rowsum. */
 static __device__ __forceinline__ uint32_t dg_pcodes2(float s0, float s1, float m, int expcast,
-                                                      float *rowsum) {
-    if (expcast) return qvc_expcast_code(__fsub_rn(s0, m)) | (qvc_expcast_code(__fsub_rn(s1, m)) << 8);
+                                                      float ec_add, float *rowsum) {
+    if (expcast)
+        return qvc_expcast_code(__fsub_rn(s0, m), ec_add) |
+               (qvc_expcast_code(__fsub_rn(s1, m), ec_add) << 8);
     const float p0 = exp2f(__fadd_rn(__fsub_rn(s0, m), QVI_SAGE_P_OFFSET));
     const float p1 = exp2f(__fadd_rn(__fsub_rn(s1, m), QVI_SAGE_P_OFFSET));
     *rowsum = __fadd_rn(__fadd_rn(*rowsum, p0), p1);
@@ -276,7 +278,8 @@ template <int D>
 static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&qf)[D / 32][4],
                                                  unsigned char *smem, const int8_t *kg,
                                                  const uint8_t *vg, int valid,
-                                                 const float (&f)[2], int expcast) {
+                                                 const float (&f)[2], int expcast,
+                                                 float ec_add) {
     dg_load8<D>(smem, kg, vg);
     const uint8_t *kt = smem, *vt = smem + DG_KEYS * (D + DG_PAD8);
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -299,14 +302,14 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < DG_KEYS / 32; ++c) {
-        const uint32_t lo0 = dg_pcodes2(s[4 * c][0], s[4 * c][1], mr0, expcast, &rs[0]);
-        const uint32_t hi0 = dg_pcodes2(s[4 * c + 1][0], s[4 * c + 1][1], mr0, expcast, &rs[0]);
-        const uint32_t lo1 = dg_pcodes2(s[4 * c][2], s[4 * c][3], mr1, expcast, &rs[1]);
-        const uint32_t hi1 = dg_pcodes2(s[4 * c + 1][2], s[4 * c + 1][3], mr1, expcast, &rs[1]);
-        const uint32_t lo2 = dg_pcodes2(s[4 * c + 2][0], s[4 * c + 2][1], mr0, expcast, &rs[0]);
-        const uint32_t hi2 = dg_pcodes2(s[4 * c + 3][0], s[4 * c + 3][1], mr0, expcast, &rs[0]);
-        const uint32_t lo3 = dg_pcodes2(s[4 * c + 2][2], s[4 * c + 2][3], mr1, expcast, &rs[1]);
-        const uint32_t hi3 = dg_pcodes2(s[4 * c + 3][2], s[4 * c + 3][3], mr1, expcast, &rs[1]);
+        const uint32_t lo0 = dg_pcodes2(s[4 * c][0], s[4 * c][1], mr0, expcast, ec_add, &rs[0]);
+        const uint32_t hi0 = dg_pcodes2(s[4 * c + 1][0], s[4 * c + 1][1], mr0, expcast, ec_add, &rs[0]);
+        const uint32_t lo1 = dg_pcodes2(s[4 * c][2], s[4 * c][3], mr1, expcast, ec_add, &rs[1]);
+        const uint32_t hi1 = dg_pcodes2(s[4 * c + 1][2], s[4 * c + 1][3], mr1, expcast, ec_add, &rs[1]);
+        const uint32_t lo2 = dg_pcodes2(s[4 * c + 2][0], s[4 * c + 2][1], mr0, expcast, ec_add, &rs[0]);
+        const uint32_t hi2 = dg_pcodes2(s[4 * c + 3][0], s[4 * c + 3][1], mr0, expcast, ec_add, &rs[0]);
+        const uint32_t lo3 = dg_pcodes2(s[4 * c + 2][2], s[4 * c + 2][3], mr1, expcast, ec_add, &rs[1]);
+        const uint32_t hi3 = dg_pcodes2(s[4 * c + 3][2], s[4 * c + 3][3], mr1, expcast, ec_add, &rs[1]);
         pa[c][0] = lo0 | (hi0 << 16);
         pa[c][1] = lo1 | (hi1 << 16);
         pa[c][2] = lo2 | (hi2 << 16);
@@ -428,7 +431,7 @@ attn_draft_mma_64x128(dg_params p) {
             const float f[2] = {__fmul_rn(__fmul_rn(dq[0], op.k8s[hr + b]), p.scale_log2),
                                 __fmul_rn(__fmul_rn(dq[1], op.k8s[hr + b]), p.scale_log2)};
             dg_block8<D>(r, qf, dg_smem, op.k8 + ((int64_t)bh * nv + (int64_t)b * DG_KEYS) * D,
-                         op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast);
+                         op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast, p.a.expcast_add);
         }
         dg_phase_scale<D>(r, dv, p.eta, 0);
     }

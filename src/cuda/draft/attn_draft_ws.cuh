@@ -212,7 +212,7 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
  * score; rs gets the FP32 row sums (quad-partial) without ExpCast. */
 template <int EXPCAST>
 static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f)[2], int valid,
-                                                int tig, float (&m)[2], float (&l)[2],
+                                                float ec_add, int tig, float (&m)[2], float (&l)[2],
                                                 float (&o)[64], float (&rs)[2],
                                                 uint32_t (&pa)[4][4]) {
     float mx[2];
@@ -222,9 +222,9 @@ static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f
     mx[1] = fmaxf(mx[1], m[1]);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
     if (valid < WS_KEYS)
-        make_p_fused<EXPCAST, 1, 1>(sacc, f[0], f[1], m[0], m[1], 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 1, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
     else
-        make_p_fused<EXPCAST, 0, 1>(sacc, f[0], f[1], m[0], m[1], 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 0, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
 }
 
 /* O += the block's PV partial rounded to FP16 with saturation (Table 6),
@@ -397,7 +397,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
         reg_fence(sacc);
         float rs[2];
         uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, w.count[kb], tig, r.m, r.l, r.o, rs, pa);
+        softmax8<EXPCAST>(sacc, f, w.count[kb], w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         float part[EXPCAST ? 68 : 64];
         issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
         wg_wait<0>();

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "common/device_util.cuh"
+#include "expcast_magic.h"
 #include "draft/partition.h"
 #include "draft_internal.h"
 
@@ -341,6 +342,7 @@ static dg_params dg_params_of(const dg_state *s, const qvi_draft_plan *pl, const
     p.eta = pl->eta;
     p.expcast = pl->expcast;
     p.a = dg_args(pl->scale_log2, q, out, lse, 0);
+    p.a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(pl->expcast));
     return p;
 }
 
