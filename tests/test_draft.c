@@ -547,6 +547,23 @@ static void test_dense_equivalences(qva_context_t *ctx) {
     free_problem(&p);
 }
 
+/* The expcast mode reaches the INT8 phase's P codes: +expcast-centred is
+ * not the paper's beta (the plan once kept only expcast on/off). */
+static void test_expcast_modes(qva_context_t *ctx) {
+    problem p = make_problem(2, 12, 20, 7, 0, 64);
+    size_t n = problem_size(&p);
+    float *paper = malloc(n * 4), *centred = malloc(n * 4), *ex = malloc(n * 4);
+    run_method(ctx, &p, "draft@50/0/50/0+expcast", 0, 0, paper, NULL);
+    run_method(ctx, &p, "draft@50/0/50/0+expcast-centred", 0, 0, centred, NULL);
+    run_method(ctx, &p, "exact", 0, 0, ex, NULL);
+    CHECK(!rows_equal(&p, paper, centred, p.P, p.N, p.D), "the centred beta changes the output");
+    CHECK(rows_equal(&p, paper, centred, 0, p.P, p.D), "prefix rows (16-bit) unchanged");
+    const double ep = rel_l2(paper, ex, n), ec = rel_l2(centred, ex, n);
+    CHECK(fabs(ec - ep) < 0.1 * ep, "same error scale: %g vs %g", ec, ep);
+    free(paper), free(centred), free(ex);
+    free_problem(&p);
+}
+
 /* draft@100/0/0/0: video queries see the prefix only; prefix queries
  * stay dense; without a prefix every video row is empty (zeros). */
 static void test_full_skip(qva_context_t *ctx) {
@@ -1013,6 +1030,7 @@ int main(void) {
     CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
     if (ctx) {
         test_dense_equivalences(ctx);
+        test_expcast_modes(ctx);
         test_full_skip(ctx);
         test_mixed(ctx);
         test_locality(ctx);
