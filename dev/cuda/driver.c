@@ -9,7 +9,12 @@
  *              library kernel's output by rel-L2.
  *
  *   dev_attn [test|perf] [--method M] [--kernels K1,K2,...] [--shape B,H,N,D]
- *            [--grid T,GH,GW,PREFIX] [--iters N]
+ *            [--grid T,GH,GW,PREFIX] [--iters N] [--step S --num-steps N]
+ *
+ * --step/--num-steps put the runs at one point of the schedule (V-Smooth's
+ * reuse or plain steps): each context first runs step 0 (grouping), then
+ * the checked or timed calls at step S.  Without them every call is a
+ * grouping step (num_steps unknown).
  *
  * Kernels: lib (the library's), ws5, ws8 (8-bit methods), dw9, dw10, dw11,
  * serial-prep (draft).  Without --kernels the list comes from
@@ -53,6 +58,7 @@ typedef struct opts {
     int perf, iters;
     const char *method, *kernels;
     int B, H, N, D, T, GH, GW, P;
+    int step, num_steps;
 } opts;
 
 static const version *find_version(const char *name) {
@@ -115,8 +121,19 @@ static qva_status make_config(const opts *o, qva_config *cfg) {
     cfg->draft.grid_t = o->T, cfg->draft.grid_h = o->GH, cfg->draft.grid_w = o->GW;
     cfg->draft.prefix_tokens = o->P;
     cfg->draft.dense_warmup_steps = 0;
-    cfg->step = 0;
+    cfg->step = o->step;
+    cfg->num_steps = o->num_steps;
     return QVA_OK;
+}
+
+/* Step 0 of the schedule first when the runs are at a later step, so the
+ * layer's state (V-Smooth's permutation) is the one that step reuses. */
+static qva_status run_step0(qva_context_t *ctx, const qva_config *cfg, const qva_tensor *q,
+                            const qva_tensor *k, const qva_tensor *v, const qva_tensor *out) {
+    if (cfg->step == 0 || cfg->num_steps <= 0) return QVA_OK;
+    qva_config c0 = *cfg;
+    c0.step = 0;
+    return qva_attention(ctx, &c0, q, k, v, out, NULL);
 }
 
 /* ------------------------------------------------------------ runs */
@@ -139,6 +156,7 @@ static qva_status run_gpu(const opts *o, const version *v, io *x, float *out, do
     qva_tensor out_t = qva_tensor_hnd(x->dout, QVA_BF16, QVA_DEVICE_CUDA, o->B, o->H, o->N, o->D);
     for (size_t i = 0; i < x->n; ++i) x->o[i] = 0x7fc1; /* NaN: poison */
     if (st == QVA_OK) st = qva_memcpy_to_device(x->dout, x->o, x->n * 2);
+    if (st == QVA_OK) st = run_step0(ctx, &cfg, &q, &k, &vv, &out_t);
     if (st == QVA_OK) st = qva_attention(ctx, &cfg, &q, &k, &vv, &out_t, NULL); /* warm-up */
     const int reps = ms ? o->iters : 0;
     double *t = calloc((size_t)(reps > 0 ? reps : 1), sizeof *t);
@@ -176,6 +194,7 @@ static qva_status run_cpu(const opts *o, io *x, float *out) {
     qva_tensor v = qva_tensor_hnd(x->v, QVA_BF16, QVA_DEVICE_CPU, o->B, o->H, o->N, o->D);
     qva_tensor ot = qva_tensor_hnd(of, QVA_F32, QVA_DEVICE_CPU, o->B, o->H, o->N, o->D);
     if (st == QVA_OK && !of) st = QVA_ERR_OUT_OF_MEMORY;
+    if (st == QVA_OK) st = run_step0(ctx, &cfg, &q, &k, &v, &ot);
     if (st == QVA_OK) st = qva_attention(ctx, &cfg, &q, &k, &v, &ot, NULL);
     if (st == QVA_OK) memcpy(out, of, x->n * sizeof(float));
     free(of);
@@ -240,7 +259,8 @@ static int parse_ints(const char *s, int *v, int n) {
 
 static int usage(void) {
     fprintf(stderr, "usage: dev_attn [test|perf] [--method M] [--kernels K1,K2,...] "
-                    "[--shape B,H,N,D] [--grid T,GH,GW,PREFIX] [--iters N]\nkernels:");
+                    "[--shape B,H,N,D] [--grid T,GH,GW,PREFIX] [--iters N] "
+                    "[--step S --num-steps N]\nkernels:");
     for (int i = 0; i < NVERSIONS; ++i) fprintf(stderr, " %s", VERSIONS[i].name);
     fprintf(stderr, "\n");
     return 2;
@@ -259,9 +279,12 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(argv[i], "--shape")) have_shape = parse_ints(argv[i + 1], shape, 4) ? 1 : -1;
         else if (!strcmp(argv[i], "--grid")) have_grid = parse_ints(argv[i + 1], grid, 4) ? 1 : -1;
         else if (!strcmp(argv[i], "--iters")) o->iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--step")) o->step = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--num-steps")) o->num_steps = atoi(argv[i + 1]);
         else return 0;
     }
     if (have_shape < 0 || have_grid < 0 || o->iters < 1) return 0;
+    if (o->step < 0 || o->num_steps < 0 || (o->step > 0 && o->step >= o->num_steps)) return 0;
     const int draft = !strncmp(o->method, "draft", 5);
     if (!have_shape) { /* test: small enough for the CPU reference; perf: Wan2.2-720p */
         const int def_test[4] = {1, 2, 1024 + 64, 128}, def_perf[4] = {1, 40, 75600, 128};
@@ -301,6 +324,7 @@ int main(int argc, char **argv) {
     double lib_ms = 0;
     const double flops = 4.0 * o.B * o.H * (double)o.N * o.N * o.D;
     printf("method %s, shape (%d,%d,%d,%d)", o.method, o.B, o.H, o.N, o.D);
+    if (o.num_steps > 0) printf(", step %d of %d", o.step, o.num_steps);
     if (draft) printf(", grid %dx%dx%d + %d", o.T, o.GH, o.GW, o.P);
     printf(", %s\n", o.perf ? "perf (full calls, median)" : "test (vs CPU reference)");
     if (run_gpu(&o, find_version("lib"), &x, lib, o.perf ? &lib_ms : NULL) != QVA_OK) {
