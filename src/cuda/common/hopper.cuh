@@ -339,20 +339,6 @@ static __device__ __forceinline__ void add_part(float (&o)[64], const float (&pa
         for (int e = 0; e < 4; ++e) o[(n0 + n) * 4 + e] = __fmaf_rn(part[n * 4 + e], vb, o[(n0 + n) * 4 + e]);
 }
 
-/* V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6), mu from the stage in
- * shared memory (a quad reads 4 distinct float2: no bank conflict). */
-static __device__ __forceinline__ void restore_mu(float (&o)[64], const float *rs,
-                                                  const float *mu, int tig) {
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-        const float2 mu2 = *(const float2 *)(mu + n * 8 + 2 * tig);
-        o[n * 4 + 0] = __fmaf_rn(rs[0], mu2.x, o[n * 4 + 0]);
-        o[n * 4 + 1] = __fmaf_rn(rs[0], mu2.y, o[n * 4 + 1]);
-        o[n * 4 + 2] = __fmaf_rn(rs[1], mu2.x, o[n * 4 + 2]);
-        o[n * 4 + 3] = __fmaf_rn(rs[1], mu2.y, o[n * 4 + 3]);
-    }
-}
-
 /* ------------------------------------------------------------ host */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                     const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,

@@ -2,7 +2,8 @@
  * The pieces of attn8_ws_128x128 (dense/attn8_ws_128x128.cu holds the
  * kernel and its launcher; its header comment says what the kernel does):
  * the flags, the shared-memory layout, the producer, the two mainloops and
- * the epilogue.  Kernel versions under trial (dev/cuda) build on them.
+ * the epilogue (the V-Smooth restore of the INT8 mainloop is in
+ * attn8_restore.cuh).  Kernel versions under trial (dev/cuda) build on them.
  */
 #ifndef QVATTN_ATTN8_WS_CUH
 #define QVATTN_ATTN8_WS_CUH
@@ -23,8 +24,8 @@ struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
     static constexpr bool INT8 = FMT == QVC_QK_INT8;
     static constexpr int STAGES = INT8 ? 4 : 2;   /* K/V ring depth */
-    static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns */
-    static constexpr bool MU_IN_SMEM = INT8;      /* V-Smooth means ride with the tile */
+    static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
+                                                     with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
@@ -49,6 +50,8 @@ struct attn8_ws_flags {
 #define A8_MU_OFF(s) (A8_K_OFF(s) + A8_TILE)
 #define A8_BAR_OFF(S) (A8_QB + (S) * A8_STAGE_BYTES)
 #define A8_SMEM_BYTES(S) (A8_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
+
+#include "dense/attn8_restore.cuh" /* its tiles follow the mbarriers */
 
 typedef struct attn8_params {
     qvc_ops ops;
@@ -89,53 +92,81 @@ typedef struct attn8_acc {
 
 /* INT8 QK, consumer warpgroups in ping-pong: warpgroup cw issues its
  * GEMMs after named barrier 1 + cw and then lets the other go (2 - cw);
- * the O update of block j runs under QK(j+1).  sacc holds QK(0). */
-template <class F, int EXPCAST>
+ * the O update of block j runs under QK(j+1).  sacc holds QK(0).
+ * MEANS (V-Smooth's demeaned steps): the restore O += r_j mu_j^T is
+ * batched, one FP16 wgmma per A8R_BATCH blocks (attn8_restore.cuh); the
+ * batches are the outer loop, so that the restore's wgmma sits on every
+ * path through it (ptxas serializes wgmmas it finds on a conditional one).
+ * Without MEANS one batch holds every block. */
+template <class F, int EXPCAST, int MEANS>
 static __device__ __forceinline__ void attn8_mainloop_pingpong(
     attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
-    const uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
-    const float *vblk, int mu_smem, int cw, int tig) {
+    uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
+    const float *vblk, int cw, int tig) {
+    uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
+    uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
+    const int batch = MEANS ? A8R_BATCH : ops.nblk;
     if (cw == 1) named_arrive(1, 256);
-    for (int j = 0; j < ops.nblk; ++j) {
-        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
-        const float vb = vblk[j];
-        uint32_t pa[4][4];
-        float rs[2] = {0.0f, 0.0f};
-        float mx[2];
-        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
-        mx[0] = fmaxf(mx[0], r.m[0]);
-        mx[1] = fmaxf(mx[1], r.m[1]);
-        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-        if ((j + 1) * WS_KEYS > ops.nk)
-            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
-        else
-            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
-        if (!EXPCAST) {
-            rs[0] = qvc_quad_sum(rs[0]);
-            rs[1] = qvc_quad_sum(rs[1]);
+    for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
+        const int j1 = min(j0 + batch, ops.nblk);
+        for (int j = j0; j < j1; ++j) {
+            const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float mx[2];
+            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], r.m[0]);
+            mx[1] = fmaxf(mx[1], r.m[1]);
+            if (MEANS) { /* the pending row sums are rescaled as O is */
+                float alpha[2];
+                qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+                qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale(ph, alpha);
+            } else {
+                qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+            }
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
+            if (!EXPCAST) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+            named_sync(1 + cw, 256);
+            float part[EXPCAST ? 68 : 64];
+            issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            /* Always issued, so that no wgmma sits on a divergent path (ptxas
+             * would serialize them); after the last block it re-reads this
+             * block's K tile and the result is dropped. */
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+
+            wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+            reg_fence(part);
+            if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
+            if (MEANS) {
+                a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+                a8r_pend(ph, rs, j, tig);
+            }
+            mbar_arrive(b.empty + 8 * s);
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
         }
-        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
-
-        named_sync(1 + cw, 256);
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
-        /* Always issued, so that no wgmma sits on a divergent path (ptxas
-         * would serialize them); after the last block it re-reads this
-         * block's K tile and the result is dropped. */
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
-        named_arrive(2 - cw, 256);
-
-        wg_wait<1>(); /* PV of block j; QK of j+1 still running */
-        reg_fence(part);
-        if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
-        add_part<16>(r.o, part, 0, vb);
-        if (mu_smem) restore_mu(r.o, rs, (const float *)(sm + A8_MU_OFF(s)), tig);
-        mbar_arrive(b.empty + 8 * s);
-        r.l[0] += rs[0];
-        r.l[1] += rs[1];
-        wg_wait<0>();
-        reg_fence(sacc);
+        if (MEANS) {
+            a8r_flush(r.o, ph, smem_addr(tile), cw);
+            wg_wait<0>();
+            reg_fence(r.o);
+        }
     }
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }
@@ -232,8 +263,10 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
 }
 
 /* ------------------------------------------------------------ kernel */
-/* F: the flags (attn8_ws_flags or a dev/cuda variant of them). */
-template <class F, int EXPCAST>
+/* F: the flags (attn8_ws_flags or a dev/cuda variant of them).  MEANS:
+ * the call has V-Smooth means (INT8 QK: restored in batches in shared
+ * memory; E4M3 QK: read from global memory per block). */
+template <class F, int EXPCAST, int MEANS>
 __global__ void __launch_bounds__(F::THREADS, 1)
 attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const attn8_params p) {
@@ -247,12 +280,17 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
-    const float *vmu = ops.v_mu ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
-    const int mu_smem = F::MU_IN_SMEM && vmu;
+    const float *vmu = MEANS ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
+    constexpr int mu_smem = MEANS && F::PINGPONG;
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    /* Zero mean tiles: the slots a short last batch leaves unwritten meet
+     * zero pending sums, and 0 x (stale garbage) could be NaN. */
+    if (mu_smem)
+        for (int i = threadIdx.x; i < 2 * A8R_TILE / 4; i += F::THREADS)
+            *(uint32_t *)(sm + A8R_TILE_OFF(F::STAGES) + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
@@ -293,8 +331,8 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     wg_wait<0>();
     reg_fence(sacc);
     if constexpr (F::PINGPONG)
-        attn8_mainloop_pingpong<F, EXPCAST>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale, vblk,
-                                         mu_smem, cw, tig);
+        attn8_mainloop_pingpong<F, EXPCAST, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
+                                                   vblk, cw, tig);
     else
         attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, vmu,
                                            tig);
@@ -302,16 +340,25 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 }
 
 /* The launch of one flags variant. */
-template <class F, int EXPCAST>
-static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int smem = A8_SMEM_BYTES(F::STAGES);
+template <class F, int EXPCAST, int MEANS>
+static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    const int smem = MEANS && F::PINGPONG ? A8R_SMEM_BYTES(F::STAGES) : A8_SMEM_BYTES(F::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
-        attn8_ws_128x128<F, EXPCAST>;
+        attn8_ws_128x128<F, EXPCAST, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn8_ws_128x128 smem attribute");
     dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
     k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p);
     return qvc_launch_check("attn8_ws_128x128");
+}
+
+/* The kernel of a flags variant for this call: ExpCast or not, means or not. */
+template <class F>
+static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    const int ec = p->a.expcast != 0, mu = p->ops.v_mu != NULL;
+    if (mu)
+        return ec ? attn8_launch_one<F, 1, 1>(m, p, st) : attn8_launch_one<F, 0, 1>(m, p, st);
+    return ec ? attn8_launch_one<F, 1, 0>(m, p, st) : attn8_launch_one<F, 0, 0>(m, p, st);
 }
 
 /* The tensor maps of the operands. */

@@ -16,6 +16,8 @@
  *                O_j = P V   wgmma m64n128k32 (n136 with ExpCast: eight
  *                            ones rows after V give the decoded row sum),
  *                            A from registers
+ *                O += R M    V-Smooth's mean restore, one wgmma m64n128k16
+ *                            (FP16) per 16 key blocks (attn8_restore.cuh)
  *   epilogue   out = O * chan_scale / l, and the LSE
  *
  * Every tile is 128-byte rows with the 128-byte swizzle, written by TMA and
@@ -42,10 +44,6 @@ extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt
     attn8_params p;
     p.ops = *ops;
     p.a = *a;
-    typedef attn8_ws_flags<QVC_QK_INT8> I8;
-    typedef attn8_ws_flags<QVC_QK_E4M3> E4;
-    const int ec = a->expcast != 0;
-    if (fmt == QVC_QK_E4M3)
-        return ec ? attn8_launch<E4, 1>(maps, &p, st) : attn8_launch<E4, 0>(maps, &p, st);
-    return ec ? attn8_launch<I8, 1>(maps, &p, st) : attn8_launch<I8, 0>(maps, &p, st);
+    if (fmt == QVC_QK_E4M3) return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(maps, &p, st);
+    return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(maps, &p, st);
 }

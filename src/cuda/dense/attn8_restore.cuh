@@ -1,0 +1,111 @@
+/*
+ * The V-Smooth mean restore of attn8_ws_128x128's INT8 path, O += r_j mu_j^T
+ * for every key block j, as one FP16 wgmma per 16 blocks instead of 64
+ * FFMAs and 16 shared loads per block and thread (bench/NOTES.md, "The
+ * V-Smooth restore as one FP16 wgmma per 16 blocks").
+ *
+ * Each consumer warpgroup keeps
+ *   - the pending row sums r_j as the m64k16 FP16 A fragment (rows g, g + 8
+ *     at k = 2tig, 2tig+1, 2tig+8, 2tig+9; block j at k = j mod 16), in 16
+ *     bytes of shared memory private to the thread: kept in registers they
+ *     made ptxas serialize the ExpCast kernel's wgmmas (C7512).  r_j is
+ *     rounded to FP16 when stored and again after each rescale (in FP32)
+ *     when a row max rises, as O is rescaled;
+ *   - its 16 x 128 FP16 tile of the batch's means, K-major without swizzle
+ *     (8 x 16-byte core matrices: 128 B apart along k, 256 B along the
+ *     channels), filled one block at a time from the stage's FP32 means
+ *     (already FP16 values: v_mu = fp16(mu / s)).
+ * After every 16 blocks and after the last, one wgmma.m64n128k16 adds the
+ * batch into O.  The roundings of r_j change the restore term by about
+ * 2^-11 relative per rounding (docs/NUMERICS.md §6).
+ */
+#ifndef QVATTN_ATTN8_RESTORE_CUH
+#define QVATTN_ATTN8_RESTORE_CUH
+
+#include <cuda_fp16.h>
+
+#include "common/hopper.cuh"
+
+#define A8R_BATCH 16      /* key blocks per restore wgmma (its k)        */
+#define A8R_TILE 4096     /* 16 blocks x 128 channels x 2 bytes          */
+/* After the ring's mbarriers (A8_BAR_OFF(S) + 8 (1 + 2S)): one tile per
+ * consumer warpgroup, then 16 bytes of pending sums per consumer thread. */
+#define A8R_TILE_OFF(S) ((A8_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1023) & ~1023)
+#define A8R_PEND_OFF(S) (A8R_TILE_OFF(S) + 2 * A8R_TILE)
+#define A8R_SMEM_BYTES(S) (A8R_PEND_OFF(S) + 256 * 16 + 1024)
+
+/* No-swizzle K-major descriptor of a mean tile: LBO (k) 128 B, SBO (n) 256 B. */
+static __device__ __forceinline__ uint64_t a8r_tile_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) |
+           ((uint64_t)(256 >> 4) << 32);
+}
+
+/* Byte offset of (channel n, block slot k) in a tile. */
+static __device__ __forceinline__ uint32_t a8r_tile_at(int n, int k) {
+    return (uint32_t)((((n >> 3) * 2 + (k >> 3)) * 128) + (n & 7) * 16 + (k & 7) * 2);
+}
+
+/* O (64x128) += R (64x16, FP16 registers) M (16x128, FP16 shared memory). */
+static __device__ __forceinline__ void a8r_wgmma(float (&d)[64], const uint32_t (&a)[4],
+                                                 uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+        ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+        : F64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/* This thread's 16 bytes of pending sums; zeroed. */
+static __device__ __forceinline__ uint32_t *a8r_pending(uint8_t *sm, int stages) {
+    uint32_t *ph = (uint32_t *)(sm + A8R_PEND_OFF(stages) + 16 * (threadIdx.x - 128));
+    *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+    return ph;
+}
+
+/* Block j's row sums into the pending fragment (the owning thread only):
+ * ph[2 hi + row] (A registers a0..a3: hi = k >= 8, row 0 = g, 1 = g + 8)
+ * holds k = 2tig (+8) in its low half, 2tig + 1 (+8) in its high half. */
+static __device__ __forceinline__ void a8r_pend(uint32_t *ph, const float *rs, int j, int tig) {
+    const int k = j & (A8R_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
+    if (tig != owner) return;
+    __half *h = (__half *)(ph + 2 * hi) + (k & 1);
+    h[0] = __float2half_rn(rs[0]);
+    h[2] = __float2half_rn(rs[1]);
+}
+
+/* A row max rose: the pending sums of row r take alpha[r], as O does. */
+static __device__ __forceinline__ void a8r_rescale(uint32_t *ph, const float *alpha) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half2 h;
+        const uint32_t u = ph[i];
+        memcpy(&h, &u, sizeof h);
+        const float2 f = __half22float2(h);
+        h = __floats2half2_rn(f.x * alpha[i & 1], f.y * alpha[i & 1]);
+        uint32_t w;
+        memcpy(&w, &h, sizeof w);
+        ph[i] = w;
+    }
+}
+
+/* Channel t of block j's means (the stage's FP32 copy) into the tile. */
+static __device__ __forceinline__ void a8r_fill(uint8_t *tile, const float *mu, int j, int t) {
+    *(__half *)(tile + a8r_tile_at(t, j & (A8R_BATCH - 1))) = __float2half_rn(mu[t]);
+}
+
+/* Issue the batch's restore into O and clear the pending sums; the caller
+ * waits for it together with its next QK. */
+static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
+                                                 int cw) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_sync(3 + cw, 128); /* the warpgroup's tile writes are all in */
+    const uint4 v = *(const uint4 *)ph;
+    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
+    wg_fence();
+    a8r_wgmma(o, a, a8r_tile_desc(tile_addr));
+    wg_commit();
+    *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+}
+
+#endif
