@@ -2,7 +2,7 @@
 
 A Python front end over the C library (see _ffi.py for the binding):
 
-    out = qvattn.attention(q, k, v, method="vc8+expcast")
+    out = qvattn.attention(q, k, v)        # qvattn.DEFAULT_METHOD
     out = qvattn.sdpa(query, key, value)   # torch SDPA's signature, drop-in
 
 q, k, v are torch tensors (CUDA or CPU) or numpy float32/float16 arrays, all
@@ -23,10 +23,10 @@ except ImportError:  # pragma: no cover - depends on the environment
     _torch = None
 
 from . import _config, _ffi  # noqa: E402  (after torch, see above)
-from ._ffi import (Context, QvaError, QvaUnsupportedError, QvaValueError,  # noqa: E402
-                   build_info, cuda_available, default_context, last_error)
+from ._ffi import (DEFAULT_METHOD, Context, QvaError, QvaUnsupportedError,  # noqa: E402
+                   QvaValueError, build_info, cuda_available, default_context, last_error)
 
-__all__ = ["attention", "sdpa", "describe", "Context", "QvaError", "QvaValueError",
+__all__ = ["attention", "sdpa", "describe", "DEFAULT_METHOD", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
            "default_context", "supports", "capture", "error_terms", "draft_report",
            "draft_sweep", "synthetic", "synthetic_presets"]
@@ -137,7 +137,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'qvattn' has no attribute {name!r}")
 
 
-def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
               attn_mask=None, return_lse=False, layer=None, step=None,
               num_steps=None, grid=None, prefix=None, prefix_at_end=False,
               ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
@@ -147,8 +147,10 @@ def attention(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
     method    qvattn method string: exact | bf16 | fp8 | sage8 | vc8 | sage4 |
               vc4 | draft@S0/S4/S8/S16 | draft@pM[/S4/S8/S16] (the adaptive
               budget: per head the region pairs holding M% of the draft
-              map, options draft.min_keep / draft.max_keep; CPU only), with
-              +expcast / +hadamard options.
+              map, options draft.min_keep / draft.max_keep), with
+              +expcast / +expcast-centred / +hadamard / +qblock options.
+              Default: qvattn.DEFAULT_METHOD, vc8+expcast-centred (ExpCast
+              at the centred beta: docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
     attn_mask None, or (torch only) a boolean key-padding mask broadcastable
@@ -250,7 +252,7 @@ def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse
     return (out, lse) if return_lse else out
 
 
-def error_terms(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+def error_terms(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
                 options=None):
     """Where `method`'s error comes from, on CPU inputs (qva_error_terms_compute).
 

@@ -41,12 +41,12 @@ import warnings
 
 import torch
 
-from . import _config, ops
+from . import _config, _ffi, ops
 
 __all__ = ["QvattnOverride", "attention", "optimized_attention_override",
            "patch_model", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
 
-METHODS = ["vc8+expcast", "vc8", "sage8", "sage8+hadamard", "fp8", "bf16",
+METHODS = [_ffi.DEFAULT_METHOD, "vc8+expcast", "vc8", "sage8", "sage8+hadamard", "fp8", "bf16",
            "draft@85/0/0/15", "draft@85/0/7.5/7.5", "sage4", "vc4", "exact"]
 
 
@@ -65,7 +65,7 @@ def _resolve_step(sigmas, sample_sigmas):
 class QvattnOverride:
     """A ComfyUI optimized_attention_override running a qvattn method."""
 
-    def __init__(self, method="vc8+expcast", *, fallback=True, min_cross_tokens=4096,
+    def __init__(self, method=_ffi.DEFAULT_METHOD, *, fallback=True, min_cross_tokens=4096,
                  options=None, grid=None, draft_warmup=0.25, num_steps=None):
         _config._base_config(method, "")  # ValueError on a bad method name
         opts = dict(options or {})
@@ -228,7 +228,7 @@ class QvattnOverride:
 
 
 optimized_attention_override = QvattnOverride()
-"""A default override (vc8+expcast, falls back to ComfyUI's attention)."""
+"""A default override (qvattn.DEFAULT_METHOD, falls back to ComfyUI's attention)."""
 
 
 def attention(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -239,7 +239,7 @@ def attention(q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False
         skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape, **kwargs)
 
 
-def patch_model(model, method="vc8+expcast", **kwargs):
+def patch_model(model, method=_ffi.DEFAULT_METHOD, **kwargs):
     """A clone of a ComfyUI ModelPatcher whose attention runs qvattn."""
     m = model.clone()
     topts = m.model_options.setdefault("transformer_options", {})
@@ -253,7 +253,7 @@ class QvattnAttentionNode:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"model": ("MODEL",),
-                             "method": (METHODS, {"default": "vc8+expcast"})}}
+                             "method": (METHODS, {"default": _ffi.DEFAULT_METHOD})}}
 
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"

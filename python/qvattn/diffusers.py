@@ -721,7 +721,7 @@ class QvattnHandle:
         self.state.close()
 
 
-def apply(pipe, method="vc8+expcast", *, num_steps=None, layers=None,
+def apply(pipe, method=_ffi.DEFAULT_METHOD, *, num_steps=None, layers=None,
           cross_attention="sdpa", min_cross_tokens=4096, fallback=False,
           options=None, draft_warmup=_DRAFT_WARMUP_DEFAULT):
     """Put qvattn on the attention of a pipeline's transformer(s).

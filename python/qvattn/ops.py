@@ -652,7 +652,7 @@ def _classify_mask(attn_mask, B, H, Nq, Nk, device):
     return "pad:" + ",".join(str(x) for x in full)
 
 
-def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=None,
+def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
                     attn_mask=None, return_lse=False, layer=None, step=None,
                     num_steps=None, grid=None, prefix=None, prefix_at_end=False,
                     ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
@@ -790,7 +790,7 @@ def attention_torch(q, k, v, *, method="vc8+expcast", layout="HND", sm_scale=Non
 
 
 # ------------------------------------------------------------------ SDPA's signature
-DEFAULT_SDPA_METHOD = "vc8+expcast"
+DEFAULT_SDPA_METHOD = _ffi.DEFAULT_METHOD
 _CROSS_METHODS = {"vc8": "sage8", "vc4": "sage4"}  # V-Smooth methods without it
 
 
@@ -843,7 +843,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     Returns [N..., Hq, L, Ev] in query's dtype.
 
     Stateless: no layer, no step -- identical inputs give identical outputs
-    (V-Smooth groups afresh on each call).  method=None: "vc8+expcast"
+    (V-Smooth groups afresh on each call).  method=None: DEFAULT_SDPA_METHOD
     for self-attention (L == S), "sage8+expcast" otherwise.
 
     What qvattn cannot run -- is_causal, dropout_p > 0, an additive or

@@ -214,9 +214,36 @@ def test_head_dim_above_128():
     torch.testing.assert_close(out, torch_sdpa(q, k, v))
 
 
+# ------------------------------------------------------------------ default method
+def test_default_method_is_centred_expcast(monkeypatch):
+    """One default for every entry point: vc8 with ExpCast's centred beta;
+    cross-attention (Nq != Nk) drops V-Smooth and keeps the option."""
+    assert qvattn.DEFAULT_METHOD == "vc8+expcast-centred"
+    seen = []
+    real = _ffi.attention_raw
+
+    def rec(ctx, cfg, q, k, v, out, lse=None):
+        seen.append((cfg.method, cfg.expcast))
+        return real(ctx, cfg, q, k, v, out, lse)
+
+    monkeypatch.setattr(_ffi, "attention_raw", rec)
+    q, k, v = make_qkv(H=2, N=300)
+    a = qvattn.attention(q, k, v)
+    torch.testing.assert_close(a, qvattn.attention(q, k, v, method="vc8+expcast-centred"),
+                               rtol=0, atol=0)
+    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+expcast"))
+    s = qvattn.sdpa(q, k, v)
+    torch.testing.assert_close(s, a, rtol=0, atol=0)
+    qvattn.sdpa(q, k[:, :, :200], v[:, :, :200])
+    vc8, sage8 = _ffi.QVA_METHOD_VC8, _ffi.QVA_METHOD_SAGE8
+    centred = _ffi.QVA_EXPCAST_CENTRED
+    assert seen == [(vc8, centred), (vc8, centred), (vc8, _ffi.QVA_EXPCAST_PAPER),
+                    (vc8, centred), (sage8, centred)]
+
+
 # ------------------------------------------------------------------ stateless
 def test_stateless_unless_asked(lib_calls):
-    """The issue's symptom: the default vc8+expcast on the shared default
+    """The issue's symptom: the default method on the shared default
     context kept V-Smooth state under layer 0 (outputs differed by 0.029).
     Without layer/step a call is a function of its inputs."""
     q, k, v = make_qkv(H=2, N=300)

@@ -59,7 +59,7 @@ def test_padded_head_dims_and_the_limit():
 def test_stateless_without_layer_and_step():
     q, k, v = qkv(H=2, Hkv=2, N=300)
     q2, k2, v2 = qkv(H=2, Hkv=2, N=300, seed=7)
-    a = qvattn.attention(q, k, v)  # vc8+expcast on the shared default context
+    a = qvattn.attention(q, k, v)  # the default method on the shared default context
     qvattn.attention(q2, k2, v2)
     assert np.array_equal(a, qvattn.attention(q, k, v))
     with qvattn.Context() as ctx:  # layer and step named: the schedule's state
