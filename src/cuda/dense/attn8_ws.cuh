@@ -272,7 +272,10 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
                  const __grid_constant__ CUtensorMap tv, const attn8_params p) {
     constexpr int FMT = F::FMT;
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    /* 1024-byte aligned, as an offset from smem_raw rather than an integer
+     * cast, so that the compiler knows every access through sm is shared
+     * memory (LDS/STS, not generic LD/ST) */
+    uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
     const uint32_t base = smem_addr(sm);
     attn8_bars b;
     b.q = base + A8_BAR_OFF(F::STAGES);
