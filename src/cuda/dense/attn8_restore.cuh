@@ -16,7 +16,9 @@
  *     channels), filled one block at a time from the stage's FP32 means
  *     (already FP16 values: v_mu = fp16(mu / s)).
  * After every 16 blocks and after the last, one wgmma.m64n128k16 adds the
- * batch into O.  The roundings of r_j change the restore term by about
+ * batch into O.  FP16 holds any r_j: at most 128 keys x 448 (exp2 with the
+ * 8.807 offset; ExpCast's codes stop at 256) = 57,344 < 65,504, and the
+ * rescales only shrink it.  The roundings of r_j change the restore term by about
  * 2^-11 relative per rounding (docs/NUMERICS.md §6).
  */
 #ifndef QVATTN_ATTN8_RESTORE_CUH
