@@ -151,6 +151,27 @@ def draft_kept_fraction(cfg, grid, n):
     return blocks * 128.0 * 128.0 / (n * n), kept
 
 
+def schedule_counts(ffi, num_steps=VSMOOTH_NUM_STEPS):
+    """{action name: steps} of V-Smooth's default schedule over num_steps,
+    as the library decides it (qva_schedule_action)."""
+    cfg = ffi.make_config("vc8")
+    counts = {name: 0 for name in ffi.STEP_ACTION_NAMES.values()}
+    for step in range(num_steps):
+        counts[ffi.schedule_action(cfg, step, num_steps)] += 1
+    return counts
+
+
+def schedule_mean(entries, counts, key):
+    """The step-weighted mean of entries' `key` (ms) over the schedule, or
+    None unless every action with steps has a measured entry."""
+    by_mode = {e.get("mode"): e.get(key) for e in entries}
+    total = sum(counts.values())
+    if not total or any(n and not isinstance(by_mode.get(a), (int, float))
+                        for a, n in counts.items()):
+        return None
+    return sum(n * by_mode[a] for a, n in counts.items() if n) / total
+
+
 def flops(B, H, N, D):
     return 4.0 * B * H * N * N * D
 
@@ -246,6 +267,7 @@ class Bench:
             m["qvattn_cuda_available"] = self.ffi.cuda_available()
             m["kernel_alone"] = ("qva_context_last_timings (profiling on)"
                                  if self.qvattn.Context.has_profiling() else "n/a")
+            m["schedule_counts"] = schedule_counts(self.ffi)
         else:
             m["qvattn_error"] = self.qva_err
         return m
@@ -553,6 +575,7 @@ def markdown(res):
                 fmt(e.get("kernel_vs_cudnn"), ".2f"),
                 fmt(e.get("prep_ms"), ".3f"), fmt(e.get("grouping_ms"), ".3f"),
                 fmt(e.get("rel_l2"), ".2e"), status.replace("|", "/")]) + " |")
+    lines += schedule_lines(res)
     notes = [f"- {s['name']} {e.get('label', e['impl'])}: kernel TOPS over the computed blocks "
              f"{e['block_tops']:.1f} ({e['kept_blocks']} region pairs per head kept, "
              f"{100 * e['kept_fraction']:.1f}% of the dense work)"
@@ -560,6 +583,41 @@ def markdown(res):
     if notes:
         lines += ["", "Draft kernels on the blocks they compute:", ""] + notes
     return "\n".join(lines) + "\n"
+
+
+def schedule_lines(res):
+    """A table of each V-Smooth method's whole schedule: its measured
+    grouping, reuse and plain steps weighted by their counts in the
+    library's default schedule (meta schedule_counts)."""
+    counts = res["meta"].get("schedule_counts")
+    if not counts:
+        return []
+    rows = []
+    for s in res["shapes"]:
+        cudnn = next((e["ms"] for e in s["entries"]
+                      if e["impl"] == "sdpa-cudnn" and e.get("ms")), None)
+        impls = []
+        for e in s["entries"]:
+            if e.get("mode") in counts and e["impl"] not in impls:
+                impls.append(e["impl"])
+        for impl in impls:
+            es = [e for e in s["entries"] if e["impl"] == impl]
+            full = schedule_mean(es, counts, "ms")
+            kern = schedule_mean(es, counts, "kernel_ms")
+            if full is None:
+                continue
+            rows.append("| " + " | ".join([
+                s["name"], f"qvattn {impl}", fmt(full, ".3f"),
+                fmt(cudnn / full if cudnn else None, ".2f"), fmt(kern, ".3f"),
+                fmt(cudnn / kern if cudnn and kern else None, ".2f")]) + " |")
+    if not rows:
+        return []
+    n = sum(counts.values())
+    steps = ", ".join(f"{v} {k}" for k, v in counts.items())
+    return ["", f"V-Smooth's {n}-step schedule ({steps} steps), the step-weighted mean of "
+            "the measured steps:", "",
+            "| shape | impl | ms | vs cuDNN | kernel ms | kernel vs cuDNN |",
+            "|---|---|--:|--:|--:|--:|"] + rows
 
 
 def main(argv=None):

@@ -1,0 +1,60 @@
+"""bench/compare.py's report: the 40-step schedule row is the step-weighted
+mean of the measured grouping, reuse and plain steps, with the counts the
+library's schedule gives (no GPU needed: the report is a pure function)."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from qvattn import _ffi
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def compare():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "compare", os.path.join(ROOT, "bench", "compare.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.pop(0)
+
+
+def test_schedule_counts_are_the_librarys(compare):
+    # ceil(40/4) = 10 V-Smooth steps, grouping every 4th: VC App. A
+    assert compare.schedule_counts(_ffi) == {"group": 3, "reuse": 7, "plain": 30}
+
+
+def _result(modes):
+    entries = [{"impl": "sdpa-cudnn", "label": "SDPA cuDNN BF16", "ms": 200.0}]
+    for mode, ms, kms in modes:
+        entries.append({"impl": "vc8+expcast", "label": "qvattn vc8+expcast", "mode": mode,
+                        "ms": ms, "kernel_ms": kms, "status": "ok"})
+    entries.append({"impl": "sage8", "label": "qvattn sage8", "mode": "-", "ms": 150.0,
+                    "status": "ok"})
+    return {"meta": {"schedule_counts": {"group": 3, "reuse": 7, "plain": 30}},
+            "shapes": [{"name": "wan", "B": 1, "H": 1, "N": 1, "D": 128,
+                        "entries": entries}]}
+
+
+def test_schedule_row_is_the_weighted_mean(compare):
+    lines = compare.schedule_lines(_result([("group", 170.0, 150.0), ("reuse", 160.0, 150.0),
+                                            ("plain", 140.0, 130.0)]))
+    rows = [ln for ln in lines if ln.startswith("| wan")]
+    assert len(rows) == 1, lines  # sage8 has no V-Smooth steps
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    full = (3 * 170 + 7 * 160 + 30 * 140) / 40.0
+    kern = (3 * 150 + 7 * 150 + 30 * 130) / 40.0
+    assert cells == ["wan", "qvattn vc8+expcast", f"{full:.3f}", f"{200 / full:.2f}",
+                     f"{kern:.3f}", f"{200 / kern:.2f}"]
+
+
+def test_schedule_row_needs_every_step(compare):
+    # a step that did not run (time limit) leaves no schedule row
+    assert compare.schedule_lines(_result([("group", 170.0, 150.0),
+                                           ("plain", 140.0, 130.0)])) == []
