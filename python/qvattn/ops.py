@@ -790,20 +790,19 @@ def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_sca
 
 
 # ------------------------------------------------------------------ SDPA's signature
-DEFAULT_SDPA_METHOD = _ffi.DEFAULT_METHOD
 _CROSS_METHODS = {"vc8": "sage8", "vc4": "sage4"}  # V-Smooth methods without it
 
 
 def _sdpa_method(method, n_q, n_k):
-    """method=None: DEFAULT_SDPA_METHOD, and where the call is not
+    """method=None: qvattn.DEFAULT_METHOD, and where the call is not
     self-attention (Nq != Nk) the same method without V-Smooth (vc8 ->
     sage8, vc4 -> sage4, options kept): V-Smooth groups the tokens of a
     self-attention call.  An explicit method is taken as given."""
     if method is not None:
         return method
     if n_q == n_k:
-        return DEFAULT_SDPA_METHOD
-    base, plus, rest = DEFAULT_SDPA_METHOD.partition("+")
+        return _ffi.DEFAULT_METHOD
+    base, plus, rest = _ffi.DEFAULT_METHOD.partition("+")
     return _CROSS_METHODS.get(base, base) + plus + rest
 
 
@@ -843,7 +842,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     Returns [N..., Hq, L, Ev] in query's dtype.
 
     Stateless: no layer, no step -- identical inputs give identical outputs
-    (V-Smooth groups afresh on each call).  method=None: DEFAULT_SDPA_METHOD
+    (V-Smooth groups afresh on each call).  method=None: qvattn.DEFAULT_METHOD
     for self-attention (L == S), "sage8+expcast" otherwise.
 
     What qvattn cannot run -- is_causal, dropout_p > 0, an additive or

@@ -171,13 +171,13 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }
 
-/* E4M3 QK: per block QK, float-score softmax, PV in sequence; the means
- * (if any) are read from global memory.  sacc holds QK(0). */
+/* E4M3 QK (fp8, which has no V-Smooth means): per block QK, float-score
+ * softmax, PV in sequence.  sacc holds QK(0). */
 template <class F, int EXPCAST>
 static __device__ __forceinline__ void attn8_mainloop_sequential(
     attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale, const float *vblk,
-    const float *vmu, int tig) {
+    int tig) {
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES;
         const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
@@ -202,22 +202,12 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
         reg_fence(part);
         if (EXPCAST) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
         mbar_arrive(b.empty + 8 * s);
-        const float *mu = vmu ? vmu + (size_t)j * 128 : NULL;
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
-            const int col = n * 8 + 2 * tig;
-            const float mu0 = mu ? __ldg(mu + col) : 0.0f;
-            const float mu1 = mu ? __ldg(mu + col + 1) : 0.0f;
             r.o[n * 4 + 0] += part[n * 4 + 0] * vb;
             r.o[n * 4 + 1] += part[n * 4 + 1] * vb;
             r.o[n * 4 + 2] += part[n * 4 + 2] * vb;
             r.o[n * 4 + 3] += part[n * 4 + 3] * vb;
-            if (mu) {
-                r.o[n * 4 + 0] += rs[0] * mu0;
-                r.o[n * 4 + 1] += rs[0] * mu1;
-                r.o[n * 4 + 2] += rs[1] * mu0;
-                r.o[n * 4 + 3] += rs[1] * mu1;
-            }
         }
         r.l[0] += rs[0];
         r.l[1] += rs[1];
@@ -264,8 +254,8 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
 
 /* ------------------------------------------------------------ kernel */
 /* F: the flags (attn8_ws_flags or a dev/cuda variant of them).  MEANS:
- * the call has V-Smooth means (INT8 QK: restored in batches in shared
- * memory; E4M3 QK: read from global memory per block). */
+ * the call has V-Smooth means (INT8 QK only), restored in batches from
+ * shared memory. */
 template <class F, int EXPCAST, int MEANS>
 __global__ void __launch_bounds__(F::THREADS, 1)
 attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -283,15 +273,15 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
+    static_assert(!MEANS || F::PINGPONG, "means ride with the INT8 ping-pong path only");
     const float *vmu = MEANS ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
-    constexpr int mu_smem = MEANS && F::PINGPONG;
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
     /* Zero mean tiles: the slots a short last batch leaves unwritten meet
      * zero pending sums, and 0 x (stale garbage) could be NaN. */
-    if (mu_smem)
+    if (MEANS)
         for (int i = threadIdx.x; i < 2 * A8R_TILE / 4; i += F::THREADS)
             *(uint32_t *)(sm + A8R_TILE_OFF(F::STAGES) + 4 * i) = 0u;
     if (threadIdx.x == 0) {
@@ -307,7 +297,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
-        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, vmu, mu_smem);
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, vmu, MEANS);
         return;
     }
 
@@ -337,15 +327,15 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
         attn8_mainloop_pingpong<F, EXPCAST, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
                                                    vblk, cw, tig);
     else
-        attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, vmu,
-                                           tig);
+        attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk,
+                                              tig);
     attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
 }
 
 /* The launch of one flags variant. */
 template <class F, int EXPCAST, int MEANS>
 static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int smem = MEANS && F::PINGPONG ? A8R_SMEM_BYTES(F::STAGES) : A8_SMEM_BYTES(F::STAGES);
+    const int smem = MEANS ? A8R_SMEM_BYTES(F::STAGES) : A8_SMEM_BYTES(F::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
         attn8_ws_128x128<F, EXPCAST, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -355,12 +345,17 @@ static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, 
     return qvc_launch_check("attn8_ws_128x128");
 }
 
-/* The kernel of a flags variant for this call: ExpCast or not, means or not. */
+/* The kernel of a flags variant for this call: ExpCast or not, means or
+ * not (INT8 QK only: V-Smooth is vc8's; fp8, the E4M3 path, has none). */
 template <class F>
 static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     const int ec = p->a.expcast != 0, mu = p->ops.v_mu != NULL;
-    if (mu)
-        return ec ? attn8_launch_one<F, 1, 1>(m, p, st) : attn8_launch_one<F, 0, 1>(m, p, st);
+    if constexpr (F::PINGPONG) {
+        if (mu)
+            return ec ? attn8_launch_one<F, 1, 1>(m, p, st) : attn8_launch_one<F, 0, 1>(m, p, st);
+    } else if (mu) {
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
+    }
     return ec ? attn8_launch_one<F, 1, 0>(m, p, st) : attn8_launch_one<F, 0, 0>(m, p, st);
 }
 

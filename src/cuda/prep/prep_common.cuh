@@ -44,7 +44,6 @@
 #define PREP_WARPS (PREP_THREADS / 32)
 #define ROWS_PER_WARP (QVI_BLOCK / PREP_WARPS) /* 16 */
 #define FULL_MASK 0xffffffffu
-#define MAX_NC (MAX_D / 32)
 
 /* Source row of logical row i (perm: [BH][n] or NULL). */
 static __device__ __forceinline__ int64_t src_row(const int32_t *perm, int bh,
