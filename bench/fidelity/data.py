@@ -21,6 +21,9 @@ Each clip has
   two objects onto a collision course);
 * in half of the clips a global brightness/contrast ramp over time.
 
+A clip's label is its background kind: the model is conditioned on it, as
+a video DiT is on its prompt (model.py says why).
+
 All geometry is in frame units (the frame is [0, 1]^2) and velocities are
 per frame, so the tiny preset (32 x 32) shows the same scenes as the
 default (64 x 64), only coarser.
@@ -184,11 +187,25 @@ def render(params, frames, height, width, device="cpu"):
     return img.clamp(-1, 1)
 
 
-def make_clips(data_cfg, indices, device="cpu"):
+def make_batch(data_cfg, indices, device="cpu"):
     """Clips `indices` of the dataset described by data_cfg (config.py's
-    "data" section) -> [len(indices), T, C, H, W] float32 on `device`."""
+    "data" section) and their labels: ([len(indices), T, C, H, W] float32,
+    [len(indices)] int64 background kinds), both on `device`."""
     params = [clip_params(data_cfg["seed"], i) for i in indices]
-    return render(params, data_cfg["frames"], data_cfg["height"], data_cfg["width"], device)
+    clips = render(params, data_cfg["frames"], data_cfg["height"], data_cfg["width"], device)
+    labels = torch.tensor([p["bg_kind"] for p in params], dtype=torch.long)
+    return clips, labels.to(device)
+
+
+def make_clips(data_cfg, indices, device="cpu"):
+    """The clips of make_batch alone."""
+    return make_batch(data_cfg, indices, device)[0]
+
+
+def clip_labels(data_cfg, indices):
+    """The label of each clip: its background kind (an index into
+    BG_KINDS), the class the model is conditioned on."""
+    return [clip_params(data_cfg["seed"], i)["bg_kind"] for i in indices]
 
 
 def stats_indices(data_cfg):

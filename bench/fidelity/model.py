@@ -4,8 +4,12 @@ What it shares with Wan (and why it matters here): 3D patchify, 3D RoPE over
 (t, h, w) on q and k, RMS norm of q and k across heads, adaLN modulation
 of every block from the flow time (zero-initialized: "adaLN-zero"), a GELU
 MLP, and a final modulated layer that unpatchifies.  No text: the model is
-unconditional, so all its attention is video self-attention -- what qvattn's
-methods are for.
+conditioned on a class label (the clip's background kind, data.py) added
+to the time embedding, as DiT's class-conditional models do, so all its
+attention is still video self-attention -- what qvattn's methods are for.
+The label stands in for a prompt: the unconditional model of this size
+sampled clips flatter and smoother than the data (bench/RESULTS.md), a
+mixture of scene kinds; given the kind, each sample has one scene to draw.
 
 The attention is pluggable: every block calls attn(q, k, v, layer_index) on
 [B, H, N, D] tensors with q and k after RoPE, and uses its output as
@@ -114,11 +118,14 @@ class Block(nn.Module):
 
 
 class VideoDiT(nn.Module):
-    """x [B, T, C, H, W], t [B] in [0, 1] -> velocity [B, T, C, H, W]."""
+    """x [B, T, C, H, W], t [B] in [0, 1] (and labels [B]) -> velocity
+    [B, T, C, H, W]."""
 
     def __init__(self, frames, height, width, channels=3, patch=(1, 4, 4), hidden=512,
-                 head_dim=128, layers=6, mlp_ratio=4.0, rope_theta=10000.0, freq_dim=256):
+                 head_dim=128, layers=6, mlp_ratio=4.0, rope_theta=10000.0, freq_dim=256,
+                 classes=0):
         super().__init__()
+        self.classes = classes
         self.patch = tuple(patch)
         self.channels = channels
         self.grid = (frames // patch[0], height // patch[1], width // patch[2])
@@ -128,6 +135,7 @@ class VideoDiT(nn.Module):
         self.embed = nn.Linear(pdim, hidden)
         self.t_mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(),
                                    nn.Linear(hidden, hidden))
+        self.label_embed = nn.Embedding(classes, hidden) if classes else None
         self.blocks = nn.ModuleList(Block(hidden, self.heads, mlp_ratio) for _ in range(layers))
         self.norm_out = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(hidden, 2 * hidden)
@@ -150,13 +158,15 @@ class VideoDiT(nn.Module):
         for m in (self.ada_out, self.out):
             nn.init.zeros_(m.weight)
             nn.init.zeros_(m.bias)
+        if self.label_embed is not None:
+            nn.init.normal_(self.label_embed.weight, std=0.02)
 
     @classmethod
     def from_config(cls, cfg):
         d, m = cfg["data"], cfg["model"]
         return cls(d["frames"], d["height"], d["width"], d["channels"], m["patch"],
                    m["hidden"], m["head_dim"], m["layers"], m["mlp_ratio"],
-                   m["rope_theta"], m["freq_dim"])
+                   m["rope_theta"], m["freq_dim"], m.get("classes", 0))
 
     def patchify(self, x):
         B, T, C, H, W = x.shape
@@ -173,9 +183,17 @@ class VideoDiT(nn.Module):
         x = x.permute(0, 1, 4, 5, 2, 6, 3, 7)
         return x.reshape(B, gt * pt, self.channels, gh * ph, gw * pw)
 
-    def forward(self, x, t, attn=None):
+    def forward(self, x, t, attn=None, labels=None):
+        """labels [B] int64 in [0, classes): required when the model has
+        classes, refused when it has none."""
         attn = attn or sdpa_attention
-        c = F.silu(self.t_mlp(timestep_embedding(t, self.freq_dim)))
+        c = self.t_mlp(timestep_embedding(t, self.freq_dim))
+        if (labels is None) != (self.label_embed is None):
+            raise ValueError(f"this model has {self.classes} classes: labels "
+                             + ("required" if labels is None else "not accepted"))
+        if labels is not None:
+            c = c + self.label_embed(labels)
+        c = F.silu(c)
         h = self.embed(self.patchify(x))
         for i, blk in enumerate(self.blocks):
             h = blk(h, c, self.rope_cos, self.rope_sin, attn, i)

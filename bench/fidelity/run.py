@@ -279,7 +279,7 @@ class Harness:
         from fidelity import data, metrics
         t = time.perf_counter()
         idx = data.stats_indices(self.cfg["data"])
-        self.data_clips = data.make_clips(self.cfg["data"], idx, self.device)
+        self.data_clips, self.data_labels = data.make_batch(self.cfg["data"], idx, self.device)
         self.results["data_stats"] = dict(metrics.clip_stats(self.data_clips), clips=len(idx))
         self.phase("data stats", t)
 
@@ -324,14 +324,17 @@ class Harness:
         from fidelity import metrics, sample
         sc = self.cfg["sample"]
         noise = sample.clip_noise(self.cfg, sc["sanity_clips"], self.device)
+        labels = sample.clip_labels(self.cfg, sc["sanity_clips"], self.device)
+        part = lambda x, i: None if x is None else x[i:i + sc["clips"]]  # noqa: E731
         clips = [first.cpu() if first is not None and i == 0 else
-                 sample.sample(model, noise[i:i + sc["clips"]], sample.SdpaBF16(), num_steps,
-                               shift).cpu() for i in range(0, len(noise), sc["clips"])]
+                 sample.sample(model, part(noise, i), sample.SdpaBF16(), num_steps,
+                               shift, part(labels, i)).cpu()
+                 for i in range(0, len(noise), sc["clips"])]
         st = metrics.clip_stats(self.torch.cat(clips))
         st["clips"] = len(noise)
         return st
 
-    def sample_method(self, model, noise, name, ref):
+    def sample_method(self, model, noise, labels, name, ref):
         """Sample with one method; returns its per-model record."""
         from fidelity import metrics, sample
         rec = {"status": "ok"}
@@ -355,7 +358,7 @@ class Harness:
                                        sample.method_options(name, self.cfg))
         try:
             clips = sample.sample(model, noise, attn, self.cfg["sample"]["num_steps"],
-                                  self.cfg["sample"]["shift"])
+                                  self.cfg["sample"]["shift"], labels)
             self.sync()
         except Exception as e:  # a method that fails is a row, not the end of the run
             rec["status"] = f"error: {type(e).__name__}: {e}"
@@ -386,12 +389,13 @@ class Harness:
                "methods": {}}
         self.results["models"].append(rec)
         noise = sample.clip_noise(self.cfg, self.cfg["sample"]["clips"], self.device)
+        labels = sample.clip_labels(self.cfg, self.cfg["sample"]["clips"], self.device)
         sc = self.cfg["sample"]
         clips_of = self.samples.setdefault(seed, {})
 
         t = time.perf_counter()
         cap = sample.Capture(sample.SdpaBF16(), C.capture_steps(self.cfg))
-        ref = sample.sample(model, noise, cap, sc["num_steps"], sc["shift"])
+        ref = sample.sample(model, noise, cap, sc["num_steps"], sc["shift"], labels)
         self.sync()
         clips_of[C.REFERENCE] = ref.cpu()
         rec["methods"][C.REFERENCE] = {"status": "ok", "sample_s": time.perf_counter() - t,
@@ -414,7 +418,7 @@ class Harness:
 
         t = time.perf_counter()
         for name in self.methods:
-            mrec, clips = self.sample_method(model, noise, name, ref)
+            mrec, clips = self.sample_method(model, noise, labels, name, ref)
             rec["methods"][name] = mrec
             if clips is not None:
                 clips_of[name] = clips.cpu()
@@ -448,16 +452,18 @@ class Harness:
 
     def images(self, seed):
         """A frame sheet per model: for each of the first image_clips clips,
-        a row of data (held-out clip j: not the same scene, a look at the
-        data), then bf16-sdpa, vc8 and draft@85/0/0/15 when they ran."""
-        from fidelity import report
+        a row of data (held-out clip j: not the same scene, but the kind the
+        samples are conditioned on), then bf16-sdpa, vc8 and draft@85/0/0/15
+        when they ran."""
+        from fidelity import data, report
         sc = self.cfg["sample"]
         nf = min(sc["image_frames"], self.cfg["data"]["frames"])
         names = [n for n in (C.REFERENCE, "vc8", "draft@85/0/0/15") if n in self.samples[seed]]
         rows, labels = [], []
         for j in range(min(sc["image_clips"], sc["clips"])):
             rows.append(self.data_clips[j, :nf].cpu().numpy())
-            labels.append(f"data (held-out clip {j})")
+            kind = data.BG_KINDS[int(self.data_labels[j])]
+            labels.append(f"data (held-out clip {j}, {kind})")
             for n in names:
                 rows.append(self.samples[seed][n][j, :nf].numpy())
                 labels.append(f"{n} clip {j}")

@@ -38,9 +38,23 @@ def clip_noise(cfg, clips, device):
     return torch.stack(out).to(device)
 
 
+def clip_labels(cfg, clips, device):
+    """The class of sampled clip j, for a model with classes (else None):
+    the label of held-out data clip j (j modulo the held-out clips), so the
+    samples have the data's mix of kinds and each sample sits beside the
+    data clip of its kind in the sanity statistics and the frame sheets."""
+    if not cfg["model"].get("classes"):
+        return None
+    from . import data
+    held = data.stats_indices(cfg["data"])
+    labels = data.clip_labels(cfg["data"], [held[j % len(held)] for j in range(clips)])
+    return torch.tensor(labels, dtype=torch.long, device=device)
+
+
 @torch.no_grad()
-def sample(model, noise, attn, num_steps, shift):
-    """Euler from t = 1 to 0; returns the clips [B, T, C, H, W] float32."""
+def sample(model, noise, attn, num_steps, shift, labels=None):
+    """Euler from t = 1 to 0; returns the clips [B, T, C, H, W] float32.
+    labels [B]: the class of each clip, for a model with classes."""
     ts = time_grid(num_steps, shift)
     x = noise.float().clone()
     dev = x.device
@@ -49,7 +63,7 @@ def sample(model, noise, attn, num_steps, shift):
             attn.begin_step(i, num_steps)
         t = torch.full((x.shape[0],), ts[i], device=dev, dtype=torch.float32)
         with autocast(dev):
-            v = model(x, t, attn)
+            v = model(x, t, attn, labels)
         x = x + (ts[i + 1] - ts[i]) * v.float()
     return x
 

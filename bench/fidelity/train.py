@@ -55,17 +55,18 @@ def sample_t(n, dist, gen, device):
 
 
 def batch_for_step(cfg, seed, step, device):
-    """(x0, t, noise) of one training step: a pure function of (seed, step)
-    on a given device type (t and the noise are drawn on the device, so
-    the host neither waits nor copies)."""
+    """(x0, t, noise, labels) of one training step: a pure function of
+    (seed, step) on a given device type (t and the noise are drawn on the
+    device, so the host neither waits nor copies); labels is None for a
+    model without classes."""
     tc, dc = cfg["train"], cfg["data"]
     rng = np.random.default_rng([int(seed), int(step), 17])
     idx = rng.integers(0, dc["pool"], tc["batch"])
-    x0 = data_mod.make_clips(dc, idx.tolist(), device)
+    x0, labels = data_mod.make_batch(dc, idx.tolist(), device)
     gen = torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(step))
     t = sample_t(tc["batch"], tc["t_dist"], gen, device)
     noise = torch.randn(x0.shape, generator=gen, device=device)
-    return x0, t, noise
+    return x0, t, noise, (labels if cfg["model"].get("classes") else None)
 
 
 def autocast(device):
@@ -142,18 +143,18 @@ def train(cfg, seed, device, log=print, probe=None, probe_every=0):
     for step in range(tc["steps"]):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
-        x0, t, noise = batch_for_step(cfg, seed, step, dev)
+        x0, t, noise, labels = batch_for_step(cfg, seed, step, dev)
         tb = t[:, None, None, None, None]
         xt = (1 - tb) * x0 + tb * noise
         with autocast(dev):
             try:
-                pred = fwd(xt, t)
+                pred = fwd(xt, t, labels=labels)
             except Exception as e:  # e.g. no Triton: train eagerly, and say so
                 if fwd is model:
                     raise
                 log(f"  torch.compile failed ({type(e).__name__}: {e}); training eagerly")
                 fwd = model
-                pred = fwd(xt, t)
+                pred = fwd(xt, t, labels=labels)
         loss = torch.nn.functional.mse_loss(pred.float(), noise - x0)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -297,3 +297,39 @@ def test_merge_runs(runs, tmp_path):
     assert fid_run.main(["--merge", str(a), str(b), "--out", str(tmp_path)],
                         log=lines.append) == 2
     assert "config differs" in lines[-1]
+
+
+def test_labels_condition_the_model():
+    """The model is conditioned on the clip's background kind: it refuses a
+    call without labels, its output depends on them, and sampled clip j
+    carries the label of held-out data clip j (the clip it is shown and
+    counted beside)."""
+    from fidelity import data, sample
+    from fidelity.model import VideoDiT
+    cfg = fid_config.preset("tiny")
+    assert cfg["model"]["classes"] == len(data.BG_KINDS)
+    torch.manual_seed(0)
+    model = VideoDiT.from_config(cfg).eval()
+    with torch.no_grad():  # past the zero init, which makes every output 0
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    d = cfg["data"]
+    x = torch.randn(2, d["frames"], d["channels"], d["height"], d["width"])
+    t = torch.tensor([0.3, 0.7])
+    with pytest.raises(ValueError, match="labels required"):
+        model(x, t)
+    with torch.no_grad():
+        a = model(x, t, labels=torch.tensor([0, 1]))
+        b = model(x, t, labels=torch.tensor([2, 1]))
+    assert not torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    n = d["stats_clips"] + 3
+    labels = sample.clip_labels(cfg, n, "cpu").tolist()
+    held = data.stats_indices(d)
+    assert labels[:len(held)] == data.clip_labels(d, held)
+    assert labels[len(held):] == labels[:3]
+    assert set(labels) <= set(range(len(data.BG_KINDS)))
+    unconditional = fid_config.preset("tiny")
+    unconditional["model"]["classes"] = 0
+    assert sample.clip_labels(unconditional, n, "cpu") is None
+    with pytest.raises(ValueError, match="not accepted"):
+        VideoDiT.from_config(unconditional)(x, t, labels=torch.tensor([0, 1]))
