@@ -50,6 +50,13 @@ DEFAULT = {
         # reference clips, as many as the data's stats_clips: per-clip
         # statistics vary widely (the data mixes still and moving scenes)
         "sanity_clips": 64,
+        # ... sampled with this many Euler steps (at the frozen shift) for the
+        # verdict "do the samples look like the data?": a question about the
+        # model, so asked with a sampler whose own step error is small (40
+        # steps gave 0.77-0.83x the data's std where 100 gave 0.84-0.87x,
+        # same models; bench/RESULTS.md).  The comparison sampler's
+        # statistics are reported beside it.
+        "likeness_steps": 100,
         # draft's dense warm-up: ceil(0.25 * num_steps) steps, the default of
         # qvattn.diffusers.apply (draft_warmup=0.25), passed as the option
         # draft.dense_warmup_frac (the library's own default is 0).
@@ -57,7 +64,7 @@ DEFAULT = {
         # the reference run's Q/K/V are captured at these steps (first,
         # middle, last), for the per-layer statistics and the operator rel-L2
         "capture_steps": "first,middle,last",
-        # one frame sheet row per held-out kind of the first clips
+        # the frame sheet: the first sampled clip of each kind (run.py)
         "image_frames": 8, "image_clips": 4,
     },
 }
@@ -69,7 +76,8 @@ TINY["data"].update({"frames": 4, "height": 32, "width": 32, "pool": 4096,
 TINY["model"].update({"hidden": 128, "layers": 2, "freq_dim": 64})
 TINY["train"].update({"steps": 60, "ema": 0.9, "batch": 4, "lr": 1e-3, "warmup": 6,
                       "log_every": 20})
-TINY["sample"].update({"num_steps": 4, "clips": 2, "sanity_clips": 16, "image_frames": 4,
+TINY["sample"].update({"num_steps": 4, "clips": 2, "sanity_clips": 16, "likeness_steps": 8,
+                       "image_frames": 4,
                        "image_clips": 1})
 
 PRESETS = {"default": DEFAULT, "tiny": TINY}
@@ -81,8 +89,12 @@ TINY_MODEL_SEEDS = [0]
 # The methods compared against the bf16-sdpa reference, in report order.
 METHODS = [
     "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
+    # ExpCast at the centred beta: the Python layer's default method
+    "vc8+expcast-centred",
     "sage8+hadamard", "vc8+hadamard", "fp8", "sage4", "vc4",
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
+    # draft's 8-bit phase (half of the kept blocks at INT8/FP8)
+    "draft@85/0/7.5/7.5+expcast",
     # the dense warm-up steps on an 8-bit method (option draft.warmup_method)
     "draft@85/0/0/15+expcast:warm=vc8", "draft@85/0/0/15:warm=sage8",
     # the adaptive budget (per-head K, on the device on CUDA)
@@ -98,6 +110,11 @@ REFERENCE = "bf16-sdpa"
 # otherwise).  The maintainer fills this after the first H200 run: run.py
 # prints the lines to paste for every model that has no entry.
 RECORDED_FINAL_LOSS = {
+    # H200, torch 2.11.0+cu130, 2026-12-02 05:07 UTC, tree de1d466, the three
+    # models trained at once in three processes (bench/RESULTS.md)
+    "cuda/default/hd128/seed0": 0.0449,
+    "cuda/default/hd128/seed1": 0.0457,
+    "cuda/default/hd128/seed2": 0.0445,
 }
 LOSS_TOLERANCE = 0.05
 

@@ -145,8 +145,10 @@ def _sanity_table(res):
             tail = (f" {_ratios(like)} | {'yes' if like['like_data'] else 'no'} |" if like
                     else " | |")
             n = m["sample_stats"].get("clips")
+            sampler = (like or {}).get("sampler")
             lines.append(_stats_row(f"samples, model {m['seed']} (bf16-sdpa"
-                                    + (f", {n} clips)" if n else ")"),
+                                    + (f", {n} clips" if n else "")
+                                    + (f", {sampler[0]} Euler steps" if sampler else "") + ")",
                                     m["sample_stats"]) + tail)
     return lines
 
@@ -241,13 +243,15 @@ def markdown(res):
     out += ["", "## Sanity: reference samples against the data", "",
             "Per-channel mean/std, mean absolute frame-to-frame difference, and the share "
             "of spectral energy above half the Nyquist frequency; the samples look like "
-            "the data when every ratio lies in [%g, %g] (metrics.LIKENESS_BOUNDS)."
-            % LIKENESS_BOUNDS,
+            "the data when every ratio lies in [%g, %g] (metrics.LIKENESS_BOUNDS), "
+            "sampled with sample.likeness_steps Euler steps: the verdict is on the "
+            "model, not on the comparison sampler's step error." % LIKENESS_BOUNDS,
             ""] + _sanity_table(res)
     samplers = _sampler_table(res)
     if samplers:
-        out += ["", "The same statistics with other Euler samplers (`--sanity-samplers`), "
-                "same model and noise:", ""] + samplers
+        out += ["", "The same statistics with the comparison sampler (sample.num_steps) and "
+                "the other Euler samplers of `--sanity-samplers`, same model and noise:",
+                ""] + samplers
     probes = _probe_table(res)
     if probes:
         out += ["", "During training (`--probe-every`, the sanity clips, the weights the run "

@@ -312,10 +312,15 @@ class Harness:
         """--probe-every: the sanity statistics of the model in training,
         against the data's."""
         from fidelity import metrics
-        sc = self.cfg["sample"]
-        st = self.sanity_stats(model, sc["num_steps"], sc["shift"])
+        st = self.sanity_stats(model, *self.likeness_sampler())
         like = metrics.likeness(st, self.results["data_stats"])
         return {"stats": st, "ratios": like["ratios"], "like_data": like["like_data"]}
+
+    def likeness_sampler(self):
+        """(Euler steps, shift) of the likeness verdict (config.py says why
+        it is not the comparison sampler)."""
+        sc = self.cfg["sample"]
+        return sc["likeness_steps"], sc["shift"]
 
     def sanity_stats(self, model, num_steps, shift, first=None):
         """clip_stats of sanity_clips reference clips (bf16-sdpa), sampled in
@@ -402,13 +407,22 @@ class Harness:
                                        "finite": bool(torch.isfinite(ref).all())}
         self.phase(f"sample bf16-sdpa seed {seed}", t)
         t = time.perf_counter()
-        frozen = (sc["num_steps"], sc["shift"])
-        rec["sample_stats"] = self.sanity_stats(model, *frozen, first=ref)
-        rec["likeness"] = metrics.likeness(rec["sample_stats"], self.results["data_stats"])
+        frozen, judge = (sc["num_steps"], sc["shift"]), self.likeness_sampler()
+        stats = {frozen: self.sanity_stats(model, *frozen, first=ref)}
+        if judge not in stats:
+            stats[judge] = self.sanity_stats(model, *judge)
+        rec["sample_stats"] = stats[judge]
+        rec["likeness"] = dict(metrics.likeness(stats[judge], self.results["data_stats"]),
+                               sampler=list(judge))
+        self.log(f"  likeness ({judge[0]} Euler steps, shift {judge[1]:g}): "
+                 f"ratios {rec['likeness']['ratios']}, like the data: "
+                 f"{rec['likeness']['like_data']}")
         rec["sampler_probe"] = []
-        for steps, shift in self.samplers:
-            st = (rec["sample_stats"] if (steps, shift) == frozen
-                  else self.sanity_stats(model, steps, shift))
+        # the comparison sampler's row first, then --sanity-samplers'
+        rows = [frozen] if frozen != judge else []
+        rows += [s for s in self.samplers if s not in rows and s != judge]
+        for steps, shift in rows:
+            st = stats.get((steps, shift)) or self.sanity_stats(model, steps, shift)
             like = metrics.likeness(st, self.results["data_stats"])
             rec["sampler_probe"].append({"num_steps": steps, "shift": shift, "stats": st,
                                          "ratios": like["ratios"],
@@ -460,7 +474,7 @@ class Harness:
         nf = min(sc["image_frames"], self.cfg["data"]["frames"])
         names = [n for n in (C.REFERENCE, "vc8", "draft@85/0/0/15") if n in self.samples[seed]]
         rows, labels = [], []
-        for j in range(min(sc["image_clips"], sc["clips"])):
+        for j in self.image_clip_indices():
             rows.append(self.data_clips[j, :nf].cpu().numpy())
             kind = data.BG_KINDS[int(self.data_labels[j])]
             labels.append(f"data (held-out clip {j}, {kind})")
@@ -472,6 +486,15 @@ class Harness:
             self.cfg["data"]["height"])))
         self.results.setdefault("images", []).append(
             {"file": os.path.basename(path), "seed": seed, "rows": labels})
+
+    def image_clip_indices(self):
+        """The sampled clips of the frame sheet: the first clip of each kind
+        (label), then the next clips in order, image_clips in all."""
+        sc = self.cfg["sample"]
+        n, want = sc["clips"], min(sc["image_clips"], sc["clips"])
+        kinds = [int(x) for x in self.data_labels[:n]]
+        firsts = [j for j in range(n) if kinds[j] not in kinds[:j]]
+        return (firsts + [j for j in range(n) if j not in firsts])[:want]
 
     def summarize(self):
         self.results["summary"] = summarize(self.results["models"], self.methods)

@@ -159,21 +159,25 @@ def test_sanity_samplers(tmp_path):
     assert status == 0
     m = h.results["models"][0]
     probe = m["sampler_probe"]
+    # the comparison sampler's row (listed once), then the other one; the
+    # verdict's own sampler is the run's sanity row, not repeated
     assert [(p["num_steps"], p["shift"]) for p in probe] == [(sc["num_steps"], sc["shift"]), (8, 1.0)]
-    assert probe[0]["stats"] == m["sample_stats"]
-    assert probe[1]["stats"] != m["sample_stats"]
-    assert "--sanity-samplers" in open(h.base + ".md").read()
+    assert m["likeness"]["sampler"] == [sc["likeness_steps"], sc["shift"]]
+    assert sc["likeness_steps"] != sc["num_steps"]
+    assert probe[0]["stats"] != m["sample_stats"] and probe[1]["stats"] != m["sample_stats"]
+    text = open(h.base + ".md").read()
+    assert "--sanity-samplers" in text and f"{sc['likeness_steps']} Euler steps)" in text
 
 
 def test_set_overrides(tmp_path):
     """--set SECTION.KEY=VALUE: typed, checked, marks the run as not frozen
     and trains another model; bad keys, sections and values exit 2."""
     cfg = fid_config.preset("tiny")
-    done, err = fid_run.apply_sets(cfg, ["train.t_dist=uniform", "train.batch=3",
+    done, err = fid_run.apply_sets(cfg, ["train.t_dist=logit-normal", "train.batch=3",
                                          "train.lr=5e-4", "train.compile=false"])
     assert err is None and len(done) == 4
     assert (cfg["train"]["t_dist"], cfg["train"]["batch"], cfg["train"]["lr"],
-            cfg["train"]["compile"]) == ("uniform", 3, 5e-4, False)
+            cfg["train"]["compile"]) == ("logit-normal", 3, 5e-4, False)
     for bad in ["train.batch=3.5", "train.nope=1", "optim.lr=1", "train.lr", "lr=1",
                 "train.compile=yes", "model.patch=[1,2]x"]:
         assert fid_run.apply_sets(fid_config.preset("tiny"), [bad])[1], bad
@@ -181,14 +185,14 @@ def test_set_overrides(tmp_path):
     try:
         assert fid_run.run_cli(["--tiny", "--set", "train.nope=1"], log=lines.append)[0] == 2
         status, h = fid_run.run_cli(["--tiny", "--device", "cpu", "--no-cache", "--methods",
-                                     "bf16", "--set", "train.t_dist=uniform",
+                                     "bf16", "--set", "train.t_dist=logit-normal",
                                      "--out", str(tmp_path)], log=lines.append)
     finally:
         torch.set_num_threads(threads)
     assert status == 0
     meta = h.results["meta"]
-    assert not meta["frozen"] and meta["overrides"] == ["--set train.t_dist=uniform"]
-    assert h.results["config"]["train"]["t_dist"] == "uniform"
+    assert not meta["frozen"] and meta["overrides"] == ["--set train.t_dist=logit-normal"]
+    assert h.results["config"]["train"]["t_dist"] == "logit-normal"
     assert h.results["models"][0]["loss_check"]["status"].startswith("not checked")
     assert "Not the frozen config" in open(h.base + ".md").read()
 
@@ -333,3 +337,12 @@ def test_labels_condition_the_model():
     assert sample.clip_labels(unconditional, n, "cpu") is None
     with pytest.raises(ValueError, match="not accepted"):
         VideoDiT.from_config(unconditional)(x, t, labels=torch.tensor([0, 1]))
+
+
+def test_frame_sheet_shows_each_kind_first():
+    """The frame sheet takes the first sampled clip of each kind, then the
+    rest in order."""
+    class Fake:
+        cfg = fid_config.preset("default")
+        data_labels = torch.tensor([2, 2, 2, 2, 3, 1, 2, 2] + [0] * 56)
+    assert fid_run.Harness.image_clip_indices(Fake()) == [0, 4, 5, 1]
