@@ -123,9 +123,13 @@ class VideoDiT(nn.Module):
 
     def __init__(self, frames, height, width, channels=3, patch=(1, 4, 4), hidden=512,
                  head_dim=128, layers=6, mlp_ratio=4.0, rope_theta=10000.0, freq_dim=256,
-                 classes=0):
+                 classes=0, null_label=False):
         super().__init__()
         self.classes = classes
+        # an extra label, index `classes`, for "no label": trained by
+        # dropping labels (train.label_dropout), sampled beside the real one
+        # for classifier-free guidance (sample.guidance)
+        self.null_label = bool(null_label and classes)
         self.patch = tuple(patch)
         self.channels = channels
         self.grid = (frames // patch[0], height // patch[1], width // patch[2])
@@ -135,7 +139,8 @@ class VideoDiT(nn.Module):
         self.embed = nn.Linear(pdim, hidden)
         self.t_mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(),
                                    nn.Linear(hidden, hidden))
-        self.label_embed = nn.Embedding(classes, hidden) if classes else None
+        self.label_embed = (nn.Embedding(classes + self.null_label, hidden) if classes
+                            else None)
         self.blocks = nn.ModuleList(Block(hidden, self.heads, mlp_ratio) for _ in range(layers))
         self.norm_out = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(hidden, 2 * hidden)
@@ -166,7 +171,8 @@ class VideoDiT(nn.Module):
         d, m = cfg["data"], cfg["model"]
         return cls(d["frames"], d["height"], d["width"], d["channels"], m["patch"],
                    m["hidden"], m["head_dim"], m["layers"], m["mlp_ratio"],
-                   m["rope_theta"], m["freq_dim"], m.get("classes", 0))
+                   m["rope_theta"], m["freq_dim"], m.get("classes", 0),
+                   m.get("null_label", False))
 
     def patchify(self, x):
         B, T, C, H, W = x.shape
@@ -184,8 +190,9 @@ class VideoDiT(nn.Module):
         return x.reshape(B, gt * pt, self.channels, gh * ph, gw * pw)
 
     def forward(self, x, t, attn=None, labels=None):
-        """labels [B] int64 in [0, classes): required when the model has
-        classes, refused when it has none."""
+        """labels [B] int64 in [0, classes) (or the null label `classes`,
+        when the model has one): required when the model has classes,
+        refused when it has none."""
         attn = attn or sdpa_attention
         c = self.t_mlp(timestep_embedding(t, self.freq_dim))
         if (labels is None) != (self.label_embed is None):

@@ -333,7 +333,7 @@ class Harness:
         part = lambda x, i: None if x is None else x[i:i + sc["clips"]]  # noqa: E731
         clips = [first.cpu() if first is not None and i == 0 else
                  sample.sample(model, part(noise, i), sample.SdpaBF16(), num_steps,
-                               shift, part(labels, i)).cpu()
+                               shift, **sample.sampler_kwargs(self.cfg, part(labels, i))).cpu()
                  for i in range(0, len(noise), sc["clips"])]
         st = metrics.clip_stats(self.torch.cat(clips))
         st["clips"] = len(noise)
@@ -363,7 +363,8 @@ class Harness:
                                        sample.method_options(name, self.cfg))
         try:
             clips = sample.sample(model, noise, attn, self.cfg["sample"]["num_steps"],
-                                  self.cfg["sample"]["shift"], labels)
+                                  self.cfg["sample"]["shift"],
+                                  **sample.sampler_kwargs(self.cfg, labels))
             self.sync()
         except Exception as e:  # a method that fails is a row, not the end of the run
             rec["status"] = f"error: {type(e).__name__}: {e}"
@@ -400,7 +401,8 @@ class Harness:
 
         t = time.perf_counter()
         cap = sample.Capture(sample.SdpaBF16(), C.capture_steps(self.cfg))
-        ref = sample.sample(model, noise, cap, sc["num_steps"], sc["shift"], labels)
+        ref = sample.sample(model, noise, cap, sc["num_steps"], sc["shift"],
+                            **sample.sampler_kwargs(self.cfg, labels))
         self.sync()
         clips_of[C.REFERENCE] = ref.cpu()
         rec["methods"][C.REFERENCE] = {"status": "ok", "sample_s": time.perf_counter() - t,
@@ -620,6 +622,21 @@ def validate_methods(qvattn, methods):
     return None
 
 
+def validate_guidance(cfg):
+    """None, or why the config's label dropout or guidance cannot run
+    (checked before training, not after it)."""
+    from fidelity import train
+    if cfg["sample"].get("guidance", 1.0) == 1.0 and not cfg["train"].get("label_dropout"):
+        return None
+    if not 0.0 <= cfg["train"].get("label_dropout", 0.0) < 1.0:
+        return "train.label_dropout must lie in [0, 1)"
+    try:
+        train.null_label(cfg)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def exit_status(results):
     return 1 if results["warnings"] else 0
 
@@ -637,7 +654,7 @@ def run_cli(argv=None, log=print):
         log(f"fidelity: {err}")
         return 2, None
     h = Harness(args, log)
-    err = validate_methods(h.qvattn, h.methods)
+    err = validate_methods(h.qvattn, h.methods) or validate_guidance(h.cfg)
     if err:
         log(f"fidelity: {err}")
         return 2, None

@@ -52,20 +52,42 @@ def clip_labels(cfg, clips, device):
 
 
 @torch.no_grad()
-def sample(model, noise, attn, num_steps, shift, labels=None):
+def sample(model, noise, attn, num_steps, shift, labels=None, guidance=1.0, null=None):
     """Euler from t = 1 to 0; returns the clips [B, T, C, H, W] float32.
-    labels [B]: the class of each clip, for a model with classes."""
+    labels [B]: the class of each clip, for a model with classes.  With
+    guidance != 1 (classifier-free guidance), each step also runs the clips
+    with the null label `null`, in the same batch (so each attention call
+    sees 2B clips, the labelled ones first), and steps along
+    v_null + guidance * (v_label - v_null)."""
     ts = time_grid(num_steps, shift)
     x = noise.float().clone()
     dev = x.device
+    guided = guidance != 1.0
+    if guided:
+        if labels is None or null is None:
+            raise ValueError("guidance needs labels and a null label")
+        labels = torch.cat([labels, torch.full_like(labels, int(null))])
     for i in range(num_steps):
         if hasattr(attn, "begin_step"):
             attn.begin_step(i, num_steps)
-        t = torch.full((x.shape[0],), ts[i], device=dev, dtype=torch.float32)
+        xin = torch.cat([x, x]) if guided else x
+        t = torch.full((xin.shape[0],), ts[i], device=dev, dtype=torch.float32)
         with autocast(dev):
-            v = model(x, t, attn, labels)
-        x = x + (ts[i + 1] - ts[i]) * v.float()
+            v = model(xin, t, attn, labels).float()
+        if guided:
+            v_label, v_null = v.chunk(2)
+            v = v_null + guidance * (v_label - v_null)
+        x = x + (ts[i + 1] - ts[i]) * v
     return x
+
+
+def sampler_kwargs(cfg, labels):
+    """labels, guidance and null label of sample() for a config."""
+    g = float(cfg["sample"].get("guidance", 1.0))
+    if g == 1.0:
+        return {"labels": labels}
+    from .train import null_label
+    return {"labels": labels, "guidance": g, "null": null_label(cfg)}
 
 
 class SdpaBF16:

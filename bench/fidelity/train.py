@@ -66,7 +66,24 @@ def batch_for_step(cfg, seed, step, device):
     gen = torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(step))
     t = sample_t(tc["batch"], tc["t_dist"], gen, device)
     noise = torch.randn(x0.shape, generator=gen, device=device)
-    return x0, t, noise, (labels if cfg["model"].get("classes") else None)
+    if not cfg["model"].get("classes"):
+        return x0, t, noise, None
+    p = float(tc.get("label_dropout", 0.0))
+    if p > 0:
+        # drawn after the indices, so they stay those of a run without dropout
+        drop = torch.from_numpy(rng.random(tc["batch"]) < p).to(device)
+        labels = torch.where(drop, torch.full_like(labels, null_label(cfg)), labels)
+    return x0, t, noise, labels
+
+
+def null_label(cfg):
+    """The index of the "no label" class (model.null_label); an error for
+    a config that drops labels or guides without one."""
+    m = cfg["model"]
+    if not (m.get("classes") and m.get("null_label")):
+        raise ValueError("train.label_dropout and sample.guidance need model.classes > 0 "
+                         "and model.null_label = true")
+    return int(m["classes"])
 
 
 def autocast(device):

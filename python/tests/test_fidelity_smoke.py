@@ -346,3 +346,64 @@ def test_frame_sheet_shows_each_kind_first():
         cfg = fid_config.preset("default")
         data_labels = torch.tensor([2, 2, 2, 2, 3, 1, 2, 2] + [0] * 56)
     assert fid_run.Harness.image_clip_indices(Fake()) == [0, 4, 5, 1]
+
+
+def test_classifier_free_guidance(tmp_path):
+    """--set model.null_label=true, train.label_dropout, sample.guidance:
+    the labels are dropped to the null class in training, the sampler runs
+    each clip with its label and the null label in one batch and guides;
+    guidance 1 is the label alone; configs that cannot run exit 2 before
+    training."""
+    from fidelity import sample, train
+    from fidelity.model import VideoDiT
+    cfg = fid_config.preset("tiny")
+    cfg["model"]["null_label"] = True
+    cfg["train"]["label_dropout"] = 0.5
+    null = cfg["model"]["classes"]
+    labels = [train.batch_for_step(cfg, 0, s, "cpu")[3] for s in range(8)]
+    plain = [train.batch_for_step(fid_config.preset("tiny"), 0, s, "cpu")[3] for s in range(8)]
+    dropped = sum(int((a == null).sum()) for a in labels)
+    assert 0 < dropped < sum(a.numel() for a in labels)
+    for a, b in zip(labels, plain):  # dropout only replaces labels by the null one
+        assert torch.equal(torch.where(a == null, b, a), b)
+    torch.manual_seed(0)
+    model = VideoDiT.from_config(cfg).eval()
+    assert model.label_embed.num_embeddings == null + 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    noise = sample.clip_noise(cfg, 2, "cpu")
+    lab = sample.clip_labels(cfg, 2, "cpu")
+    seen = []
+
+    def attn(q, k, v, layer):
+        seen.append(q.shape[0])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    cfg["sample"]["guidance"] = 3.0
+    guided = sample.sample(model, noise, attn, 2, 3.0, **sample.sampler_kwargs(cfg, lab))
+    assert set(seen) == {4}  # labelled and null clips in one batch
+    alone = sample.sample(model, noise, attn, 2, 3.0, labels=lab)
+    null_only = sample.sample(model, noise, attn, 2, 3.0, labels=torch.full_like(lab, null))
+    assert not torch.equal(guided, alone)
+    # one Euler step is linear in v: guidance 3 = null + 3 (label - null)
+    one = [sample.sample(model, noise, attn, 1, 3.0, **kw) for kw in (
+        sample.sampler_kwargs(cfg, lab), {"labels": lab},
+        {"labels": torch.full_like(lab, null)})]
+    assert torch.allclose(one[0] - noise, (one[2] - noise) + 3.0 * (one[1] - one[2]), atol=1e-5)
+    del alone, null_only
+    cfg["sample"]["guidance"] = 1.0
+    assert sample.sampler_kwargs(cfg, lab) == {"labels": lab}
+    lines, threads = [], torch.get_num_threads()
+    try:
+        assert fid_run.run_cli(["--tiny", "--set", "sample.guidance=2.0"], log=lines.append)[0] == 2
+        assert fid_run.run_cli(["--tiny", "--set", "train.label_dropout=0.1"], log=lines.append)[0] == 2
+        assert "null_label" in lines[-1]
+        status, h = fid_run.run_cli(
+            ["--tiny", "--device", "cpu", "--no-cache", "--methods", "bf16,vc8", "--set",
+             "model.null_label=true", "--set", "train.label_dropout=0.1", "--set",
+             "sample.guidance=2.0", "--out", str(tmp_path)], log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    s = h.results["summary"]
+    assert s["vc8"]["status"] == "ok" and s["vc8"]["finite"] and s["vc8"]["psnr_mean"] > 0
