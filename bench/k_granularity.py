@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""What finer K scales would buy the INT8 QK path (issue 15, the K term).
+
+sage8 and vc8 quantize Q to INT8 with one scale per row and the smoothed K
+(minus its channel mean) with one scale per 128-key block.  This models
+those quantizers in float64 (docs/NUMERICS.md §1: scale = amax/127 + 1e-7,
+round half away from zero, clamp to ±127) with exact softmax and exact PV,
+and prints, per synthetic preset, the rel-L2 against exact attention of
+
+    k block   K per 128-key block (the library today), Q exact
+    k token   K per key, Q exact
+    qk block  Q per row and K per block
+    qk token  Q per row and K per key
+
+pooled over heads, beside the library's own K term (qvattn.error_terms,
+sage8, "k"), which "k block" must reproduce: the check that this model is
+the reference's quantizer.  It also estimates sage8's whole error with
+per-key K scales, replacing the library's K term by k token / k block of
+it and adding the terms in quadrature (NUMERICS §7: full² ≈ Σ term²).
+
+    QVATTN_LIB=build-cpu/libqvattn.so python3 bench/k_granularity.py
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from benchutil import use_checkout_package  # noqa: E402
+
+DEFAULT_PRESETS = "video-global,video-global-d64,video-local-clustered,video-mixed,wan-small"
+BLOCK = 128
+
+
+def bf16(x):
+    """Round float32 to bfloat16 (nearest even), back in float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32).copy()
+    u = x.view(np.uint32)
+    u += np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))
+    u &= np.uint32(0xFFFF0000)
+    return x
+
+
+def int8_dequant(x, rows):
+    """code * scale with one scale per `rows` rows (1 = per row)."""
+    n, d = x.shape
+    g = np.abs(x.reshape(-1, rows, d) if n % rows == 0 else x).reshape(-1, rows * d)
+    scale = (g.max(axis=1) / 127.0 + 1e-7).repeat(rows)[:, None]
+    y = x / scale
+    code = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127)
+    return code * scale
+
+
+def pad_rows(x, mult):
+    n = x.shape[0]
+    extra = (-n) % mult
+    return np.vstack([x, np.zeros((extra, x.shape[1]))]) if extra else x
+
+
+def attention(q, k, v):
+    s = q @ k.T / np.sqrt(q.shape[1])
+    s -= s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    return (p @ v) / p.sum(axis=1, keepdims=True)
+
+
+def terms(q, k, v):
+    """{name: (squared error, squared reference)} summed over heads."""
+    out = {}
+    B, H, N, _ = q.shape
+    for b in range(B):
+        for h in range(H):
+            Q, K, V = (x[b, h].astype(np.float64) for x in (q, k, v))
+            ref = attention(Q, K, V)
+            Ks = K - K.mean(axis=0)
+            Kb = int8_dequant(pad_rows(Ks, BLOCK), BLOCK)[:N]
+            Kt = int8_dequant(Ks, 1)
+            Qr = int8_dequant(Q, 1)
+            for name, (qq, kk) in {"k block": (Q, Kb), "k token": (Q, Kt),
+                                   "qk block": (Qr, Kb), "qk token": (Qr, Kt)}.items():
+                e = attention(qq, kk, V) - ref
+                acc = out.setdefault(name, [0.0, 0.0])
+                acc[0] += float((e * e).sum())
+                acc[1] += float((ref * ref).sum())
+    return {k: np.sqrt(a / r) for k, (a, r) in out.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", default=DEFAULT_PRESETS)
+    args = ap.parse_args(argv)
+    use_checkout_package()
+    import qvattn
+    print("| preset | library k (sage8) | k block | k token | qk block | qk token "
+          "| sage8 full | sage8 full, K per key (estimate) |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    for name in args.presets.split(","):
+        d = qvattn.synthetic(name)
+        q, k, v = (bf16(d[x]) for x in "qkv")
+        lib = qvattn.error_terms(q, k, v, method="sage8")
+        t = terms(q, k, v)
+        k_new = lib["k"] * t["k token"] / t["k block"]
+        est = np.sqrt(lib["full"] ** 2 - lib["k"] ** 2 + k_new ** 2)
+        print(f"| {name} | {lib['k']:.3e} | {t['k block']:.3e} | {t['k token']:.3e} | "
+              f"{t['qk block']:.3e} | {t['qk token']:.3e} | {lib['full']:.3e} | {est:.3e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
