@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What finer K scales would buy the INT8 QK path (issue 15, the K term).
+"""What finer K scales, or Q smoothing, would buy the INT8 QK path (issue 15).
 
 sage8 and vc8 quantize Q to INT8 with one scale per row and the smoothed K
 (minus its channel mean) with one scale per 128-key block.  This models
@@ -11,12 +11,20 @@ and prints, per synthetic preset, the rel-L2 against exact attention of
     k token   K per key, Q exact
     qk block  Q per row and K per block
     qk token  Q per row and K per key
+    qs block  Q smoothed, then per row; K per block
+    qs token  Q smoothed, then per row; K per key
+
+Q smoothing (issue 15's candidate): each 128-query block's channel mean is
+subtracted before the INT8 rows are quantized and added back exactly
+(q = q̄ + code·δ, so the scores gain q̄·kᵀ at full precision, one GEMV per
+block pair in a kernel).
 
 pooled over heads, beside the library's own K term (qvattn.error_terms,
 sage8, "k"), which "k block" must reproduce: the check that this model is
 the reference's quantizer.  It also estimates sage8's whole error with
 per-key K scales, replacing the library's K term by k token / k block of
-it and adding the terms in quadrature (NUMERICS §7: full² ≈ Σ term²).
+it and adding the terms in quadrature (NUMERICS §7: full² ≈ Σ term²),
+and with both changes, replacing qk block by qs token in that sum.
 
     QVATTN_LIB=build-cpu/libqvattn.so python3 bench/k_granularity.py
 """
@@ -59,6 +67,16 @@ def pad_rows(x, mult):
     return np.vstack([x, np.zeros((extra, x.shape[1]))]) if extra else x
 
 
+def smoothed_q(q):
+    """Q with each 128-row block's channel mean removed before the per-row
+    INT8 quantizer and added back exactly."""
+    out = np.empty_like(q)
+    for b in range(0, q.shape[0], BLOCK):
+        m = q[b:b + BLOCK].mean(axis=0)
+        out[b:b + BLOCK] = int8_dequant(q[b:b + BLOCK] - m, 1) + m
+    return out
+
+
 def attention(q, k, v):
     s = q @ k.T / np.sqrt(q.shape[1])
     s -= s.max(axis=1, keepdims=True)
@@ -78,8 +96,10 @@ def terms(q, k, v):
             Kb = int8_dequant(pad_rows(Ks, BLOCK), BLOCK)[:N]
             Kt = int8_dequant(Ks, 1)
             Qr = int8_dequant(Q, 1)
+            Qs = smoothed_q(Q)
             for name, (qq, kk) in {"k block": (Q, Kb), "k token": (Q, Kt),
-                                   "qk block": (Qr, Kb), "qk token": (Qr, Kt)}.items():
+                                   "qk block": (Qr, Kb), "qk token": (Qr, Kt),
+                                   "qs block": (Qs, Kb), "qs token": (Qs, Kt)}.items():
                 e = attention(qq, kk, V) - ref
                 acc = out.setdefault(name, [0.0, 0.0])
                 acc[0] += float((e * e).sum())
@@ -94,8 +114,9 @@ def main(argv=None):
     use_checkout_package()
     import qvattn
     print("| preset | library k (sage8) | k block | k token | qk block | qk token "
-          "| sage8 full | sage8 full, K per key (estimate) |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+          "| qs block | qs token | sage8 full | sage8 full, K per key (estimate) "
+          "| sage8 full, both (estimate) |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
@@ -103,8 +124,10 @@ def main(argv=None):
         t = terms(q, k, v)
         k_new = lib["k"] * t["k token"] / t["k block"]
         est = np.sqrt(lib["full"] ** 2 - lib["k"] ** 2 + k_new ** 2)
+        both = np.sqrt(lib["full"] ** 2 - t["qk block"] ** 2 + t["qs token"] ** 2)
         print(f"| {name} | {lib['k']:.3e} | {t['k block']:.3e} | {t['k token']:.3e} | "
-              f"{t['qk block']:.3e} | {t['qk token']:.3e} | {lib['full']:.3e} | {est:.3e} |")
+              f"{t['qk block']:.3e} | {t['qk token']:.3e} | {t['qs block']:.3e} | "
+              f"{t['qs token']:.3e} | {lib['full']:.3e} | {est:.3e} | {both:.3e} |")
     return 0
 
 
