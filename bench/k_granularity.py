@@ -9,6 +9,8 @@ and prints, per synthetic preset, the rel-L2 against exact attention of
 
     k block   K per 128-key block (the library today), Q exact
     k token   K per key, Q exact
+    k pow2    K per block times a per-key power of two (the largest that
+              keeps the key's codes within ±127), Q exact
     qk block  Q per row and K per block
     qk token  Q per row and K per key
     qs block  Q smoothed, then per row; K per block
@@ -61,6 +63,22 @@ def int8_dequant(x, rows):
     return code * scale
 
 
+def int8_dequant_pow2(x):
+    """The block scale divided, per key, by the largest power of two
+    2^e (e in 0..15) with the key's amax still within 127 codes."""
+    n, d = x.shape
+    out = np.empty_like(x)
+    for b in range(0, n, BLOCK):
+        blk = x[b:b + BLOCK]
+        amax = np.abs(blk).max()
+        key = np.maximum(np.abs(blk).max(axis=1), 1e-30)
+        e = np.clip(np.floor(np.log2(np.maximum(amax / key, 1.0))), 0, 15)
+        scale = ((amax / 127.0 + 1e-7) / 2.0 ** e)[:, None]
+        y = blk / scale
+        out[b:b + BLOCK] = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127) * scale
+    return out
+
+
 def pad_rows(x, mult):
     n = x.shape[0]
     extra = (-n) % mult
@@ -95,9 +113,10 @@ def terms(q, k, v):
             Ks = K - K.mean(axis=0)
             Kb = int8_dequant(pad_rows(Ks, BLOCK), BLOCK)[:N]
             Kt = int8_dequant(Ks, 1)
+            Kp = int8_dequant_pow2(pad_rows(Ks, BLOCK))[:N]
             Qr = int8_dequant(Q, 1)
             Qs = smoothed_q(Q)
-            for name, (qq, kk) in {"k block": (Q, Kb), "k token": (Q, Kt),
+            for name, (qq, kk) in {"k block": (Q, Kb), "k token": (Q, Kt), "k pow2": (Q, Kp),
                                    "qk block": (Qr, Kb), "qk token": (Qr, Kt),
                                    "qs block": (Qs, Kb), "qs token": (Qs, Kt)}.items():
                 e = attention(qq, kk, V) - ref
@@ -113,10 +132,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     use_checkout_package()
     import qvattn
-    print("| preset | library k (sage8) | k block | k token | qk block | qk token "
+    print("| preset | library k (sage8) | k block | k token | k pow2 | qk block | qk token "
           "| qs block | qs token | sage8 full | sage8 full, K per key (estimate) "
           "| sage8 full, both (estimate) |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
@@ -126,6 +145,7 @@ def main(argv=None):
         est = np.sqrt(lib["full"] ** 2 - lib["k"] ** 2 + k_new ** 2)
         both = np.sqrt(lib["full"] ** 2 - t["qk block"] ** 2 + t["qs token"] ** 2)
         print(f"| {name} | {lib['k']:.3e} | {t['k block']:.3e} | {t['k token']:.3e} | "
+              f"{t['k pow2']:.3e} | "
               f"{t['qk block']:.3e} | {t['qk token']:.3e} | {t['qs block']:.3e} | "
               f"{t['qs token']:.3e} | {lib['full']:.3e} | {est:.3e} | {both:.3e} |")
     return 0
