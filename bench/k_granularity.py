@@ -95,6 +95,20 @@ def smoothed_q(q):
     return out
 
 
+def key_amax_ratios(k):
+    """Each smoothed key's amax over its 128-key block's (all heads)."""
+    out = []
+    for b in range(k.shape[0]):
+        for h in range(k.shape[1]):
+            K = k[b, h].astype(np.float64)
+            K = pad_rows(K - K.mean(axis=0), BLOCK)
+            for i in range(0, len(K), BLOCK):
+                key = np.abs(K[i:i + BLOCK]).max(axis=1)
+                key = key[key > 0]
+                out.append(key / np.abs(K[i:i + BLOCK]).max())
+    return np.concatenate(out)
+
+
 def attention(q, k, v):
     s = q @ k.T / np.sqrt(q.shape[1])
     s -= s.max(axis=1, keepdims=True)
@@ -134,8 +148,8 @@ def main(argv=None):
     import qvattn
     print("| preset | library k (sage8) | k block | k token | k pow2 | qk block | qk token "
           "| qs block | qs token | sage8 full | sage8 full, K per key (estimate) "
-          "| sage8 full, both (estimate) |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "| sage8 full, both (estimate) | keys < ½ block amax | median key/block amax |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
@@ -144,10 +158,12 @@ def main(argv=None):
         k_new = lib["k"] * t["k token"] / t["k block"]
         est = np.sqrt(lib["full"] ** 2 - lib["k"] ** 2 + k_new ** 2)
         both = np.sqrt(lib["full"] ** 2 - t["qk block"] ** 2 + t["qs token"] ** 2)
+        r = key_amax_ratios(k)
         print(f"| {name} | {lib['k']:.3e} | {t['k block']:.3e} | {t['k token']:.3e} | "
               f"{t['k pow2']:.3e} | "
               f"{t['qk block']:.3e} | {t['qk token']:.3e} | {t['qs block']:.3e} | "
-              f"{t['qs token']:.3e} | {lib['full']:.3e} | {est:.3e} | {both:.3e} |")
+              f"{t['qs token']:.3e} | {lib['full']:.3e} | {est:.3e} | {both:.3e} | "
+              f"{100 * (r < 0.5).mean():.1f}% | {np.median(r):.2f} |")
     return 0
 
 
