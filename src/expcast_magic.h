@@ -41,7 +41,6 @@
 
 #define QVI_MAGIC 12582912.0f /* 1.5 * 2^23: ulp 1 from 2^23 to 2^24 */
 #define QVI_MAGIC_BITS 0x4B400000
-#define QVI_EXPCAST_ADDEND 119.65f /* VC Eq. 7 with the paper's beta (NUMERICS-formats.md) */
 
 QVI_HD float qvi_bits_float(uint32_t b) {
     float f;

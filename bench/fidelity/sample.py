@@ -18,7 +18,8 @@ Capture wraps either and keeps q, k, v of clip 0 at chosen steps.
 import torch
 import torch.nn.functional as F
 
-from .train import autocast
+from . import data
+from .train import autocast, null_label
 
 
 def time_grid(num_steps, shift):
@@ -45,7 +46,6 @@ def clip_labels(cfg, clips, device):
     data clip of its kind in the sanity statistics and the frame sheets."""
     if not cfg["model"].get("classes"):
         return None
-    from . import data
     held = data.stats_indices(cfg["data"])
     labels = data.clip_labels(cfg["data"], [held[j % len(held)] for j in range(clips)])
     return torch.tensor(labels, dtype=torch.long, device=device)
@@ -86,7 +86,6 @@ def sampler_kwargs(cfg, labels):
     g = float(cfg["sample"].get("guidance", 1.0))
     if g == 1.0:
         return {"labels": labels}
-    from .train import null_label
     return {"labels": labels, "guidance": g, "null": null_label(cfg)}
 
 

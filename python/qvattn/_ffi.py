@@ -560,8 +560,9 @@ def config_method_name(cfg):
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
 # the diffusers and ComfyUI integrations): vc8 with ExpCast at the centred
-# beta, as fast as the paper's beta and, on the end-to-end harness, 2.5 dB
-# closer to the BF16 clips (docs/NUMERICS.md §7, bench/RESULTS.md).  The C
+# beta, as fast as the paper's beta and, on the end-to-end harness, 2.5 to
+# 4.4 dB closer to the BF16 clips in two runs (docs/NUMERICS.md §7,
+# bench/RESULTS.md).  The C
 # config's default (qva_config_default) keeps the paper's beta.
 DEFAULT_METHOD = "vc8+expcast-centred"
 
