@@ -349,11 +349,11 @@ def test_frame_sheet_shows_each_kind_first():
 
 
 def test_classifier_free_guidance(tmp_path):
-    """--set model.null_label=true, train.label_dropout, sample.guidance:
-    the labels are dropped to the null class in training, the sampler runs
-    each clip with its label and the null label in one batch and guides;
-    guidance 1 is the label alone; configs that cannot run exit 2 before
-    training."""
+    """model.null_label, train.label_dropout, sample.guidance (on in the
+    frozen config): the labels are dropped to the null class in training,
+    the sampler runs each clip with its label and the null label in one
+    batch and guides; guidance 1 is the label alone; configs that cannot
+    run exit 2 before training."""
     from fidelity import sample, train
     from fidelity.model import VideoDiT
     cfg = fid_config.preset("tiny")
@@ -361,7 +361,10 @@ def test_classifier_free_guidance(tmp_path):
     cfg["train"]["label_dropout"] = 0.5
     null = cfg["model"]["classes"]
     labels = [train.batch_for_step(cfg, 0, s, "cpu")[3] for s in range(8)]
-    plain = [train.batch_for_step(fid_config.preset("tiny"), 0, s, "cpu")[3] for s in range(8)]
+    no_dropout = fid_config.preset("tiny")
+    no_dropout["train"]["label_dropout"] = 0.0
+    plain = [train.batch_for_step(no_dropout, 0, s, "cpu")[3] for s in range(8)]
+    assert all(int((b == null).sum()) == 0 for b in plain)
     dropped = sum(int((a == null).sum()) for a in labels)
     assert 0 < dropped < sum(a.numel() for a in labels)
     for a, b in zip(labels, plain):  # dropout only replaces labels by the null one
@@ -393,13 +396,13 @@ def test_classifier_free_guidance(tmp_path):
     assert sample.sampler_kwargs(cfg, lab) == {"labels": lab}
     lines, threads = [], torch.get_num_threads()
     try:
-        assert fid_run.run_cli(["--tiny", "--set", "sample.guidance=2.0"], log=lines.append)[0] == 2
-        assert fid_run.run_cli(["--tiny", "--set", "train.label_dropout=0.1"], log=lines.append)[0] == 2
+        no_null = ["--tiny", "--set", "model.null_label=false", "--set"]
+        assert fid_run.run_cli(no_null + ["train.label_dropout=0.0"], log=lines.append)[0] == 2
+        assert fid_run.run_cli(no_null + ["sample.guidance=1.0"], log=lines.append)[0] == 2
         assert "null_label" in lines[-1]
         status, h = fid_run.run_cli(
-            ["--tiny", "--device", "cpu", "--no-cache", "--methods", "bf16,vc8", "--set",
-             "model.null_label=true", "--set", "train.label_dropout=0.1", "--set",
-             "sample.guidance=2.0", "--out", str(tmp_path)], log=lines.append)
+            ["--tiny", "--device", "cpu", "--no-cache", "--methods", "bf16,vc8",
+             "--out", str(tmp_path)], log=lines.append)
     finally:
         torch.set_num_threads(threads)
     assert status == 0
