@@ -560,10 +560,11 @@ def config_method_name(cfg):
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
 # the diffusers and ComfyUI integrations): vc8 with ExpCast at the centred
-# beta, as fast as the paper's beta and, on the end-to-end harness, 2.5 to
-# 4.4 dB closer to the BF16 clips in two runs (docs/NUMERICS.md §7,
-# bench/RESULTS.md).  The C
-# config's default (qva_config_default) keeps the paper's beta.
+# beta, as fast as the paper's beta and, on the end-to-end harness, closer
+# to the BF16 clips than it on average in every run (0.9 to 4.4 dB).
+# Without guidance it led the 8-bit methods; with guidance it is 0.8 dB
+# below plain vc8 (docs/NUMERICS.md §7, bench/RESULTS.md).  The C config's
+# default (qva_config_default) keeps the paper's beta.
 DEFAULT_METHOD = "vc8+expcast-centred"
 
 
