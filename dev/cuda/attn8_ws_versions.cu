@@ -8,6 +8,17 @@
  *   ws5   the library kernel without the short softmax chains: the row max
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8)
+ *   ws9   V-Smooth steps: the restore's FP16 mean tiles prepared in global
+ *         memory (one 4 KB tile per 16 key blocks, in the wgmma layout) and
+ *         loaded by the producer into a 2-deep ring both consumer warpgroups
+ *         read, instead of each warpgroup filling its own tile from the
+ *         stage's FP32 means block by block (a 4-way bank-conflicted STS.U16
+ *         on the critical path, bench/NOTES.md); the stages carry no means.
+ *         The pending sums word-major ([word][thread]), so that the 8
+ *         owner threads of a warp storing one block's sums hit 8 banks
+ *         (16 bytes per thread put them on 2: 4-way conflicts).  Plain
+ *         steps run the library kernel.  Same FP16 values, same wgmma:
+ *         bit-identical output expected.
  */
 #include "dense/attn8_ws.cuh"
 
@@ -40,4 +51,270 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
+}
+
+/* ------------------------------------------------------------ ws9 */
+struct ws9_flags : attn8_ws_flags<QVC_QK_INT8> {};
+
+/* The tile ring after the pending sums: 2 tiles, then full[2], empty[2]. */
+#define WS9_TILE_OFF(S) A8R_TILE_OFF(S)
+#define WS9_BAR_OFF(S) (A8R_PEND_OFF(S) + 256 * 16)
+#define WS9_SMEM_BYTES(S) (WS9_BAR_OFF(S) + 32 + 1024)
+
+/* tiles[bh][t] (4 KB each): blocks 16t .. 16t + 15 of v_mu as FP16 in the
+ * layout of a8r_tile_at; slots past the last block are 0.  One thread per
+ * (channel, half of the batch) writes its 16-byte core-matrix row. */
+__global__ void ws9_mean_tiles(const float *__restrict__ v_mu, uint4 *__restrict__ tiles,
+                               int nblk, int nbatch) {
+    const int t = blockIdx.x, bh = blockIdx.y, n = threadIdx.x & 127, kh = threadIdx.x >> 7;
+    const float *mu = v_mu + (size_t)bh * nblk * 128;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int j0 = t * A8R_BATCH + kh * 8 + 2 * i;
+        const float a = j0 < nblk ? mu[(size_t)j0 * 128 + n] : 0.0f;
+        const float b = j0 + 1 < nblk ? mu[(size_t)(j0 + 1) * 128 + n] : 0.0f;
+        const __half2 h = __floats2half2_rn(a, b); /* exact: v_mu holds FP16 values */
+        memcpy(&w[i], &h, sizeof w[i]);
+    }
+    uint8_t *tile = (uint8_t *)(tiles + ((size_t)bh * nbatch + t) * (A8R_TILE / 16));
+    *(uint4 *)(tile + a8r_tile_at(n, kh * 8)) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* The producer: Q, then per block K and V; before the first block of each
+ * batch, that batch's mean tile into the tile ring. */
+template <class F>
+static __device__ __forceinline__ void ws9_producer(const CUtensorMap &tq, const CUtensorMap &tk,
+                                                    const CUtensorMap &tv, const qvc_ops &ops,
+                                                    uint32_t base, attn8_bars b, uint32_t tfull,
+                                                    uint32_t tempty, int bh, int tile,
+                                                    const uint8_t *tiles) {
+    mbar_expect_tx(b.q, A8_QB);
+    tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
+    for (int j = 0; j < ops.nblk; ++j) {
+        if (j % A8R_BATCH == 0) {
+            const int t = j / A8R_BATCH, slot = t & 1;
+            mbar_wait(tempty + 8 * slot, ((t >> 1) & 1) ^ 1);
+            mbar_expect_tx(tfull + 8 * slot, A8R_TILE);
+            bulk_load(base + WS9_TILE_OFF(F::STAGES) + slot * A8R_TILE,
+                      tiles + (size_t)t * A8R_TILE, A8R_TILE, tfull + 8 * slot);
+        }
+        const int s = j % F::STAGES;
+        const uint32_t full = b.full + 8 * s;
+        mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
+        mbar_expect_tx(full, 2 * A8_TILE);
+        tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+        tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+    }
+}
+
+/* The pending sums, word-major: word i of consumer thread c at
+ * PEND_OFF + 1024 i + 4 c (the same 4 KB as the library's 16 B per thread).
+ * Word i is the library's ph[i]: A register a_i, rows g (i even) or g + 8. */
+static __device__ __forceinline__ uint32_t *ws9_pending(uint8_t *sm, int stages) {
+    uint32_t *pw = (uint32_t *)(sm + A8R_PEND_OFF(stages)) + (threadIdx.x - 128);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pw[256 * i] = 0u;
+    return pw;
+}
+
+static __device__ __forceinline__ void ws9_pend(uint32_t *pw, const float *rs, int j, int tig) {
+    const int k = j & (A8R_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
+    if (tig != owner) return;
+    ((__half *)(pw + 256 * (2 * hi)))[k & 1] = __float2half_rn(rs[0]);
+    ((__half *)(pw + 256 * (2 * hi + 1)))[k & 1] = __float2half_rn(rs[1]);
+}
+
+static __device__ __forceinline__ void ws9_rescale(uint32_t *pw, const float *alpha) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half2 h;
+        const uint32_t u = pw[256 * i];
+        memcpy(&h, &u, sizeof h);
+        const float2 f = __half22float2(h);
+        h = __floats2half2_rn(f.x * alpha[i & 1], f.y * alpha[i & 1]);
+        uint32_t w;
+        memcpy(&w, &h, sizeof w);
+        pw[256 * i] = w;
+    }
+}
+
+/* The library's ping-pong mainloop with means (attn8_mainloop_pingpong),
+ * its tile from the ring instead of filled here. */
+template <class F, int EXPCAST>
+static __device__ __forceinline__ void ws9_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                    const qvc_ops &ops, const qvc_attn_args &a,
+                                                    uint32_t base, uint8_t *sm, attn8_bars b,
+                                                    uint32_t tfull, uint32_t tempty, uint64_t qd,
+                                                    const float (&dq)[2], const float *kscale,
+                                                    const float *vblk, int cw, int tig) {
+    uint32_t *pw = ws9_pending(sm, F::STAGES);
+    if (cw == 1) named_arrive(1, 256);
+    for (int j0 = 0; j0 < ops.nblk; j0 += A8R_BATCH) {
+        const int j1 = min(j0 + A8R_BATCH, ops.nblk);
+        for (int j = j0; j < j1; ++j) {
+            const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float mx[2];
+            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], r.m[0]);
+            mx[1] = fmaxf(mx[1], r.m[1]);
+            float alpha[2];
+            qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+            qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) ws9_rescale(pw, alpha);
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
+            if (!EXPCAST) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+            named_sync(1 + cw, 256);
+            float part[EXPCAST ? 68 : 64];
+            issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+
+            wg_wait<1>();
+            reg_fence(part);
+            if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
+            ws9_pend(pw, rs, j, tig);
+            mbar_arrive(b.empty + 8 * s);
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        /* the batch's restore: the tile came by TMA (the mbarrier makes it
+         * visible to the wgmma), the pending sums are this thread's */
+        const int t = j0 / A8R_BATCH, slot = t & 1;
+        mbar_wait(tfull + 8 * slot, (t >> 1) & 1);
+        const uint32_t pend[4] = {pw[0], pw[256], pw[512], pw[768]};
+        wg_fence();
+        a8r_wgmma(r.o, pend, a8r_tile_desc(base + WS9_TILE_OFF(F::STAGES) + slot * A8R_TILE));
+        wg_commit();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pw[256 * i] = 0u;
+        wg_wait<0>();
+        reg_fence(r.o);
+        mbar_arrive(tempty + 8 * slot);
+    }
+    if (cw == 0) named_sync(1, 256);
+}
+
+template <class F, int EXPCAST>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws9_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+          const __grid_constant__ CUtensorMap tv, const attn8_params p, const uint8_t *tiles) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
+    const uint32_t base = smem_addr(sm);
+    attn8_bars b;
+    b.q = base + A8_BAR_OFF(F::STAGES);
+    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const uint32_t tfull = base + WS9_BAR_OFF(F::STAGES), tempty = tfull + 16;
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    const int wg = threadIdx.x >> 7;
+
+    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q, 1);
+        for (int s = 0; s < F::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
+        }
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(tfull + 8 * s, 1);
+            mbar_init(tempty + 8 * s, F::CONSUMERS * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        const int nbatch = (nblk + A8R_BATCH - 1) / A8R_BATCH;
+        if (threadIdx.x == 0)
+            ws9_producer<F>(tq, tk, tv, ops, base, b, tfull, tempty, bh, tile,
+                            tiles + (size_t)bh * nbatch * A8R_TILE);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
+    const int row0 = tile * F::ROWS + cw * 64 + warp * 16;
+    float dq[2];
+    qvc_q_scales(ops, bh, row0 + g, dq);
+    const float *kscale = ops.k_scale + (size_t)bh * nblk;
+    const float *vblk = ops.v_blk + (size_t)bh * nblk;
+
+    attn8_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    int sacc[64];
+    mbar_wait(b.q, 0);
+    mbar_wait(b.full, 0);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(0));
+    wg_wait<0>();
+    reg_fence(sacc);
+    ws9_mainloop<F, EXPCAST>(r, sacc, ops, p.a, base, sm, b, tfull, tempty, qd, dq, kscale, vblk,
+                             cw, tig);
+    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+}
+
+template <int EXPCAST>
+static qva_status ws9_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws9_flags F;
+    const qvc_ops &ops = p->ops;
+    const int nbatch = (ops.nblk + A8R_BATCH - 1) / A8R_BATCH;
+    const size_t bytes = (size_t)ops.BH * nbatch * A8R_TILE;
+    uint8_t *tiles = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&tiles, bytes, st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws9 mean tiles");
+    ws9_mean_tiles<<<dim3((unsigned)nbatch, (unsigned)ops.BH), 256, 0, st>>>(ops.v_mu, (uint4 *)tiles,
+                                                                            ops.nblk, nbatch);
+    qva_status r = qvc_launch_check("ws9_mean_tiles");
+    if (r == QVA_OK) {
+        const int smem = WS9_SMEM_BYTES(F::STAGES);
+        void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params,
+                  const uint8_t *) = ws9_attn8<F, EXPCAST>;
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) {
+            r = qvc_cuda_fail(e, "ws9 smem attribute");
+        } else {
+            dim3 grid((unsigned)((ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)ops.BH);
+            k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p, tiles);
+            r = qvc_launch_check("ws9_attn8");
+        }
+    }
+    e = cudaFreeAsync(tiles, st); /* stream-ordered: after the kernel */
+    if (r == QVA_OK && e != cudaSuccess) r = qvc_cuda_fail(e, "ws9 mean tiles free");
+    return r;
+}
+
+extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
+                                    const qvc_attn_args *a, cudaStream_t st) {
+    if (!ops->v_mu) return launch_version<ws9_flags>(ops, fmt, a, st);
+    CUtensorMap maps[3];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
 }
