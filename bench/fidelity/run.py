@@ -18,15 +18,12 @@ also printed), and -model<seed>.png frame sheets.  Exit status 1 when a
 retrained model's final loss is off its recorded value (config.py) by more
 than 5%, 2 for bad arguments.
 """
-import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import re
 import shlex
-import statistics
 import sys
 import time
 import traceback
@@ -41,119 +38,12 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
-from benchutil import OUT_HELP, ROOT, git_rev, out_dir, use_checkout_package  # noqa: E402
+from benchutil import git_rev, out_dir, use_checkout_package  # noqa: E402
 from fidelity import config as C  # noqa: E402
+from fidelity.cli import (apply_sets, parse_args, parse_samplers, parse_seeds,  # noqa: E402
+                          validate_guidance, validate_methods)
+from fidelity.summary import clean_json, exit_status, mean, merge_cli, summarize  # noqa: E402
 import peers  # noqa: E402
-
-DEFAULT_CACHE = os.path.join(ROOT, "bench", "out", "fidelity-cache")
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("--tiny", action="store_true",
-                   help="the CPU smoke size: 4x32x32 clips (256 tokens), hidden 128, "
-                        "2 layers, 60 training steps, 4 sampling steps, 2 clips, 1 model")
-    p.add_argument("--models", type=int, default=None,
-                   help="number of model seeds (default 3; tiny: 1)")
-    p.add_argument("--seeds", default=None,
-                   help="comma list of model seeds to run (default: the first --models "
-                        "of config.MODEL_SEEDS); with the weights cache, one device call "
-                        "can train some seeds and a later one report them all")
-    p.add_argument("--clips", type=int, default=None,
-                   help="clips sampled per model (default 8; tiny: 2)")
-    p.add_argument("--methods", default=None,
-                   help="comma list of qvattn methods (default: config.METHODS)")
-    p.add_argument("--head-dim", type=int, choices=(64, 128), default=None,
-                   help="head dim (default 128; 64 doubles the heads at the same width)")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
-    p.add_argument("--out", metavar="DIR", default=None, help=OUT_HELP)
-    p.add_argument("--cache", metavar="DIR", default=DEFAULT_CACHE,
-                   help="trained weights cache (default: %(default)s; '' = none)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write weights")
-    p.add_argument("--train-steps", type=int, default=None,
-                   help="override the training steps (marks the run as not the frozen config)")
-    p.add_argument("--sample-steps", type=int, default=None,
-                   help="override the sampling steps (marks the run as not the frozen config)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value, e.g. train.t_dist=uniform or "
-                        "train.batch=32 (repeatable; the key must exist; the value keeps "
-                        "the type of the one it replaces; marks the run as not the "
-                        "frozen config, and the weights cache keys on it)")
-    p.add_argument("--probe-every", type=int, default=0, metavar="N",
-                   help="every N training steps (and at the end) sample a few clips with "
-                        "bf16-sdpa and record their statistics against the data's: does "
-                        "longer training help? (not training time; the weights are the same)")
-    p.add_argument("--sanity-samplers", default=None, metavar="STEPS:SHIFT,...",
-                   help="also compute the sanity statistics (samples against data) with "
-                        "these Euler samplers, e.g. 20:3,50:1 (the frozen one is "
-                        "num_steps:shift): is the sampler or the model the limit?")
-    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
-                   help="train nothing: merge the reports of runs with different "
-                        "--seeds (same config and methods) into one table")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's; 1 with --tiny)")
-    return p.parse_args(argv)
-
-
-def apply_sets(cfg, items):
-    """--set: cfg with each SECTION.KEY=VALUE applied; (list of the
-    overrides as given, None) or ([], message)."""
-    done = []
-    for item in items:
-        key, eq, text = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not eq or not dot or section not in ("data", "model", "train", "sample"):
-            return [], f"--set {item!r}: SECTION.KEY=VALUE with SECTION data, model, train or sample"
-        if name not in cfg[section]:
-            return [], (f"--set {item!r}: no key {name!r} in {section} "
-                        f"(keys: {', '.join(sorted(cfg[section]))})")
-        old = cfg[section][name]
-        try:
-            if isinstance(old, bool):
-                if text not in ("true", "false"):
-                    raise ValueError("true or false")
-                val = text == "true"
-            elif isinstance(old, (int, float, str)):
-                val = type(old)(text)
-            else:
-                val = json.loads(text)
-                if type(val) is not type(old):
-                    raise ValueError(f"a JSON {type(old).__name__}")
-        except ValueError as e:
-            return [], f"--set {item!r}: {section}.{name} is {type(old).__name__} ({e})"
-        cfg[section][name] = val
-        done.append(f"--set {key}={text}")
-    return done, None
-
-
-def parse_samplers(text):
-    """'20:3,50:1' -> ([(20, 3.0), (50, 1.0)], None), or ([], message)."""
-    out = []
-    for item in (x.strip() for x in (text or "").split(",")):
-        if not item:
-            continue
-        try:
-            steps, shift = item.split(":")
-            out.append((int(steps), float(shift)))
-        except ValueError:
-            return [], f"--sanity-samplers {text!r}: STEPS:SHIFT items, e.g. 20:3,50:1"
-        if out[-1][0] < 1 or not out[-1][1] > 0:
-            return [], f"--sanity-samplers {item!r}: steps >= 1 and shift > 0"
-    return out, None
-
-
-def parse_seeds(text):
-    """'0,2' -> ([0, 2], None): distinct non-negative integers in the order
-    given; ([], message) for anything else."""
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        return [], f"--seeds {text!r}: a comma list of integers"
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        return [], f"--seeds {text!r}: distinct integers >= 0"
-    return seeds, None
 
 
 def load_qvattn():
@@ -162,22 +52,6 @@ def load_qvattn():
     import torch  # noqa: F401
     import qvattn
     return qvattn
-
-
-def _clean(x):
-    """JSON-safe: NaN/Inf -> None, tuples -> lists, recursively."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _mean(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else None
 
 
 class Harness:
@@ -270,7 +144,7 @@ class Harness:
         self.timings.pop("total", None)  # kept last
         self.timings["total"] = time.perf_counter() - self.t0
         with open(self.base + ".json", "w") as f:
-            json.dump(_clean(self.results), f, indent=1)
+            json.dump(clean_json(self.results), f, indent=1)
         with open(self.base + ".md", "w") as f:
             f.write(markdown(self.results))
 
@@ -377,8 +251,8 @@ class Harness:
         rec["finite"] = bool(self.torch.isfinite(clips).all())
         rec["psnr"] = metrics.psnr(clips, ref)
         rec["ssim"] = metrics.ssim(clips, ref)
-        rec["psnr_mean"] = _mean(rec["psnr"])
-        rec["ssim_mean"] = _mean(rec["ssim"])
+        rec["psnr_mean"] = mean(rec["psnr"])
+        rec["ssim_mean"] = mean(rec["ssim"])
         self.log(f"  {name}: PSNR {rec['psnr_mean'] or float('nan'):.2f} dB, SSIM "
                  f"{rec['ssim_mean'] or float('nan'):.4f} ({rec['sample_s']:.1f} s)")
         return rec, clips
@@ -517,133 +391,9 @@ class Harness:
         return self.results
 
 
-def summarize(models, methods):
-    """Per method: mean/std/min/max over models of the per-model means."""
-    summary = {}
-    for name in [C.REFERENCE] + list(methods):
-        recs = [m["methods"].get(name, {}) for m in models]
-        bad = [r.get("status") for r in recs if r.get("status") != "ok"]
-        s = {"status": bad[0] if bad else "ok"}
-        ops = [m["op_rel_l2"].get(name) for m in models if "op_rel_l2" in m]
-        ops = [o for o in ops if o and "mean" in o]
-        s["op_rel_l2"] = ({"mean": _mean([o["mean"] for o in ops]),
-                           "max": max(o["max"] for o in ops)} if ops else None)
-        if name != C.REFERENCE and not bad:
-            for key in ("psnr", "ssim"):
-                per = [r.get(f"{key}_mean") for r in recs]
-                s[f"per_model_{key}"] = per
-                vals = [v for v in per if v is not None]
-                s[f"{key}_mean"] = _mean(vals)
-                s[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-                s[f"{key}_min"] = min(vals) if vals else None
-                s[f"{key}_max"] = max(vals) if vals else None
-            s["finite"] = all(r.get("finite") for r in recs)
-            kept = [r["kept_share"]["mean"] for r in recs if r.get("kept_share")]
-            if len(kept) == len(recs):
-                s["kept_share_mean"] = _mean(kept)
-        summary[name] = s
-    return summary
-
-
-def merge_results(runs, names):
-    """One report from several runs of the same frozen configuration and
-    method list, each with its own model seeds (one device call cannot
-    train every model, and trained weights do not travel back).  Returns
-    (results, None) or (None, why they cannot be merged)."""
-    base = runs[0]
-    seen = set()
-    for r, name in zip(runs, names):
-        for key in ("config", "data_stats"):
-            if r.get(key) != base.get(key):
-                return None, f"{name}: its {key} differs from {names[0]}'s"
-        for key in ("methods", "frozen", "clips", "reference"):
-            if r["meta"].get(key) != base["meta"].get(key):
-                return None, f"{name}: meta {key} differs from {names[0]}'s"
-        for m in r["models"]:
-            if m["seed"] in seen:
-                return None, f"{name}: model seed {m['seed']} is in two runs"
-            seen.add(m["seed"])
-    models = sorted((m for r in runs for m in r["models"]), key=lambda m: m["seed"])
-    meta = dict(base["meta"], model_seeds=[m["seed"] for m in models],
-                merged_from=[{"file": n, "date_utc": r["meta"]["date_utc"],
-                              "git": r["meta"]["git"], "command": r["meta"]["command"],
-                              "model_seeds": r["meta"]["model_seeds"]}
-                             for r, n in zip(runs, names)])
-    res = {"meta": meta, "config": base["config"], "data_stats": base.get("data_stats"),
-           "models": models, "summary": summarize(models, base["meta"]["methods"]),
-           "timings": {n: r["timings"] for r, n in zip(runs, names)},
-           "warnings": [w for r in runs for w in r["warnings"]],
-           "images": [i for r in runs for i in r.get("images", [])]}
-    return res, None
-
-
-def merge_cli(paths, out, log):
-    """--merge: write <out>/fidelity-merged-<UTC>.json/.md from run JSONs."""
-    from fidelity.report import markdown
-    runs, names = [], []
-    for p in paths:
-        try:
-            with open(p) as f:
-                runs.append(json.load(f))
-        except (OSError, ValueError) as e:
-            log(f"fidelity --merge: {p}: {e}")
-            return 2
-        names.append(os.path.basename(p))
-    res, why = merge_results(runs, names)
-    if why:
-        log(f"fidelity --merge: {why}")
-        return 2
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = os.path.join(out_dir(out), f"fidelity-merged-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump(_clean(res), f, indent=1)
-    text = markdown(res)
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    log(text)
-    log(f"results: {base}.json / .md")
-    return exit_status(res)
-
-
-def validate_methods(qvattn, methods):
-    """None if every method string parses, else the error message."""
-    from qvattn._config import _base_config, options_string
-    from fidelity import sample
-    for m in methods:
-        if m in peers.PEERS:
-            continue
-        method, warm = sample.split_method(m)
-        try:
-            _base_config(method, options_string({"draft.warmup_method": warm} if warm else {}))
-            if warm and not method.startswith("draft"):
-                raise ValueError(f"{sample.WARM_TAG.strip(':=')} is for draft methods")
-        except ValueError as e:
-            return f"bad --methods entry {m!r}: {e}"
-    return None
-
-
-def validate_guidance(cfg):
-    """None, or why the config's label dropout or guidance cannot run
-    (checked before training, not after it)."""
-    from fidelity import train
-    if cfg["sample"].get("guidance", 1.0) == 1.0 and not cfg["train"].get("label_dropout"):
-        return None
-    if not 0.0 <= cfg["train"].get("label_dropout", 0.0) < 1.0:
-        return "train.label_dropout must lie in [0, 1)"
-    try:
-        train.null_label(cfg)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def exit_status(results):
-    return 1 if results["warnings"] else 0
-
-
 def run_cli(argv=None, log=print):
     """The command line, in-process: (exit status, Harness or None)."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     if args.merge:
         return merge_cli(args.merge, args.out, log), None
     err = parse_seeds(args.seeds)[1] if args.seeds is not None else None

@@ -25,6 +25,7 @@ except OSError as e:  # library not built
     pytest.skip(f"libqvattn not loadable: {e}", allow_module_level=True)
 
 from fidelity import config as fid_config  # noqa: E402
+from fidelity import cli as fid_cli  # noqa: E402
 from fidelity import run as fid_run  # noqa: E402
 
 METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15", "draft@85/0/0/15:warm=sage8",
@@ -173,14 +174,14 @@ def test_set_overrides(tmp_path):
     """--set SECTION.KEY=VALUE: typed, checked, marks the run as not frozen
     and trains another model; bad keys, sections and values exit 2."""
     cfg = fid_config.preset("tiny")
-    done, err = fid_run.apply_sets(cfg, ["train.t_dist=logit-normal", "train.batch=3",
+    done, err = fid_cli.apply_sets(cfg, ["train.t_dist=logit-normal", "train.batch=3",
                                          "train.lr=5e-4", "train.compile=false"])
     assert err is None and len(done) == 4
     assert (cfg["train"]["t_dist"], cfg["train"]["batch"], cfg["train"]["lr"],
             cfg["train"]["compile"]) == ("logit-normal", 3, 5e-4, False)
     for bad in ["train.batch=3.5", "train.nope=1", "optim.lr=1", "train.lr", "lr=1",
                 "train.compile=yes", "model.patch=[1,2]x"]:
-        assert fid_run.apply_sets(fid_config.preset("tiny"), [bad])[1], bad
+        assert fid_cli.apply_sets(fid_config.preset("tiny"), [bad])[1], bad
     lines, threads = [], torch.get_num_threads()
     try:
         assert fid_run.run_cli(["--tiny", "--set", "train.nope=1"], log=lines.append)[0] == 2
@@ -207,9 +208,9 @@ def test_likeness_bounds():
 
 
 def test_seeds_option():
-    assert fid_run.parse_seeds("2,0") == ([2, 0], None)
+    assert fid_cli.parse_seeds("2,0") == ([2, 0], None)
     for bad in ("", "a", "1,1", "-1"):
-        assert fid_run.parse_seeds(bad)[1], bad
+        assert fid_cli.parse_seeds(bad)[1], bad
     lines = []
     assert fid_run.run_cli(["--tiny", "--device", "cpu", "--seeds", "0,0"],
                            log=lines.append) == (2, None)
