@@ -35,8 +35,9 @@ DEFAULT = {
     },
     # 6000 steps and a weight average (ema): 3500 steps without one (the
     # first frozen config, bench/RESULTS.md) sampled blobs, not the data's
-    # shapes.  On the H200 (torch.compile, bf16) a step takes 23-28 ms, so
-    # the three models train in one device call (~8 minutes with sampling).
+    # shapes.  On the H200 (torch.compile, bf16) a step takes 23-28 ms
+    # alone; the three models train at once in 428 s (three processes), and
+    # sampling every method with guidance takes another 143 s.
     # t is uniform: logit-normal times (SD3's) gave the low-noise steps,
     # where the fine detail is made, little weight, and the samples missed
     # the data's high-frequency energy at every sampler (bench/RESULTS.md).

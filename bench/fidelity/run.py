@@ -3,7 +3,7 @@
 sample them with bf16 SDPA and with every qvattn method from the same
 noise, and report how close each method's clips stay.
 
-    QVATTN_LIB=build-gpu/libqvattn.so python3 bench/fidelity/run.py      # H200, ~8 min
+    QVATTN_LIB=build-gpu/libqvattn.so python3 bench/fidelity/run.py      # H200, 3 models in turn
     python3 bench/fidelity/run.py --tiny --device cpu                     # CPU smoke, seconds
 
 For each model seed: train (or load the cached weights), sample `--clips`
