@@ -104,7 +104,10 @@ METHODS = [
     "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
     # ExpCast at the centred beta: the Python layer's default method
     "vc8+expcast-centred",
-    "sage8+hadamard", "vc8+hadamard", "fp8", "sage4", "vc4",
+    "sage8+hadamard", "vc8+hadamard",
+    # the most faithful option with the default's P path: a candidate default
+    "vc8+hadamard+expcast-centred",
+    "fp8", "sage4", "vc4",
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
     # draft's 8-bit phase (half of the kept blocks at INT8/FP8)
     "draft@85/0/7.5/7.5+expcast",
