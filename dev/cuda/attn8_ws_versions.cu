@@ -279,6 +279,9 @@ ws9_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtens
     attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
 }
 
+/* The tiles are built and freed here on every call (stream-ordered), which
+ * a trial can afford; promoted, they would be an output of the V prep
+ * (prep/v.cu), written where v_mu is. */
 template <int EXPCAST>
 static qva_status ws9_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     typedef ws9_flags F;
