@@ -149,8 +149,9 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               budget: per head the region pairs holding M% of the draft
               map, options draft.min_keep / draft.max_keep), with
               +expcast / +expcast-centred / +hadamard / +qblock options.
-              Default: qvattn.DEFAULT_METHOD, vc8+expcast-centred (ExpCast
-              at the centred beta: docs/NUMERICS.md §7).
+              Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
+              (Q and K rotated, ExpCast at the centred beta:
+              docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
     attn_mask None, or (torch only) a boolean key-padding mask broadcastable

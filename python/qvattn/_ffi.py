@@ -559,13 +559,15 @@ def config_method_name(cfg):
 
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
-# the diffusers and ComfyUI integrations): vc8 with ExpCast at the centred
-# beta, as fast as the paper's beta and, on the end-to-end harness, closer
-# to the BF16 clips than it on average in every run (0.9 to 4.4 dB).
-# Without guidance it led the 8-bit methods; with guidance it is 0.8 dB
-# below plain vc8 (docs/NUMERICS.md §7, bench/RESULTS.md).  The C config's
-# default (qva_config_default) keeps the paper's beta.
-DEFAULT_METHOD = "vc8+expcast-centred"
+# the diffusers and ComfyUI integrations): vc8 with Q and K rotated by a
+# Hadamard matrix and ExpCast at the centred beta.  Of the 8-bit methods
+# measured in the same runs as SageAttention2 it is the one that is both
+# at its speed (the sage8 kernel with ExpCast's P path; the rotation adds
+# 0.3-0.7 ms of preparation) and below its error on every synthetic preset
+# and, end to end with guidance, on average (bench/RESULTS.md, "Choosing
+# the default").  The C config's default (qva_config_default) keeps the
+# paper's VC-Attention: no rotation, the paper's beta.
+DEFAULT_METHOD = "vc8+hadamard+expcast-centred"
 
 
 def make_config(method=DEFAULT_METHOD, **fields):
