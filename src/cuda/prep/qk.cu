@@ -9,9 +9,8 @@
  *                           8 warps x 16 rows, a lane = 4 adjacent
  *                           channels (vector loads, 4-byte code stores);
  *                           gather, smooth, Hadamard (in registers for
- *                           strides 1 and 2, shuffles above); the rows
- *                           held in registers for the block amax, then
- *                           coded (one read of the block).
+ *                           strides 1 and 2, shuffles above); pass 1 the
+ *                           block amax, pass 2 (rows re-read) the codes.
  *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
  *                           one pass, a max over each row's lanes.
  */
@@ -108,12 +107,10 @@ static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale
     return w;
 }
 
-/* One pass over the block: each thread keeps its STEPS rows (as qk_row4
- * leaves them: smoothed, rotated) in registers while the CTA takes the
- * block amax, then codes them.  Loading and rotating the rows a second
- * time cost more than the registers (K's Hadamard shuffles twice); the
- * fully unrolled loads are all in flight at once, which covers the lower
- * occupancy. */
+/* Two passes over the block: the amax, then the codes.  The second pass
+ * re-reads the rows (from L2) and recomputes them instead of holding the
+ * block in registers, which keeps the kernel small enough for the
+ * occupancy that hides the memory latency. */
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_kernel(qk_params p) {
@@ -127,13 +124,13 @@ qk_quant_kernel(qk_params p) {
     float mu[QK_CPL], sg[QK_CPL];
     qk_consts4<D>(p, bh, mu, sg);
 
-    float x[G::STEPS][QK_CPL];
     float amax = 0.0f;
-#pragma unroll
+#pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
-        qk_row4<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x[s]);
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x);
 #pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = block_max(amax, red);
 
@@ -148,10 +145,12 @@ qk_quant_kernel(qk_params p) {
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
 
     const int c0 = (lane % G::LPR) * QK_CPL;
-#pragma unroll
+#pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
         const int r = r0 + s * G::RPS;
-        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x[s], scale, p.fmt);
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, p.fmt);
     }
 }
 
