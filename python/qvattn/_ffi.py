@@ -562,11 +562,12 @@ def config_method_name(cfg):
 # the diffusers and ComfyUI integrations): vc8 with Q and K rotated by a
 # Hadamard matrix and ExpCast at the centred beta.  Of the 8-bit methods
 # measured in the same runs as SageAttention2 it is the one that is both
-# at its speed (the sage8 kernel with ExpCast's P path; the rotation adds
-# 0.3-0.7 ms of preparation) and below its error on every synthetic preset
-# and, end to end with guidance, on average (bench/RESULTS.md, "Choosing
-# the default").  The C config's default (qva_config_default) keeps the
-# paper's VC-Attention: no rotation, the paper's beta.
+# level with its speed (within 1.5%; the plain steps run the sage8 kernel
+# with ExpCast's P path, and the rotation adds 0.3-0.7 ms of preparation)
+# and below its error on every synthetic preset and, end to end with
+# guidance, on average (bench/RESULTS.md, "Choosing the default").  The C
+# config's default (qva_config_default) keeps the paper's VC-Attention: no
+# rotation, the paper's beta.
 DEFAULT_METHOD = "vc8+hadamard+expcast-centred"
 
 
