@@ -119,6 +119,9 @@ METHODS = [
     "sage2",
 ]
 REFERENCE = "bf16-sdpa"
+# The method every other is compared with clip by clip (summary.paired):
+# the peer the fidelity target is stated against.
+PAIRED_BASELINE = "sage2"
 
 # Final training loss (mean of the last 5% of steps) of each frozen model as
 # recorded on the first GPU run, keyed by loss_key().  A retrained model must

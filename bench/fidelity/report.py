@@ -90,6 +90,25 @@ def _main_table(res):
     return lines
 
 
+def _paired_table(res):
+    """Each method against the paired baseline, clip by clip."""
+    pr = res.get("paired")
+    if not pr or not pr["methods"]:
+        return []
+    lines = ["", f"## Paired against {pr['baseline']} (same model, same noise)", "",
+             f"PSNR of each clip minus {pr['baseline']}'s on the same clip: the mean, a 95% "
+             "t-interval over the clips (which treats them as independent; retraining the "
+             "models moves these means too), the clips above, and the mean per model.", "",
+             "| method | mean dB | 95% CI (clips) | clips above | per model |",
+             "|---|--:|---|--:|---|"]
+    for m, p in pr["methods"].items():
+        lo, hi = p["ci95"]
+        lines.append(f"| {m} | {p['mean']:+.2f} | {lo:+.2f} to {hi:+.2f} | "
+                     f"{p['clips_above']}/{p['clips']} | "
+                     + " / ".join(f"{x:+.2f}" for x in p["per_model"]) + " |")
+    return lines
+
+
 def _kept_table(res):
     """Draft methods: the share of region pairs kept on the routed steps,
     per layer (mean over routed steps and heads, then over models)."""
@@ -233,6 +252,7 @@ def markdown(res):
             "(layer, step) of the reference run against float32 attention; mean (max) "
             f"over models and points. {m['lpips']}.", ""]
     out += _main_table(res)
+    out += _paired_table(res)
     kept = _kept_table(res)
     if kept:
         out += ["", "## Draft: region pairs kept on the routed steps", "",

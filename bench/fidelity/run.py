@@ -42,7 +42,8 @@ from benchutil import git_rev, out_dir, use_checkout_package  # noqa: E402
 from fidelity import config as C  # noqa: E402
 from fidelity.cli import (apply_sets, parse_args, parse_samplers, parse_seeds,  # noqa: E402
                           validate_guidance, validate_methods)
-from fidelity.summary import clean_json, exit_status, mean, merge_cli, summarize  # noqa: E402
+from fidelity.summary import (clean_json, exit_status, mean, merge_cli, paired,  # noqa: E402
+                              summarize)
 import peers  # noqa: E402
 
 
@@ -374,6 +375,8 @@ class Harness:
 
     def summarize(self):
         self.results["summary"] = summarize(self.results["models"], self.methods)
+        self.results["paired"] = paired(self.results["models"], self.methods,
+                                        C.PAIRED_BASELINE)
 
     def run(self):
         t = time.perf_counter()

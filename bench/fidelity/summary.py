@@ -54,6 +54,52 @@ def summarize(models, methods):
     return summary
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (tables),
+# the normal one past the last entry.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
+         8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145,
+         15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080,
+         22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t975(df):
+    """The 97.5% quantile of t with df degrees of freedom (the next table
+    entry at or below df: conservative between entries)."""
+    if df < 1:
+        return math.inf
+    return _T975[max(k for k in _T975 if k <= df)] if df <= 120 else 1.960
+
+
+def paired(models, methods, baseline):
+    """Each method's PSNR minus `baseline`'s on the same clips (same model,
+    same noise): the mean difference, a 95% t-interval over the clips, how
+    many clips are above, and the per-model means.  The interval treats
+    the clips as independent draws; it says nothing of retraining the
+    models, whose spread can be larger.  None unless the baseline ran on
+    every model."""
+    base = [m["methods"].get(baseline, {}) for m in models]
+    if not base or any(b.get("status") != "ok" or not b.get("psnr") for b in base):
+        return None
+    out = {}
+    for name in methods:
+        if name == baseline:
+            continue
+        recs = [m["methods"].get(name, {}) for m in models]
+        if any(r.get("status") != "ok" or not r.get("psnr") for r in recs):
+            continue
+        per_model, diffs = [], []
+        for r, b in zip(recs, base):
+            d = [x - y for x, y in zip(r["psnr"], b["psnr"])]
+            diffs += d
+            per_model.append(sum(d) / len(d))
+        n, mu = len(diffs), sum(diffs) / len(diffs)
+        half = t975(n - 1) * statistics.stdev(diffs) / math.sqrt(n) if n > 1 else math.inf
+        out[name] = {"mean": mu, "ci95": [mu - half, mu + half], "clips": n,
+                     "clips_above": sum(1 for d in diffs if d > 0), "per_model": per_model}
+    return {"baseline": baseline, "methods": out}
+
+
 def merge_results(runs, names):
     """One report from several runs of the same frozen configuration and
     method list, each with its own model seeds (one device call cannot
@@ -80,6 +126,7 @@ def merge_results(runs, names):
                              for r, n in zip(runs, names)])
     res = {"meta": meta, "config": base["config"], "data_stats": base.get("data_stats"),
            "models": models, "summary": summarize(models, base["meta"]["methods"]),
+           "paired": paired(models, base["meta"]["methods"], C.PAIRED_BASELINE),
            "timings": {n: r["timings"] for r, n in zip(runs, names)},
            "warnings": [w for r in runs for w in r["warnings"]],
            "images": [i for r in runs for i in r.get("images", [])]}
