@@ -105,7 +105,8 @@ def _paired_table(res):
         lo, hi = p["ci95"]
         lines.append(f"| {m} | {p['mean']:+.2f} | {lo:+.2f} to {hi:+.2f} | "
                      f"{p['clips_above']}/{p['clips']} | "
-                     + " / ".join(f"{x:+.2f}" for x in p["per_model"]) + " |")
+                     + " / ".join("n/a" if x is None else f"{x:+.2f}" for x in p["per_model"])
+                     + " |")
     return lines
 
 

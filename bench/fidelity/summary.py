@@ -21,6 +21,10 @@ def clean_json(x):
     return x
 
 
+def _finite(x):
+    return x is not None and math.isfinite(x)
+
+
 def mean(xs):
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return sum(xs) / len(xs) if xs else None
@@ -90,9 +94,11 @@ def paired(models, methods, baseline):
             continue
         per_model, diffs = [], []
         for r, b in zip(recs, base):
-            d = [x - y for x, y in zip(r["psnr"], b["psnr"])]
+            d = [x - y for x, y in zip(r["psnr"], b["psnr"]) if _finite(x) and _finite(y)]
             diffs += d
-            per_model.append(sum(d) / len(d))
+            per_model.append(sum(d) / len(d) if d else None)
+        if not diffs:  # e.g. a clip equal to the reference's: PSNR infinite
+            continue
         n, mu = len(diffs), sum(diffs) / len(diffs)
         half = t975(n - 1) * statistics.stdev(diffs) / math.sqrt(n) if n > 1 else math.inf
         out[name] = {"mean": mu, "ci95": [mu - half, mu + half], "clips": n,

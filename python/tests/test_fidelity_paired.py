@@ -50,6 +50,12 @@ def test_paired_needs_the_baseline_everywhere():
     broken = model(1, sage2=[50.0, 51.0])
     broken["methods"]["a"] = {"status": "error: boom"}
     assert fid_summary.paired([ok, broken], ["sage2", "a"], "sage2")["methods"] == {}
+    # clips whose PSNR is infinite (or lost as null in JSON) are left out
+    inf = model(1, sage2=[50.0, 51.0], a=[math.inf, None])
+    pr = fid_summary.paired([ok, inf], ["sage2", "a"], "sage2")
+    assert pr["methods"]["a"]["clips"] == 2 and pr["methods"]["a"]["per_model"] == [1.0, None]
+    assert "| a | +1.00 | +1.00 to +1.00 | 2/2 | +1.00 / n/a |" in fid_report._paired_table({"paired": pr})
+    assert fid_summary.paired([inf], ["sage2", "a"], "sage2")["methods"] == {}
 
 
 def test_t_quantiles():
