@@ -26,7 +26,7 @@ def _finite(x):
 
 
 def mean(xs):
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    xs = [x for x in xs if _finite(x)]
     return sum(xs) / len(xs) if xs else None
 
 
