@@ -796,13 +796,14 @@ static void test_prep4(cudaStream_t st) {
 
 /* GPU qvc_kmeans_perm against qvi_kmeans + qvi_stable_argsort_labels on
  * every head; the CPU sees exactly the values the device view holds. */
-static void kmeans_case(const char *preset, qva_dtype dt, int nhd, int discrete, int spice,
-                        int k, int iters, cudaStream_t st) {
+static void kmeans_case_d(const char *preset, int dim, qva_dtype dt, int nhd, int discrete,
+                          int spice, int k, int iters, cudaStream_t st) {
     qva_synthetic_spec spec;
     if (qva_synthetic_preset(preset, &spec) != QVA_OK) {
         CHECK(0, "preset %s: %s", preset, qva_last_error());
         return;
     }
+    if (dim > 0) spec.D = dim; /* head dims off the 32-channel chunks and vector loads */
     const int B = spec.B, H = spec.H, D = spec.D, BH = B * H;
     const int N = spec.prefix_tokens + spec.grid_t * spec.grid_h * spec.grid_w;
     const size_t count = (size_t)BH * N * D;
@@ -815,7 +816,7 @@ static void kmeans_case(const char *preset, qva_dtype dt, int nhd, int discrete,
     float *dcent = NULL;
     int32_t *dperm = NULL;
     char tag[128];
-    snprintf(tag, sizeof tag, "kmeans %s%s%s %s %s k=%d iters=%d", preset,
+    snprintf(tag, sizeof tag, "kmeans %s D=%d%s%s %s %s k=%d iters=%d", preset, D,
              discrete ? " (discrete)" : "", spice ? " (tiny values)" : "", dtype_name(dt),
              nhd ? "NHD" : "HND", k, iters);
     if (!q || !kk || !v || !cent_c || !cent_g || !labels || !perm_c || !perm_g || !hbuf) {
@@ -904,6 +905,11 @@ out:
     if (dperm) cudaFree(dperm);
 }
 
+static void kmeans_case(const char *preset, qva_dtype dt, int nhd, int discrete, int spice,
+                        int k, int iters, cudaStream_t st) {
+    kmeans_case_d(preset, 0, dt, nhd, discrete, spice, k, iters, st);
+}
+
 static void test_kmeans(cudaStream_t st) {
     kmeans_case("small", QVA_F32, 0, 0, 0, 16, 2, st);
     kmeans_case("small", QVA_F32, 0, 0, 1, 16, 2, st);
@@ -916,6 +922,13 @@ static void test_kmeans(cudaStream_t st) {
     kmeans_case("tiny", QVA_BF16, 0, 1, 0, 12, 3, st);
     kmeans_case("tiny", QVA_BF16, 0, 0, 0, 200, 2, st); /* k > N: duplicate centroids */
     kmeans_case("tiny", QVA_F32, 0, 0, 0, 300, 2, st);  /* centroids do not fit in shared memory */
+    kmeans_case("tiny", QVA_BF16, 0, 0, 0, 260, 2, st); /* past the chunked sort's k: serial sort */
+    /* D = 80: a last chunk of 16 channels (vector loads, then zeros);
+     * D = 60: rows of 60 elements, so no vector loads at all */
+    kmeans_case_d("small", 80, QVA_BF16, 1, 0, 0, 16, 2, st);
+    kmeans_case_d("small", 80, QVA_F32, 0, 0, 1, 24, 2, st);
+    kmeans_case_d("small", 60, QVA_BF16, 0, 1, 0, 16, 2, st);
+    kmeans_case_d("small", 60, QVA_F32, 1, 0, 0, 33, 3, st);
 }
 
 /* ------------------------------------------------------------ main */

@@ -7,26 +7,23 @@
  * bit-identical, tests/cuda_test_ops.c):
  *   - distances: FP32, channel order c = 0..D-1, explicit _rn intrinsics
  *     so no FMA is formed (the CPU does not contract); ties keep the lower
- *     cluster (strict <).  One thread per token; the (token, centroid)
+ *     cluster (strict <).  Two tokens per thread; the (token, centroid)
  *     partial distances live in shared memory and grow 32 channels at a
  *     time, KM_ILP centroids interleaved (each chain still in order).
  *   - updates: the CPU adds token by token, so a cluster's FP64 sum runs
  *     over its members in token order.  The members come from the stable
- *     sort that also yields the final permutation (a counting sort: the
- *     counts are known from the assignment, so each token's slot is its
- *     label's offset plus the number of earlier tokens with that label;
- *     key = bh*k + label, value = token index); qvc_colsum_mean (prep/colsum.cu)
- *     then sums each member list: in parallel where the data certify that
- *     no partial sum can round (every order is then exact), sequentially
- *     in token order otherwise.  So the centroids equal the CPU's, not
- *     just to the last bit but exactly.
+ *     sort that also yields the final permutation (a counting sort, see
+ *     km_sort; key = bh*k + label, value = token index); qvc_colsum_mean
+ *     (prep/colsum.cu) then sums each member list: in parallel where the
+ *     data certify that no partial sum can round (every order is then
+ *     exact), sequentially in token order otherwise.  So the centroids
+ *     equal the CPU's, not just to the last bit but exactly.
  *   - an empty cluster keeps its centroid; centroid = (float)(sum/count).
  *   - the N x k distance matrix is never stored.
  *
- * Per iteration: memset counts -> assign (labels as sort keys, counts by
- * atomics: integers, so order-free) -> offsets -> sort -> update.  After
- * the iterations one more assign + offsets + sort writes the permutation
- * straight into perm.
+ * Per iteration: assign (labels as sort keys) -> sort (label counts,
+ * offsets, the stable order) -> update.  After the iterations one more
+ * assign + sort writes the permutation straight into perm.
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -80,90 +77,127 @@ static __device__ __forceinline__ void km_stage(const qvc_view &v, int bh, int i
     }
 }
 
-/* The CPU's rule over the k distances of one token: strict <, so ties
- * (and a NaN first distance) keep the lower index. */
+/* Token i's label as its sort key: bh * k + label (the segment id of the
+ * update, so the heads' clusters never share a key). */
 static __device__ __forceinline__ void km_emit(int bh, int n, int k, int i, int best,
-                                               uint32_t *keys, int *cnt) {
+                                               uint32_t *keys) {
     keys[(int64_t)bh * n + i] = (uint32_t)bh * (uint32_t)k + (uint32_t)best;
-    atomicAdd(&cnt[(int64_t)bh * k + best], 1);
+}
+
+/* A token's channels c0 .. c0 + 31 (zeros past D) into x: 16-byte loads
+ * where vec (qvc_view_vec_ok(v, 8)) and the 8 channels are all inside D. */
+template <int DT>
+static __device__ __forceinline__ void km_load_chunk(const qvc_view &v, int64_t row_off, int c0,
+                                                     int vec, float *x) {
+    const int D = (int)v.D;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const int c = c0 + 8 * g;
+        if (vec && c + 8 <= D) {
+            qvc_ld8<DT, true>(v.data, row_off + c, x + 8 * g);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) x[8 * g + u] = c + u < D ? qvc_ld<DT>(v.data, row_off + c + u) : 0.0f;
+        }
+    }
 }
 
 /*
- * Assignment, one thread per token, CTA = 128 tokens of one head.  The
- * centroids of the head and each (token, centroid) partial distance live
- * in shared memory; the token row comes in 32-channel chunks (staged
- * coalesced, then 32 registers).  For each chunk the thread extends the
- * partial distances of KM_ILP centroids at once: independent chains that
- * interleave, each still summed in channel order, so the sums are the
- * CPU's.  Few registers, so many warps hide the latency.  Channels past D
- * are zero on both sides and add exactly +0.
+ * Assignment, KM_TPT tokens per thread (KM_CTA_TOKENS per CTA, one head).
+ * The head's centroids and each (token, centroid) partial distance live in
+ * shared memory; a token's row comes 32 channels at a time into registers
+ * (vector loads straight from the view).  For each chunk a thread extends
+ * the partial distances of its KM_TPT tokens against KM_ILP centroids at
+ * once: KM_TPT x KM_ILP independent chains, each still summed in channel
+ * order, so the sums are the CPU's.  One 16-byte centroid read (a
+ * broadcast) feeds 4 channels of every token of the thread, so the loop is
+ * bound by the FP32 adds, not by shared memory.  Channels past D are zero
+ * on both sides and add exactly +0.  The last chunk ends in the CPU's rule
+ * over the k distances, in index order: strict <, so ties (and a NaN first
+ * distance) keep the lower index.
  */
 #define KM_ILP 4
+#define KM_TPT 2
+#define KM_CTA_TOKENS (KM_THREADS * KM_TPT)
 template <int DT>
-__global__ void __launch_bounds__(KM_THREADS, 8) /* <= 64 registers: occupancy */
-km_assign_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt) {
+__global__ void __launch_bounds__(KM_THREADS, 4)
+km_assign_kernel(qvc_view v, int vec, int k, const float *cent, uint32_t *keys) {
     /* centroids [k][Dp] zero-padded to Dp = D rounded up to 32, then the
-     * partial distances [k][KM_THREADS] */
+     * partial distances [k][KM_CTA_TOKENS] */
     extern __shared__ float4 km_dyn[];
-    __shared__ float tile[KM_THREADS * KM_TILE_STRIDE];
     const int bh = blockIdx.y, t = threadIdx.x;
-    const int D = (int)v.D, Dp = (D + 31) & ~31, n = (int)v.N, i0 = blockIdx.x * KM_THREADS;
+    const int D = (int)v.D, Dp = (D + 31) & ~31, n = (int)v.N;
+    const int i0 = blockIdx.x * KM_CTA_TOKENS;
     float *cs = (float *)km_dyn, *part = cs + (size_t)k * Dp;
     const float *cg = cent + (int64_t)bh * k * D;
     for (int e = t; e < k * Dp; e += KM_THREADS) {
         const int j = e / Dp, c = e % Dp;
         cs[e] = c < D ? cg[j * D + c] : 0.0f;
     }
-    for (int j = 0; j < k; ++j) part[j * KM_THREADS + t] = 0.0f; /* own column only */
+    __syncthreads();
+
+    const int64_t base = qvc_head_base(v, bh);
+    int64_t row_off[KM_TPT];
+#pragma unroll
+    for (int s = 0; s < KM_TPT; ++s) row_off[s] = base + (int64_t)min(i0 + s * KM_THREADS + t, n - 1) * v.sn;
+    float bd[KM_TPT] = {};
+    int best[KM_TPT] = {};
 
     for (int c0 = 0; c0 < D; c0 += 32) {
-        __syncthreads(); /* also publishes cs on the first pass */
-        km_stage<DT>(v, bh, i0, c0, tile);
-        __syncthreads();
-        float x[32];
+        const bool first = c0 == 0, last = c0 + 32 >= D;
+        float x[KM_TPT][32];
 #pragma unroll
-        for (int u = 0; u < 32; ++u) x[u] = tile[t * KM_TILE_STRIDE + u];
+        for (int s = 0; s < KM_TPT; ++s) km_load_chunk<DT>(v, row_off[s], c0, vec, x[s]);
         for (int j0 = 0; j0 < k; j0 += KM_ILP) {
             const float4 *cj[KM_ILP];
-            float a[KM_ILP];
+            float a[KM_TPT][KM_ILP];
 #pragma unroll
             for (int u = 0; u < KM_ILP; ++u) {
                 const int j = min(j0 + u, k - 1);
                 cj[u] = (const float4 *)(cs + j * Dp + c0);
-                a[u] = part[j * KM_THREADS + t];
+#pragma unroll
+                for (int s = 0; s < KM_TPT; ++s)
+                    a[s][u] = first ? 0.0f : part[j * KM_CTA_TOKENS + s * KM_THREADS + t];
             }
 #pragma unroll
             for (int c4 = 0; c4 < 8; ++c4) {
 #pragma unroll
                 for (int u = 0; u < KM_ILP; ++u) {
                     const float4 cv = cj[u][c4]; /* channels 4c4 .. 4c4+3, in order */
-                    float d = __fsub_rn(x[4 * c4], cv.x);
-                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
-                    d = __fsub_rn(x[4 * c4 + 1], cv.y);
-                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
-                    d = __fsub_rn(x[4 * c4 + 2], cv.z);
-                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
-                    d = __fsub_rn(x[4 * c4 + 3], cv.w);
-                    a[u] = __fadd_rn(a[u], __fmul_rn(d, d));
+#pragma unroll
+                    for (int s = 0; s < KM_TPT; ++s) {
+                        float d = __fsub_rn(x[s][4 * c4], cv.x);
+                        a[s][u] = __fadd_rn(a[s][u], __fmul_rn(d, d));
+                        d = __fsub_rn(x[s][4 * c4 + 1], cv.y);
+                        a[s][u] = __fadd_rn(a[s][u], __fmul_rn(d, d));
+                        d = __fsub_rn(x[s][4 * c4 + 2], cv.z);
+                        a[s][u] = __fadd_rn(a[s][u], __fmul_rn(d, d));
+                        d = __fsub_rn(x[s][4 * c4 + 3], cv.w);
+                        a[s][u] = __fadd_rn(a[s][u], __fmul_rn(d, d));
+                    }
                 }
             }
 #pragma unroll
-            for (int u = 0; u < KM_ILP; ++u)
-                if (j0 + u < k) part[(j0 + u) * KM_THREADS + t] = a[u];
+            for (int u = 0; u < KM_ILP; ++u) {
+                const int j = j0 + u;
+                if (j >= k) break;
+#pragma unroll
+                for (int s = 0; s < KM_TPT; ++s) {
+                    if (!last) {
+                        part[j * KM_CTA_TOKENS + s * KM_THREADS + t] = a[s][u];
+                    } else if (j == 0 || a[s][u] < bd[s]) {
+                        bd[s] = a[s][u];
+                        best[s] = j;
+                    }
+                }
+            }
         }
     }
-    const int i = i0 + t;
-    if (i >= n) return;
-    int best = 0;
-    float bd = part[t];
-    for (int j = 1; j < k; ++j) {
-        const float dd = part[j * KM_THREADS + t];
-        if (dd < bd) {
-            bd = dd;
-            best = j;
-        }
+#pragma unroll
+    for (int s = 0; s < KM_TPT; ++s) {
+        const int i = i0 + s * KM_THREADS + t;
+        if (i < n) km_emit(bh, n, k, i, best[s], keys);
     }
-    km_emit(bh, n, k, i, best, keys, cnt);
 }
 
 /*
@@ -173,7 +207,7 @@ km_assign_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt)
  */
 template <int DT, int DW>
 __global__ void __launch_bounds__(KM_THREADS)
-km_assign_global_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, int *cnt) {
+km_assign_global_kernel(qvc_view v, int /* vec */, int k, const float *cent, uint32_t *keys) {
     __shared__ float tile[KM_THREADS * KM_TILE_STRIDE];
     const int bh = blockIdx.y, t = threadIdx.x;
     const int D = (int)v.D, n = (int)v.N, i0 = blockIdx.x * KM_THREADS;
@@ -204,10 +238,136 @@ km_assign_global_kernel(qvc_view v, int k, const float *cent, uint32_t *keys, in
             best = j;
         }
     }
-    km_emit(bh, n, k, i, best, keys, cnt);
+    km_emit(bh, n, k, i, best, keys);
 }
 
-/* Exclusive scan of the counts of each bh (k is small; one thread per bh). */
+/*
+ * The stable sort by label (a counting sort: token i goes to slot
+ * start[label] + the number of earlier tokens with its label; the slots of
+ * head bh begin at bh*n), which is the unique stable order of the CPU's
+ * qvi_stable_argsort_labels.  Two ways to it:
+ *
+ * Chunked (k <= KM_CHUNKED_MAX_K): the tokens of a head in chunks of
+ * KM_SORT_THREADS.  km_hist_kernel counts each chunk's labels;
+ * km_scan_kernel turns the counts of a head, label-major, into each
+ * (label, chunk)'s first slot (and the label counts and offsets the update
+ * needs); km_scatter_kernel ranks each chunk's tokens: the warps' label
+ * counts, summed over the earlier warps, plus the rank among the earlier
+ * lanes with the same label (__match_any_sync).  Every chunk runs at once.
+ *
+ * Serial (larger k, where the chunk counts would not fit): counts by
+ * atomics, one CTA per head walks its chunks in order and its warps in
+ * order, with one cursor per label.
+ */
+#define KM_SORT_THREADS 512
+#define KM_SORT_WARPS (KM_SORT_THREADS / 32)
+#define KM_CHUNKED_MAX_K 256
+#define KM_SCAN_THREADS 1024
+
+/* hist[bh][label][chunk]: the tokens of the chunk with that label. */
+__global__ void __launch_bounds__(KM_SORT_THREADS)
+km_hist_kernel(const uint32_t *keys, int n, int k, int nchunk, int *hist) {
+    extern __shared__ int km_h[];
+    const int chunk = blockIdx.x, bh = blockIdx.y, i = chunk * KM_SORT_THREADS + threadIdx.x;
+    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) km_h[j] = 0;
+    __syncthreads();
+    if (i < n) atomicAdd(&km_h[keys[(int64_t)bh * n + i] - (uint32_t)bh * (uint32_t)k], 1);
+    __syncthreads();
+    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS)
+        hist[((int64_t)bh * k + j) * nchunk + chunk] = km_h[j];
+}
+
+/* Exclusive scan of a CTA's per-thread totals (every thread gets its own
+ * prefix; tot gets the CTA's sum). */
+static __device__ int km_block_exclusive_scan(int x, int *warp_sums, int *tot) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int incl = x;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? warp_sums[lane] : 0, wi = w;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += y;
+        }
+        if (lane < nw) warp_sums[lane] = wi - w;
+        if (lane == 31) *tot = wi;
+    }
+    __syncthreads();
+    return warp_sums[warp] + incl - x;
+}
+
+/* In place, per head: hist (label-major) -> the first slot of each
+ * (label, chunk) within the head; cnt and start get each label's count and
+ * first slot. */
+__global__ void __launch_bounds__(KM_SCAN_THREADS)
+km_scan_kernel(int *hist, int n, int k, int nchunk, int *cnt, int *start) {
+    __shared__ int warp_sums[KM_SCAN_THREADS / 32];
+    __shared__ int total;
+    const int bh = blockIdx.x;
+    const int64_t e_all = (int64_t)k * nchunk;
+    const int per = (int)((e_all + KM_SCAN_THREADS - 1) / KM_SCAN_THREADS);
+    int *h = hist + (int64_t)bh * e_all;
+    const int64_t e0 = (int64_t)threadIdx.x * per, e1 = min(e0 + per, e_all);
+    int sum = 0;
+    for (int64_t e = e0; e < e1; ++e) sum += h[e];
+    int acc = km_block_exclusive_scan(sum, warp_sums, &total);
+    for (int64_t e = e0; e < e1; ++e) {
+        const int c = h[e];
+        h[e] = acc;
+        acc += c;
+    }
+    __syncthreads(); /* the slots are in global memory, visible to the CTA */
+    for (int j = threadIdx.x; j < k; j += KM_SCAN_THREADS) {
+        const int s0 = h[(int64_t)j * nchunk], s1 = j + 1 < k ? h[(int64_t)(j + 1) * nchunk] : n;
+        start[(int64_t)bh * k + j] = s0;
+        cnt[(int64_t)bh * k + j] = s1 - s0;
+    }
+}
+
+__global__ void __launch_bounds__(KM_SORT_THREADS)
+km_scatter_kernel(const uint32_t *keys, const int *slot, int n, int k, int nchunk,
+                  uint32_t *keys_out, int32_t *vals_out) {
+    extern __shared__ int km_w[]; /* [KM_SORT_WARPS][k]: label counts, then offsets */
+    const int chunk = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = chunk * KM_SORT_THREADS + threadIdx.x;
+    const int64_t base = (int64_t)bh * n;
+    for (int e = threadIdx.x; e < KM_SORT_WARPS * k; e += KM_SORT_THREADS) km_w[e] = 0;
+    __syncthreads();
+    const bool valid = i < n;
+    const uint32_t key = valid ? keys[base + i] : 0xffffffffu;
+    const int label = valid ? (int)(key - (uint32_t)bh * (uint32_t)k) : 0;
+    const unsigned same = __match_any_sync(0xffffffffu, key);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (valid && rank == 0) km_w[warp * k + label] = __popc(same);
+    __syncthreads();
+    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) {
+        int acc = slot[((int64_t)bh * k + j) * nchunk + chunk];
+        for (int w = 0; w < KM_SORT_WARPS; ++w) {
+            const int c = km_w[w * k + j];
+            km_w[w * k + j] = acc;
+            acc += c;
+        }
+    }
+    __syncthreads();
+    if (valid) {
+        const int pos = km_w[warp * k + label] + rank;
+        keys_out[base + pos] = key;
+        vals_out[base + pos] = i;
+    }
+}
+
+/* The serial way's counts: one atomic per token (integers: order-free). */
+__global__ void km_count_kernel(const uint32_t *keys, int64_t total, int *cnt) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) atomicAdd(&cnt[keys[i]], 1);
+}
+
+/* Exclusive scan of the counts of each bh (one thread per bh). */
 __global__ void km_offsets_kernel(const int *cnt, int *start, int BH, int k) {
     const int bh = blockIdx.x * blockDim.x + threadIdx.x;
     if (bh >= BH) return;
@@ -218,19 +378,11 @@ __global__ void km_offsets_kernel(const int *cnt, int *start, int BH, int k) {
     }
 }
 
-/*
- * The stable sort of one head's labels, CTA per (batch, head): token i goes
- * to slot start[label] + (the tokens before i with its label), the slots of
- * head bh beginning at bh*n.  The cursors (one per label) live in shared
- * memory; chunks of KM_SORT_THREADS tokens are taken in order, the warps of
- * a chunk in order, and the lanes of a warp that share a label are ranked
- * by lane (__match_any_sync), so equal labels keep token order: the unique
- * stable order, as the CPU's qvi_stable_argsort_labels.
- */
-#define KM_SORT_THREADS 512
+/* The serial sort, CTA per (batch, head): chunks in order, the warps of a
+ * chunk in order, lanes that share a label ranked by lane. */
 __global__ void __launch_bounds__(KM_SORT_THREADS)
-km_sort_kernel(const uint32_t *keys, const int *start, int n, int k, uint32_t *keys_out,
-               int32_t *vals_out) {
+km_sort_serial_kernel(const uint32_t *keys, const int *start, int n, int k, uint32_t *keys_out,
+                      int32_t *vals_out) {
     extern __shared__ int km_cursor[];
     const int bh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const unsigned below = (1u << lane) - 1u;
@@ -242,7 +394,7 @@ km_sort_kernel(const uint32_t *keys, const int *start, int n, int k, uint32_t *k
         const bool valid = i < n;
         const uint32_t key = valid ? keys[base + i] : 0xffffffffu;
         const int label = valid ? (int)(key - (uint32_t)bh * (uint32_t)k) : 0;
-        for (int w = 0; w < KM_SORT_THREADS / 32; ++w) {
+        for (int w = 0; w < KM_SORT_WARPS; ++w) {
             if (warp == w) {
                 const unsigned same = __match_any_sync(0xffffffffu, key);
                 if (valid) {
@@ -262,16 +414,16 @@ static size_t km_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 typedef struct km_state {
     qvc_view v;
-    int BH, n, k, D, DW;
-    int use_smem;
+    int BH, n, k, D, DW, vec;
+    int use_smem, chunked, nchunk;
     size_t smem;
     uint32_t *keys, *keys_sorted;
     int32_t *members;
-    int *cnt, *start;
+    int *cnt, *start, *hist;
     cudaStream_t st;
 } km_state;
 
-typedef void (*km_assign_fn)(qvc_view, int, const float *, uint32_t *, int *);
+typedef void (*km_assign_fn)(qvc_view, int, int, const float *, uint32_t *);
 static km_assign_fn km_assign_shared_pick(int dtype) {
     switch (dtype) {
     case QVA_F32: return km_assign_kernel<QVA_F32>;
@@ -291,41 +443,59 @@ static km_assign_fn km_assign_pick(const km_state *s) {
 }
 
 static qva_status km_assign(const km_state *s, const float *cent) {
-    cudaError_t e = cudaMemsetAsync(s->cnt, 0, (size_t)s->BH * s->k * sizeof(int), s->st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
-    dim3 grid(qvi_cdiv(s->n, KM_THREADS), s->BH);
-    km_assign_pick(s)<<<grid, KM_THREADS, s->smem, s->st>>>(s->v, s->k, cent, s->keys, s->cnt);
+    const int per_cta = s->use_smem ? KM_CTA_TOKENS : KM_THREADS;
+    dim3 grid(qvi_cdiv(s->n, per_cta), s->BH);
+    km_assign_pick(s)<<<grid, KM_THREADS, s->smem, s->st>>>(s->v, s->vec, s->k, cent, s->keys);
     return qvc_launch_check("qvc_kmeans_perm: assign");
 }
 
-/* The label offsets of each head, then the stable sort by label. */
+/* The labels' counts and offsets (s->cnt, s->start), then the stable sort
+ * by label into keys_sorted / vals_out. */
 static qva_status km_sort(km_state *s, int32_t *vals_out) {
-    km_offsets_kernel<<<qvi_cdiv(s->BH, 128), 128, 0, s->st>>>(s->cnt, s->start, s->BH, s->k);
-    qva_status r = qvc_launch_check("qvc_kmeans_perm: offsets");
+    const int k = s->k;
+    if (s->chunked) {
+        dim3 grid(s->nchunk, s->BH);
+        km_hist_kernel<<<grid, KM_SORT_THREADS, (size_t)k * sizeof(int), s->st>>>(s->keys, s->n, k,
+                                                                                  s->nchunk, s->hist);
+        qva_status r = qvc_launch_check("qvc_kmeans_perm: chunk counts");
+        if (r != QVA_OK) return r;
+        km_scan_kernel<<<s->BH, KM_SCAN_THREADS, 0, s->st>>>(s->hist, s->n, k, s->nchunk, s->cnt,
+                                                             s->start);
+        if ((r = qvc_launch_check("qvc_kmeans_perm: chunk slots")) != QVA_OK) return r;
+        km_scatter_kernel<<<grid, KM_SORT_THREADS, (size_t)KM_SORT_WARPS * k * sizeof(int), s->st>>>(
+            s->keys, s->hist, s->n, k, s->nchunk, s->keys_sorted, vals_out);
+        return qvc_launch_check("qvc_kmeans_perm: scatter");
+    }
+    cudaError_t e = cudaMemsetAsync(s->cnt, 0, (size_t)s->BH * k * sizeof(int), s->st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
+    const int64_t total = (int64_t)s->BH * s->n;
+    km_count_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s->st>>>(s->keys, total, s->cnt);
+    qva_status r = qvc_launch_check("qvc_kmeans_perm: counts");
     if (r != QVA_OK) return r;
-    km_sort_kernel<<<s->BH, KM_SORT_THREADS, (size_t)s->k * sizeof(int), s->st>>>(
-        s->keys, s->start, s->n, s->k, s->keys_sorted, vals_out);
+    km_offsets_kernel<<<qvi_cdiv(s->BH, 128), 128, 0, s->st>>>(s->cnt, s->start, s->BH, k);
+    if ((r = qvc_launch_check("qvc_kmeans_perm: offsets")) != QVA_OK) return r;
+    km_sort_serial_kernel<<<s->BH, KM_SORT_THREADS, (size_t)k * sizeof(int), s->st>>>(
+        s->keys, s->start, s->n, k, s->keys_sorted, vals_out);
     return qvc_launch_check("qvc_kmeans_perm: sort");
 }
 
 /* Chooses the assign kernel: the shared-memory one when the centroids and
- * the partial distances fit next to the row tile, else the global one;
- * raises the dynamic shared memory limit where needed. */
+ * the partial distances fit, else the global one; raises the dynamic
+ * shared memory limit where needed. */
 static qva_status km_smem_setup(km_state *s) {
     int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: device attributes");
-    const size_t need = (size_t)s->k * (((s->D + 31) & ~31) + KM_THREADS) * sizeof(float);
-    const size_t stat = (size_t)KM_THREADS * KM_TILE_STRIDE * sizeof(float);
-    s->use_smem = need + stat + 1024 <= (size_t)optin;
+    const size_t need = (size_t)s->k * (((s->D + 31) & ~31) + KM_CTA_TOKENS) * sizeof(float);
+    s->use_smem = need + 1024 <= (size_t)optin;
     s->smem = s->use_smem ? need : 0;
-    if (s->use_smem && need + stat > 48 * 1024) {
-        /* Past 48 KiB (static + dynamic) a kernel must opt in.  The limit
-         * is set to the device maximum, not to this call's need, so
-         * concurrent calls from other threads can never lower it. */
+    if (s->use_smem && need > 48 * 1024) {
+        /* Past 48 KiB a kernel must opt in.  The limit is set to the
+         * device maximum, not to this call's need, so concurrent calls
+         * from other threads can never lower it. */
         e = cudaFuncSetAttribute((const void *)km_assign_pick(s),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)stat);
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
         if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaFuncSetAttribute");
     }
     return QVA_OK;
@@ -356,6 +526,10 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.k = k;
     s.D = (int)v->D;
     s.DW = s.D <= 64 ? 64 : 128; /* channels past D add exactly +0 */
+    s.vec = qvc_view_vec_ok(v, 8);
+    s.nchunk = qvi_cdiv(s.n, KM_SORT_THREADS);
+    /* the chunk counts (BH x k x nchunk ints) stay small at the default k */
+    s.chunked = k <= KM_CHUNKED_MAX_K && (int64_t)BH * k * s.nchunk <= ((int64_t)1 << 26);
     s.st = st;
     if ((size_t)k * sizeof(int) > 48 * 1024)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_kmeans_perm: k = %d (at most %d)", k,
@@ -365,16 +539,17 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     if (rs != QVA_OK) return rs;
 
     const size_t nb = km_align((size_t)total * 4), kb = km_align((size_t)BH * k * sizeof(int));
-    const size_t tmp_b = 3 * nb + 2 * kb;
+    const size_t hb = s.chunked ? km_align((size_t)BH * k * s.nchunk * sizeof(int)) : 0;
     char *tmp = NULL;
     cudaError_t e;
-    if ((e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
+    if ((e = cudaMallocAsync((void **)&tmp, 3 * nb + 2 * kb + hb, st)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMallocAsync");
     s.keys = (uint32_t *)tmp;
     s.keys_sorted = (uint32_t *)(tmp + nb);
     s.members = (int32_t *)(tmp + 2 * nb);
     s.cnt = (int *)(tmp + 3 * nb);
     s.start = (int *)(tmp + 3 * nb + kb);
+    s.hist = s.chunked ? (int *)(tmp + 3 * nb + 2 * kb) : NULL;
 
     if (!warm) {
         km_init_kernel<<<dim3(k, s.BH), KM_MAX_D, 0, st>>>(s.v, k, centroids);
