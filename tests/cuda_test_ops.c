@@ -55,10 +55,21 @@ static int make_tensor(host_dev *x, qva_dtype dt, int nhd, int B, int H, int N,
                : qva_tensor_hnd(buf, dt, QVA_DEVICE_CPU, B, H, N, D);
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < H; ++h)
-            for (int n = 0; n < N; ++n)
+            for (int n = 0; n < N; ++n) {
+                /* Tie rows: amax 127 * 2^e and the rest half-integers times
+                 * 2^e (exact in every dtype), so with per-row scales x /
+                 * delta lies on (e = 3: delta = 8 exactly) or within 2e-5
+                 * of a rounding tie of the INT8 codes: the device's fast
+                 * quotient must hand these to the exact path
+                 * (common/quant_code.cuh). */
+                const int tie_row = rng_unit() < 0.05;
+                const float tie_scale = ldexpf(1.0f, (int)(rng_unit() * 7.0) - 3);
                 for (int c = 0; c < D; ++c) {
                     float v = off[c] + gain[c] * rng_normal();
                     if (rng_unit() < 0.01) v *= 8.0f;
+                    if (tie_row)
+                        v = tie_scale * (c == 0 ? (rng_unit() < 0.5 ? -127.0f : 127.0f)
+                                                : (float)((int)(rng_unit() * 253.0) - 126) + 0.5f);
                     /* A few tiny f32 values defeat the device's exactness
                      * certificate for FP64 sums, so its sequential path
                      * runs too. */
@@ -68,6 +79,7 @@ static int make_tensor(host_dev *x, qva_dtype dt, int nhd, int B, int H, int N,
                     else if (dt == QVA_BF16) ((uint16_t *)buf)[o] = bf16_bits(qva_round_bf16(v));
                     else ((uint16_t *)buf)[o] = f16_bits(qva_round_f16(v));
                 }
+            }
     free(off), free(gain);
     x->dev = NULL;
     if (!cuda_ok(cudaMalloc(&x->dev, count * es), "cudaMalloc input") ||

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/device_util.cuh"
+#include "common/quant_code.cuh"
 #include "draft_internal.h"
 
 #define DG_PREP_THREADS 256
@@ -30,13 +31,6 @@
 
 /* ================================================================ device helpers */
 
-/* qva_int8_round. */
-static __device__ __forceinline__ int8_t dg_int8_round(float y) {
-    if (isnan(y)) return 0;
-    if (y >= 127.0f) return 127;
-    if (y <= -127.0f) return -127;
-    return (int8_t)(int)roundf(y);
-}
 
 /* qva_nvfp4_tensor_scale. */
 static __device__ __forceinline__ float dg_tensor_scale(float amax) {
@@ -271,13 +265,10 @@ static __device__ __forceinline__ void dg_int8_rows(float (&v)[8][8], int n, int
 #pragma unroll
         for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[k][e]));
         for (int s = 1; s < (1 << lg); s <<= 1) m = fmaxf(m, __shfl_xor_sync(DG_FULL, m, s));
-        const float dl = __fadd_rn(__fdiv_rn(m, 127.0f), 1e-7f);
+        const float dl = __fadd_rn(__fdiv_rn(m, 127.0f), 1e-7f), rcp = __frcp_rn(dl);
         if ((threadIdx.x & ((1 << lg) - 1)) == 0) delta[r0 + k * DG_RSTEP] = dl;
-        uint32_t w[2] = {0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            w[e >> 2] |= (uint32_t)(uint8_t)dg_int8_round(__fdiv_rn(v[k][e], dl)) << (8 * (e & 3));
-        *(uint2 *)(o + k * DG_RSTEP * D) = make_uint2(w[0], w[1]);
+        *(uint2 *)(o + k * DG_RSTEP * D) =
+            make_uint2(qvc_int8_codes4(v[k], dl, rcp), qvc_int8_codes4(v[k] + 4, dl, rcp));
     }
 }
 
@@ -309,17 +300,14 @@ dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pr
     float bm = 0.0f; /* every warp reduces the D channel values itself */
     for (int i = threadIdx.x & 31; i < D; i += 32) bm = fmaxf(bm, __ldg(amax + blk * D + i));
     for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(DG_FULL, bm, o));
-    const float dl = __fadd_rn(__fdiv_rn(bm, 127.0f), 1e-7f);
+    const float dl = __fadd_rn(__fdiv_rn(bm, 127.0f), 1e-7f), rcp = __frcp_rn(dl);
     if (threadIdx.x == 0) delta[blk] = dl;
     int8_t *o = codes + (blk * DG_KEYS + r0) * D + c;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         dg_mask8(v[k], r0 + k * DG_RSTEP < n);
-        uint32_t w[2] = {0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            w[e >> 2] |= (uint32_t)(uint8_t)dg_int8_round(__fdiv_rn(v[k][e], dl)) << (8 * (e & 3));
-        *(uint2 *)(o + k * DG_RSTEP * D) = make_uint2(w[0], w[1]);
+        *(uint2 *)(o + k * DG_RSTEP * D) =
+            make_uint2(qvc_int8_codes4(v[k], dl, rcp), qvc_int8_codes4(v[k] + 4, dl, rcp));
     }
 }
 

@@ -51,12 +51,6 @@ static __device__ __forceinline__ int64_t src_row(const int32_t *perm, int bh,
     return perm ? (int64_t)__ldg(perm + (int64_t)bh * n + i) : (int64_t)i;
 }
 
-/* qva_e4m3_encode for finite inputs: RNE, saturating to +-448 (the
- * hardware cvt.rn.satfinite.e4m3x2.f32 on sm_89+). */
-static __device__ __forceinline__ uint8_t e4m3(float y) {
-    return (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
-}
-
 static __device__ __forceinline__ float round_f16(float y) {
     return __half2float(__float2half_rn(y));
 }
@@ -90,6 +84,7 @@ static __device__ __forceinline__ void butterfly(float &a, float &b) {
  * D 128, 16 at D 64) and one warp step covers 32 / that many rows.  Loads
  * are QK_CPL elements wide and codes leave 4 bytes per lane. */
 #define QK_CPL 4
+static_assert(QK_CPL == 4, "common/quant_code.cuh packs 4 codes per lane");
 template <int D>
 struct qk_geom {
     static constexpr int LPR = D / QK_CPL;               /* lanes per row  */

@@ -17,15 +17,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/quant_code.cuh"
 #include "prep_common.cuh"
-
-/* qva_int8_round: clamp first, then round half away from zero (roundf). */
-static __device__ __forceinline__ int8_t int8_round(float y) {
-    if (isnan(y)) return 0;
-    if (y >= 127.0f) return 127;
-    if (y <= -127.0f) return -127;
-    return (int8_t)(int)roundf(y);
-}
 
 
 /* The lane's channel constants (K mean, Hadamard signs) of qk_row4. */
@@ -95,16 +88,12 @@ static __device__ __forceinline__ float row_max(float x) {
     return x;
 }
 
-/* The lane's QK_CPL codes of y = x / scale, packed little-endian. */
-static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, int fmt) {
-    uint32_t w = 0;
-#pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) {
-        const float y = __fdiv_rn(x[e], scale);
-        const uint8_t c = fmt == QVC_QK_INT8 ? (uint8_t)int8_round(y) : e4m3(y);
-        w |= (uint32_t)c << (8 * e);
-    }
-    return w;
+/* The lane's QK_CPL codes of y = x / scale, packed little-endian; rcp =
+ * 1 / scale serves the fast paths of common/quant_code.cuh. */
+static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, float rcp, int fmt) {
+    if (fmt == QVC_QK_INT8) return qvc_int8_codes4(x, scale, rcp);
+    const float s4[4] = {scale, scale, scale, scale}, r4[4] = {rcp, rcp, rcp, rcp};
+    return qvc_e4m3_codes4(x, s4, r4, qvc_e4m3_fast_ok(scale, rcp));
 }
 
 /* Two passes over the block: the amax, then the codes.  The second pass
@@ -143,6 +132,7 @@ qk_quant_kernel(qk_params p) {
     }
     if (threadIdx.x == 0)
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+    const float rcp = __frcp_rn(scale);
 
     const int c0 = (lane % G::LPR) * QK_CPL;
 #pragma unroll 4
@@ -150,7 +140,7 @@ qk_quant_kernel(qk_params p) {
         const int r = r0 + s * G::RPS;
         float x[QK_CPL];
         qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
-        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, p.fmt);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, rcp, p.fmt);
     }
 }
 
@@ -180,7 +170,7 @@ qk_quant_rows_kernel(qk_params p) {
         const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
         if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
         *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
-            qk_codes4(x, scale, QVC_QK_INT8);
+            qvc_int8_codes4(x, scale, __frcp_rn(scale));
     }
 }
 

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
@@ -129,12 +130,17 @@ v_encode_kernel(v_params p) {
         if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
     }
 
-    float mu[QK_CPL], cs[QK_CPL];
+    /* the divisor of each of the lane's channels (its channel scale, or
+     * the block's) and its reciprocal, for qvc_e4m3_codes4 */
+    float mu[QK_CPL], cs[QK_CPL], rcp[QK_CPL];
+    bool fast = true;
 #pragma unroll
     for (int e = 0; e < QK_CPL; ++e) {
         const int c = c0 + e;
         mu[e] = p.mode == 0 && p.demean ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c] : 0.0f;
-        cs[e] = p.mode == 0 ? p.chan[(int64_t)bh * D + c] : 1.0f;
+        cs[e] = p.mode == 0 ? p.chan[(int64_t)bh * D + c] : bscale;
+        rcp[e] = __frcp_rn(cs[e]);
+        fast = fast && qvc_e4m3_fast_ok(cs[e], rcp[e]);
     }
     /* Codes of the warp's 16 keys into the tile, 4 bytes per lane
      * (re-reading the rows the amax pass touched: L2 hits). */
@@ -145,17 +151,11 @@ v_encode_kernel(v_params p) {
         if (i < p.n) {
             float x[QK_CPL];
             prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
+            if (p.mode == 0 && p.demean) {
 #pragma unroll
-            for (int e = 0; e < QK_CPL; ++e) {
-                float y;
-                if (p.mode == 1) {
-                    y = __fdiv_rn(x[e], bscale);
-                } else {
-                    const float res = p.demean ? __fsub_rn(x[e], mu[e]) : x[e];
-                    y = __fdiv_rn(res, cs[e]);
-                }
-                word |= (uint32_t)e4m3(y) << (8 * e);
+                for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
             }
+            word = qvc_e4m3_codes4(x, cs, rcp, fast);
         }
         *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
     }
