@@ -99,6 +99,15 @@ void qvc_ops_free(qvc_ops *ops);
 qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
                            float *centroids, int32_t *perm, cudaStream_t st);
 
+/* The stable sort of k-means labels (src/cuda/kmeans_sort.cu): keys
+ * [BH][n] = bh * k + label -> keys_out / vals_out (token indices) in the
+ * CPU's stable order; cnt and start [BH][k] get each label's count and
+ * first slot.  hist: qvc_label_sort_scratch(BH, n, k) ints of scratch, or
+ * NULL when that is 0 (the serial way). */
+int64_t qvc_label_sort_scratch(int64_t BH, int n, int k);
+qva_status qvc_label_sort(const uint32_t *keys, int BH, int n, int k, int *hist, int *cnt,
+                          int *start, uint32_t *keys_out, int32_t *vals_out, cudaStream_t st);
+
 /* FP64 means of lists of V rows (segments of `rows`), equal to the CPU's
  * sequential sums (prep/colsum.cu); used by the k-means centroid update. */
 qva_status qvc_colsum_mean(const qvc_view *v, const int32_t *rows,

@@ -12,8 +12,8 @@
  *     time, KM_ILP centroids interleaved (each chain still in order).
  *   - updates: the CPU adds token by token, so a cluster's FP64 sum runs
  *     over its members in token order.  The members come from the stable
- *     sort that also yields the final permutation (a counting sort, see
- *     km_sort; key = bh*k + label, value = token index); qvc_colsum_mean
+ *     sort that also yields the final permutation (a counting sort,
+ *     kmeans_sort.cu; key = bh*k + label, value = token index); qvc_colsum_mean
  *     (prep/colsum.cu) then sums each member list: in parallel where the
  *     data certify that no partial sum can round (every order is then
  *     exact), sequentially in token order otherwise.  So the centroids
@@ -241,181 +241,12 @@ km_assign_global_kernel(qvc_view v, int /* vec */, int k, const float *cent, uin
     km_emit(bh, n, k, i, best, keys);
 }
 
-/*
- * The stable sort by label (a counting sort: token i goes to slot
- * start[label] + the number of earlier tokens with its label; the slots of
- * head bh begin at bh*n), which is the unique stable order of the CPU's
- * qvi_stable_argsort_labels.  Two ways to it:
- *
- * Chunked (k <= KM_CHUNKED_MAX_K): the tokens of a head in chunks of
- * KM_SORT_THREADS.  km_hist_kernel counts each chunk's labels;
- * km_scan_kernel turns the counts of a head, label-major, into each
- * (label, chunk)'s first slot (and the label counts and offsets the update
- * needs); km_scatter_kernel ranks each chunk's tokens: the warps' label
- * counts, summed over the earlier warps, plus the rank among the earlier
- * lanes with the same label (__match_any_sync).  Every chunk runs at once.
- *
- * Serial (larger k, where the chunk counts would not fit): counts by
- * atomics, one CTA per head walks its chunks in order and its warps in
- * order, with one cursor per label.
- */
-#define KM_SORT_THREADS 512
-#define KM_SORT_WARPS (KM_SORT_THREADS / 32)
-#define KM_CHUNKED_MAX_K 256
-#define KM_SCAN_THREADS 1024
-
-/* hist[bh][label][chunk]: the tokens of the chunk with that label. */
-__global__ void __launch_bounds__(KM_SORT_THREADS)
-km_hist_kernel(const uint32_t *keys, int n, int k, int nchunk, int *hist) {
-    extern __shared__ int km_h[];
-    const int chunk = blockIdx.x, bh = blockIdx.y, i = chunk * KM_SORT_THREADS + threadIdx.x;
-    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) km_h[j] = 0;
-    __syncthreads();
-    if (i < n) atomicAdd(&km_h[keys[(int64_t)bh * n + i] - (uint32_t)bh * (uint32_t)k], 1);
-    __syncthreads();
-    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS)
-        hist[((int64_t)bh * k + j) * nchunk + chunk] = km_h[j];
-}
-
-/* Exclusive scan of a CTA's per-thread totals (every thread gets its own
- * prefix; tot gets the CTA's sum). */
-static __device__ int km_block_exclusive_scan(int x, int *warp_sums, int *tot) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    int incl = x;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-    }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < nw ? warp_sums[lane] : 0, wi = w;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += y;
-        }
-        if (lane < nw) warp_sums[lane] = wi - w;
-        if (lane == 31) *tot = wi;
-    }
-    __syncthreads();
-    return warp_sums[warp] + incl - x;
-}
-
-/* In place, per head: hist (label-major) -> the first slot of each
- * (label, chunk) within the head; cnt and start get each label's count and
- * first slot. */
-__global__ void __launch_bounds__(KM_SCAN_THREADS)
-km_scan_kernel(int *hist, int n, int k, int nchunk, int *cnt, int *start) {
-    __shared__ int warp_sums[KM_SCAN_THREADS / 32];
-    __shared__ int total;
-    const int bh = blockIdx.x;
-    const int64_t e_all = (int64_t)k * nchunk;
-    const int per = (int)((e_all + KM_SCAN_THREADS - 1) / KM_SCAN_THREADS);
-    int *h = hist + (int64_t)bh * e_all;
-    const int64_t e0 = (int64_t)threadIdx.x * per, e1 = min(e0 + per, e_all);
-    int sum = 0;
-    for (int64_t e = e0; e < e1; ++e) sum += h[e];
-    int acc = km_block_exclusive_scan(sum, warp_sums, &total);
-    for (int64_t e = e0; e < e1; ++e) {
-        const int c = h[e];
-        h[e] = acc;
-        acc += c;
-    }
-    __syncthreads(); /* the slots are in global memory, visible to the CTA */
-    for (int j = threadIdx.x; j < k; j += KM_SCAN_THREADS) {
-        const int s0 = h[(int64_t)j * nchunk], s1 = j + 1 < k ? h[(int64_t)(j + 1) * nchunk] : n;
-        start[(int64_t)bh * k + j] = s0;
-        cnt[(int64_t)bh * k + j] = s1 - s0;
-    }
-}
-
-__global__ void __launch_bounds__(KM_SORT_THREADS)
-km_scatter_kernel(const uint32_t *keys, const int *slot, int n, int k, int nchunk,
-                  uint32_t *keys_out, int32_t *vals_out) {
-    extern __shared__ int km_w[]; /* [KM_SORT_WARPS][k]: label counts, then offsets */
-    const int chunk = blockIdx.x, bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = chunk * KM_SORT_THREADS + threadIdx.x;
-    const int64_t base = (int64_t)bh * n;
-    for (int e = threadIdx.x; e < KM_SORT_WARPS * k; e += KM_SORT_THREADS) km_w[e] = 0;
-    __syncthreads();
-    const bool valid = i < n;
-    const uint32_t key = valid ? keys[base + i] : 0xffffffffu;
-    const int label = valid ? (int)(key - (uint32_t)bh * (uint32_t)k) : 0;
-    const unsigned same = __match_any_sync(0xffffffffu, key);
-    const int rank = __popc(same & ((1u << lane) - 1u));
-    if (valid && rank == 0) km_w[warp * k + label] = __popc(same);
-    __syncthreads();
-    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) {
-        int acc = slot[((int64_t)bh * k + j) * nchunk + chunk];
-        for (int w = 0; w < KM_SORT_WARPS; ++w) {
-            const int c = km_w[w * k + j];
-            km_w[w * k + j] = acc;
-            acc += c;
-        }
-    }
-    __syncthreads();
-    if (valid) {
-        const int pos = km_w[warp * k + label] + rank;
-        keys_out[base + pos] = key;
-        vals_out[base + pos] = i;
-    }
-}
-
-/* The serial way's counts: one atomic per token (integers: order-free). */
-__global__ void km_count_kernel(const uint32_t *keys, int64_t total, int *cnt) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) atomicAdd(&cnt[keys[i]], 1);
-}
-
-/* Exclusive scan of the counts of each bh (one thread per bh). */
-__global__ void km_offsets_kernel(const int *cnt, int *start, int BH, int k) {
-    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
-    if (bh >= BH) return;
-    int acc = 0;
-    for (int j = 0; j < k; ++j) {
-        start[(int64_t)bh * k + j] = acc;
-        acc += cnt[(int64_t)bh * k + j];
-    }
-}
-
-/* The serial sort, CTA per (batch, head): chunks in order, the warps of a
- * chunk in order, lanes that share a label ranked by lane. */
-__global__ void __launch_bounds__(KM_SORT_THREADS)
-km_sort_serial_kernel(const uint32_t *keys, const int *start, int n, int k, uint32_t *keys_out,
-                      int32_t *vals_out) {
-    extern __shared__ int km_cursor[];
-    const int bh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const unsigned below = (1u << lane) - 1u;
-    const int64_t base = (int64_t)bh * n;
-    for (int j = threadIdx.x; j < k; j += KM_SORT_THREADS) km_cursor[j] = start[(int64_t)bh * k + j];
-    __syncthreads();
-    for (int c0 = 0; c0 < n; c0 += KM_SORT_THREADS) {
-        const int i = c0 + threadIdx.x;
-        const bool valid = i < n;
-        const uint32_t key = valid ? keys[base + i] : 0xffffffffu;
-        const int label = valid ? (int)(key - (uint32_t)bh * (uint32_t)k) : 0;
-        for (int w = 0; w < KM_SORT_WARPS; ++w) {
-            if (warp == w) {
-                const unsigned same = __match_any_sync(0xffffffffu, key);
-                if (valid) {
-                    const int pos = km_cursor[label] + __popc(same & below);
-                    keys_out[base + pos] = key;
-                    vals_out[base + pos] = i;
-                }
-                __syncwarp();
-                if (valid && (same & below) == 0) km_cursor[label] += __popc(same);
-            }
-            __syncthreads();
-        }
-    }
-}
-
 static size_t km_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 typedef struct km_state {
     qvc_view v;
     int BH, n, k, D, DW, vec;
-    int use_smem, chunked, nchunk;
+    int use_smem;
     size_t smem;
     uint32_t *keys, *keys_sorted;
     int32_t *members;
@@ -450,33 +281,10 @@ static qva_status km_assign(const km_state *s, const float *cent) {
 }
 
 /* The labels' counts and offsets (s->cnt, s->start), then the stable sort
- * by label into keys_sorted / vals_out. */
+ * by label into keys_sorted / vals_out (kmeans_sort.cu). */
 static qva_status km_sort(km_state *s, int32_t *vals_out) {
-    const int k = s->k;
-    if (s->chunked) {
-        dim3 grid(s->nchunk, s->BH);
-        km_hist_kernel<<<grid, KM_SORT_THREADS, (size_t)k * sizeof(int), s->st>>>(s->keys, s->n, k,
-                                                                                  s->nchunk, s->hist);
-        qva_status r = qvc_launch_check("qvc_kmeans_perm: chunk counts");
-        if (r != QVA_OK) return r;
-        km_scan_kernel<<<s->BH, KM_SCAN_THREADS, 0, s->st>>>(s->hist, s->n, k, s->nchunk, s->cnt,
-                                                             s->start);
-        if ((r = qvc_launch_check("qvc_kmeans_perm: chunk slots")) != QVA_OK) return r;
-        km_scatter_kernel<<<grid, KM_SORT_THREADS, (size_t)KM_SORT_WARPS * k * sizeof(int), s->st>>>(
-            s->keys, s->hist, s->n, k, s->nchunk, s->keys_sorted, vals_out);
-        return qvc_launch_check("qvc_kmeans_perm: scatter");
-    }
-    cudaError_t e = cudaMemsetAsync(s->cnt, 0, (size_t)s->BH * k * sizeof(int), s->st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMemsetAsync");
-    const int64_t total = (int64_t)s->BH * s->n;
-    km_count_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s->st>>>(s->keys, total, s->cnt);
-    qva_status r = qvc_launch_check("qvc_kmeans_perm: counts");
-    if (r != QVA_OK) return r;
-    km_offsets_kernel<<<qvi_cdiv(s->BH, 128), 128, 0, s->st>>>(s->cnt, s->start, s->BH, k);
-    if ((r = qvc_launch_check("qvc_kmeans_perm: offsets")) != QVA_OK) return r;
-    km_sort_serial_kernel<<<s->BH, KM_SORT_THREADS, (size_t)k * sizeof(int), s->st>>>(
-        s->keys, s->start, s->n, k, s->keys_sorted, vals_out);
-    return qvc_launch_check("qvc_kmeans_perm: sort");
+    return qvc_label_sort(s->keys, s->BH, s->n, s->k, s->hist, s->cnt, s->start, s->keys_sorted,
+                          vals_out, s->st);
 }
 
 /* Chooses the assign kernel: the shared-memory one when the centroids and
@@ -527,9 +335,6 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.D = (int)v->D;
     s.DW = s.D <= 64 ? 64 : 128; /* channels past D add exactly +0 */
     s.vec = qvc_view_vec_ok(v, 8);
-    s.nchunk = qvi_cdiv(s.n, KM_SORT_THREADS);
-    /* the chunk counts (BH x k x nchunk ints) stay small at the default k */
-    s.chunked = k <= KM_CHUNKED_MAX_K && (int64_t)BH * k * s.nchunk <= ((int64_t)1 << 26);
     s.st = st;
     if ((size_t)k * sizeof(int) > 48 * 1024)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_kmeans_perm: k = %d (at most %d)", k,
@@ -539,7 +344,8 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     if (rs != QVA_OK) return rs;
 
     const size_t nb = km_align((size_t)total * 4), kb = km_align((size_t)BH * k * sizeof(int));
-    const size_t hb = s.chunked ? km_align((size_t)BH * k * s.nchunk * sizeof(int)) : 0;
+    const int64_t hist_n = qvc_label_sort_scratch(BH, s.n, k);
+    const size_t hb = km_align((size_t)hist_n * sizeof(int));
     char *tmp = NULL;
     cudaError_t e;
     if ((e = cudaMallocAsync((void **)&tmp, 3 * nb + 2 * kb + hb, st)) != cudaSuccess)
@@ -549,7 +355,7 @@ extern "C" qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters,
     s.members = (int32_t *)(tmp + 2 * nb);
     s.cnt = (int *)(tmp + 3 * nb);
     s.start = (int *)(tmp + 3 * nb + kb);
-    s.hist = s.chunked ? (int *)(tmp + 3 * nb + 2 * kb) : NULL;
+    s.hist = hist_n ? (int *)(tmp + 3 * nb + 2 * kb) : NULL;
 
     if (!warm) {
         km_init_kernel<<<dim3(k, s.BH), KM_MAX_D, 0, st>>>(s.v, k, centroids);
