@@ -40,9 +40,9 @@ km_hist_kernel(const uint32_t *keys, int n, int k, int nchunk, int *hist) {
         hist[((int64_t)bh * k + j) * nchunk + chunk] = km_h[j];
 }
 
-/* Exclusive scan of a CTA's per-thread totals (every thread gets its own
- * prefix; tot gets the CTA's sum). */
-static __device__ int km_block_exclusive_scan(int x, int *warp_sums, int *tot) {
+/* Exclusive scan of a CTA's per-thread totals: every thread gets its own
+ * prefix. */
+static __device__ int km_block_exclusive_scan(int x, int *warp_sums) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int incl = x;
     for (int o = 1; o < 32; o <<= 1) {
@@ -58,7 +58,6 @@ static __device__ int km_block_exclusive_scan(int x, int *warp_sums, int *tot) {
             if (lane >= o) wi += y;
         }
         if (lane < nw) warp_sums[lane] = wi - w;
-        if (lane == 31) *tot = wi;
     }
     __syncthreads();
     return warp_sums[warp] + incl - x;
@@ -70,7 +69,6 @@ static __device__ int km_block_exclusive_scan(int x, int *warp_sums, int *tot) {
 __global__ void __launch_bounds__(KM_SCAN_THREADS)
 km_scan_kernel(int *hist, int n, int k, int nchunk, int *cnt, int *start) {
     __shared__ int warp_sums[KM_SCAN_THREADS / 32];
-    __shared__ int total;
     const int bh = blockIdx.x;
     const int64_t e_all = (int64_t)k * nchunk;
     const int per = (int)((e_all + KM_SCAN_THREADS - 1) / KM_SCAN_THREADS);
@@ -78,7 +76,7 @@ km_scan_kernel(int *hist, int n, int k, int nchunk, int *cnt, int *start) {
     const int64_t e0 = (int64_t)threadIdx.x * per, e1 = min(e0 + per, e_all);
     int sum = 0;
     for (int64_t e = e0; e < e1; ++e) sum += h[e];
-    int acc = km_block_exclusive_scan(sum, warp_sums, &total);
+    int acc = km_block_exclusive_scan(sum, warp_sums);
     for (int64_t e = e0; e < e1; ++e) {
         const int c = h[e];
         h[e] = acc;
