@@ -13,6 +13,11 @@
  *                      the code is the low byte of the result's bits
  *   qvi_expcast_c      the per-row constant A - 8m of the fused form
  *                      t = x * 8f + (A - 8m), one FMA per score
+ *   qvi_expcast_ts     the saturating form of the same code: ts = t/128
+ *                      from one FMA whose saturation to [0, 1] is the clamp,
+ *   qvi_expcast_bits_sat  then ts + 2^16 rounds 128 ts to the code; the
+ *                      same code as qvi_expcast_bits(t) with one
+ *                      instruction (the max) fewer per score
  * A = 120 + beta is ExpCast's addend (qvi_expcast_addend): 119.65 with the
  * paper's beta, 119.55 with the centred one (qvattn.h, QVA_EXPCAST_BETA*).
  */
@@ -72,5 +77,33 @@ QVI_HD float qvi_expcast_t(float u, float add) { return fmaf(8.0f, u, add); }
 
 /* The fused form's per-row constant, so that t = fma(x, 8f, c). */
 QVI_HD float qvi_expcast_c(float m, float add) { return fmaf(-8.0f, m, add); }
+
+/* The saturating form.  With f16 = f/16 and c128 = c/128 (exact: powers of
+ * two), fma(x, f16, c128) is t/128 rounded once, so exactly t/128 while
+ * both terms and the result are normal floats.  Where one is not, t is
+ * below 2^-119 or f below 2^-122 (c = A - 8m is 0 or above 2^-114, being
+ * a difference of floats near 120 and 8m); then t and the computed ts both
+ * round to c's own code, or to 0.  The saturation to [0, 1] sends t < 0,
+ * -inf and NaN to 0, which is the clamp; t never reaches 128 (t <= A + an
+ * ulp).  On [0, 1], ts + 2^16 has ulp 2^-7, so its low byte is 128 ts
+ * rounded to nearest even: the magic add's code.  tests/test_expcast_magic.c
+ * compares the two forms bit for bit. */
+#define QVI_SAT_MAGIC 65536.0f /* 2^16: ulp 2^-7 on [2^16, 2^17) */
+
+QVI_HD float qvi_sat01(float t) {
+#ifdef __CUDA_ARCH__
+    return __saturatef(t); /* folds into the FMA as FFMA.SAT */
+#else
+    return t > 0.0f ? (t < 1.0f ? t : 1.0f) : 0.0f; /* NaN -> 0, as .sat */
+#endif
+}
+
+QVI_HD float qvi_expcast_ts(float x, float f16, float c128) {
+    return qvi_sat01(fmaf(x, f16, c128));
+}
+
+QVI_HD uint32_t qvi_expcast_bits_sat(float ts) {
+    return qvi_float_bits(QVI_ADD_RN(ts, QVI_SAT_MAGIC));
+}
 
 #endif

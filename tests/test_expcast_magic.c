@@ -8,7 +8,11 @@
  *      beta and the centred one;
  *  (c) the fused form t = x * 8f + (A - 8m) that ws4 and later use
  *      moves a code by at most one step, and rarely: the measured rate is
- *      printed and bounded, for both betas.
+ *      printed and bounded, for both betas;
+ *  (d) the saturating form (ts = t/128 by one FMA saturated to [0, 1], code
+ *      from ts + 2^16) gives the fused form's code bit for bit: on the
+ *      kernel's score distribution, on exact rounding ties, and on the
+ *      edges (masked -inf scores, NaN, zero, tiny and subnormal scales).
  */
 #define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
 #include "check.h"
@@ -88,6 +92,54 @@ static void test_fused_flip_rate(float beta) {
     CHECK(rate < 1e-3, "flip rate %.3e (bound 1e-3)", rate);
 }
 
+static uint8_t fused_code(float x, float f, float c) {
+    return (uint8_t)(qvi_expcast_bits(fmaf(x, 8.0f * f, c)) & 0xFFu);
+}
+static uint8_t sat_code(float x, float f, float c) {
+    return (uint8_t)(qvi_expcast_bits_sat(qvi_expcast_ts(x, 0.0625f * f, 0.0078125f * c)) & 0xFFu);
+}
+
+static void test_sat_form(float beta) {
+    const float add = qvi_expcast_addend(beta);
+    long n = 0, bad = 0;
+    /* the kernel's scores (test_fused_flip_rate's distribution) */
+    for (long i = 0; i < 4000000; ++i, ++n) {
+        const float f = (float)exp(log(1e-5) + rng_unit() * (log(2e-3) - log(1e-5)));
+        const int32_t xmax = (int32_t)(rng_u64() % (1u << 21)) - (1 << 20);
+        const int32_t span = (int32_t)(24.0f / f) + 1;
+        const int32_t x = xmax - (int32_t)(rng_u64() % (uint64_t)span);
+        const float c = qvi_expcast_c((float)xmax * f, add);
+        if (fused_code(qvi_i2f_magic(x), f, c) != sat_code(qvi_i2f_magic(x), f, c)) ++bad;
+    }
+    /* exact ties: 8f = 1 and c = k + 1/2 put t on every half-integer up to
+     * the largest t a row can reach (its max gives t = A < 120) */
+    for (int k = -200; k <= 120; ++k)
+        for (int32_t x = -300; x + k <= 119; ++x, ++n)
+            if (fused_code((float)x, 0.125f, (float)k + 0.5f) != sat_code((float)x, 0.125f, (float)k + 0.5f))
+                ++bad;
+    /* edges: masked keys, NaN, zero and tiny scales, +-inf constants, where
+     * t = x 8f + c stays at or below 120 (or is NaN) as in a row */
+    const float fs[] = {0.0f, 1e-30f, 1e-37f, 1.2e-38f, 1e-40f, 1e-45f, 3e-4f, 1.0f, NAN, INFINITY};
+    const float cs[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.5f, 2.5f, 119.5f, add, -3.0f, -INFINITY, NAN};
+    const float xs[] = {0.0f, 1.0f, -1.0f, 4e6f, -4e6f, -INFINITY, NAN};
+    for (size_t a = 0; a < sizeof fs / sizeof *fs; ++a)
+        for (size_t b = 0; b < sizeof cs / sizeof *cs; ++b)
+            for (size_t d = 0; d < sizeof xs / sizeof *xs; ++d) {
+                const float t = fmaf(xs[d], 8.0f * fs[a], cs[b]);
+                if (t > 120.0f) continue;
+                ++n;
+                if (fused_code(xs[d], fs[a], cs[b]) != sat_code(xs[d], fs[a], cs[b])) {
+                    ++bad;
+                    fprintf(stderr, "sat form: x %g f %g c %g: %u vs %u\n", (double)xs[d],
+                            (double)fs[a], (double)cs[b], fused_code(xs[d], fs[a], cs[b]),
+                            sat_code(xs[d], fs[a], cs[b]));
+                }
+            }
+    printf("saturating ExpCast form, beta %g: %ld of %ld codes differ from the fused form\n",
+           (double)beta, bad, n);
+    CHECK(bad == 0, "%ld of %ld saturating codes differ", bad, n);
+}
+
 int main(void) {
     test_i2f();
     test_addends();
@@ -95,5 +147,7 @@ int main(void) {
     test_code_equals_reference(QVA_EXPCAST_BETA_CENTRED);
     test_fused_flip_rate(QVA_EXPCAST_BETA);
     test_fused_flip_rate(QVA_EXPCAST_BETA_CENTRED);
+    test_sat_form(QVA_EXPCAST_BETA);
+    test_sat_form(QVA_EXPCAST_BETA_CENTRED);
     return check_summary("test_expcast_magic");
 }

@@ -27,6 +27,9 @@ struct attn8_ws_flags {
     static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
+    static constexpr bool SAT_CODES = false;      /* ExpCast codes clamped by FFMA.SAT */
+    static constexpr bool NEXT_SCALES = false;    /* block j+1's K and V scales loaded
+                                                     during block j */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -106,13 +109,19 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
+    float ks_next = kscale[0], vb_next = vblk[0];
     if (cw == 1) named_arrive(1, 256);
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
-            const float vb = vblk[j];
+            const float ks = F::NEXT_SCALES ? ks_next : kscale[j];
+            const float vb = F::NEXT_SCALES ? vb_next : vblk[j];
+            if (F::NEXT_SCALES) { /* in flight under this block's softmax */
+                ks_next = kscale[more ? j + 1 : j];
+                vb_next = vblk[more ? j + 1 : j];
+            }
+            const float f0 = (dq[0] * ks) * a.scale_log2, f1 = (dq[1] * ks) * a.scale_log2;
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
             float mx[2];
@@ -128,10 +137,10 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, F::SAT_CODES>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
                                                           j * WS_KEYS, ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, F::SAT_CODES>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
                                                           j * WS_KEYS, ops.nk, tig, rs, pa);
             if (!EXPCAST) {
                 rs[0] = qvc_quad_sum(rs[0]);
