@@ -21,12 +21,6 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
- *   ws10  ExpCast's P codes in the saturating form (SAT_CODES: the FMA's
- *         .sat is the clamp, one FMNMX per score fewer; the same codes,
- *         tests/test_expcast_magic.c)
- *   ws11  ws10, and block j+1's K and V scales loaded during block j
- *         (NEXT_SCALES: the two LDGs at the top of each iteration off the
- *         row max's path)
  */
 #include "dense/attn8_ws.cuh"
 
@@ -59,23 +53,6 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
-}
-
-/* ------------------------------------------------------------ ws10, ws11 */
-struct ws10_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool SAT_CODES = true;
-};
-struct ws11_flags : ws10_flags {
-    static constexpr bool NEXT_SCALES = true;
-};
-
-extern "C" qva_status dev_attn8_ws10(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<ws10_flags>(ops, fmt, a, st);
-}
-extern "C" qva_status dev_attn8_ws11(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<ws11_flags>(ops, fmt, a, st);
 }
 
 /* ------------------------------------------------------------ ws9 */

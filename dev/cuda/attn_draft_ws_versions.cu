@@ -12,9 +12,12 @@
  *         PV(i-1) in flight together, the exponentials of block i written
  *         over the S registers in FP32 under PV(i-1), P packed to 16 bits
  *         and O rescaled after PV(i-1) lands (no register a running wgmma
- *         reads is written); compile-checked, not yet run on a GPU
+ *         reads is written)
  *   dw11  dw10 with the two warpgroups taking turns to issue (dw7's named
- *         barriers): FA3's configuration; compile-checked, not yet run
+ *         barriers): FA3's configuration
+ * dw10 and dw11, first run (H200, 2026-12-02): within the tolerances of the
+ * CPU reference, and 2.3% slower than the library kernel at Wan2.2-720p,
+ * draft@85/0/0/15 (39.2 ms against 38.2, full calls).
  */
 #include "draft/attn_draft_ws.cuh"
 

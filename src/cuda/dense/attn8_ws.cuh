@@ -18,7 +18,8 @@
  * where its options are chosen.  Rejected (dev/cuda/README.md):
  *   QK(j+1) issued before the softmax of j in one warpgroup: spills (ws1, ws3)
  *   three consumer warpgroups of 64 rows: spills at 160 registers (ws7)
- *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0) */
+ *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0)
+ *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -27,9 +28,7 @@ struct attn8_ws_flags {
     static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
-    static constexpr bool SAT_CODES = false;      /* ExpCast codes clamped by FFMA.SAT */
-    static constexpr bool NEXT_SCALES = false;    /* block j+1's K and V scales loaded
-                                                     during block j */
+    static constexpr bool SAT_CODES = true;       /* ExpCast codes clamped by FFMA.SAT */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -109,19 +108,13 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
-    float ks_next = kscale[0], vb_next = vblk[0];
     if (cw == 1) named_arrive(1, 256);
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-            const float ks = F::NEXT_SCALES ? ks_next : kscale[j];
-            const float vb = F::NEXT_SCALES ? vb_next : vblk[j];
-            if (F::NEXT_SCALES) { /* in flight under this block's softmax */
-                ks_next = kscale[more ? j + 1 : j];
-                vb_next = vblk[more ? j + 1 : j];
-            }
-            const float f0 = (dq[0] * ks) * a.scale_log2, f1 = (dq[1] * ks) * a.scale_log2;
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
             float mx[2];

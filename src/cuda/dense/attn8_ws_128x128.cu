@@ -28,6 +28,8 @@
  * max on the integer scores, the ExpCast argument t = x * 8f + (119.65 -
  * 8m) and the exp2 argument x * f + (8.807 - m) as one FMA per score, so a
  * code can differ by one step from the reference's three-rounding form.
+ * ExpCast's FMA computes t/128 saturated to [0, 1], which is the clamp
+ * (qvi_expcast_ts: the same codes, one instruction per score fewer).
  * Its two consumer warpgroups take turns (named barriers): one issues PV(j)
  * and QK(j+1) while the other makes its P codes.  The fp8 path scales
  * float scores and runs QK, softmax, PV in sequence.  Other schedules were
