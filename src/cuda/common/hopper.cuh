@@ -276,8 +276,10 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * scales of rows g and g + 8 (equal with per-block query scales).
  * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).  SAT:
  * ExpCast's codes in the saturating form (qvi_expcast_ts: the FMA's
- * saturation is the clamp), the same codes with one instruction fewer. */
-template <int EXPCAST, int MASK, int SPLIT_SUM, int SAT = 0>
+ * saturation is the clamp), the same codes with one instruction fewer.
+ * I2FP: the scores converted by I2FP.F32.S32 instead of the magic add
+ * (both exact here). */
+template <int EXPCAST, int MASK, int SPLIT_SUM, int SAT = 0, int I2FP = 0>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
@@ -296,7 +298,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int nt = 4 * c + i;
-                float x = qvi_i2f_magic(acc[nt * 4 + e]);
+                float x = I2FP ? __int2float_rn(acc[nt * 4 + e]) : qvi_i2f_magic(acc[nt * 4 + e]);
                 if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
                 t[i][e] = SATS ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
                                : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
