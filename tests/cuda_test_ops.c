@@ -381,6 +381,10 @@ done:
     free(q), free(k), free(v), free(raw), free(raw_v);
 }
 
+/* The side streams of the preparation (qvc_prep with a fork: Q, K and V
+ * side by side), used by every other variant; the rest run on st alone. */
+static qvc_fork g_fork;
+
 static void test_prep_shape(const shape *sh, cudaStream_t st) {
     host_dev Q, K, V;
     memset(&Q, 0, sizeof Q), memset(&K, 0, sizeof K), memset(&V, 0, sizeof V);
@@ -456,7 +460,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
             a.sm_scale = SHIFT_SM_SCALE;
             gshift = malloc(nshift * 4);
         }
-        s = qvc_prep(&Q.view, &K.view, &V.view, &a, &ops, st);
+        s = qvc_prep(&Q.view, &K.view, &V.view, &a, &ops, vi % 2 ? &g_fork : NULL, st);
         CHECK(s == QVA_OK, "[%s] qvc_prep: %s", tag, qva_last_error());
         if (s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "qvc_prep sync")) {
             host_ops g;
@@ -952,9 +956,11 @@ int main(void) {
     }
     cudaStream_t st;
     if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_ops");
+    CHECK(qvc_fork_ensure(&g_fork) == QVA_OK, "side streams: %s", qva_last_error());
     test_prep(st);
     test_prep4(st);
     test_kmeans(st);
+    qvc_fork_free(&g_fork);
     cudaStreamDestroy(st);
     return check_summary("cuda_test_ops");
 }

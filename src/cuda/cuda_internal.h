@@ -85,9 +85,26 @@ typedef struct qvc_prep_args {
     float *lse_shift;        /* device [BH][nq] f32, or NULL             */
     float sm_scale;          /* used only with lse_shift                 */
 } qvc_prep_args;
-/* Fills ops (allocated by the caller with qvc_ops_alloc). */
+/* Two side streams for the independent chains of one call (streams.cu):
+ * qvc_fork_begin makes them wait for the caller's stream, qvc_fork_end
+ * makes the caller's stream wait for them.  Made on first use, owned by
+ * the context's state. */
+#define QVC_FORK_SIDES 2
+typedef struct qvc_fork {
+    cudaStream_t side[QVC_FORK_SIDES];
+    cudaEvent_t ev[QVC_FORK_SIDES + 1]; /* the fork, then each side's join */
+} qvc_fork;
+qva_status qvc_fork_ensure(qvc_fork *f);
+void qvc_fork_free(qvc_fork *f);
+qva_status qvc_fork_begin(const qvc_fork *f, cudaStream_t st);
+qva_status qvc_fork_end(const qvc_fork *f, cudaStream_t st);
+
+/* Fills ops (allocated by the caller with qvc_ops_alloc).  With fk (else
+ * NULL: all on st), Q, the K chain and the V chain run side by side: Q on
+ * st, K and V on the two side streams, joined back into st before return. */
 qva_status qvc_prep(const qvc_view *q, const qvc_view *k, const qvc_view *v,
-                    const qvc_prep_args *a, qvc_ops *ops, cudaStream_t st);
+                    const qvc_prep_args *a, qvc_ops *ops, const qvc_fork *fk,
+                    cudaStream_t st);
 qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk, int D, int with_mu);
 void qvc_ops_free(qvc_ops *ops);
 

@@ -70,6 +70,7 @@ typedef struct cuda_state {
     vs_dev *vs;
     int nvs;
     qvc_phase_timer timer;
+    qvc_fork fork;     /* the 8-bit preparation's K and V chains */
 } cuda_state;
 
 static void cuda_state_free(void *p) {
@@ -83,6 +84,7 @@ static void cuda_state_free(void *p) {
     for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
     free(s->vs);
     qvc_timer_free(&s->timer);
+    qvc_fork_free(&s->fork);
     free(s);
 }
 
@@ -307,7 +309,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.sm_scale = qvi_sm_scale(cfg, D);
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL;
-    if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, st)) != QVA_OK) return r;
+    if ((r = qvc_fork_ensure(&s->fork)) != QVA_OK) return r;
+    if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, &s->fork, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     qvc_attn_args a = make_args(cfg, q, out, lse);

@@ -102,15 +102,57 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
     return QVA_OK;
 }
 
+/* The three chains of the preparation: Q; the K mean, LSE shift and K; V. */
+static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
+                              const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
+                              float *bamax, int demean, const cudaStream_t sts[3]) {
+    const int D = ops->D, BH = ops->BH;
+    qk_params p;
+    memset(&p, 0, sizeof p);
+    p.signs = a->had_signs;
+    p.hadamard = a->hadamard;
+    p.had_scale = (float)(1.0 / sqrt((double)D));
+    p.fmt = (int)a->qk_format;
+
+    /* Q: no permutation, no smoothing. */
+    p.x = *q;
+    p.n = ops->nq;
+    p.n_pad = ops->nq_pad;
+    p.rows_per_scale = a->q_rows_per_scale;
+    p.codes = ops->q_i8;
+    p.scale = ops->q_scale;
+    ops->q_rows_per_scale = a->q_rows_per_scale;
+    qva_status s = qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
+
+    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
+     * as the CPU does), then rotated. */
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, sts[1]);
+    if (s == QVA_OK) {
+        p.x = *k;
+        p.perm = a->perm;
+        p.mean = kmean;
+        p.n = ops->nk;
+        p.n_pad = ops->nk_pad;
+        p.rows_per_scale = QVI_BLOCK;
+        p.codes = ops->k_i8;
+        p.scale = ops->k_scale;
+        s = qvc_prep_qk8(p, BH, D, sts[1], "qvc_prep: K quantize");
+    }
+
+    /* V' = V[perm]. */
+    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, sts[2]);
+    return s;
+}
+
 extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                                const qvc_view *v, const qvc_prep_args *a,
-                               qvc_ops *ops, cudaStream_t st) {
+                               qvc_ops *ops, const qvc_fork *fk, cudaStream_t st) {
     qva_status s;
     if (!ops || !ops->q_i8)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: NULL or unallocated ops");
     if ((s = qvc_prep_check_views("qvc_prep", q, k, v, a, ops->BH, ops->nq, ops->nk, ops->D)))
         return s;
-    const int D = ops->D, BH = ops->BH, nq = ops->nq, nk = ops->nk, nblk = ops->nblk;
+    const int D = ops->D, BH = ops->BH, nblk = ops->nblk;
     if (a->qk_format != QVC_QK_INT8 && a->qk_format != QVC_QK_E4M3)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad qk_format %d", (int)a->qk_format);
     if (a->q_rows_per_scale != QVI_BLOCK &&
@@ -141,40 +183,18 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     float *bmu = stat_b ? (float *)(tmp + mean_b) : NULL;
     float *bamax = stat_b ? (float *)(tmp + mean_b + stat_b) : NULL;
 
-    qk_params p;
-    memset(&p, 0, sizeof p);
-    p.signs = a->had_signs;
-    p.hadamard = a->hadamard;
-    p.had_scale = (float)(1.0 / sqrt((double)D));
-    p.fmt = (int)a->qk_format;
-
-    /* Q: no permutation, no smoothing. */
-    p.x = *q;
-    p.n = nq;
-    p.n_pad = ops->nq_pad;
-    p.rows_per_scale = a->q_rows_per_scale;
-    p.codes = ops->q_i8;
-    p.scale = ops->q_scale;
-    ops->q_rows_per_scale = a->q_rows_per_scale;
-    s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: Q quantize");
-
-    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
-     * as the CPU does), then rotated. */
-    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, nk, BH, kmean, st);
-    if (s == QVA_OK) {
-        p.x = *k;
-        p.perm = a->perm;
-        p.mean = kmean;
-        p.n = nk;
-        p.n_pad = ops->nk_pad;
-        p.rows_per_scale = QVI_BLOCK;
-        p.codes = ops->k_i8;
-        p.scale = ops->k_scale;
-        s = qvc_prep_qk8(p, BH, D, st, "qvc_prep: K quantize");
+    const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
+    if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
+        if (tmp) cudaFreeAsync(tmp, st);
+        return s;
     }
-
-    /* V' = V[perm]. */
-    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, st);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, demean, sts);
+    /* joined even after a failed launch, so that st stays after every
+     * kernel of this call and the free below after their last use */
+    if (fk) {
+        const qva_status j = qvc_fork_end(fk, st);
+        if (s == QVA_OK) s = j;
+    }
 
     if (tmp && (e = cudaFreeAsync(tmp, st)) != cudaSuccess && s == QVA_OK)
         s = qvc_cuda_fail(e, "qvc_prep: cudaFreeAsync");
