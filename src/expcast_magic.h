@@ -1,13 +1,10 @@
 /*
- * The conversion-free score arithmetic of the Hopper 8-bit kernel
+ * ExpCast's code arithmetic in the Hopper 8-bit kernel
  * (src/cuda/dense/attn8_ws.cuh, via common/hopper.cuh), in one header that the kernel and its CPU
  * test (tests/test_expcast_magic.c) both compile, so the test checks the
  * expressions the GPU runs (docs/NUMERICS.md §6, "The wgmma kernel's score
  * arithmetic").
  *
- *   qvi_i2f_magic      INT32 -> FP32 by the 1.5*2^23 magic add, exact for
- *                      |x| < 2^22, with no I2F (the conversion pipe is
- *                      MUFU's rate on Hopper)
  *   qvi_expcast_bits   ExpCast's t = 8u + A rounded to an integer code
  *                      by the magic add (RNE, as rintf), clamped below at 0;
  *                      the code is the low byte of the result's bits
@@ -38,14 +35,11 @@
  * ISO mode does not contract either). */
 #ifdef __CUDA_ARCH__
 #define QVI_ADD_RN(a, b) __fadd_rn((a), (b))
-#define QVI_SUB_RN(a, b) __fsub_rn((a), (b))
 #else
 #define QVI_ADD_RN(a, b) ((a) + (b))
-#define QVI_SUB_RN(a, b) ((a) - (b))
 #endif
 
 #define QVI_MAGIC 12582912.0f /* 1.5 * 2^23: ulp 1 from 2^23 to 2^24 */
-#define QVI_MAGIC_BITS 0x4B400000
 
 QVI_HD float qvi_bits_float(uint32_t b) {
     float f;
@@ -56,11 +50,6 @@ QVI_HD uint32_t qvi_float_bits(float f) {
     uint32_t b;
     memcpy(&b, &f, sizeof b);
     return b;
-}
-
-/* Exact (float)x for |x| < 2^22: the bits of 1.5*2^23 + x, minus 1.5*2^23. */
-QVI_HD float qvi_i2f_magic(int32_t x) {
-    return QVI_SUB_RN(qvi_bits_float((uint32_t)(x + QVI_MAGIC_BITS)), QVI_MAGIC);
 }
 
 /* The addend 120 + beta, as the float qva_expcast_e4m3_beta computes it. */

@@ -21,11 +21,6 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
- *   ws12  the INT32 scores converted to float by I2FP.F32.S32 (one
- *         instruction) instead of the magic add (VIADD + FADD); exact either
- *         way.  Worth it only if I2FP issues faster than the two
- *         (docs: conversions run at 16/clk/SM on sm_90; I2FP is the newer
- *         form, not in the table)
  */
 #include "dense/attn8_ws.cuh"
 
@@ -58,15 +53,6 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
-}
-
-/* ------------------------------------------------------------ ws12 */
-struct ws12_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool I2FP_SCORES = true;
-};
-extern "C" qva_status dev_attn8_ws12(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<ws12_flags>(ops, fmt, a, st);
 }
 
 /* ------------------------------------------------------------ ws9 */

@@ -214,9 +214,9 @@ static __device__ __forceinline__ void scale_scores(const SACC (&acc)[64], float
 }
 
 /* ---- the INT8 path: integers until the max is known ---- */
-/* The conversion-free pieces (INT32 -> FP32 by the magic add, ExpCast
- * rounded by the magic add) live in src/expcast_magic.h, shared with their
- * CPU test tests/test_expcast_magic.c. */
+/* ExpCast's code arithmetic (rounded by a magic add, clamped by the FMA's
+ * saturation) lives in src/expcast_magic.h, shared with its CPU test
+ * tests/test_expcast_magic.c. */
 /* Low bytes of four words -> one word (3 PRMT). */
 static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c,
                                                           uint32_t d) {
@@ -277,9 +277,9 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).  SAT:
  * ExpCast's codes in the saturating form (qvi_expcast_ts: the FMA's
  * saturation is the clamp), the same codes with one instruction fewer.
- * I2FP: the scores converted by I2FP.F32.S32 instead of the magic add
- * (both exact here). */
-template <int EXPCAST, int MASK, int SPLIT_SUM, int SAT = 0, int I2FP = 0>
+ * The INT32 scores become floats by I2FP.F32.S32 (exact: |x| < 2^24), one
+ * instruction where the 1.5 * 2^23 magic add took two (dev/cuda ws12). */
+template <int EXPCAST, int MASK, int SPLIT_SUM, int SAT = 0>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
@@ -298,7 +298,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int nt = 4 * c + i;
-                float x = I2FP ? __int2float_rn(acc[nt * 4 + e]) : qvi_i2f_magic(acc[nt * 4 + e]);
+                float x = __int2float_rn(acc[nt * 4 + e]);
                 if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
                 t[i][e] = SATS ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
                                : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);

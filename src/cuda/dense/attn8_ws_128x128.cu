@@ -24,8 +24,8 @@
  * read by wgmma through the same layout.  V^T is K-major with the key order
  * of qvc_pv_slot_key(), so the S accumulator fragment is the PV A fragment.
  *
- * The INT8 path's softmax is conversion-free (docs/NUMERICS.md): the row
- * max on the integer scores, the ExpCast argument t = x * 8f + (119.65 -
+ * The INT8 path's softmax (docs/NUMERICS.md): the row max on the integer
+ * scores, each score to float by one I2FP (exact), the ExpCast argument t = x * 8f + (119.65 -
  * 8m) and the exp2 argument x * f + (8.807 - m) as one FMA per score, so a
  * code can differ by one step from the reference's three-rounding form.
  * ExpCast's FMA computes t/128 saturated to [0, 1], which is the clamp
