@@ -122,13 +122,21 @@ static __device__ __forceinline__ void prep_load4(const void *data, int64_t off,
  * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
  * block means (v.cu), bit for bit the CPU's sequential sums.  The next 8
  * rows' permutation entries are fetched while this batch's data loads are
- * in flight, so a batch waits for one memory round trip, not two. */
+ * in flight, so a batch waits for one memory round trip, not two.
+ * With lo and hi (else NULL), also each channel's fminf / fmaxf over the
+ * rows (-inf / +inf seeds, NaN ignored as fminf / fmaxf do); then s may be
+ * NULL (no sums). */
 template <int DT>
 static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
                                                      int n, int64_t base, int r0, int len, int c0,
-                                                     int vec, double *s) {
+                                                     int vec, double *s, float *lo = NULL,
+                                                     float *hi = NULL) {
+    if (s)
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
+        for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
+    if (lo)
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) lo[e] = INFINITY, hi[e] = -INFINITY;
     int64_t row[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) row[u] = u < len ? src_row(perm, bh, n, r0 + u) : 0;
@@ -148,7 +156,10 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
         for (int u = 0; u < 8; ++u)
             if (i + u < len)
 #pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) s[e] = __dadd_rn(s[e], (double)v[u][e]);
+                for (int e = 0; e < QK_CPL; ++e) {
+                    if (s) s[e] = __dadd_rn(s[e], (double)v[u][e]);
+                    if (lo) lo[e] = fminf(lo[e], v[u][e]), hi[e] = fmaxf(hi[e], v[u][e]);
+                }
     }
 }
 
