@@ -120,46 +120,28 @@ static __device__ __forceinline__ void prep_load4(const void *data, int64_t off,
 /* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
  * r0 .. r0 + len - 1 of X[perm] (loads 8 rows ahead, then the ordered
  * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
- * block means (v.cu), bit for bit the CPU's sequential sums.  The next 8
- * rows' permutation entries are fetched while this batch's data loads are
- * in flight, so a batch waits for one memory round trip, not two.
- * With lo and hi (else NULL), also each channel's fminf / fmaxf over the
- * rows (-inf / +inf seeds, NaN ignored as fminf / fmaxf do); then s may be
- * NULL (no sums). */
+ * block means (v.cu), bit for bit the CPU's sequential sums. */
 template <int DT>
 static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
                                                      int n, int64_t base, int r0, int len, int c0,
-                                                     int vec, double *s, float *lo = NULL,
-                                                     float *hi = NULL) {
-    if (s)
+                                                     int vec, double *s) {
 #pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
-    if (lo)
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) lo[e] = INFINITY, hi[e] = -INFINITY;
-    int64_t row[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) row[u] = u < len ? src_row(perm, bh, n, r0 + u) : 0;
+    for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
     for (int i = 0; i < len; i += 8) {
         float v[8][QK_CPL];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             if (i + u < len)
-                prep_load4<DT>(x.data, base + row[u] * x.sn + c0, vec, v[u]);
+                prep_load4<DT>(x.data, base + src_row(perm, bh, n, r0 + i + u) * x.sn + c0, vec, v[u]);
             else
 #pragma unroll
                 for (int e = 0; e < QK_CPL; ++e) v[u][e] = 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) row[u] = i + 8 + u < len ? src_row(perm, bh, n, r0 + i + 8 + u) : 0;
-#pragma unroll
         for (int u = 0; u < 8; ++u)
             if (i + u < len)
 #pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) {
-                    if (s) s[e] = __dadd_rn(s[e], (double)v[u][e]);
-                    if (lo) lo[e] = fminf(lo[e], v[u][e]), hi[e] = fmaxf(hi[e], v[u][e]);
-                }
+                for (int e = 0; e < QK_CPL; ++e) s[e] = __dadd_rn(s[e], (double)v[u][e]);
     }
 }
 

@@ -6,10 +6,10 @@
  * qvc_prep_qk8.
  *
  *   qk_quant_kernel<DT,D>   one CTA per (128-row block, bh) of Q or K:
- *                           8 warps x 16 rows, a lane = 16 adjacent
- *                           channels (16-byte loads and code stores);
+ *                           8 warps x 16 rows, a lane = 4 adjacent
+ *                           channels (vector loads, 4-byte code stores);
  *                           gather, smooth, Hadamard (in registers for
- *                           strides 1 to 8, shuffles above); pass 1 the
+ *                           strides 1 and 2, shuffles above); pass 1 the
  *                           block amax, pass 2 (rows re-read) the codes.
  *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
  *                           one pass, a max over each row's lanes.
@@ -21,122 +21,79 @@
 #include "prep_common.cuh"
 
 
-/* The lane geometry of this file: a lane holds QKW_CPL = 16 adjacent
- * channels of a row, so a row of D channels is LPR = D / 16 lanes (8 at D
- * 128, 4 at 64) and a warp step covers RPS = 32 / LPR rows.  Against 4
- * channels per lane, the per-row work (the row max's shuffles, the Q
- * scale's division and reciprocal, the row's address) is shared by 4x the
- * elements, and the Hadamard takes 4 stages in registers and log2(LPR)
- * across lanes, so fewer shuffles per element. */
-#define QKW_CPL 16
+/* The lane's channel constants (K mean, Hadamard signs) of qk_row4. */
 template <int D>
-struct qkw_geom {
-    static constexpr int LPR = D / QKW_CPL;            /* lanes per row  */
-    static constexpr int RPS = 32 / LPR;               /* rows per step  */
-    static constexpr int STEPS = ROWS_PER_WARP / RPS;  /* steps per warp */
-};
-
-/* The lane's channel constants (K mean, Hadamard signs) of qk_row16. */
-template <int D>
-static __device__ __forceinline__ void qk_consts16(const qk_params &p, int bh, float *mu, float *sg) {
-    const int c0 = ((threadIdx.x & 31) % qkw_geom<D>::LPR) * QKW_CPL;
+static __device__ __forceinline__ void qk_consts4(const qk_params &p, int bh, float *mu, float *sg) {
+    const int c0 = ((threadIdx.x & 31) % qk_geom<D>::LPR) * QK_CPL;
 #pragma unroll
-    for (int e = 0; e < QKW_CPL; ++e) {
+    for (int e = 0; e < QK_CPL; ++e) {
         mu[e] = p.mean ? p.mean[(int64_t)bh * D + c0 + e] : 0.0f;
         sg[e] = p.signs ? p.signs[c0 + e] : 1.0f;
     }
 }
 
 /*
- * Row i, the lane's 16 channels, as the CPU has it just before
+ * Row i, the lane's QK_CPL channels, as the CPU has it just before
  * quantization: loaded, smoothed (K), rotated (if hadamard).  Rows past n
  * are +0 (no sign flip, so no -0).  Every lane of the warp must call it
  * together (the Hadamard shuffles), valid row or not.
  */
 template <int DT, int D>
-static __device__ __forceinline__ void qk_row16(const qk_params &p, int64_t base, int bh, int i,
-                                                const float *mu, const float *sg, float *x) {
-    constexpr int LPR = qkw_geom<D>::LPR;
+static __device__ __forceinline__ void qk_row4(const qk_params &p, int64_t base, int bh, int i,
+                                               const float *mu, const float *sg, float *x) {
+    constexpr int LPR = qk_geom<D>::LPR;
     const int sub = (threadIdx.x & 31) % LPR;
     const bool valid = i < p.n;
-    if (valid) {
-        const int64_t off = base + src_row(p.perm, bh, p.n, i) * p.x.sn + sub * QKW_CPL;
-        if (p.vec) {
-            qvc_ld8<DT, true>(p.x.data, off, x);
-            qvc_ld8<DT, true>(p.x.data, off + 8, x + 8);
-        } else {
-            qvc_ld8<DT, false>(p.x.data, off, x);
-            qvc_ld8<DT, false>(p.x.data, off + 8, x + 8);
-        }
-    } else {
+    if (valid)
+        prep_load4<DT>(p.x.data, base + src_row(p.perm, bh, p.n, i) * p.x.sn + sub * QK_CPL, p.vec,
+                       x);
+    else
 #pragma unroll
-        for (int e = 0; e < QKW_CPL; ++e) x[e] = 0.0f;
-    }
+        for (int e = 0; e < QK_CPL; ++e) x[e] = 0.0f;
     if (p.mean && valid) {
 #pragma unroll
-        for (int e = 0; e < QKW_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
+        for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
     }
     if (!p.hadamard) return;
     if (valid) {
 #pragma unroll
-        for (int e = 0; e < QKW_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
+        for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
     }
-    /* qva_hadamard's stages in its order, h = 1, 2, ... D/2: strides 1 to 8
-     * pair registers of a lane, strides 16 and up pair lanes sub ^ h/16
-     * (the lane without that bit holds a and gets a + b, its partner
-     * a - b). */
+    /* qva_hadamard's stages in its order, h = 1, 2, ... D/2: strides 1 and 2
+     * pair registers of a lane, strides 4 and up pair lanes sub ^ h/4 (the
+     * lane without that bit holds a and gets a + b, its partner a - b). */
 #pragma unroll
-    for (int h = 1; h < QKW_CPL; h <<= 1) {
+    for (int h = 1; h < QK_CPL; h <<= 1) {
 #pragma unroll
-        for (int e = 0; e < QKW_CPL; ++e)
+        for (int e = 0; e < QK_CPL; ++e)
             if (!(e & h)) butterfly(x[e], x[e + h]);
     }
 #pragma unroll
     for (int hl = 1; hl < LPR; hl <<= 1) {
 #pragma unroll
-        for (int e = 0; e < QKW_CPL; ++e) {
+        for (int e = 0; e < QK_CPL; ++e) {
             const float o = __shfl_xor_sync(FULL_MASK, x[e], hl);
             x[e] = (sub & hl) ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
         }
     }
 #pragma unroll
-    for (int e = 0; e < QKW_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
+    for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
 }
 
 /* Max over the LPR lanes of a row (xor offsets stay inside the row). */
 template <int D>
 static __device__ __forceinline__ float row_max(float x) {
 #pragma unroll
-    for (int o = qkw_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    for (int o = qk_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
     return x;
 }
 
-static __device__ __forceinline__ float amax16(const float *x) {
-    float a = 0.0f;
-#pragma unroll
-    for (int e = 0; e < QKW_CPL; ++e) a = fmaxf(a, fabsf(x[e]));
-    return a;
-}
-
-/* The lane's 16 codes of y = x / scale as one 16-byte store; rcp = 1 /
- * scale serves the fast paths of common/quant_code.cuh. */
-static __device__ __forceinline__ void qk_store_codes16(int8_t *dst, const float *x, float scale,
-                                                        float rcp, int fmt) {
-    uint4 w;
-    if (fmt == QVC_QK_INT8) {
-        w.x = qvc_int8_codes4(x, scale, rcp);
-        w.y = qvc_int8_codes4(x + 4, scale, rcp);
-        w.z = qvc_int8_codes4(x + 8, scale, rcp);
-        w.w = qvc_int8_codes4(x + 12, scale, rcp);
-    } else {
-        const float s4[4] = {scale, scale, scale, scale}, r4[4] = {rcp, rcp, rcp, rcp};
-        const bool fast = qvc_e4m3_fast_ok(scale, rcp);
-        w.x = qvc_e4m3_codes4(x, s4, r4, fast);
-        w.y = qvc_e4m3_codes4(x + 4, s4, r4, fast);
-        w.z = qvc_e4m3_codes4(x + 8, s4, r4, fast);
-        w.w = qvc_e4m3_codes4(x + 12, s4, r4, fast);
-    }
-    *(uint4 *)dst = w;
+/* The lane's QK_CPL codes of y = x / scale, packed little-endian; rcp =
+ * 1 / scale serves the fast paths of common/quant_code.cuh. */
+static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, float rcp, int fmt) {
+    if (fmt == QVC_QK_INT8) return qvc_int8_codes4(x, scale, rcp);
+    const float s4[4] = {scale, scale, scale, scale}, r4[4] = {rcp, rcp, rcp, rcp};
+    return qvc_e4m3_codes4(x, s4, r4, qvc_e4m3_fast_ok(scale, rcp));
 }
 
 /* Two passes over the block: the amax, then the codes.  The second pass
@@ -146,22 +103,23 @@ static __device__ __forceinline__ void qk_store_codes16(int8_t *dst, const float
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_kernel(qk_params p) {
-    using G = qkw_geom<D>;
+    using G = qk_geom<D>;
     __shared__ float red[PREP_WARPS];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t base = qvc_head_base(p.x, bh);
     const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP + lane / G::LPR;
 
-    float mu[QKW_CPL], sg[QKW_CPL];
-    qk_consts16<D>(p, bh, mu, sg);
+    float mu[QK_CPL], sg[QK_CPL];
+    qk_consts4<D>(p, bh, mu, sg);
 
     float amax = 0.0f;
-#pragma unroll
+#pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
-        float x[QKW_CPL];
-        qk_row16<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x);
-        amax = fmaxf(amax, amax16(x));
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = block_max(amax, red);
 
@@ -176,13 +134,13 @@ qk_quant_kernel(qk_params p) {
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
     const float rcp = __frcp_rn(scale);
 
-    const int c0 = (lane % G::LPR) * QKW_CPL;
-#pragma unroll
+    const int c0 = (lane % G::LPR) * QK_CPL;
+#pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
         const int r = r0 + s * G::RPS;
-        float x[QKW_CPL];
-        qk_row16<DT, D>(p, base, bh, r, mu, sg, x);
-        qk_store_codes16(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0, x, scale, rcp, p.fmt);
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, rcp, p.fmt);
     }
 }
 
@@ -191,25 +149,28 @@ qk_quant_kernel(qk_params p) {
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 qk_quant_rows_kernel(qk_params p) {
-    using G = qkw_geom<D>;
+    using G = qk_geom<D>;
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t base = qvc_head_base(p.x, bh);
     const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP + lane / G::LPR;
-    const int c0 = (lane % G::LPR) * QKW_CPL;
+    const int c0 = (lane % G::LPR) * QK_CPL;
 
-    float mu[QKW_CPL], sg[QKW_CPL];
-    qk_consts16<D>(p, bh, mu, sg);
-#pragma unroll
+    float mu[QK_CPL], sg[QK_CPL];
+    qk_consts4<D>(p, bh, mu, sg);
+#pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
         const int r = r0 + s * G::RPS;
-        float x[QKW_CPL];
-        qk_row16<DT, D>(p, base, bh, r, mu, sg, x);
-        const float amax = row_max<D>(amax16(x));
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        float amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        amax = row_max<D>(amax);
         const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
         if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
-        qk_store_codes16(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0, x, scale,
-                         __frcp_rn(scale), QVC_QK_INT8);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
+            qvc_int8_codes4(x, scale, __frcp_rn(scale));
     }
 }
 
@@ -237,7 +198,7 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
     qk_params pv = p;
-    pv.vec = qvc_view_vec_ok(&p.x, 8); /* qk_row16: two 8-element loads */
+    pv.vec = qvc_view_vec_ok(&p.x, QK_CPL);
     QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(pv, grid, D, st));
     return qvc_launch_check(what);
 }

@@ -7,9 +7,8 @@
  * through qvc_prep_v_stats.
  *
  *   v_stats_kernel<DT,D>    a lane = 4 channels of one block, 4 or 8
- *                           blocks per CTA, one read of the block: block
- *                           mean (if demean), residual amax (from the
- *                           channel's min and max).
+ *                           blocks per CTA: block mean (if demean),
+ *                           residual amax.
  *   v_scale_kernel          thread per (bh, channel): per-channel scale and
  *                           the FP16-rounded mean / scale.
  *   v_encode_kernel<DT,D>   one CTA per (block, bh): E4M3 codes of the block
@@ -27,10 +26,8 @@
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
  * A lane holds 4 adjacent channels of one block (4 or 8 blocks per
- * 128-thread CTA), and reads the block once: the mean's FP64 sums in row
- * order (block_colsum4) with each channel's min and max.  Rounding is
- * monotone, so max_i |fl(x_i - m)| = max(fl(max x - m), -fl(min x - m)):
- * the CPU's amax of the rounded residuals, without a second pass. */
+ * 128-thread CTA): the mean's FP64 sums in row order (block_colsum4), then
+ * a second pass over the block's rows (L2 hits) for the amax. */
 template <int DT, int D>
 __global__ void __launch_bounds__(128)
 v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int vec,
@@ -42,15 +39,23 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
     const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
     const int len = min(QVI_BLOCK, n - r0);
     const int64_t base = qvc_head_base(v, bh);
-    double s[QK_CPL];
-    float lo[QK_CPL], hi[QK_CPL], m[QK_CPL], amax[QK_CPL];
-    block_colsum4<DT>(v, perm, bh, n, base, r0, len, c0, vec, demean ? s : NULL, lo, hi);
+    float m[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (demean) {
+        double s[QK_CPL];
+        block_colsum4<DT>(v, perm, bh, n, base, r0, len, c0, vec, s);
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) {
-        m[e] = demean ? (float)(s[e] / (double)len) : 0.0f;
-        /* x - 0 is x exactly, so one expression serves both */
-        const float top = __fsub_rn(hi[e], m[e]), bottom = __fsub_rn(lo[e], m[e]);
-        amax[e] = fmaxf(0.0f, fmaxf(top, -bottom));
+        for (int e = 0; e < QK_CPL; ++e) m[e] = (float)(s[e] / (double)len);
+    }
+    float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int i = 0; i < len; ++i) {
+        float x[QK_CPL];
+        prep_load4<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c0, vec, x);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            const float y = demean ? __fsub_rn(x[e], m[e]) : x[e];
+            amax[e] = fmaxf(amax[e], fabsf(y));
+        }
     }
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
 #pragma unroll
