@@ -21,10 +21,6 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
- *   ws13  the PV and QK descriptors of each turn made before the turn's
- *         named barrier, from stage 0's descriptors plus the stage offset
- *         (STAGE_DESC), so that the barrier is followed by the wgmma issue
- *         itself, not ~20 uniform-datapath instructions of address math
  */
 #include "dense/attn8_ws.cuh"
 
@@ -57,15 +53,6 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
-}
-
-/* ------------------------------------------------------------ ws13 */
-struct ws13_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool STAGE_DESC = true;
-};
-extern "C" qva_status dev_attn8_ws13(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<ws13_flags>(ops, fmt, a, st);
 }
 
 /* ------------------------------------------------------------ ws9 */

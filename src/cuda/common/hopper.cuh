@@ -162,10 +162,9 @@ static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, 
         : "memory");
 }
 
-/* Issue S = Q K^T for the K tile at descriptor kd (4 k-steps of 32
- * channels). */
 template <int FMT, typename SACC>
-static __device__ __forceinline__ void issue_qk_desc(SACC (&s)[64], uint64_t qd, uint64_t kd) {
+static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint32_t k_addr) {
+    const uint64_t kd = sw128_desc(k_addr);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -177,15 +176,6 @@ static __device__ __forceinline__ void issue_qk_desc(SACC (&s)[64], uint64_t qd,
     }
     wg_commit();
 }
-
-template <int FMT, typename SACC>
-static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint32_t k_addr) {
-    issue_qk_desc<FMT>(s, qd, sw128_desc(k_addr));
-}
-
-/* Keep a value computed before the next volatile asm (a barrier): the
- * compiler may not sink its computation past it. */
-static __device__ __forceinline__ void pin_before(uint64_t &x) { asm volatile("" : "+l"(x)); }
 
 /* Issue O_j = P V of the tile at descriptor vd (4 k-steps of 32 keys); with
  * ExpCast the n136 form whose columns 128..135 are the decoded row sums. */

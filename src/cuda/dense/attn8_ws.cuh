@@ -29,9 +29,6 @@ struct attn8_ws_flags {
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
     static constexpr bool SAT_CODES = true;       /* ExpCast codes clamped by FFMA.SAT */
-    static constexpr bool STAGE_DESC = false;     /* the turn's wgmma descriptors from
-                                                     stage 0's plus an offset, made
-                                                     before the turn's barrier */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -111,9 +108,6 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
-    /* a stage's tile descriptors are stage 0's plus its offset in 16-byte
-     * units (the 14-bit address field does not carry: smem < 256 KB) */
-    const uint64_t kd0 = sw128_desc(base + A8_K_OFF(0)), vd0 = sw128_desc(base + A8_V_OFF(0));
     if (cw == 1) named_arrive(1, 256);
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
@@ -147,22 +141,13 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             }
             if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
 
-            uint64_t vd, kd;
-            if (F::STAGE_DESC) {
-                vd = vd0 + (uint64_t)(s * (A8_STAGE_BYTES >> 4));
-                kd = kd0 + (uint64_t)((more ? sn : s) * (A8_STAGE_BYTES >> 4));
-                pin_before(vd);
-                pin_before(kd);
-            }
             named_sync(1 + cw, 256);
             float part[EXPCAST ? 68 : 64];
-            if (!F::STAGE_DESC) vd = sw128_desc(base + A8_V_OFF(s));
-            issue_pv<EXPCAST>(part, pa, vd);
+            issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
-            if (!F::STAGE_DESC) kd = sw128_desc(base + A8_K_OFF(more ? sn : s));
-            issue_qk_desc<QVC_QK_INT8>(sacc, qd, kd);
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
             named_arrive(2 - cw, 256);
 
             wg_wait<1>(); /* PV of block j; QK of j+1 still running */
