@@ -19,7 +19,8 @@
  *   QK(j+1) issued before the softmax of j in one warpgroup: spills (ws1, ws3)
  *   three consumer warpgroups of 64 rows: spills at 160 registers (ws7)
  *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0)
- *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11) */
+ *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11)
+ *   the turn's wgmma descriptors made before its barrier: no change (ws13) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
