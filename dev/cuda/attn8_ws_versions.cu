@@ -21,6 +21,10 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
+ *   ws14  V-Smooth steps: the mean tile filled two blocks at a time (on
+ *         even blocks, from this stage and the next, which has landed):
+ *         one FP16 pair conversion and one 4-byte store instead of two
+ *         conversions and two bank-conflicted 2-byte stores (PAIRED_FILL)
  */
 #include "dense/attn8_ws.cuh"
 
@@ -53,6 +57,15 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
+}
+
+/* ------------------------------------------------------------ ws14 */
+struct ws14_flags : attn8_ws_flags<QVC_QK_INT8> {
+    static constexpr bool PAIRED_FILL = true;
+};
+extern "C" qva_status dev_attn8_ws14(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return launch_version<ws14_flags>(ops, fmt, a, st);
 }
 
 /* ------------------------------------------------------------ ws9 */

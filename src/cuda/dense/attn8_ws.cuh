@@ -30,6 +30,8 @@ struct attn8_ws_flags {
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
     static constexpr bool SAT_CODES = true;       /* ExpCast codes clamped by FFMA.SAT */
+    static constexpr bool PAIRED_FILL = false;    /* means: two blocks' tile slots per
+                                                     store, on even blocks */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -156,7 +158,12 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
-                a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+                const float *mu = (const float *)(sm + A8_MU_OFF(s));
+                if (!F::PAIRED_FILL)
+                    a8r_fill(tile, mu, j, (threadIdx.x - 128) & 127);
+                else if (!(j & 1)) /* stage sn has landed: waited before the turn */
+                    a8r_fill2(tile, mu, more ? (const float *)(sm + A8_MU_OFF(sn)) : NULL, j,
+                              (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
             mbar_arrive(b.empty + 8 * s);
