@@ -7,7 +7,9 @@
  *
  *   qvi_expcast_bits   ExpCast's t = 8u + A rounded to an integer code
  *                      by the magic add (RNE, as rintf), clamped below at 0;
- *                      the code is the low byte of the result's bits
+ *                      the code is the low byte of the result's bits (the
+ *                      form the test checks against the reference; the
+ *                      kernels run the saturating one below)
  *   qvi_expcast_c      the per-row constant A - 8m of the fused form
  *                      t = x * 8f + (A - 8m), one FMA per score
  *   qvi_expcast_ts     the saturating form of the same code: ts = t/128

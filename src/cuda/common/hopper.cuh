@@ -274,22 +274,21 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * in 4 partial sums.  MASK: the
  * block holds padding keys (only the last one can).  f0, f1: the score
  * scales of rows g and g + 8 (equal with per-block query scales).
- * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).  SAT:
- * ExpCast's codes in the saturating form (qvi_expcast_ts: the FMA's
- * saturation is the clamp), the same codes with one instruction fewer.
- * The INT32 scores become floats by I2FP.F32.S32 (exact: |x| < 2^24), one
- * instruction where the 1.5 * 2^23 magic add took two (dev/cuda ws12). */
-template <int EXPCAST, int MASK, int SPLIT_SUM, int SAT = 0>
+ * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).
+ * ExpCast's codes come in the saturating form (qvi_expcast_ts: the FMA's
+ * saturation is the clamp; the fused form's codes with one instruction
+ * fewer, dev/cuda ws10).  The INT32 scores become floats by I2FP.F32.S32
+ * (exact: |x| < 2^24), one instruction where the 1.5 * 2^23 magic add took
+ * two (dev/cuda ws12). */
+template <int EXPCAST, int MASK, int SPLIT_SUM>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
                                                     uint32_t (&pa)[4][4]) {
-    constexpr bool SATS = EXPCAST && SAT;
-    /* ExpCast: t = x 8f + c; saturating: t / 128 = x (f / 16) + c / 128 */
-    const float fs = SATS ? 0.0625f : EXPCAST ? 8.0f : 1.0f, cs = SATS ? 0.0078125f : 1.0f;
-    const float fm0 = fs * f0, fm1 = fs * f1;
-    const float c0 = EXPCAST ? cs * qvi_expcast_c(m0, ec_add) : __fsub_rn(QVC_P_AMP, m0);
-    const float c1 = EXPCAST ? cs * qvi_expcast_c(m1, ec_add) : __fsub_rn(QVC_P_AMP, m1);
+    /* ExpCast: t / 128 = x (8f / 128) + c / 128, with c = A - 8m */
+    const float fm0 = EXPCAST ? 0.0625f * f0 : f0, fm1 = EXPCAST ? 0.0625f * f1 : f1;
+    const float c0 = EXPCAST ? 0.0078125f * qvi_expcast_c(m0, ec_add) : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST ? 0.0078125f * qvi_expcast_c(m1, ec_add) : __fsub_rn(QVC_P_AMP, m1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float t[4][4];
@@ -300,11 +299,11 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
                 const int nt = 4 * c + i;
                 float x = __int2float_rn(acc[nt * 4 + e]);
                 if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
-                t[i][e] = SATS ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
-                               : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
+                t[i][e] = EXPCAST ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
+                                  : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
             }
         if (EXPCAST) {
-#define EB(i, e) (SATS ? qvi_expcast_bits_sat(t[i][e]) : qvi_expcast_bits(t[i][e]))
+#define EB(i, e) qvi_expcast_bits_sat(t[i][e])
             pa[c][0] = pack_low_bytes(EB(0, 0), EB(0, 1), EB(1, 0), EB(1, 1));
             pa[c][1] = pack_low_bytes(EB(0, 2), EB(0, 3), EB(1, 2), EB(1, 3));
             pa[c][2] = pack_low_bytes(EB(2, 0), EB(2, 1), EB(3, 0), EB(3, 1));

@@ -29,7 +29,6 @@ struct attn8_ws_flags {
     static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
-    static constexpr bool SAT_CODES = true;       /* ExpCast codes clamped by FFMA.SAT */
     static constexpr bool PAIRED_FILL = false;    /* means: two blocks' tile slots per
                                                      store, on even blocks */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
@@ -133,10 +132,10 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, F::SAT_CODES>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
                                                           j * WS_KEYS, ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, F::SAT_CODES>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
                                                           j * WS_KEYS, ops.nk, tig, rs, pa);
             if (!EXPCAST) {
                 rs[0] = qvc_quad_sum(rs[0]);

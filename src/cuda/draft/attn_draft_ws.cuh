@@ -222,9 +222,9 @@ static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f
     mx[1] = fmaxf(mx[1], m[1]);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
     if (valid < WS_KEYS)
-        make_p_fused<EXPCAST, 1, 1, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 1, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
     else
-        make_p_fused<EXPCAST, 0, 1, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
+        make_p_fused<EXPCAST, 0, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
 }
 
 /* O += the block's PV partial rounded to FP16 with saturation (Table 6),
