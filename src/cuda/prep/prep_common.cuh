@@ -117,10 +117,101 @@ static __device__ __forceinline__ void prep_load4(const void *data, int64_t off,
     }
 }
 
+/* A warp's rows of qk_geom in groups (qk.cu, v.cu): each group's loads go
+ * out together (prep_load_rows4), then its rows are used one by one. */
+template <int D>
+struct qk_groups {
+    static constexpr int SIZE = qk_geom<D>::STEPS < 8 ? qk_geom<D>::STEPS : 8;
+    static constexpr int COUNT = qk_geom<D>::STEPS / SIZE;
+    static_assert(COUNT * SIZE == qk_geom<D>::STEPS, "groups cover the warp's rows");
+};
+
+/* The lane's QK_CPL elements of one row as loaded, not yet widened: with
+ * vec, a 16-bit type packs them in w[0..1] and f32 in w[0..3]; without,
+ * w[e] holds element e's bits.  Keeping the widening out of the load is
+ * what lets a group's loads all be in flight before the first returns. */
+typedef struct prep_raw4 {
+    uint32_t w[QK_CPL];
+} prep_raw4;
+
+template <int DT>
+static __device__ __forceinline__ void prep_load_raw4(const void *data, int64_t off, int vec,
+                                                      prep_raw4 &r) {
+    if constexpr (DT == QVA_F32) {
+        if (vec) {
+            const uint4 v = __ldg((const uint4 *)((const float *)data + off));
+            r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) r.w[e] = __ldg((const uint32_t *)data + off + e);
+        }
+    } else {
+        if (vec) {
+            const uint2 v = __ldg((const uint2 *)((const unsigned short *)data + off));
+            r.w[0] = v.x, r.w[1] = v.y;
+        } else {
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) r.w[e] = __ldg((const unsigned short *)data + off + e);
+        }
+    }
+}
+
+/* prep_load4's values from prep_load_raw4's bits, exactly. */
+template <int DT>
+static __device__ __forceinline__ void prep_widen4(const prep_raw4 &r, int vec, float *x) {
+    uint32_t h[QK_CPL];
+    if constexpr (DT == QVA_F32) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = __uint_as_float(r.w[e]);
+        return;
+    }
+    if (vec) {
+        h[0] = r.w[0] & 0xFFFFu, h[1] = r.w[0] >> 16, h[2] = r.w[1] & 0xFFFFu, h[3] = r.w[1] >> 16;
+    } else {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) h[e] = r.w[e];
+    }
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e)
+        x[e] = DT == QVA_BF16 ? __uint_as_float(h[e] << 16)
+                              : __half2float(__ushort_as_half((unsigned short)h[e]));
+}
+
+/* The lane's QK_CPL channels of S rows i0, i0 + di, ... of X[perm] (rows
+ * at or past n are +0): the permutation entries, then every row's load,
+ * then the widening, so that a warp has S loads in flight instead of one.
+ * Row by row, with the arithmetic between the loads, the quantize kernels
+ * kept about 12 KB in flight per SM (bench/NOTES.md, "Loads in flight"). */
+template <int DT, int S>
+static __device__ __forceinline__ void prep_load_rows4(const qvc_view &x, const int32_t *perm,
+                                                       int bh, int n, int64_t base, int i0,
+                                                       int di, int c0, int vec,
+                                                       float (&v)[S][QK_CPL]) {
+    int src[S]; /* the source rows, loaded before any is used */
+    if (perm) {
+        const int32_t *pr = perm + (int64_t)bh * n;
+#pragma unroll
+        for (int s = 0; s < S; ++s) src[s] = i0 + s * di < n ? __ldg(pr + i0 + s * di) : 0;
+    } else {
+#pragma unroll
+        for (int s = 0; s < S; ++s) src[s] = i0 + s * di;
+    }
+    prep_raw4 r[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) r[s].w[e] = 0u; /* +0 in every dtype */
+        if (i0 + s * di < n) prep_load_raw4<DT>(x.data, base + (int64_t)src[s] * x.sn + c0, vec, r[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s) prep_widen4<DT>(r[s], vec, v[s]);
+}
+
 /* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
- * r0 .. r0 + len - 1 of X[perm] (loads 8 rows ahead, then the ordered
+ * r0 .. r0 + len - 1 of X[perm] (8 rows loaded at once, then the ordered
  * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
- * block means (v.cu), bit for bit the CPU's sequential sums. */
+ * block means (v.cu), bit for bit the CPU's sequential sums.  len is
+ * min(128, n - r0), so a group's rows past r0 + len are past n. */
 template <int DT>
 static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
                                                      int n, int64_t base, int r0, int len, int c0,
@@ -129,14 +220,7 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
     for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
     for (int i = 0; i < len; i += 8) {
         float v[8][QK_CPL];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            if (i + u < len)
-                prep_load4<DT>(x.data, base + src_row(perm, bh, n, r0 + i + u) * x.sn + c0, vec, v[u]);
-            else
-#pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) v[u][e] = 0.0f;
-        }
+        prep_load_rows4<DT, 8>(x, perm, bh, n, base, r0 + i, 1, c0, vec, v);
 #pragma unroll
         for (int u = 0; u < 8; ++u)
             if (i + u < len)

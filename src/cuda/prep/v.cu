@@ -47,15 +47,16 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
         for (int e = 0; e < QK_CPL; ++e) m[e] = (float)(s[e] / (double)len);
     }
     float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        float x[QK_CPL];
-        prep_load4<DT>(v.data, base + src_row(perm, bh, n, r0 + i) * v.sn + c0, vec, x);
+    for (int i = 0; i < len; i += 8) { /* rows past r0 + len are past n: +0 */
+        float x[8][QK_CPL];
+        prep_load_rows4<DT, 8>(v, perm, bh, n, base, r0 + i, 1, c0, vec, x);
 #pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) {
-            const float y = demean ? __fsub_rn(x[e], m[e]) : x[e];
-            amax[e] = fmaxf(amax[e], fabsf(y));
-        }
+        for (int u = 0; u < 8; ++u)
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) {
+                const float y = demean && i + u < len ? __fsub_rn(x[u][e], m[e]) : x[u][e];
+                amax[e] = fmaxf(amax[e], fabsf(y));
+            }
     }
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
 #pragma unroll
@@ -111,19 +112,20 @@ v_encode_kernel(v_params p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * QK_CPL, key0 = warp * ROWS_PER_WARP + lane / G::LPR;
     const int64_t base = qvc_head_base(p.v, bh);
+    constexpr int S = qk_groups<D>::SIZE;
+    const int i0 = blk * QVI_BLOCK + key0; /* the warp's first row (the lane's) */
 
     float bscale = 1.0f;
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
         float amax = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < G::STEPS; ++s) {
-            const int i = blk * QVI_BLOCK + key0 + s * G::RPS;
-            if (i < p.n) {
-                float x[QK_CPL];
-                prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
+#pragma unroll 1
+        for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
+            float x[S][QK_CPL]; /* rows past n: +0 */
+            prep_load_rows4<DT, S>(p.v, p.perm, bh, p.n, base, i0 + g * S * G::RPS, G::RPS, c0, p.vec, x);
 #pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
-            }
+            for (int s = 0; s < S; ++s)
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
         }
         amax = block_max(amax, red);
         bscale = __fdiv_rn(amax, 448.0f);
@@ -144,20 +146,23 @@ v_encode_kernel(v_params p) {
     }
     /* Codes of the warp's 16 keys into the tile, 4 bytes per lane
      * (re-reading the rows the amax pass touched: L2 hits). */
-#pragma unroll 4
-    for (int s = 0; s < G::STEPS; ++s) {
-        const int key = key0 + s * G::RPS, i = blk * QVI_BLOCK + key;
-        uint32_t word = 0; /* padding keys: code 0 */
-        if (i < p.n) {
-            float x[QK_CPL];
-            prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
-            if (p.mode == 0 && p.demean) {
+#pragma unroll 1
+    for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
+        float x[S][QK_CPL];
+        prep_load_rows4<DT, S>(p.v, p.perm, bh, p.n, base, i0 + g * S * G::RPS, G::RPS, c0, p.vec, x);
 #pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
+        for (int s = 0; s < S; ++s) {
+            const int key = key0 + (g * S + s) * G::RPS;
+            uint32_t word = 0; /* padding keys: code 0 */
+            if (blk * QVI_BLOCK + key < p.n) {
+                if (p.mode == 0 && p.demean) {
+#pragma unroll
+                    for (int e = 0; e < QK_CPL; ++e) x[s][e] = __fsub_rn(x[s][e], mu[e]);
+                }
+                word = qvc_e4m3_codes4(x[s], cs, rcp, fast);
             }
-            word = qvc_e4m3_codes4(x, cs, rcp, fast);
+            *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
         }
-        *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
     }
     __syncthreads();
 
