@@ -57,6 +57,17 @@ static __device__ __forceinline__ uint32_t qvc_int8_code_fast(float x, float rcp
     return __float_as_uint(m);
 }
 
+/* The exact path: qvc_int8_round(x_e / delta), packed.  Out of line, so
+ * that the unrolled callers keep one copy of it and their registers. */
+static __device__ __noinline__ uint32_t qvc_int8_codes4_exact(float x0, float x1, float x2,
+                                                              float x3, float delta) {
+    const float x[4] = {x0, x1, x2, x3};
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w |= (uint32_t)(uint8_t)qvc_int8_round(__fdiv_rn(x[e], delta)) << (8 * e);
+    return w;
+}
+
 /* qvc_int8_round(x[e] / delta) for e = 0..3, packed little-endian; rcp is
  * 1 / delta (any rounding: the bound above allows 2^-23 of error in it).
  * One rare branch for the four: a lane with a value near a boundary
@@ -65,13 +76,7 @@ static __device__ __forceinline__ uint32_t qvc_int8_codes4(const float *x, float
     bool bad = false;
     const uint32_t c0 = qvc_int8_code_fast(x[0], rcp, &bad), c1 = qvc_int8_code_fast(x[1], rcp, &bad);
     const uint32_t c2 = qvc_int8_code_fast(x[2], rcp, &bad), c3 = qvc_int8_code_fast(x[3], rcp, &bad);
-    if (__builtin_expect(bad, 0)) {
-        uint32_t w = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            w |= (uint32_t)(uint8_t)qvc_int8_round(__fdiv_rn(x[e], delta)) << (8 * e);
-        return w;
-    }
+    if (__builtin_expect(bad, 0)) return qvc_int8_codes4_exact(x[0], x[1], x[2], x[3], delta);
     return __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
 }
 

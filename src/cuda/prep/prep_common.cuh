@@ -4,6 +4,7 @@
  * demeaning, and quantize into the layouts of cuda_internal.h.  The files
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
+ *   qk_plain.cu  the same for unrotated INT8 from 16-bit inputs (the common case)
  *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
  *              centroid update of kmeans.cu
@@ -211,13 +212,19 @@ static __device__ __forceinline__ void prep_load_rows4(const qvc_view &x, const 
  * r0 .. r0 + len - 1 of X[perm] (8 rows loaded at once, then the ordered
  * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
  * block means (v.cu), bit for bit the CPU's sequential sums.  len is
- * min(128, n - r0), so a group's rows past r0 + len are past n. */
-template <int DT>
+ * min(128, n - r0), so a group's rows past r0 + len are past n.  MINMAX:
+ * also each channel's least and greatest value (fminf / fmaxf, which skip
+ * NaN; +inf / -inf when every value is NaN). */
+template <int DT, bool MINMAX = false>
 static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
                                                      int n, int64_t base, int r0, int len, int c0,
-                                                     int vec, double *s) {
+                                                     int vec, double *s, float *mn = NULL,
+                                                     float *mx = NULL) {
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) s[e] = 0.0;
+    for (int e = 0; e < QK_CPL; ++e) {
+        s[e] = 0.0;
+        if (MINMAX) mn[e] = INFINITY, mx[e] = -INFINITY;
+    }
     for (int i = 0; i < len; i += 8) {
         float v[8][QK_CPL];
         prep_load_rows4<DT, 8>(x, perm, bh, n, base, r0 + i, 1, c0, vec, v);
@@ -225,7 +232,10 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
         for (int u = 0; u < 8; ++u)
             if (i + u < len)
 #pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) s[e] = __dadd_rn(s[e], (double)v[u][e]);
+                for (int e = 0; e < QK_CPL; ++e) {
+                    s[e] = __dadd_rn(s[e], (double)v[u][e]);
+                    if (MINMAX) mn[e] = fminf(mn[e], v[u][e]), mx[e] = fmaxf(mx[e], v[u][e]);
+                }
     }
 }
 

@@ -15,7 +15,8 @@
 
 #define MAX_D 128 /* largest head dim of the prepared operands */
 
-/* One Q or K operand: qk_quant_kernel (qk.cu) and the NVFP4 Q/K kernels
+/* One Q or K operand: qk_quant_kernel (qk.cu), qk_plain_kernel (qk_plain.cu)
+ * and the NVFP4 Q/K kernels
  * (fp4.cu, which leave fmt, codes and scale unused) read it. */
 typedef struct qk_params {
     qvc_view x;
@@ -55,6 +56,12 @@ qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, floa
 /* Codes and scales (per block, or per row for INT8 with p.rows_per_scale
  * 1) of one Q or K operand (p.fmt: qvc_qk_format). */
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what);
+
+/* ---- qk_plain.cu */
+/* Whether qk_plain_kernel serves p (INT8, unrotated, 16-bit vector-loadable
+ * input, D 64 or 128), and its launch over grid (n_pad / 128, BH). */
+bool qvc_qk_plain_ok(const qk_params &p, int D);
+void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0

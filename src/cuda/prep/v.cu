@@ -9,8 +9,8 @@
  *   v_stats_kernel<DT,D>    a lane = 4 channels of one block, 4 or 8
  *                           blocks per CTA: block mean (if demean),
  *                           residual amax.
- *   v_scale_kernel          thread per (bh, channel): per-channel scale and
- *                           the FP16-rounded mean / scale.
+ *   v_scale_kernel          32 channels x 8 block strides per CTA: per-channel
+ *                           scale and the FP16-rounded mean / scale.
  *   v_encode_kernel<DT,D>   one CTA per (block, bh): E4M3 codes of the block
  *                           (a lane = 4 adjacent channels, as qk.cu) into
  *                           shared memory, written transposed [D][128] with
@@ -26,8 +26,12 @@
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
  * A lane holds 4 adjacent channels of one block (4 or 8 blocks per
- * 128-thread CTA): the mean's FP64 sums in row order (block_colsum4), then
- * a second pass over the block's rows (L2 hits) for the amax. */
+ * 128-thread CTA).  Demeaned, one pass: the mean's FP64 sums in row order
+ * and each channel's min and max (block_colsum4), then the residual amax
+ * from those two, since x -> fl(x - m) is monotone and so |fl(x - m)| is
+ * largest at the least or the greatest x (NaN skipped as fmaxf skips it,
+ * infinities and a NaN mean as the row-by-row loop has them).  Else one
+ * pass for the amax. */
 template <int DT, int D>
 __global__ void __launch_bounds__(128)
 v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int vec,
@@ -40,47 +44,68 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
     const int len = min(QVI_BLOCK, n - r0);
     const int64_t base = qvc_head_base(v, bh);
     float m[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (demean) {
         double s[QK_CPL];
-        block_colsum4<DT>(v, perm, bh, n, base, r0, len, c0, vec, s);
+        float mn[QK_CPL], mx[QK_CPL];
+        block_colsum4<DT, true>(v, perm, bh, n, base, r0, len, c0, vec, s, mn, mx);
 #pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) m[e] = (float)(s[e] / (double)len);
-    }
-    float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int i = 0; i < len; i += 8) { /* rows past r0 + len are past n: +0 */
-        float x[8][QK_CPL];
-        prep_load_rows4<DT, 8>(v, perm, bh, n, base, r0 + i, 1, c0, vec, x);
+        for (int e = 0; e < QK_CPL; ++e) {
+            m[e] = (float)(s[e] / (double)len);
+            amax[e] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx[e], m[e]))), fabsf(__fsub_rn(mn[e], m[e])));
+        }
+    } else {
+        for (int i = 0; i < len; i += 8) { /* rows past r0 + len are past n: +0 */
+            float x[8][QK_CPL];
+            prep_load_rows4<DT, 8>(v, perm, bh, n, base, r0 + i, 1, c0, vec, x);
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
+            for (int u = 0; u < 8; ++u)
 #pragma unroll
-            for (int e = 0; e < QK_CPL; ++e) {
-                const float y = demean && i + u < len ? __fsub_rn(x[u][e], m[e]) : x[u][e];
-                amax[e] = fmaxf(amax[e], fabsf(y));
-            }
+                for (int e = 0; e < QK_CPL; ++e) amax[e] = fmaxf(amax[e], fabsf(x[u][e]));
+        }
     }
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
 #pragma unroll
     for (int e = 0; e < QK_CPL; ++e) bmu[o + e] = m[e], bamax[o + e] = amax[e];
 }
 
-/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B). */
-__global__ void v_scale_kernel(int BH, int D, int nblk, int demean,
-                               const float *bmu, const float *bamax,
-                               float *v_chan, float *v_mu) {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (int64_t)BH * D) return;
-    const int bh = (int)(t / D), c = (int)(t % D);
+/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B).  A CTA takes
+ * VS_CH channels of one bh, VS_JL threads per channel striding over the
+ * blocks (a thread per channel looping over all nblk blocks left the GPU
+ * idle: 40 CTAs at Wan).  Maxima are order-independent, so this is the
+ * sequential loop's result. */
+#define VS_CH 32
+#define VS_JL 8
+__global__ void __launch_bounds__(VS_CH * VS_JL)
+v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax, float *v_chan,
+               float *v_mu) {
+    __shared__ float red[2][VS_JL][VS_CH];
+    __shared__ float scale[VS_CH];
+    const int cl = threadIdx.x % VS_CH, jl = threadIdx.x / VS_CH, bh = blockIdx.y;
+    const int c = blockIdx.x * VS_CH + cl;
     const int64_t o0 = (int64_t)bh * nblk * D + c;
     float amax = 0.0f, mmax = 0.0f;
-    for (int j = 0; j < nblk; ++j) {
+    for (int j = jl; j < nblk; j += VS_JL) {
         amax = fmaxf(amax, bamax[o0 + (int64_t)j * D]);
         if (demean) mmax = fmaxf(mmax, fabsf(bmu[o0 + (int64_t)j * D]));
     }
-    float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
-    s = s > 0.0f ? s : 1.0f;
-    v_chan[t] = s;
+    red[0][jl][cl] = amax;
+    red[1][jl][cl] = mmax;
+    __syncthreads();
+    if (jl == 0) {
+        for (int i = 1; i < VS_JL; ++i) {
+            amax = fmaxf(amax, red[0][i][cl]);
+            mmax = fmaxf(mmax, red[1][i][cl]);
+        }
+        float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
+        s = s > 0.0f ? s : 1.0f;
+        v_chan[(int64_t)bh * D + c] = s;
+        scale[cl] = s;
+    }
+    __syncthreads();
+    const float s = scale[cl];
     if (v_mu)
-        for (int j = 0; j < nblk; ++j)
+        for (int j = jl; j < nblk; j += VS_JL)
             v_mu[o0 + (int64_t)j * D] = demean ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
 }
 
@@ -229,9 +254,8 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     if (a->v_mode == 0) {
         s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
         if (s == QVA_OK) {
-            const int64_t t = (int64_t)BH * D;
-            v_scale_kernel<<<(unsigned)((t + 127) / 128), 128, 0, st>>>(BH, D, nblk, demean, bmu, bamax,
-                                                                         ops->v_chan, ops->v_mu);
+            v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
+                D, nblk, demean, bmu, bamax, ops->v_chan, ops->v_mu);
             s = qvc_launch_check("qvc_prep: V scale");
         }
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */

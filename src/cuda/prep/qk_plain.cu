@@ -1,0 +1,179 @@
+/*
+ * INT8 Q and K of the unrotated 8-bit methods (sage8, vc8, vc8+expcast),
+ * from 16-bit inputs that allow 16-byte loads: the common case, with the
+ * generality of qk.cu (rotation, E4M3, f32, unaligned views) left out.
+ * The codes and scales are qk.cu's, bit for bit (the same float
+ * operations in the same order); qvc_prep_qk8 chooses (qk_plain_ok).
+ *
+ *   qk_plain_kernel<DT,D,ROWS>  one CTA of 256 threads per (128-row
+ *                        block, bh).  A lane holds 8 adjacent channels
+ *                        (one 16-byte load per row), so a row is D/8
+ *                        lanes.  Each thread loads all of its rows of the
+ *                        block first (8 rows at D 128: 128 bytes in
+ *                        flight per thread) and keeps them packed, 32
+ *                        registers.  ROWS: one scale per row (INT8 Q),
+ *                        a max over the row's lanes; else one per block
+ *                        (K, smoothed by its channel mean and gathered
+ *                        by the permutation): the block max, then the
+ *                        codes from the same registers, one read of K.
+ *
+ * Why: qk.cu's lane of 4 channels pays a row's fixed work (the shuffles of
+ * its max, the IEEE division and reciprocal of its scale, the addresses)
+ * for 4 values; the kernels ran at one warp instruction per value, 66% of
+ * the issue rate and a third of DRAM bandwidth (bench/NOTES.md, "Loads in
+ * flight").  Here that work is shared by 8 values and K is read once.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "common/quant_code.cuh"
+#include "prep_common.cuh"
+
+#define QKP_CPL 8 /* channels per lane */
+
+template <int D>
+struct qkp_geom {
+    static constexpr int LPR = D / QKP_CPL;             /* lanes per row          */
+    static constexpr int RPW = 32 / LPR;                /* rows per warp step     */
+    static constexpr int RPC = RPW * PREP_WARPS;        /* rows per CTA step      */
+    static constexpr int STEPS = QVI_BLOCK / RPC;       /* rows per thread        */
+    static_assert(STEPS * RPC == QVI_BLOCK, "steps cover the block");
+};
+
+/* The 8 values packed in a 16-byte load, widened exactly. */
+template <int DT>
+static __device__ __forceinline__ void qkp_widen8(const uint4 &u, float *x) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (DT == QVA_BF16) {
+            x[2 * i] = __uint_as_float(w[i] << 16);
+            x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        } else {
+            x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
+            x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        }
+    }
+}
+
+/* Row s of the thread's rows as the CPU has it before quantization: +0
+ * past n, else loaded and (with mean) smoothed. */
+template <int DT>
+static __device__ __forceinline__ void qkp_row(const uint4 &u, bool valid, const float *mean,
+                                               bool smooth, float *x) {
+    qkp_widen8<DT>(u, x);
+    if (smooth && valid) {
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) x[e] = __fsub_rn(x[e], mean[e]);
+    }
+}
+
+static __device__ __forceinline__ uint2 qkp_codes8(const float *x, float scale, float rcp) {
+    return make_uint2(qvc_int8_codes4(x, scale, rcp), qvc_int8_codes4(x + 4, scale, rcp));
+}
+
+/* Max over a row's LPR lanes (xor offsets stay inside the row). */
+template <int D>
+static __device__ __forceinline__ float qkp_row_max(float x) {
+#pragma unroll
+    for (int o = qkp_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+/* DA2 C.3's delta: the INT8 scale of a row or block with this amax. */
+static __device__ __forceinline__ float qkp_delta(float amax) {
+    return __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f);
+}
+
+template <int DT, int D, bool ROWS>
+__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
+qk_plain_kernel(qk_params p) {
+    using G = qkp_geom<D>;
+    __shared__ float red[PREP_WARPS];
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * QKP_CPL;
+    const int r0 = blk * QVI_BLOCK + warp * G::RPW + lane / G::LPR; /* row of step 0 */
+    const int64_t base = qvc_head_base(p.x, bh);
+
+    /* ---- producer: every row of the thread, in flight at once */
+    int src[G::STEPS];
+    if (p.perm) {
+        const int32_t *pr = p.perm + (int64_t)bh * p.n;
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC < p.n ? __ldg(pr + r0 + s * G::RPC) : 0;
+    } else {
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC;
+    }
+    uint4 raw[G::STEPS];
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        raw[s] = make_uint4(0u, 0u, 0u, 0u); /* +0 past n */
+        if (r0 + s * G::RPC < p.n)
+            raw[s] = __ldg((const uint4 *)((const unsigned short *)p.x.data + base +
+                                           (int64_t)src[s] * p.x.sn + c0));
+    }
+    float mean[QKP_CPL];
+    const bool smooth = p.mean != NULL;
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e) mean[e] = smooth ? p.mean[(int64_t)bh * D + c0 + e] : 0.0f;
+
+    int8_t *codes = p.codes + ((int64_t)bh * p.n_pad + r0) * D + c0;
+    if constexpr (ROWS) {
+        /* ---- one scale per row */
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) {
+            const int r = r0 + s * G::RPC;
+            float x[QKP_CPL], amax = 0.0f;
+            qkp_row<DT>(raw[s], r < p.n, mean, smooth, x);
+#pragma unroll
+            for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+            const float scale = qkp_delta(qkp_row_max<D>(amax));
+            if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
+            *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
+        }
+    } else {
+        /* ---- one scale per block: its max, then the codes */
+        float amax = 0.0f;
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) {
+            float x[QKP_CPL];
+            qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
+#pragma unroll
+            for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        }
+        const float scale = qkp_delta(block_max(amax, red));
+        if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+        const float rcp = __frcp_rn(scale);
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) {
+            float x[QKP_CPL];
+            qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
+            *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
+        }
+    }
+}
+
+template <int DT, int D>
+static void launch_qk_plain_d(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.rows_per_scale == 1)
+        qk_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    else
+        qk_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
+bool qvc_qk_plain_ok(const qk_params &p, int D) {
+    return p.fmt == QVC_QK_INT8 && !p.hadamard && (D == 64 || D == 128) &&
+           (p.x.dtype == QVA_BF16 || p.x.dtype == QVA_F16) && qvc_view_vec_ok(&p.x, QKP_CPL);
+}
+
+void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
+    if (p.x.dtype == QVA_BF16) {
+        if (D == 64) launch_qk_plain_d<QVA_BF16, 64>(p, grid, st);
+        else launch_qk_plain_d<QVA_BF16, 128>(p, grid, st);
+    } else {
+        if (D == 64) launch_qk_plain_d<QVA_F16, 64>(p, grid, st);
+        else launch_qk_plain_d<QVA_F16, 128>(p, grid, st);
+    }
+}
