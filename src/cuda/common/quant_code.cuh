@@ -81,6 +81,37 @@ static __device__ __forceinline__ uint32_t qvc_int8_codes4(const float *x, float
 }
 
 /*
+ * The same codes where the caller knows |x| <= amax for the delta it passes
+ * (delta = fl(fl(amax / 127) + 1e-7), computed from these very values, as
+ * the Q rows and K blocks of qk_plain.cu are).  Then |x * rcp| <= 127 (1 +
+ * 2^-22) < 127.25 for every finite x, so only the distance to a half-integer
+ * is tested, and the product is not rounded on its own:
+ *   m = fma(x, rcp, magic) holds r = rint(x * rcp), the exact product
+ *   rounded once; r = m - magic exactly; f = fma(x, rcp, -r) is x * rcp - r
+ *   within 2^-25.  Where |f| < QVC_INT8_SAFE, x * rcp and the IEEE quotient
+ *   (within ~1.5 * 2^-23 * 127 of each other) lie strictly inside r's
+ *   rounding interval, so r is the reference's code (|r| <= 127, no clamp).
+ * NaN x gives NaN f; infinite x makes amax infinite, rcp 0 and x * rcp NaN;
+ * both take the exact path.  Three FP32 operations and one compare per value
+ * instead of four and two.
+ */
+static __device__ __forceinline__ uint32_t qvc_int8_code_bounded(float x, float rcp, bool *bad) {
+    const float m = __fmaf_rn(x, rcp, QVC_INT8_MAGIC);
+    const float f = __fmaf_rn(x, rcp, -__fsub_rn(m, QVC_INT8_MAGIC));
+    *bad |= !(fabsf(f) < QVC_INT8_SAFE);
+    return __float_as_uint(m);
+}
+
+static __device__ __forceinline__ uint32_t qvc_int8_codes4_bounded(const float *x, float delta,
+                                                                   float rcp) {
+    bool bad = false;
+    const uint32_t c0 = qvc_int8_code_bounded(x[0], rcp, &bad), c1 = qvc_int8_code_bounded(x[1], rcp, &bad);
+    const uint32_t c2 = qvc_int8_code_bounded(x[2], rcp, &bad), c3 = qvc_int8_code_bounded(x[3], rcp, &bad);
+    if (__builtin_expect(bad, 0)) return qvc_int8_codes4_exact(x[0], x[1], x[2], x[3], delta);
+    return __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
+}
+
+/*
  * E4M3 codes (RNE, saturating to +-448: qva_e4m3_encode) of x / s: the V
  * codes (prep/v.cu) and E4M3 Q / K (prep/qk.cu).  With p = x * (1/s), the
  * IEEE quotient lies between lo = p (1 - 2^-21) and hi = p (1 + 2^-21)

@@ -96,18 +96,6 @@ static __device__ __forceinline__ void a8r_fill(uint8_t *tile, const float *mu, 
     *(__half *)(tile + a8r_tile_at(t, j & (A8R_BATCH - 1))) = __float2half_rn(mu[t]);
 }
 
-/* Blocks j (even) and j + 1 at once: one FP16 pair conversion and one
- * 4-byte store (slots k, k + 1 are adjacent in a core-matrix row); mu1
- * NULL when j is the last block. */
-static __device__ __forceinline__ void a8r_fill2(uint8_t *tile, const float *mu0, const float *mu1,
-                                                 int j, int t) {
-    const uint32_t at = a8r_tile_at(t, j & (A8R_BATCH - 1));
-    if (mu1)
-        *(__half2 *)(tile + at) = __floats2half2_rn(mu0[t], mu1[t]);
-    else
-        *(__half *)(tile + at) = __float2half_rn(mu0[t]);
-}
-
 /* Issue the batch's restore into O and clear the pending sums; the caller
  * waits for it together with its next QK. */
 static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,

@@ -20,7 +20,8 @@
  *   three consumer warpgroups of 64 rows: spills at 160 registers (ws7)
  *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0)
  *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11)
- *   the turn's wgmma descriptors made before its barrier: no change (ws13) */
+ *   the turn's wgmma descriptors made before its barrier: no change (ws13)
+ *   the mean tile filled two blocks per store: 4.5% slower (ws14) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -29,8 +30,6 @@ struct attn8_ws_flags {
     static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
                                                      with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
-    static constexpr bool PAIRED_FILL = false;    /* means: two blocks' tile slots per
-                                                     store, on even blocks */
     static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
@@ -158,11 +157,7 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
                 const float *mu = (const float *)(sm + A8_MU_OFF(s));
-                if (!F::PAIRED_FILL)
-                    a8r_fill(tile, mu, j, (threadIdx.x - 128) & 127);
-                else if (!(j & 1)) /* stage sn has landed: waited before the turn */
-                    a8r_fill2(tile, mu, more ? (const float *)(sm + A8_MU_OFF(sn)) : NULL, j,
-                              (threadIdx.x - 128) & 127);
+                a8r_fill(tile, mu, j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
             mbar_arrive(b.empty + 8 * s);

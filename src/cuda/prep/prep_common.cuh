@@ -5,6 +5,7 @@
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
  *   qk_plain.cu  the same for unrotated INT8 from 16-bit inputs (the common case)
+ *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
  *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
  *              centroid update of kmeans.cu
@@ -118,15 +119,6 @@ static __device__ __forceinline__ void prep_load4(const void *data, int64_t off,
     }
 }
 
-/* A warp's rows of qk_geom in groups (qk.cu, v.cu): each group's loads go
- * out together (prep_load_rows4), then its rows are used one by one. */
-template <int D>
-struct qk_groups {
-    static constexpr int SIZE = qk_geom<D>::STEPS < 8 ? qk_geom<D>::STEPS : 8;
-    static constexpr int COUNT = qk_geom<D>::STEPS / SIZE;
-    static_assert(COUNT * SIZE == qk_geom<D>::STEPS, "groups cover the warp's rows");
-};
-
 /* The lane's QK_CPL elements of one row as loaded, not yet widened: with
  * vec, a 16-bit type packs them in w[0..1] and f32 in w[0..3]; without,
  * w[e] holds element e's bits.  Keeping the widening out of the load is
@@ -236,6 +228,30 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
                     s[e] = __dadd_rn(s[e], (double)v[u][e]);
                     if (MINMAX) mn[e] = fminf(mn[e], v[u][e]), mx[e] = fmaxf(mx[e], v[u][e]);
                 }
+    }
+}
+
+/* V's code tile in shared memory: [128 keys][TILE_STRIDE] bytes, a key's
+ * codes in channel order.  The stride 132 makes the transposed read (one
+ * channel, 32 different keys) hit 32 different banks. */
+#define TILE_STRIDE (MAX_D + 4)
+
+/* The tile to dst ([D][128], qvc_ops.v_t's block) transposed, in the PV
+ * slot order of qvc_pv_slot_key(): word w holds slots 4(w%32)..+3 of
+ * channel w/32, so each warp stores one channel's 128 contiguous bytes.
+ * The CTA (PREP_THREADS) calls it after the tile's __syncthreads. */
+template <int D>
+static __device__ __forceinline__ void v_tile_write_t(const uint8_t *tile, uint8_t *dst_block) {
+    uint32_t *dst = (uint32_t *)dst_block;
+    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
+        const int c = w >> 5, s0 = (w & 31) * 4;
+        uint32_t word = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q, key = (s & ~31) + qvc_pv_slot_key(s & 31);
+            word |= (uint32_t)tile[key * TILE_STRIDE + c] << (8 * q);
+        }
+        dst[w] = word;
     }
 }
 

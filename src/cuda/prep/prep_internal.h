@@ -63,6 +63,22 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
 bool qvc_qk_plain_ok(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
+/* ---- v_plain.cu */
+/* One V operand of v_plain_kernel (per-channel scales, v_mode 0). */
+typedef struct v_plain_params {
+    qvc_view v;
+    const int32_t *perm; /* [BH][n] or NULL                             */
+    int n, nblk;
+    const float *bmu;    /* [BH][nblk][D] raw block means if demeaned, else NULL */
+    const float *chan;   /* [BH][D] channel scales                      */
+    uint8_t *v_t;        /* [BH][nblk][D][128]                          */
+    float *v_blk;        /* [BH][nblk]: 1                               */
+} v_plain_params;
+/* Whether v_plain_kernel serves V in this mode (0, 16-bit vector-loadable
+ * input, D 64 or 128), and its launch. */
+bool qvc_v_plain_ok(const qvc_view *v, int mode);
+void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st);
+
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0
  * unless demean) into bmu and the residual amax into bamax, [BH][nblk][D]. */

@@ -1,19 +1,19 @@
 /*
  * Q and K of the 8-bit methods: codes (INT8 or E4M3, qvc_prep_args
- * qk_format) with one scale per 128-row block (or, INT8 Q, per row), the rows as qk_group4()
+ * qk_format) with one scale per 128-row block (or, INT8 Q, per row), the rows as qk_row4()
  * gives them: gathered by the permutation, smoothed by the K channel mean,
  * rotated.  Launched by qvc_prep (prep8.cu) through
  * qvc_prep_qk8.
  *
  *   qk_quant_kernel<DT,D>   one CTA per (128-row block, bh) of Q or K:
  *                           8 warps x 16 rows, a lane = 4 adjacent
- *                           channels (vector loads, 4-byte code stores),
- *                           each group of 8 rows loaded at once;
+ *                           channels (vector loads, 4-byte code stores);
  *                           gather, smooth, Hadamard (in registers for
  *                           strides 1 and 2, shuffles above); pass 1 the
  *                           block amax, pass 2 (rows re-read) the codes.
  *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
  *                           one pass, a max over each row's lanes.
+ * Unrotated INT8 from 16-bit inputs goes to qk_plain.cu instead.
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,7 +22,7 @@
 #include "prep_common.cuh"
 
 
-/* The lane's channel constants (K mean, Hadamard signs) of qk_transform4. */
+/* The lane's channel constants (K mean, Hadamard signs) of qk_row4. */
 template <int D>
 static __device__ __forceinline__ void qk_consts4(const qk_params &p, int bh, float *mu, float *sg) {
     const int c0 = ((threadIdx.x & 31) % qk_geom<D>::LPR) * QK_CPL;
@@ -34,16 +34,23 @@ static __device__ __forceinline__ void qk_consts4(const qk_params &p, int bh, fl
 }
 
 /*
- * Row x (the lane's QK_CPL channels, as loaded; +0 past n), made what the
- * CPU has just before quantization: smoothed (K), rotated (if hadamard).
- * Rows past n stay +0 (no sign flip, so no -0).  Every lane of the warp
- * must call it together (the Hadamard shuffles), valid row or not.
+ * Row i, the lane's QK_CPL channels, as the CPU has it just before
+ * quantization: loaded, smoothed (K), rotated (if hadamard).  Rows past n
+ * are +0 (no sign flip, so no -0).  Every lane of the warp must call it
+ * together (the Hadamard shuffles), valid row or not.
  */
-template <int D>
-static __device__ __forceinline__ void qk_transform4(const qk_params &p, bool valid, const float *mu,
-                                                     const float *sg, float *x) {
+template <int DT, int D>
+static __device__ __forceinline__ void qk_row4(const qk_params &p, int64_t base, int bh, int i,
+                                               const float *mu, const float *sg, float *x) {
     constexpr int LPR = qk_geom<D>::LPR;
     const int sub = (threadIdx.x & 31) % LPR;
+    const bool valid = i < p.n;
+    if (valid)
+        prep_load4<DT>(p.x.data, base + src_row(p.perm, bh, p.n, i) * p.x.sn + sub * QK_CPL, p.vec,
+                       x);
+    else
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) x[e] = 0.0f;
     if (p.mean && valid) {
 #pragma unroll
         for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
@@ -72,19 +79,6 @@ static __device__ __forceinline__ void qk_transform4(const qk_params &p, bool va
     }
 #pragma unroll
     for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
-}
-
-/* Group g of the warp's rows (first row r0), loaded and transformed. */
-template <int DT, int D>
-static __device__ __forceinline__ void qk_group4(const qk_params &p, int64_t base, int bh, int r0,
-                                                 int g, const float *mu, const float *sg,
-                                                 float (&x)[qk_groups<D>::SIZE][QK_CPL]) {
-    using G = qk_geom<D>;
-    constexpr int S = qk_groups<D>::SIZE;
-    const int i0 = r0 + g * S * G::RPS, c0 = ((threadIdx.x & 31) % G::LPR) * QK_CPL;
-    prep_load_rows4<DT, S>(p.x, p.perm, bh, p.n, base, i0, G::RPS, c0, p.vec, x);
-#pragma unroll
-    for (int s = 0; s < S; ++s) qk_transform4<D>(p, i0 + s * G::RPS < p.n, mu, sg, x[s]);
 }
 
 /* Max over the LPR lanes of a row (xor offsets stay inside the row). */
@@ -120,16 +114,13 @@ qk_quant_kernel(qk_params p) {
     float mu[QK_CPL], sg[QK_CPL];
     qk_consts4<D>(p, bh, mu, sg);
 
-    constexpr int S = qk_groups<D>::SIZE;
     float amax = 0.0f;
-#pragma unroll 1
-    for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
-        float x[S][QK_CPL];
-        qk_group4<DT, D>(p, base, bh, r0, g, mu, sg, x);
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r0 + s * G::RPS, mu, sg, x);
 #pragma unroll
-        for (int s = 0; s < S; ++s)
-#pragma unroll
-            for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = block_max(amax, red);
 
@@ -145,16 +136,12 @@ qk_quant_kernel(qk_params p) {
     const float rcp = __frcp_rn(scale);
 
     const int c0 = (lane % G::LPR) * QK_CPL;
-#pragma unroll 1
-    for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
-        float x[S][QK_CPL];
-        qk_group4<DT, D>(p, base, bh, r0, g, mu, sg, x);
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int r = r0 + (g * S + s) * G::RPS;
-            *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
-                qk_codes4(x[s], scale, rcp, p.fmt);
-        }
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int r = r0 + s * G::RPS;
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, rcp, p.fmt);
     }
 }
 
@@ -170,25 +157,21 @@ qk_quant_rows_kernel(qk_params p) {
     const int r0 = blk * QVI_BLOCK + warp * ROWS_PER_WARP + lane / G::LPR;
     const int c0 = (lane % G::LPR) * QK_CPL;
 
-    constexpr int S = qk_groups<D>::SIZE;
     float mu[QK_CPL], sg[QK_CPL];
     qk_consts4<D>(p, bh, mu, sg);
-#pragma unroll 1
-    for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
-        float x[S][QK_CPL];
-        qk_group4<DT, D>(p, base, bh, r0, g, mu, sg, x);
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int r = r0 + s * G::RPS;
+        float x[QK_CPL];
+        qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
+        float amax = 0.0f;
 #pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int r = r0 + (g * S + s) * G::RPS;
-            float amax = 0.0f;
-#pragma unroll
-            for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
-            amax = row_max<D>(amax);
-            const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
-            if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
-            *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
-                qvc_int8_codes4(x[s], scale, __frcp_rn(scale));
-        }
+        for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        amax = row_max<D>(amax);
+        const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
+        if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
+            qvc_int8_codes4(x, scale, __frcp_rn(scale));
     }
 }
 

@@ -68,8 +68,9 @@ static __device__ __forceinline__ void qkp_row(const uint4 &u, bool valid, const
     }
 }
 
+/* |x| <= the amax that made scale (the row's or the block's own values). */
 static __device__ __forceinline__ uint2 qkp_codes8(const float *x, float scale, float rcp) {
-    return make_uint2(qvc_int8_codes4(x, scale, rcp), qvc_int8_codes4(x + 4, scale, rcp));
+    return make_uint2(qvc_int8_codes4_bounded(x, scale, rcp), qvc_int8_codes4_bounded(x + 4, scale, rcp));
 }
 
 /* Max over a row's LPR lanes (xor offsets stay inside the row). */
@@ -115,22 +116,22 @@ qk_plain_kernel(qk_params p) {
                                            (int64_t)src[s] * p.x.sn + c0));
     }
     float mean[QKP_CPL];
-    const bool smooth = p.mean != NULL;
+    const bool smooth = !ROWS && p.mean != NULL; /* Q (ROWS) is never smoothed: qvc_qk_plain_ok */
 #pragma unroll
     for (int e = 0; e < QKP_CPL; ++e) mean[e] = smooth ? p.mean[(int64_t)bh * D + c0 + e] : 0.0f;
 
     int8_t *codes = p.codes + ((int64_t)bh * p.n_pad + r0) * D + c0;
     if constexpr (ROWS) {
         /* ---- one scale per row */
+        float *scales = p.scale + (int64_t)bh * p.n_pad + r0;
 #pragma unroll
         for (int s = 0; s < G::STEPS; ++s) {
-            const int r = r0 + s * G::RPC;
             float x[QKP_CPL], amax = 0.0f;
-            qkp_row<DT>(raw[s], r < p.n, mean, smooth, x);
+            qkp_widen8<DT>(raw[s], x);
 #pragma unroll
             for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
             const float scale = qkp_delta(qkp_row_max<D>(amax));
-            if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
+            if (c0 == 0) scales[s * G::RPC] = scale;
             *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
         }
     } else {
@@ -165,6 +166,7 @@ static void launch_qk_plain_d(const qk_params &p, dim3 grid, cudaStream_t st) {
 
 bool qvc_qk_plain_ok(const qk_params &p, int D) {
     return p.fmt == QVC_QK_INT8 && !p.hadamard && (D == 64 || D == 128) &&
+           !(p.rows_per_scale == 1 && p.mean) &&
            (p.x.dtype == QVA_BF16 || p.x.dtype == QVA_F16) && qvc_view_vec_ok(&p.x, QKP_CPL);
 }
 

@@ -15,6 +15,7 @@
  *                           (a lane = 4 adjacent channels, as qk.cu) into
  *                           shared memory, written transposed [D][128] with
  *                           the PV slot order of qvc_pv_slot_key().
+ * Per-channel scales from 16-bit inputs go to v_plain.cu instead.
  */
 #include <math.h>
 #include <stdint.h>
@@ -123,10 +124,6 @@ typedef struct v_params {
     float *v_chan;       /* [BH][D]: mode 1 writes 1                    */
 } v_params;
 
-/* Shared-memory row stride of the code tile: 132 makes the transposed
- * read (fixed channel, 32 different keys) hit 32 different banks. */
-#define TILE_STRIDE (MAX_D + 4)
-
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 v_encode_kernel(v_params p) {
@@ -137,20 +134,19 @@ v_encode_kernel(v_params p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * QK_CPL, key0 = warp * ROWS_PER_WARP + lane / G::LPR;
     const int64_t base = qvc_head_base(p.v, bh);
-    constexpr int S = qk_groups<D>::SIZE;
-    const int i0 = blk * QVI_BLOCK + key0; /* the warp's first row (the lane's) */
 
     float bscale = 1.0f;
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
         float amax = 0.0f;
-#pragma unroll 1
-        for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
-            float x[S][QK_CPL]; /* rows past n: +0 */
-            prep_load_rows4<DT, S>(p.v, p.perm, bh, p.n, base, i0 + g * S * G::RPS, G::RPS, c0, p.vec, x);
+#pragma unroll 4
+        for (int s = 0; s < G::STEPS; ++s) {
+            const int i = blk * QVI_BLOCK + key0 + s * G::RPS;
+            if (i < p.n) {
+                float x[QK_CPL];
+                prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
 #pragma unroll
-            for (int s = 0; s < S; ++s)
-#pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+                for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+            }
         }
         amax = block_max(amax, red);
         bscale = __fdiv_rn(amax, 448.0f);
@@ -171,39 +167,24 @@ v_encode_kernel(v_params p) {
     }
     /* Codes of the warp's 16 keys into the tile, 4 bytes per lane
      * (re-reading the rows the amax pass touched: L2 hits). */
-#pragma unroll 1
-    for (int g = 0; g < qk_groups<D>::COUNT; ++g) {
-        float x[S][QK_CPL];
-        prep_load_rows4<DT, S>(p.v, p.perm, bh, p.n, base, i0 + g * S * G::RPS, G::RPS, c0, p.vec, x);
+#pragma unroll 4
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int key = key0 + s * G::RPS, i = blk * QVI_BLOCK + key;
+        uint32_t word = 0; /* padding keys: code 0 */
+        if (i < p.n) {
+            float x[QK_CPL];
+            prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
+            if (p.mode == 0 && p.demean) {
 #pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int key = key0 + (g * S + s) * G::RPS;
-            uint32_t word = 0; /* padding keys: code 0 */
-            if (blk * QVI_BLOCK + key < p.n) {
-                if (p.mode == 0 && p.demean) {
-#pragma unroll
-                    for (int e = 0; e < QK_CPL; ++e) x[s][e] = __fsub_rn(x[s][e], mu[e]);
-                }
-                word = qvc_e4m3_codes4(x[s], cs, rcp, fast);
+                for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
             }
-            *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
+            word = qvc_e4m3_codes4(x, cs, rcp, fast);
         }
+        *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
     }
     __syncthreads();
 
-    /* Transposed write-out: word w holds slots 4(w%32)..+3 of channel w/32,
-     * so each warp stores one channel's 128 contiguous bytes. */
-    uint32_t *dst = (uint32_t *)(p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
-    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
-        const int c = w >> 5, s0 = (w & 31) * 4;
-        uint32_t word = 0;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int s = s0 + q, key = (s & ~31) + qvc_pv_slot_key(s & 31);
-            word |= (uint32_t)tile[key * TILE_STRIDE + c] << (8 * q);
-        }
-        dst[w] = word;
-    }
+    v_tile_write_t<D>(tile, p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
 
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = bscale;
     if (p.mode == 1 && blk == 0)
@@ -261,6 +242,12 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
         const cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
+    }
+    if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
+        const v_plain_params pp = {*v, a->perm, nk, nblk, demean ? bmu : NULL, ops->v_chan,
+                                   ops->v_t, ops->v_blk};
+        qvc_v_plain_launch(pp, BH, st);
+        return qvc_launch_check("qvc_prep: V encode");
     }
     if (s == QVA_OK) {
         vp.vec = qvc_view_vec_ok(v, QK_CPL);
