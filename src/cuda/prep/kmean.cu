@@ -2,10 +2,13 @@
  * K smoothing's channel mean on the device, qvc_kmean (prep_internal.h):
  * the two-level FP64 sum of the CPU's qvi_channel_mean, bit for bit.
  *
- *   kmean_block_kernel<DT,D>  a lane = 4 adjacent channels of one 128-row
- *                           block (4 or 8 blocks per 128-thread CTA): the
- *                           block's FP64 sums of K[perm] in row order
- *                           (block_colsum4), into partial [BH][nblk][D].
+ *   kmean_block_kernel<DT,D,EXT>  a lane = 4 adjacent channels of one
+ *                           128-row block (4 or 8 blocks per 128-thread
+ *                           CTA): the block's FP64 sums of K[perm] in row
+ *                           order (block_colsum4), into partial
+ *                           [BH][nblk][D]; EXT: the block's per-channel
+ *                           min and max too, from which qk_plain.cu takes
+ *                           K's block amax without a pass of its own.
  *   kmean_finish_kernel     thread = (bh, channel): the block sums in block
  *                           order, divided by n, rounded to float.
  * Every block is read once by one CTA (about the cost of a copy of K); the
@@ -17,30 +20,46 @@
 
 #define KSM_THREADS 128
 
-template <int DT, int D>
+/* EXT: also each block's least and greatest value per channel (kext). */
+template <int DT, int D, bool EXT>
 __global__ void __launch_bounds__(KSM_THREADS)
-kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, double *partial) {
+kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, double *partial,
+                   qvc_block_ext kext) {
     using L = block_lanes<D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
     const int blk = blockIdx.x * L::PER_CTA + warp * L::PER_WARP + lane / qk_geom<D>::LPR;
     if (blk >= nblk) return;
     const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
     double s[QK_CPL];
-    block_colsum4<DT>(k, perm, bh, n, qvc_head_base(k, bh), r0, min(QVI_BLOCK, n - r0), c0, vec, s);
+    float mn[QK_CPL], mx[QK_CPL];
+    block_colsum4<DT, EXT>(k, perm, bh, n, qvc_head_base(k, bh), r0, min(QVI_BLOCK, n - r0), c0,
+                           vec, s, mn, mx);
+    const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) partial[((int64_t)bh * nblk + blk) * D + c0 + e] = s[e];
+    for (int e = 0; e < QK_CPL; ++e) {
+        partial[o + e] = s[e];
+        if (EXT) kext.min[o + e] = mn[e], kext.max[o + e] = mx[e];
+    }
+}
+
+template <int DT, int D>
+static void launch_kmean_block_d(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
+                                 double *partial, qvc_block_ext kext, cudaStream_t st) {
+    const int vec = qvc_view_vec_ok(&k, QK_CPL);
+    const dim3 grid((unsigned)qvi_cdiv(nblk, block_lanes<D>::PER_CTA), BH);
+    if (kext.min)
+        kmean_block_kernel<DT, D, true><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext);
+    else
+        kmean_block_kernel<DT, D, false><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext);
 }
 
 template <int DT>
 static void launch_kmean_block(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
-                               double *partial, cudaStream_t st) {
-    const int vec = qvc_view_vec_ok(&k, QK_CPL);
+                               double *partial, qvc_block_ext kext, cudaStream_t st) {
     if (k.D == 64)
-        kmean_block_kernel<DT, 64><<<dim3((unsigned)qvi_cdiv(nblk, block_lanes<64>::PER_CTA), BH),
-                                     KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial);
+        launch_kmean_block_d<DT, 64>(k, perm, n, nblk, BH, partial, kext, st);
     else
-        kmean_block_kernel<DT, 128><<<dim3((unsigned)qvi_cdiv(nblk, block_lanes<128>::PER_CTA), BH),
-                                      KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial);
+        launch_kmean_block_d<DT, 128>(k, perm, n, nblk, BH, partial, kext, st);
 }
 
 __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int BH, int D,
@@ -62,7 +81,7 @@ __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int 
 }
 
 qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                     cudaStream_t st) {
+                     qvc_block_ext kext, cudaStream_t st) {
     const int D = (int)k->D;
     if (n < 1 || (D != 64 && D != 128))
         return qvi_fail(QVA_ERR_SHAPE, "K mean: n=%d D=%d (64 or 128)", n, D);
@@ -70,7 +89,7 @@ qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, floa
     double *partial = NULL;
     cudaError_t e = cudaMallocAsync((void **)&partial, (size_t)BH * nblk * D * sizeof(double), st);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "K mean: cudaMallocAsync");
-    QVC_DISPATCH_DTYPE(k->dtype, launch_kmean_block<DT_>(*k, perm, n, nblk, BH, partial, st));
+    QVC_DISPATCH_DTYPE(k->dtype, launch_kmean_block<DT_>(*k, perm, n, nblk, BH, partial, kext, st));
     qva_status s = qvc_launch_check("K mean: block sums");
     if (s == QVA_OK) {
         const int64_t cells = (int64_t)BH * D;

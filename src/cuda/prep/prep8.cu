@@ -38,9 +38,9 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 }
 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
-                            int BH, float *kmean, cudaStream_t st) {
+                            int BH, float *kmean, qvc_block_ext kext, cudaStream_t st) {
     qva_status s = QVA_OK;
-    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, st);
+    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, kext, st);
     if (s == QVA_OK && a->lse_shift)
         s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
     return s;
@@ -105,7 +105,8 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
 /* The three chains of the preparation: Q; the K mean, LSE shift and K; V. */
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
-                              float *bamax, int demean, const cudaStream_t sts[3]) {
+                              float *bamax, qvc_block_ext kext, int demean,
+                              const cudaStream_t sts[3]) {
     const int D = ops->D, BH = ops->BH;
     qk_params p;
     memset(&p, 0, sizeof p);
@@ -126,7 +127,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
 
     /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
      * as the CPU does), then rotated. */
-    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, sts[1]);
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, sts[1]);
     if (s == QVA_OK) {
         p.x = *k;
         p.perm = a->perm;
@@ -136,6 +137,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
         p.rows_per_scale = QVI_BLOCK;
         p.codes = ops->k_i8;
         p.scale = ops->k_scale;
+        p.ext = kext;
         s = qvc_prep_qk8(p, BH, D, sts[1], "qvc_prep: K quantize");
     }
 
@@ -174,7 +176,14 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
      * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
     const size_t mean_b = a->smooth_k ? align256((size_t)BH * D * sizeof(float)) : 0;
     const size_t stat_b = a->v_mode == 0 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
-    const size_t tmp_b = mean_b + 2 * stat_b;
+    /* K's block extremes, where qk_plain.cu encodes K (its block amax from
+     * them, qvc_block_ext) */
+    qk_params kp;
+    memset(&kp, 0, sizeof kp);
+    kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
+    const size_t ext_b = a->smooth_k && qvc_qk_plain_ok(kp, D)
+                             ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b;
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
@@ -182,13 +191,18 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     float *kmean = mean_b ? (float *)tmp : NULL;
     float *bmu = stat_b ? (float *)(tmp + mean_b) : NULL;
     float *bamax = stat_b ? (float *)(tmp + mean_b + stat_b) : NULL;
+    qvc_block_ext kext = {NULL, NULL};
+    if (ext_b) {
+        kext.min = (float *)(tmp + mean_b + 2 * stat_b);
+        kext.max = (float *)(tmp + mean_b + 2 * stat_b + ext_b);
+    }
 
     const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
     if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
         if (tmp) cudaFreeAsync(tmp, st);
         return s;
     }
-    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, demean, sts);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, demean, sts);
     /* joined even after a failed launch, so that st stays after every
      * kernel of this call and the free below after their last use */
     if (fk) {

@@ -15,6 +15,13 @@
 
 #define MAX_D 128 /* largest head dim of the prepared operands */
 
+/* Per (bh, 128-row block, channel) extremes of K' = K[perm], [BH][nblk][D]
+ * each (fminf / fmaxf over the block's rows: NaN skipped, +inf / -inf when
+ * every value is NaN); min NULL: not wanted. */
+typedef struct qvc_block_ext {
+    float *min, *max;
+} qvc_block_ext;
+
 /* One Q or K operand: qk_quant_kernel (qk.cu), qk_plain_kernel (qk_plain.cu)
  * and the NVFP4 Q/K kernels
  * (fp4.cu, which leave fmt, codes and scale unused) read it. */
@@ -29,6 +36,7 @@ typedef struct qk_params {
     int n, n_pad;
     int rows_per_scale;   /* 1 (INT8 Q per row) or QVI_BLOCK   */
     int vec;              /* qk.cu: vector loads allowed (set there) */
+    qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -41,16 +49,18 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
                                 const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
                                 int nk, int D);
 /* K smoothing: kmean [BH][D] (NULL: none) = the channel mean of K[a->perm]
- * (qvc_kmean), then a->lse_shift (if not NULL)
+ * (qvc_kmean, with the block extremes into kext where kext.min is set),
+ * then a->lse_shift (if not NULL)
  * = the LSE shift it causes (smooth_k() of the CPU). */
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
-                            int BH, float *kmean, cudaStream_t st);
+                            int BH, float *kmean, qvc_block_ext kext, cudaStream_t st);
 
 /* ---- kmean.cu */
 /* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
- * CPU's qvi_channel_mean sums it: 128-row block sums, then their sum. */
+ * CPU's qvi_channel_mean sums it: 128-row block sums, then their sum; and,
+ * where kext.min is set, the blocks' extremes. */
 qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                     cudaStream_t st);
+                     qvc_block_ext kext, cudaStream_t st);
 
 /* ---- qk.cu */
 /* Codes and scales (per block, or per row for INT8 with p.rows_per_scale

@@ -14,8 +14,10 @@
  *                        registers.  ROWS: one scale per row (INT8 Q),
  *                        a max over the row's lanes; else one per block
  *                        (K, smoothed by its channel mean and gathered
- *                        by the permutation): the block max, then the
- *                        codes from the same registers, one read of K.
+ *                        by the permutation): the block max from the K
+ *                        mean pass's block extremes (qvc_block_ext) where
+ *                        it made them, else from the registers; then the
+ *                        codes, one read of K.
  *
  * Why: qk.cu's lane of 4 channels pays a row's fixed work (the shuffles of
  * its max, the IEEE division and reciprocal of its scale, the addresses)
@@ -86,6 +88,27 @@ static __device__ __forceinline__ float qkp_delta(float amax) {
     return __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f);
 }
 
+/* The lane's share of the block amax from the block's per-channel extremes
+ * (qvc_block_ext): x -> fl(x - mean) is monotone, so |fl(x - mean)| is
+ * largest at the channel's least or greatest x; fmaxf skips a NaN there as
+ * the row-by-row max skips a NaN value, and a channel with no non-NaN value
+ * (min > max) adds nothing, as its NaN values add nothing there.  Padding
+ * rows (+0) add nothing either way.  A row's lanes cover every channel, so
+ * their max (qkp_row_max) is the block's. */
+static __device__ __forceinline__ float qkp_ext_amax(const qk_params &p, int bh, int blk, int c0,
+                                                     const float *mean, bool smooth) {
+    const int64_t o = ((int64_t)bh * (p.n_pad / QVI_BLOCK) + blk) * p.x.D + c0;
+    float a = 0.0f;
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e) {
+        const float lo = p.ext.min[o + e], hi = p.ext.max[o + e];
+        if (!(lo <= hi)) continue;
+        const float ylo = smooth ? __fsub_rn(lo, mean[e]) : lo, yhi = smooth ? __fsub_rn(hi, mean[e]) : hi;
+        a = fmaxf(a, fmaxf(fabsf(ylo), fabsf(yhi)));
+    }
+    return a;
+}
+
 template <int DT, int D, bool ROWS>
 __global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
 qk_plain_kernel(qk_params p) {
@@ -137,14 +160,19 @@ qk_plain_kernel(qk_params p) {
     } else {
         /* ---- one scale per block: its max, then the codes */
         float amax = 0.0f;
+        if (p.ext.min) {
+            amax = qkp_row_max<D>(qkp_ext_amax(p, bh, blk, c0, mean, smooth));
+        } else {
 #pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) {
-            float x[QKP_CPL];
-            qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
+            for (int s = 0; s < G::STEPS; ++s) {
+                float x[QKP_CPL];
+                qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
 #pragma unroll
-            for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+                for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+            }
+            amax = block_max(amax, red);
         }
-        const float scale = qkp_delta(block_max(amax, red));
+        const float scale = qkp_delta(amax);
         if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
         const float rcp = __frcp_rn(scale);
 #pragma unroll
