@@ -167,6 +167,23 @@ static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
     }
 }
 
+/* The 8 16-bit values of a 16-byte load (bf16 or f16 by DT), widened to
+ * f32 exactly, in memory order. */
+template <int DT>
+static __device__ __forceinline__ void qvc_widen8(const uint4 &u, float *x) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (DT == QVA_BF16) {
+            x[2 * i] = __uint_as_float(w[i] << 16);
+            x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        } else {
+            x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
+            x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        }
+    }
+}
+
 /* Elements off .. off + 7 of a user view, widened to f32 exactly (qvc_ld).
  * VEC: qvc_view_vec_ok(view, 8) held on the host and off is a multiple of
  * 8, so they come as 16-byte loads (two for floats); else one by one. */
@@ -178,18 +195,7 @@ static __device__ __forceinline__ void qvc_ld8(const void *p, int64_t off, float
         x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
         x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
     } else if constexpr (VEC) {
-        const uint4 u = __ldg((const uint4 *)((const unsigned short *)p + off));
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if constexpr (DT == QVA_BF16) {
-                x[2 * i] = __uint_as_float(w[i] << 16);
-                x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-            } else {
-                x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
-                x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-            }
-        }
+        qvc_widen8<DT>(__ldg((const uint4 *)((const unsigned short *)p + off)), x);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] = qvc_ld<DT>(p, off + i);

@@ -255,6 +255,46 @@ static __device__ __forceinline__ void v_tile_write_t(const uint8_t *tile, uint8
     }
 }
 
+/* The "plain" kernels (qk_plain.cu, v_plain.cu): 16-bit inputs, a lane
+ * holds 8 adjacent channels (one 16-byte load per row), a row is D/8
+ * lanes, a PREP_THREADS CTA covers one 128-row block in STEPS steps of RPC
+ * rows, and a thread's rows are r0 + s * RPC. */
+#define PLAIN_CPL 8
+template <int D>
+struct plain_geom {
+    static constexpr int LPR = D / PLAIN_CPL;           /* lanes per row      */
+    static constexpr int RPW = 32 / LPR;                /* rows per warp step */
+    static constexpr int RPC = RPW * PREP_WARPS;        /* rows per CTA step  */
+    static constexpr int STEPS = QVI_BLOCK / RPC;       /* rows per thread    */
+    static_assert(STEPS * RPC == QVI_BLOCK, "steps cover the block");
+};
+
+/* The thread's rows r0 + s * RPC of X[perm] (perm [BH][n] or NULL), the
+ * lane's 8 channels from c0, packed as loaded (0 past n): the permutation
+ * entries first, then every row's 16-byte load, none used before all are
+ * issued. */
+template <int D>
+static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const int32_t *perm,
+                                                       int bh, int n, int64_t base, int r0, int c0,
+                                                       uint4 (&raw)[plain_geom<D>::STEPS]) {
+    using G = plain_geom<D>;
+    int src[G::STEPS];
+    if (perm) {
+        const int32_t *pr = perm + (int64_t)bh * n;
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC < n ? __ldg(pr + r0 + s * G::RPC) : 0;
+    } else {
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC;
+    }
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        raw[s] = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + s * G::RPC < n)
+            raw[s] = __ldg((const uint4 *)((const unsigned short *)x.data + base + (int64_t)src[s] * x.sn + c0));
+    }
+}
+
 /* The lane's block and channels when a 128-thread CTA's warps each take
  * 32 / LPR blocks (a row of D channels is LPR = D / QK_CPL lanes). */
 template <int D>

@@ -31,39 +31,14 @@
 #include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
-#define QKP_CPL 8 /* channels per lane */
-
-template <int D>
-struct qkp_geom {
-    static constexpr int LPR = D / QKP_CPL;             /* lanes per row          */
-    static constexpr int RPW = 32 / LPR;                /* rows per warp step     */
-    static constexpr int RPC = RPW * PREP_WARPS;        /* rows per CTA step      */
-    static constexpr int STEPS = QVI_BLOCK / RPC;       /* rows per thread        */
-    static_assert(STEPS * RPC == QVI_BLOCK, "steps cover the block");
-};
-
-/* The 8 values packed in a 16-byte load, widened exactly. */
-template <int DT>
-static __device__ __forceinline__ void qkp_widen8(const uint4 &u, float *x) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if constexpr (DT == QVA_BF16) {
-            x[2 * i] = __uint_as_float(w[i] << 16);
-            x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-        } else {
-            x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
-            x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-        }
-    }
-}
+#define QKP_CPL PLAIN_CPL
 
 /* Row s of the thread's rows as the CPU has it before quantization: +0
  * past n, else loaded and (with mean) smoothed. */
 template <int DT>
 static __device__ __forceinline__ void qkp_row(const uint4 &u, bool valid, const float *mean,
                                                bool smooth, float *x) {
-    qkp_widen8<DT>(u, x);
+    qvc_widen8<DT>(u, x);
     if (smooth && valid) {
 #pragma unroll
         for (int e = 0; e < QKP_CPL; ++e) x[e] = __fsub_rn(x[e], mean[e]);
@@ -79,7 +54,7 @@ static __device__ __forceinline__ uint2 qkp_codes8(const float *x, float scale, 
 template <int D>
 static __device__ __forceinline__ float qkp_row_max(float x) {
 #pragma unroll
-    for (int o = qkp_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    for (int o = plain_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
     return x;
 }
 
@@ -112,7 +87,7 @@ static __device__ __forceinline__ float qkp_ext_amax(const qk_params &p, int bh,
 template <int DT, int D, bool ROWS>
 __global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
 qk_plain_kernel(qk_params p) {
-    using G = qkp_geom<D>;
+    using G = plain_geom<D>;
     __shared__ float red[PREP_WARPS];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -121,23 +96,8 @@ qk_plain_kernel(qk_params p) {
     const int64_t base = qvc_head_base(p.x, bh);
 
     /* ---- producer: every row of the thread, in flight at once */
-    int src[G::STEPS];
-    if (p.perm) {
-        const int32_t *pr = p.perm + (int64_t)bh * p.n;
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC < p.n ? __ldg(pr + r0 + s * G::RPC) : 0;
-    } else {
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) src[s] = r0 + s * G::RPC;
-    }
     uint4 raw[G::STEPS];
-#pragma unroll
-    for (int s = 0; s < G::STEPS; ++s) {
-        raw[s] = make_uint4(0u, 0u, 0u, 0u); /* +0 past n */
-        if (r0 + s * G::RPC < p.n)
-            raw[s] = __ldg((const uint4 *)((const unsigned short *)p.x.data + base +
-                                           (int64_t)src[s] * p.x.sn + c0));
-    }
+    plain_load_rows<D>(p.x, p.perm, bh, p.n, base, r0, c0, raw);
     float mean[QKP_CPL];
     const bool smooth = !ROWS && p.mean != NULL; /* Q (ROWS) is never smoothed: qvc_qk_plain_ok */
 #pragma unroll
@@ -150,7 +110,7 @@ qk_plain_kernel(qk_params p) {
 #pragma unroll
         for (int s = 0; s < G::STEPS; ++s) {
             float x[QKP_CPL], amax = 0.0f;
-            qkp_widen8<DT>(raw[s], x);
+            qvc_widen8<DT>(raw[s], x);
 #pragma unroll
             for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
             const float scale = qkp_delta(qkp_row_max<D>(amax));

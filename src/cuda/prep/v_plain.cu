@@ -22,63 +22,23 @@
 #include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
-#define VP_CPL 8 /* channels per lane */
-
-template <int D>
-struct vp_geom {
-    static constexpr int LPR = D / VP_CPL;         /* lanes per key         */
-    static constexpr int KPW = 32 / LPR;           /* keys per warp step    */
-    static constexpr int KPC = KPW * PREP_WARPS;   /* keys per CTA step     */
-    static constexpr int STEPS = QVI_BLOCK / KPC;  /* keys per thread       */
-    static_assert(STEPS * KPC == QVI_BLOCK, "steps cover the block");
-};
-
-/* The 8 values of a 16-byte load, widened exactly. */
-template <int DT>
-static __device__ __forceinline__ void vp_widen8(const uint4 &u, float *x) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if constexpr (DT == QVA_BF16) {
-            x[2 * i] = __uint_as_float(w[i] << 16);
-            x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-        } else {
-            x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xFFFFu)));
-            x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-        }
-    }
-}
+#define VP_CPL PLAIN_CPL
 
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS, 3)
 v_plain_kernel(v_plain_params p) {
-    using G = vp_geom<D>;
+    using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * VP_CPL;
-    const int key0 = warp * G::KPW + lane / G::LPR; /* key of step 0 in the block */
+    const int key0 = warp * G::RPW + lane / G::LPR; /* key of step 0 in the block */
     const int i0 = blk * QVI_BLOCK + key0;
     const int64_t base = qvc_head_base(p.v, bh);
 
     /* ---- producer: every key of the thread, in flight at once */
-    int src[G::STEPS];
-    if (p.perm) {
-        const int32_t *pr = p.perm + (int64_t)bh * p.n;
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) src[s] = i0 + s * G::KPC < p.n ? __ldg(pr + i0 + s * G::KPC) : 0;
-    } else {
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) src[s] = i0 + s * G::KPC;
-    }
     uint4 raw[G::STEPS];
-#pragma unroll
-    for (int s = 0; s < G::STEPS; ++s) {
-        raw[s] = make_uint4(0u, 0u, 0u, 0u);
-        if (i0 + s * G::KPC < p.n)
-            raw[s] = __ldg((const uint4 *)((const unsigned short *)p.v.data + base +
-                                           (int64_t)src[s] * p.v.sn + c0));
-    }
+    plain_load_rows<D>(p.v, p.perm, bh, p.n, base, i0, c0, raw);
 
     /* the lane's channel scales, their reciprocals and the block's means */
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
@@ -95,11 +55,11 @@ v_plain_kernel(v_plain_params p) {
      * stride keeps 4-byte alignment only) */
 #pragma unroll
     for (int s = 0; s < G::STEPS; ++s) {
-        const int key = key0 + s * G::KPC;
+        const int key = key0 + s * G::RPC;
         uint32_t lo = 0, hi = 0; /* padding keys: code 0 */
         if (blk * QVI_BLOCK + key < p.n) {
             float x[VP_CPL];
-            vp_widen8<DT>(raw[s], x);
+            qvc_widen8<DT>(raw[s], x);
             if (p.bmu) {
 #pragma unroll
                 for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
