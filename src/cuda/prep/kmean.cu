@@ -69,14 +69,7 @@ __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int 
     const int bh = (int)(t / D), c = (int)(t % D);
     const double *p = partial + (int64_t)bh * nblk * D + c;
     double s = 0.0;
-    for (int b0 = 0; b0 < nblk; b0 += 8) { /* 8 loads in flight, then the ordered adds */
-        double v[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = b0 + u < nblk ? p[(int64_t)(b0 + u) * D] : 0.0;
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (b0 + u < nblk) s = __dadd_rn(s, v[u]);
-    }
+    for (int b = 0; b < nblk; ++b) s = __dadd_rn(s, p[(int64_t)b * D]);
     mean[t] = __double2float_rn(__ddiv_rn(s, (double)n));
 }
 

@@ -242,15 +242,21 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
  * The CTA (PREP_THREADS) calls it after the tile's __syncthreads. */
 template <int D>
 static __device__ __forceinline__ void v_tile_write_t(const uint8_t *tile, uint8_t *dst_block) {
+    static_assert(PREP_THREADS % 32 == 0, "w & 31 is the thread's lane in every step");
     uint32_t *dst = (uint32_t *)dst_block;
+    /* the thread's four slots, hence keys, are the same in every step; only
+     * the channel changes, so their tile offsets are worked out once */
+    int koff[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int s = (threadIdx.x & 31) * 4 + q;
+        koff[q] = ((s & ~31) + qvc_pv_slot_key(s & 31)) * TILE_STRIDE;
+    }
     for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
-        const int c = w >> 5, s0 = (w & 31) * 4;
+        const int c = w >> 5;
         uint32_t word = 0;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int s = s0 + q, key = (s & ~31) + qvc_pv_slot_key(s & 31);
-            word |= (uint32_t)tile[key * TILE_STRIDE + c] << (8 * q);
-        }
+        for (int q = 0; q < 4; ++q) word |= (uint32_t)tile[koff[q] + c] << (8 * q);
         dst[w] = word;
     }
 }
