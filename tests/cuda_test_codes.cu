@@ -5,7 +5,8 @@
  * fast quotient x * (1/delta) and the IEEE quotient may round apart:
  *   INT8: x = (j + 0.5) * delta and its neighbours (exact ties where
  *         delta is a power of two), the clamp at +-127, NaN, infinities,
- *         zero and non-finite deltas;
+ *         zero and non-finite deltas; the bounded form (qk_plain.cu's) on
+ *         cases that meet its precondition, delta from their own amax;
  *   E4M3: x = mid * s for the midpoints between adjacent E4M3 values
  *         (normal and subnormal), the saturation at 448, non-normal
  *         scales (the exact path's guard).
@@ -41,6 +42,20 @@ __global__ void int8_codes_kernel(const code_case *c, int n, uint32_t *fast, uin
         const float y = fminf(fmaxf(__fmul_rn(c[i].x[e], r), -127.0f), 127.0f);
         w |= (__float_as_uint(__fadd_rn(y, QVC_INT8_MAGIC)) & 0xFFu) << (8 * e);
     }
+    naive[i] = w;
+}
+
+/* The bounded form (qvc_int8_codes4_bounded: |x| <= the amax behind delta,
+ * so |x / delta| <= 127 and the clamp test is dropped); its naive twin is
+ * the single-FMA rounding without the half-integer guard. */
+__global__ void int8_bounded_kernel(const code_case *c, int n, uint32_t *fast, uint32_t *naive) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float d = c[i].s[0], r = __frcp_rn(d);
+    fast[i] = qvc_int8_codes4_bounded(c[i].x, d, r);
+    uint32_t w = 0;
+    for (int e = 0; e < 4; ++e)
+        w |= (__float_as_uint(__fmaf_rn(c[i].x[e], r, QVC_INT8_MAGIC)) & 0xFFu) << (8 * e);
     naive[i] = w;
 }
 
@@ -101,6 +116,38 @@ static std::vector<code_case> int8_cases() {
     return cs;
 }
 
+/* Cases that meet the bounded form's precondition: delta is the
+ * quantizers' fl(fl(amax / 127) + 1e-7) of an amax at least every |x| of
+ * the case (the case's own largest value, or one just above it), the
+ * values on and next to the ties (j + 0.5) delta, |j| <= 126, and at the
+ * top of the range; NaN values (skipped by the amax, as fmaxf skips them);
+ * an infinite value (amax, hence delta, infinite: every code 0 or the
+ * NaN's). */
+static std::vector<code_case> int8_bounded_cases() {
+    std::vector<code_case> cs;
+    for (int t = 0; t < 200000; ++t) {
+        code_case c;
+        const float d0 = t % 3 == 0 ? ldexpf(1.0f, (int)(unit() * 12) - 6)
+                                    : (float)(spread(-12, 8) / 127.0f) + 1e-7f;
+        float amax = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+            const int j = (int)(unit() * 254.0) - 127; /* ties from -126.5 to 126.5 */
+            float x = ulps((float)((double)j + 0.5) * d0, (int)(unit() * 7.0) - 3);
+            if (unit() < 0.05) x = sgn((float)(unit() * 127.0)) * d0;
+            c.x[e] = x;
+        }
+        if (t % 5 == 0) c.x[(int)(unit() * 4.0)] = sgn(127.0f * d0); /* the top code */
+        if (t % 101 == 0) c.x[(int)(unit() * 4.0)] = NAN;
+        if (t % 499 == 0) c.x[(int)(unit() * 4.0)] = sgn(INFINITY);
+        for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(c.x[e]));
+        if (t % 2) amax = ulps(amax, (int)(unit() * 4.0)); /* a block max above these four */
+        const float d = amax / 127.0f + 1e-7f; /* -std=c++17 host: IEEE, not contracted */
+        c.s[0] = c.s[1] = c.s[2] = c.s[3] = d;
+        cs.push_back(c);
+    }
+    return cs;
+}
+
 /* All non-negative finite E4M3 values in increasing order. */
 static std::vector<float> e4m3_values() {
     std::vector<float> v;
@@ -145,7 +192,10 @@ static int ok(cudaError_t e, const char *what) {
 /* Runs the kernel on the cases; counts words that differ from the CPU
  * reference (must be 0) and words where the unguarded rounding would have
  * differed (must be > 0: the cases reach the boundaries). */
-static int run(const char *name, bool int8, const std::vector<code_case> &cs) {
+enum code_kind { INT8_CODES, INT8_BOUNDED, E4M3_CODES };
+
+static int run(const char *name, code_kind kind, const std::vector<code_case> &cs) {
+    const bool int8 = kind != E4M3_CODES;
     const int n = (int)cs.size();
     code_case *dc = NULL;
     uint32_t *df = NULL, *dn = NULL;
@@ -154,8 +204,10 @@ static int run(const char *name, bool int8, const std::vector<code_case> &cs) {
         !ok(cudaMalloc(&df, n * 4), "cudaMalloc") || !ok(cudaMalloc(&dn, n * 4), "cudaMalloc") ||
         !ok(cudaMemcpy(dc, cs.data(), n * sizeof(code_case), cudaMemcpyHostToDevice), "H2D"))
         return 1;
-    if (int8)
+    if (kind == INT8_CODES)
         int8_codes_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
+    else if (kind == INT8_BOUNDED)
+        int8_bounded_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
     else
         e4m3_codes_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
     if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "sync") ||
@@ -192,8 +244,9 @@ int main(void) {
         printf("SKIP: no CUDA device\n");
         return 77;
     }
-    int fails = run("int8 codes", true, int8_cases());
-    fails += run("e4m3 codes", false, e4m3_cases());
+    int fails = run("int8 codes", INT8_CODES, int8_cases());
+    fails += run("int8 bounded codes", INT8_BOUNDED, int8_bounded_cases());
+    fails += run("e4m3 codes", E4M3_CODES, e4m3_cases());
     printf("cuda_test_codes: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

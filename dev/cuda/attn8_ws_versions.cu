@@ -21,11 +21,6 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
- *   ws15  ws9 with the batch's tile loaded on the stage of the batch's
- *         first block (one more bulk copy on that stage's full barrier),
- *         in one of two slots, instead of a ring with its own barriers:
- *         no extra arrival couples the warpgroups, and the stage ring's
- *         order already makes a slot free before it is refilled
  */
 #include "dense/attn8_ws.cuh"
 
@@ -61,12 +56,7 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
 }
 
 /* ------------------------------------------------------------ ws9 */
-struct ws9_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool TILE_IN_STAGE = false; /* ws15: true */
-};
-struct ws15_flags : ws9_flags {
-    static constexpr bool TILE_IN_STAGE = true;
-};
+struct ws9_flags : attn8_ws_flags<QVC_QK_INT8> {};
 
 /* The tile ring after the pending sums: 2 tiles, then full[2], empty[2]. */
 #define WS9_TILE_OFF(S) A8R_TILE_OFF(S)
@@ -104,8 +94,8 @@ static __device__ __forceinline__ void ws9_producer(const CUtensorMap &tq, const
     mbar_expect_tx(b.q, A8_QB);
     tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
-        const int t = j / A8R_BATCH, slot = t & 1;
-        if (!F::TILE_IN_STAGE && j % A8R_BATCH == 0) {
+        if (j % A8R_BATCH == 0) {
+            const int t = j / A8R_BATCH, slot = t & 1;
             mbar_wait(tempty + 8 * slot, ((t >> 1) & 1) ^ 1);
             mbar_expect_tx(tfull + 8 * slot, A8R_TILE);
             bulk_load(base + WS9_TILE_OFF(F::STAGES) + slot * A8R_TILE,
@@ -114,15 +104,7 @@ static __device__ __forceinline__ void ws9_producer(const CUtensorMap &tq, const
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        /* TILE_IN_STAGE: the batch's tile rides on its first block's stage.
-         * Slot t & 1 is free again: this stage's empty barrier needed both
-         * warpgroups past block j - STAGES >= 16 (t - 1), so past the flush
-         * of batch t - 2 and its wgmma's wait. */
-        const bool with_tile = F::TILE_IN_STAGE && j % A8R_BATCH == 0;
-        mbar_expect_tx(full, 2 * A8_TILE + (with_tile ? A8R_TILE : 0));
-        if (with_tile)
-            bulk_load(base + WS9_TILE_OFF(F::STAGES) + slot * A8R_TILE,
-                      tiles + (size_t)t * A8R_TILE, A8R_TILE, full);
+        mbar_expect_tx(full, 2 * A8_TILE);
         tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
     }
@@ -218,7 +200,7 @@ static __device__ __forceinline__ void ws9_mainloop(attn8_acc &r, int (&sacc)[64
         /* the batch's restore: the tile came by TMA (the mbarrier makes it
          * visible to the wgmma), the pending sums are this thread's */
         const int t = j0 / A8R_BATCH, slot = t & 1;
-        if (!F::TILE_IN_STAGE) mbar_wait(tfull + 8 * slot, (t >> 1) & 1);
+        mbar_wait(tfull + 8 * slot, (t >> 1) & 1);
         const uint32_t pend[4] = {pw[0], pw[256], pw[512], pw[768]};
         wg_fence();
         a8r_wgmma(r.o, pend, a8r_tile_desc(base + WS9_TILE_OFF(F::STAGES) + slot * A8R_TILE));
@@ -227,7 +209,7 @@ static __device__ __forceinline__ void ws9_mainloop(attn8_acc &r, int (&sacc)[64
         for (int i = 0; i < 4; ++i) pw[256 * i] = 0u;
         wg_wait<0>();
         reg_fence(r.o);
-        if (!F::TILE_IN_STAGE) mbar_arrive(tempty + 8 * slot);
+        mbar_arrive(tempty + 8 * slot);
     }
     if (cw == 0) named_sync(1, 256);
 }
@@ -302,8 +284,9 @@ ws9_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtens
 /* The tiles are built and freed here on every call (stream-ordered), which
  * a trial can afford; promoted, they would be an output of the V prep
  * (prep/v.cu), written where v_mu is. */
-template <class F, int EXPCAST>
+template <int EXPCAST>
 static qva_status ws9_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws9_flags F;
     const qvc_ops &ops = p->ops;
     const int nbatch = (ops.nblk + A8R_BATCH - 1) / A8R_BATCH;
     const size_t bytes = (size_t)ops.BH * nbatch * A8R_TILE;
@@ -331,23 +314,12 @@ static qva_status ws9_launch_means(const CUtensorMap *m, const attn8_params *p, 
     return r;
 }
 
-template <class F>
-static qva_status ws9_family(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
-                             cudaStream_t st) {
-    if (!ops->v_mu) return launch_version<F>(ops, fmt, a, st);
+extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
+                                    const qvc_attn_args *a, cudaStream_t st) {
+    if (!ops->v_mu) return launch_version<ws9_flags>(ops, fmt, a, st);
     CUtensorMap maps[3];
     attn8_params p;
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;
-    return a->expcast ? ws9_launch_means<F, 1>(maps, &p, st) : ws9_launch_means<F, 0>(maps, &p, st);
-}
-
-extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
-                                    const qvc_attn_args *a, cudaStream_t st) {
-    return ws9_family<ws9_flags>(ops, fmt, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws15(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return ws9_family<ws15_flags>(ops, fmt, a, st);
+    return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
 }
