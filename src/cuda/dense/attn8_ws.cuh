@@ -156,8 +156,7 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
-                const float *mu = (const float *)(sm + A8_MU_OFF(s));
-                a8r_fill(tile, mu, j, (threadIdx.x - 128) & 127);
+                a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
             mbar_arrive(b.empty + 8 * s);
