@@ -301,6 +301,14 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
+/* 8 floats from a 32-byte aligned address (the plain kernels' per-channel
+ * constants: c0 is a multiple of 8 and the arrays are cudaMalloc'd), as two
+ * 16-byte loads issued together. */
+static __device__ __forceinline__ void plain_load8f(const float *a, float *x) {
+    const float4 u = __ldg((const float4 *)a), v = __ldg((const float4 *)a + 1);
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+}
+
 /* The lane's block and channels when a 128-thread CTA's warps each take
  * 32 / LPR blocks (a row of D channels is LPR = D / QK_CPL lanes). */
 template <int D>

@@ -1,23 +1,25 @@
 /*
- * INT8 Q and K of the unrotated 8-bit methods (sage8, vc8, vc8+expcast),
- * from 16-bit inputs that allow 16-byte loads: the common case, with the
- * generality of qk.cu (rotation, E4M3, f32, unaligned views) left out.
- * The codes and scales are qk.cu's, bit for bit (the same float
- * operations in the same order); qvc_prep_qk8 chooses (qk_plain_ok).
+ * INT8 Q and K of the 8-bit methods, rotated (+hadamard, the default) or
+ * not, from 16-bit inputs that allow 16-byte loads: the common case, with
+ * the generality of qk.cu (E4M3, f32, unaligned views) left out.  The
+ * codes and scales are qk.cu's, bit for bit (the same float operations in
+ * the same order); qvc_prep_qk8 chooses (qk_plain_ok).
  *
- *   qk_plain_kernel<DT,D,ROWS>  one CTA of 256 threads per (128-row
+ *   qk_plain_kernel<DT,D,ROWS,ROT>  one CTA of 256 threads per (128-row
  *                        block, bh).  A lane holds 8 adjacent channels
  *                        (one 16-byte load per row), so a row is D/8
  *                        lanes.  Each thread loads all of its rows of the
  *                        block first (8 rows at D 128: 128 bytes in
  *                        flight per thread) and keeps them packed, 32
- *                        registers.  ROWS: one scale per row (INT8 Q),
+ *                        registers.  ROT: the Hadamard rotation, strides
+ *                        1-4 in the lane's registers, 8 and up by
+ *                        shuffles.  ROWS: one scale per row (INT8 Q),
  *                        a max over the row's lanes; else one per block
  *                        (K, smoothed by its channel mean and gathered
  *                        by the permutation): the block max from the K
  *                        mean pass's block extremes (qvc_block_ext) where
- *                        it made them, else from the registers; then the
- *                        codes, one read of K.
+ *                        it made them (unrotated K), else from the
+ *                        registers; then the codes, one read of K.
  *
  * Why: qk.cu's lane of 4 channels pays a row's fixed work (the shuffles of
  * its max, the IEEE division and reciprocal of its scale, the addresses)
@@ -33,16 +35,55 @@
 
 #define QKP_CPL PLAIN_CPL
 
+/* qva_hadamard of row x (the lane's 8 channels sub*8 + e; +0 past n), in
+ * its order of stages h = 1, 2, ... D/2: the signs (valid rows only, so a
+ * padding row stays +0), strides 1-4 within the lane, strides 8 and up
+ * between lanes sub ^ h/8 (the lane without that bit holds a and gets
+ * a + b, its partner a - b), then the scale.  qk.cu's qk_row4 at 8
+ * channels per lane.  Every lane of the warp calls it (the shuffles). */
+template <int D>
+static __device__ __forceinline__ void qkp_rotate(const qk_params &p, bool valid, const float *sg,
+                                                  float *x) {
+    const int sub = (threadIdx.x & 31) % plain_geom<D>::LPR;
+    if (valid) {
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
+    }
+#pragma unroll
+    for (int h = 1; h < QKP_CPL; h <<= 1) {
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e)
+            if (!(e & h)) butterfly(x[e], x[e + h]);
+    }
+#pragma unroll
+    for (int hl = 1; hl < plain_geom<D>::LPR; hl <<= 1) {
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) {
+            const float o = __shfl_xor_sync(FULL_MASK, x[e], hl);
+            x[e] = (sub & hl) ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
+}
+
 /* Row s of the thread's rows as the CPU has it before quantization: +0
- * past n, else loaded and (with mean) smoothed. */
-template <int DT>
-static __device__ __forceinline__ void qkp_row(const uint4 &u, bool valid, const float *mean,
-                                               bool smooth, float *x) {
+ * past n, else loaded, (with mean) smoothed and (ROT) rotated. */
+template <int DT, int D, bool ROT>
+static __device__ __forceinline__ void qkp_row(const qk_params &p, const uint4 &u, bool valid,
+                                               const float *mean, bool smooth, const float *sg,
+                                               float *x) {
     qvc_widen8<DT>(u, x);
     if (smooth && valid) {
 #pragma unroll
         for (int e = 0; e < QKP_CPL; ++e) x[e] = __fsub_rn(x[e], mean[e]);
     }
+    if (ROT) qkp_rotate<D>(p, valid, sg, x);
+}
+
+static __device__ __forceinline__ void qkp_fill(float *x, float v) {
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e) x[e] = v;
 }
 
 /* |x| <= the amax that made scale (the row's or the block's own values). */
@@ -84,7 +125,7 @@ static __device__ __forceinline__ float qkp_ext_amax(const qk_params &p, int bh,
     return a;
 }
 
-template <int DT, int D, bool ROWS>
+template <int DT, int D, bool ROWS, bool ROT>
 __global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
@@ -100,8 +141,16 @@ qk_plain_kernel(qk_params p) {
     plain_load_rows<D>(p.x, p.perm, bh, p.n, base, r0, c0, raw);
     float mean[QKP_CPL];
     const bool smooth = !ROWS && p.mean != NULL; /* Q (ROWS) is never smoothed: qvc_qk_plain_ok */
-#pragma unroll
-    for (int e = 0; e < QKP_CPL; ++e) mean[e] = smooth ? p.mean[(int64_t)bh * D + c0 + e] : 0.0f;
+    float sg[QKP_CPL];
+    /* the lane's constants as 16-byte loads, in flight with the rows */
+    if (smooth)
+        plain_load8f(p.mean + (int64_t)bh * D + c0, mean);
+    else
+        qkp_fill(mean, 0.0f);
+    if (ROT && p.signs)
+        plain_load8f(p.signs + c0, sg);
+    else
+        qkp_fill(sg, 1.0f);
 
     int8_t *codes = p.codes + ((int64_t)bh * p.n_pad + r0) * D + c0;
     if constexpr (ROWS) {
@@ -110,7 +159,7 @@ qk_plain_kernel(qk_params p) {
 #pragma unroll
         for (int s = 0; s < G::STEPS; ++s) {
             float x[QKP_CPL], amax = 0.0f;
-            qvc_widen8<DT>(raw[s], x);
+            qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, false, sg, x);
 #pragma unroll
             for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
             const float scale = qkp_delta(qkp_row_max<D>(amax));
@@ -120,13 +169,13 @@ qk_plain_kernel(qk_params p) {
     } else {
         /* ---- one scale per block: its max, then the codes */
         float amax = 0.0f;
-        if (p.ext.min) {
+        if (!ROT && p.ext.min) { /* the extremes say nothing of rotated rows */
             amax = qkp_row_max<D>(qkp_ext_amax(p, bh, blk, c0, mean, smooth));
         } else {
 #pragma unroll
             for (int s = 0; s < G::STEPS; ++s) {
                 float x[QKP_CPL];
-                qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
+                qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
 #pragma unroll
                 for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
             }
@@ -138,22 +187,30 @@ qk_plain_kernel(qk_params p) {
 #pragma unroll
         for (int s = 0; s < G::STEPS; ++s) {
             float x[QKP_CPL];
-            qkp_row<DT>(raw[s], r0 + s * G::RPC < p.n, mean, smooth, x);
+            qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
             *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
         }
     }
 }
 
+template <int DT, int D, bool ROT>
+static void launch_qk_plain_r(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.rows_per_scale == 1)
+        qk_plain_kernel<DT, D, true, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
+    else
+        qk_plain_kernel<DT, D, false, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
 template <int DT, int D>
 static void launch_qk_plain_d(const qk_params &p, dim3 grid, cudaStream_t st) {
-    if (p.rows_per_scale == 1)
-        qk_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    if (p.hadamard)
+        launch_qk_plain_r<DT, D, true>(p, grid, st);
     else
-        qk_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(p);
+        launch_qk_plain_r<DT, D, false>(p, grid, st);
 }
 
 bool qvc_qk_plain_ok(const qk_params &p, int D) {
-    return p.fmt == QVC_QK_INT8 && !p.hadamard && (D == 64 || D == 128) &&
+    return p.fmt == QVC_QK_INT8 && (D == 64 || D == 128) &&
            !(p.rows_per_scale == 1 && p.mean) &&
            (p.x.dtype == QVA_BF16 || p.x.dtype == QVA_F16) && qvc_view_vec_ok(&p.x, QKP_CPL);
 }

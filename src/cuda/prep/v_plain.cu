@@ -42,13 +42,17 @@ v_plain_kernel(v_plain_params p) {
 
     /* the lane's channel scales, their reciprocals and the block's means */
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
+    plain_load8f(p.chan + (int64_t)bh * D + c0, cs); /* both runs in flight before any use */
+    if (p.bmu)
+        plain_load8f(p.bmu + ((int64_t)bh * p.nblk + blk) * D + c0, mu);
+    else
+#pragma unroll
+        for (int e = 0; e < VP_CPL; ++e) mu[e] = 0.0f;
     bool fast = true;
 #pragma unroll
     for (int e = 0; e < VP_CPL; ++e) {
-        cs[e] = p.chan[(int64_t)bh * D + c0 + e];
         rcp[e] = __frcp_rn(cs[e]);
         fast = fast && qvc_e4m3_fast_ok(cs[e], rcp[e]);
-        mu[e] = p.bmu ? p.bmu[((int64_t)bh * p.nblk + blk) * D + c0 + e] : 0.0f;
     }
 
     /* ---- codes into the tile, 8 bytes per lane and key (two stores: the
