@@ -25,7 +25,9 @@
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
 #define DR_MAP_WARPS 8          /* warps of the map kernel */
+#ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows */
+#endif
 /*
  * Orderable key of a draft-map value: larger A -> larger key; NaN -> 0,
  * below every number (the CPU sorts NaN last); -0 and +0 equal (the CPU

@@ -57,10 +57,13 @@ static __device__ __forceinline__ void qkp_rotate(const qk_params &p, bool valid
     }
 #pragma unroll
     for (int hl = 1; hl < plain_geom<D>::LPR; hl <<= 1) {
+        /* o - x or x + o as one rounding of o + (+-1)x: the same value,
+         * zeros' signs included, in one FFMA instead of two FADDs */
+        const float side = (sub & hl) ? -1.0f : 1.0f;
 #pragma unroll
         for (int e = 0; e < QKP_CPL; ++e) {
             const float o = __shfl_xor_sync(FULL_MASK, x[e], hl);
-            x[e] = (sub & hl) ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
+            x[e] = __fmaf_rn(side, x[e], o);
         }
     }
 #pragma unroll
@@ -168,27 +171,48 @@ qk_plain_kernel(qk_params p) {
         }
     } else {
         /* ---- one scale per block: its max, then the codes */
-        float amax = 0.0f;
-        if (!ROT && p.ext.min) { /* the extremes say nothing of rotated rows */
-            amax = qkp_row_max<D>(qkp_ext_amax(p, bh, blk, c0, mean, smooth));
+        if constexpr (ROT) {
+            /* the rotated rows kept as floats: a rotation is worth doing
+             * once (the extremes say nothing of rotated rows) */
+            float x[G::STEPS][QKP_CPL], amax = 0.0f;
+#pragma unroll
+            for (int s = 0; s < G::STEPS; ++s) {
+                qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x[s]);
+#pragma unroll
+                for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+            }
+            const float scale = qkp_delta(block_max(amax, red));
+            if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+            const float rcp = __frcp_rn(scale);
+#pragma unroll
+            for (int s = 0; s < G::STEPS; ++s)
+                *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
         } else {
+            /* unrotated: the block max from the extremes where the K mean
+             * pass made them, else from the rows; then the rows again (cheap
+             * to redo, and fewer registers than keeping them) */
+            float amax = 0.0f;
+            if (p.ext.min) {
+                amax = qkp_row_max<D>(qkp_ext_amax(p, bh, blk, c0, mean, smooth));
+            } else {
+#pragma unroll
+                for (int s = 0; s < G::STEPS; ++s) {
+                    float x[QKP_CPL];
+                    qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
+#pragma unroll
+                    for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+                }
+                amax = block_max(amax, red);
+            }
+            const float scale = qkp_delta(amax);
+            if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+            const float rcp = __frcp_rn(scale);
 #pragma unroll
             for (int s = 0; s < G::STEPS; ++s) {
                 float x[QKP_CPL];
                 qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
-#pragma unroll
-                for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+                *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
             }
-            amax = block_max(amax, red);
-        }
-        const float scale = qkp_delta(amax);
-        if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
-        const float rcp = __frcp_rn(scale);
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) {
-            float x[QKP_CPL];
-            qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
-            *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
         }
     }
 }
