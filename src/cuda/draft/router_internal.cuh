@@ -24,7 +24,9 @@
 #define DR_HIST_THREADS 256
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
+#ifndef DR_MAP_WARPS
 #define DR_MAP_WARPS 8          /* warps of the map kernel */
+#endif
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows */
 #endif

@@ -199,12 +199,23 @@ dr_map_kernel(dr_map_params p) {
     double *x = qd + 2 * D * QS;     /* [2][ROWS][RS] */
     double *sum = x + 2 * ROWS * RS; /* [2][ROWS]     */
 
-    /* 1. Rows past R (and the pad row when ROWS is odd) are zeros. */
-    for (int i = threadIdx.x; i < 2 * QS * D; i += blockDim.x) {
-        const int c = i % D, t = i / D, r = t % QS, br = t / QS, a = a0 + r;
-        const float *src = br ? p.qmax : p.qavg;
-        qd[(br * D + c) * QS + r] =
-            r < ROWS && a < R ? (double)src[((int64_t)bh * R + a) * D + c] : 0.0;
+    /* 1. Rows past R (and the pad row when ROWS is odd) are zeros.  Every
+     * load of the thread is issued before the first store. */
+    {
+        constexpr int NT = 32 * DR_MAP_WARPS, PER = (2 * QS * DR_MAX_D + NT - 1) / NT;
+        float v[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * NT, c = i % D, t = i / D, r = t % QS, br = t / QS;
+            const float *src = br ? p.qmax : p.qavg;
+            v[j] = i < 2 * QS * D && r < ROWS && a0 + r < R
+                       ? __ldg(src + ((int64_t)bh * R + a0 + r) * D + c) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * NT, c = i % D, t = i / D, r = t % QS, br = t / QS;
+            if (i < 2 * QS * D) qd[(br * D + c) * QS + r] = (double)v[j];
+        }
     }
     __syncthreads();
 
