@@ -25,7 +25,9 @@
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
-#define DR_MAP_WARPS 8          /* warps of the map kernel */
+#define DR_MAP_WARPS 12         /* warps of the map kernel: 164 registers each fit
+                                   the file; 8 left the DFMAs waiting on their shared
+                                   loads, 16 cap the registers at 128 (both slower) */
 #endif
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows */
