@@ -114,6 +114,18 @@ typedef enum qva_expcast_mode {
                                 CPU reference only for now)                  */
 } qva_expcast_mode;
 
+/* cfg.p_sum: the row sum l of the exp2 P path (expcast off; docs/NUMERICS.md
+ * §3, "The row sum of an exp2 P").  ExpCast always sums its decoded codes. */
+typedef enum qva_p_sum {
+    QVA_P_SUM_FP32 = 0, /* FP32 sum of exp2 before the E4M3 cast (DA2 C.3,
+                           SageAttention2): the default                   */
+    QVA_P_SUM_CODES = 1 /* sum of the decoded E4M3 codes ("+codesum"): the
+                           normalizer of the weights the numerator uses, so
+                           O is a convex combination of V's rows; more
+                           faithful where V has a large mean (CPU only for
+                           now)                                           */
+} qva_p_sum;
+
 typedef enum qva_q_granularity {
     QVA_Q_PER_ROW = 0,  /* one INT8 scale per query row (the default)      */
     QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
@@ -200,6 +212,7 @@ typedef struct qva_config {
     uint64_t hadamard_seed;
     int expcast;           /* qva_expcast_mode of the 8-bit P (and draft's) */
     int q_granularity;     /* qva_q_granularity of INT8 Q (sage8, vc8, draft) */
+    int p_sum;             /* qva_p_sum of the exp2 P path (fp8, sage8, vc8) */
     qva_vsmooth_params vsmooth;
     qva_draft_params draft;
     int layer;             /* layer id: keys the per-layer state, or
@@ -229,7 +242,9 @@ void qva_config_default(qva_config *cfg);
  * optionally followed by "+expcast" (8-bit methods and draft), or instead
  * "+expcast-centred" (cfg->expcast = QVA_EXPCAST_CENTRED), "+hadamard"
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
- * query scale per 128 rows instead of one per row), each at most once.  Strict: no blanks, case folding or trailing text;
+ * query scale per 128 rows instead of one per row) and "+codesum" (fp8,
+ * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES), each at most
+ * once.  Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
  * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
  * the four sum to 100.  draft@pM selects the MASS budget (draft.budget):

@@ -38,6 +38,11 @@ void qva_config_default(qva_config *cfg) {
 static const char *const method_names[QVA_METHOD_COUNT_] = {
     "exact", "bf16", "fp8", "sage8", "vc8", "sage4", "vc4", "draft"};
 
+/* +codesum: the dense 8-bit methods' exp2 P (ExpCast sums its codes). */
+int qvi_p_sum_applies(const qva_config *cfg) {
+    return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF;
+}
+
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -203,6 +208,7 @@ static const method_option method_options[] = {
     {"expcast-centred", offsetof(qva_config, expcast), QVA_EXPCAST_CENTRED},
     {"hadamard", offsetof(qva_config, hadamard), 1},
     {"qblock", offsetof(qva_config, q_granularity), QVA_Q_PER_BLOCK},
+    {"codesum", offsetof(qva_config, p_sum), QVA_P_SUM_CODES},
 };
 
 static qva_status parse_suffixes(const char *s, qva_config *c) {
@@ -216,7 +222,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c) {
         if (!opt)
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected "
-                            "+expcast, +expcast-centred, +hadamard or +qblock)",
+                            "+expcast, +expcast-centred, +hadamard, +qblock or +codesum)",
                             (int)len, s);
         int *field = (int *)((char *)c + opt->field);
         if (*field)
@@ -238,6 +244,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.expcast = 0;
     c.hadamard = 0;
     c.q_granularity = QVA_Q_PER_ROW;
+    c.p_sum = QVA_P_SUM_FP32;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -247,7 +254,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
-                        "+expcast, +expcast-centred, +hadamard, +qblock)",
+                        "+expcast, +expcast-centred, +hadamard, +qblock, +codesum)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -278,6 +285,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+qblock applies to the INT8 query methods (sage8, vc8, "
                         "draft), not %s",
                         method_names[c.method]);
+    if (c.p_sum && !qvi_p_sum_applies(&c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
+                        "(ExpCast already sums its codes), not %s%s",
+                        method_names[c.method], c.expcast ? " with +expcast" : "");
     *cfg = c;
     return QVA_OK;
 }
@@ -309,6 +321,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+hadamard");
     if (n >= 0 && (size_t)n < len && cfg->q_granularity == QVA_Q_PER_BLOCK)
         n += snprintf(buf + n, len - (size_t)n, "+qblock");
+    if (n >= 0 && (size_t)n < len && cfg->p_sum == QVA_P_SUM_CODES)
+        n += snprintf(buf + n, len - (size_t)n, "+codesum");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

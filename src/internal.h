@@ -88,6 +88,9 @@ int qvi_method_is_8bit(qva_method m);
 int qvi_method_is_quantized(qva_method m);
 /* sage8, vc8, draft: the methods whose QK runs on INT8 query codes. */
 int qvi_method_has_int8_q(qva_method m);
+/* cfg->p_sum = QVA_P_SUM_CODES is meaningful: fp8, sage8, vc8 without
+ * ExpCast. */
+int qvi_p_sum_applies(const qva_config *cfg);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 /* The kept share qva_context_last_draft_stats reports (zeroed at the start
@@ -219,14 +222,15 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
 
 /* Probability codes of one block for the 8-bit path; returns the row sum
  * that enters l and the V-Smooth restore (FP32 amplified weights for the
- * exp2 path, decoded code values for ExpCast, so Prop. 3.1 holds). */
-float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
+ * exp2 path, decoded code values for ExpCast, so Prop. 3.1 holds, and for
+ * the exp2 path with sum_codes: QVA_P_SUM_CODES). */
+float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
                      uint8_t *pcodes);
 /* 8-bit PV: codes from qvi_probs_e4m3; partial_c = sum_k P_k V_kc (FP32,
  * key order, rounded to FP16 if fp16_partial); acc += partial * vscale;
  * mu (may be NULL): acc += rowsum * mu (VC Eq. 6). */
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
-                 const float *mu, int nk, int expcast, int fp16_partial);
+                 const float *mu, int nk, int expcast, int sum_codes, int fp16_partial);
 /* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
  * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */

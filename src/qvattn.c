@@ -203,6 +203,12 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->q_granularity == QVA_Q_PER_BLOCK && !qvi_method_has_int8_q(cfg->method))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "q_granularity QVA_Q_PER_BLOCK applies to sage8, vc8 and draft");
+    if (cfg->p_sum != QVA_P_SUM_FP32 && cfg->p_sum != QVA_P_SUM_CODES)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "p_sum = %d (QVA_P_SUM_FP32 or QVA_P_SUM_CODES)", cfg->p_sum);
+    if (cfg->p_sum == QVA_P_SUM_CODES && !qvi_p_sum_applies(cfg))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "p_sum QVA_P_SUM_CODES applies to fp8, sage8 and vc8 without expcast");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

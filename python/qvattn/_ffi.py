@@ -261,6 +261,7 @@ class QvaConfig(_CStruct):
         ("hadamard_seed", c_uint64),
         ("expcast", c_int),
         ("q_granularity", c_int),
+        ("p_sum", c_int),
         ("vsmooth", QvaVsmoothParams),
         ("draft", QvaDraftParams),
         ("layer", c_int),

@@ -101,7 +101,7 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
     for (int c = 0; c < d; ++c) r->acc[c] += part[c];
 }
 
-float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
+float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
                      uint8_t *pcodes) {
     float rowsum = 0.0f;
     for (int j = 0; j < nk; ++j) {
@@ -115,7 +115,7 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast,
         } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
             float p = exp2f((s[j] - m) + QVI_SAGE_P_OFFSET);
             pcodes[j] = qva_e4m3_encode(p);
-            rowsum += p;
+            rowsum += sum_codes ? e4m3_lut()[pcodes[j]] : p; /* QVA_P_SUM_CODES: as ExpCast */
         }
     }
     return rowsum;
@@ -131,12 +131,12 @@ static float round_f16_sat(float x) {
 }
 
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
-                 const float *mu, int nk, int expcast, int fp16_partial) {
+                 const float *mu, int nk, int expcast, int sum_codes, int fp16_partial) {
     if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t pc[QVI_BLOCK];
     float part[128] = {0};
-    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, pc);
+    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, sum_codes, pc);
     const float *lut = e4m3_lut();
     for (int j = 0; j < nk; ++j) {
         if (!pc[j]) continue;
@@ -275,6 +275,7 @@ typedef struct head_ops {
     path_kind kind;
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
+    int sum_codes;         /* cfg->p_sum == QVA_P_SUM_CODES              */
     int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
     int strict;            /* check_finite: a NaN/+inf score fails the row */
     float scale_log2;
@@ -585,6 +586,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->nq_pad = qvi_cdiv(o->nq, QVI_BLOCK) * QVI_BLOCK;
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
+    o->sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
     o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
     o->strict = cfg->check_finite != 0;
@@ -655,7 +657,7 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     const int quant = (o->mask & QVI_QUANT_P) != 0;
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
-        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, pc);
+        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc);
         for (int j = 0; j < QVI_BLOCK; ++j) p[j] = e4m3_lut()[pc[j]];
         return rowsum;
     }
@@ -696,11 +698,11 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
     case PATH_I8:
         qvi_pv_e4m3(r, s, o->v8.codes + vo, 1.0f,
                     o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
-                    QVI_BLOCK, o->expcast, 0);
+                    QVI_BLOCK, o->expcast, o->sum_codes, 0);
         break;
     case PATH_FP8:
         qvi_pv_e4m3(r, s, o->v8b.codes + vo, o->v8b.block_scale[j], NULL,
-                    QVI_BLOCK, o->expcast, 0);
+                    QVI_BLOCK, o->expcast, o->sum_codes, 0);
         break;
     case PATH_F32: fp32_pv(o, r, j, s); break;
     }

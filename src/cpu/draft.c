@@ -138,7 +138,7 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
                       H->k8.scale[b], c, d, J->scale_log2, s);
         mask_tail(s, J->lay->count[b], c);
         qvi_row_raise_max(r, s, c);
-        qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, 1.0f, NULL, c, J->expcast,
+        qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, 1.0f, NULL, c, J->expcast, 0,
                     1);
     }
     qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
