@@ -25,12 +25,13 @@
 #define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
-#define DR_MAP_WARPS 12         /* warps of the map kernel: 164 registers each fit
-                                   the file; 8 left the DFMAs waiting on their shared
-                                   loads, 16 cap the registers at 128 (both slower) */
+#define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials): at 164
+                                   registers a thread, 12 fill the register file; 8
+                                   left the DFMAs waiting on their shared loads, 16
+                                   cap the registers at 128 (both slower: NOTES) */
 #endif
 #ifndef DR_MAP_MAX_ROWS
-#define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows */
+#define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows (-D for trials) */
 #endif
 /*
  * Orderable key of a draft-map value: larger A -> larger key; NaN -> 0,
