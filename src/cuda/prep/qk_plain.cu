@@ -128,93 +128,127 @@ static __device__ __forceinline__ float qkp_ext_amax(const qk_params &p, int bh,
     return a;
 }
 
+/* The lane's shares of the rows and the operation's constants. */
+struct qkp_lane {
+    int blk, bh, c0, r0;
+    const float *mean, *sg;
+    bool smooth;
+};
+
+/* INT8 Q: one scale per row, a max over the row's lanes. */
+template <int DT, int D, bool ROT>
+static __device__ __forceinline__ void qkp_rows_per_row(const qk_params &p, const qkp_lane &L,
+                                                        const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                        int8_t *codes) {
+    using G = plain_geom<D>;
+    float *scales = p.scale + (int64_t)L.bh * p.n_pad + L.r0;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        float x[QKP_CPL], amax = 0.0f;
+        qkp_row<DT, D, ROT>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, false, L.sg, x);
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        const float scale = qkp_delta(qkp_row_max<D>(amax));
+        if (L.c0 == 0) scales[s * G::RPC] = scale;
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
+    }
+}
+
+/* One scale per block, stored by thread 0; returns its reciprocal. */
+static __device__ __forceinline__ float qkp_block_scale(const qk_params &p, const qkp_lane &L,
+                                                        float amax, float *scale) {
+    *scale = qkp_delta(amax);
+    if (threadIdx.x == 0) p.scale[(int64_t)L.bh * (p.n_pad / QVI_BLOCK) + L.blk] = *scale;
+    return __frcp_rn(*scale);
+}
+
+/* Rotated K: the rotated rows kept as floats, so the rotation runs once
+ * (the extremes say nothing of rotated rows). */
+template <int DT, int D>
+static __device__ __forceinline__ void qkp_block_kept(const qk_params &p, const qkp_lane &L,
+                                                      const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                      float *red, int8_t *codes) {
+    using G = plain_geom<D>;
+    float x[G::STEPS][QKP_CPL], amax = 0.0f;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        qkp_row<DT, D, true>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x[s]);
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+    }
+    float scale;
+    const float rcp = qkp_block_scale(p, L, block_max(amax, red), &scale);
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s)
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
+}
+
+/* Unrotated K: the block max from the extremes where the K mean pass made
+ * them, else from the rows; then the rows again (cheap to redo, and fewer
+ * registers than keeping them). */
+template <int DT, int D>
+static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const qkp_lane &L,
+                                                      const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                      float *red, int8_t *codes) {
+    using G = plain_geom<D>;
+    float amax = 0.0f;
+    if (p.ext.min) {
+        amax = qkp_row_max<D>(qkp_ext_amax(p, L.bh, L.blk, L.c0, L.mean, L.smooth));
+    } else {
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) {
+            float x[QKP_CPL];
+            qkp_row<DT, D, false>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x);
+#pragma unroll
+            for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        }
+        amax = block_max(amax, red);
+    }
+    float scale;
+    const float rcp = qkp_block_scale(p, L, amax, &scale);
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        float x[QKP_CPL];
+        qkp_row<DT, D, false>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
+    }
+}
+
 template <int DT, int D, bool ROWS, bool ROT>
 __global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
     __shared__ float red[PREP_WARPS];
-    const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int c0 = (lane % G::LPR) * QKP_CPL;
-    const int r0 = blk * QVI_BLOCK + warp * G::RPW + lane / G::LPR; /* row of step 0 */
-    const int64_t base = qvc_head_base(p.x, bh);
+    qkp_lane L;
+    L.blk = blockIdx.x, L.bh = blockIdx.y;
+    L.c0 = (lane % G::LPR) * QKP_CPL;
+    L.r0 = L.blk * QVI_BLOCK + warp * G::RPW + lane / G::LPR; /* row of step 0 */
 
     /* ---- producer: every row of the thread, in flight at once */
     uint4 raw[G::STEPS];
-    plain_load_rows<D>(p.x, p.perm, bh, p.n, base, r0, c0, raw);
-    float mean[QKP_CPL];
-    const bool smooth = !ROWS && p.mean != NULL; /* Q (ROWS) is never smoothed: qvc_qk_plain_ok */
-    float sg[QKP_CPL];
+    plain_load_rows<D>(p.x, p.perm, L.bh, p.n, qvc_head_base(p.x, L.bh), L.r0, L.c0, raw);
     /* the lane's constants as 16-byte loads, in flight with the rows */
-    if (smooth)
-        plain_load8f(p.mean + (int64_t)bh * D + c0, mean);
+    float mean[QKP_CPL], sg[QKP_CPL];
+    L.smooth = !ROWS && p.mean != NULL; /* Q (ROWS) is never smoothed: qvc_qk_plain_ok */
+    if (L.smooth)
+        plain_load8f(p.mean + (int64_t)L.bh * D + L.c0, mean);
     else
         qkp_fill(mean, 0.0f);
     if (ROT && p.signs)
-        plain_load8f(p.signs + c0, sg);
+        plain_load8f(p.signs + L.c0, sg);
     else
         qkp_fill(sg, 1.0f);
+    L.mean = mean, L.sg = sg;
 
-    int8_t *codes = p.codes + ((int64_t)bh * p.n_pad + r0) * D + c0;
-    if constexpr (ROWS) {
-        /* ---- one scale per row */
-        float *scales = p.scale + (int64_t)bh * p.n_pad + r0;
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) {
-            float x[QKP_CPL], amax = 0.0f;
-            qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, false, sg, x);
-#pragma unroll
-            for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
-            const float scale = qkp_delta(qkp_row_max<D>(amax));
-            if (c0 == 0) scales[s * G::RPC] = scale;
-            *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
-        }
-    } else {
-        /* ---- one scale per block: its max, then the codes */
-        if constexpr (ROT) {
-            /* the rotated rows kept as floats: a rotation is worth doing
-             * once (the extremes say nothing of rotated rows) */
-            float x[G::STEPS][QKP_CPL], amax = 0.0f;
-#pragma unroll
-            for (int s = 0; s < G::STEPS; ++s) {
-                qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x[s]);
-#pragma unroll
-                for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
-            }
-            const float scale = qkp_delta(block_max(amax, red));
-            if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
-            const float rcp = __frcp_rn(scale);
-#pragma unroll
-            for (int s = 0; s < G::STEPS; ++s)
-                *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
-        } else {
-            /* unrotated: the block max from the extremes where the K mean
-             * pass made them, else from the rows; then the rows again (cheap
-             * to redo, and fewer registers than keeping them) */
-            float amax = 0.0f;
-            if (p.ext.min) {
-                amax = qkp_row_max<D>(qkp_ext_amax(p, bh, blk, c0, mean, smooth));
-            } else {
-#pragma unroll
-                for (int s = 0; s < G::STEPS; ++s) {
-                    float x[QKP_CPL];
-                    qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
-#pragma unroll
-                    for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
-                }
-                amax = block_max(amax, red);
-            }
-            const float scale = qkp_delta(amax);
-            if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
-            const float rcp = __frcp_rn(scale);
-#pragma unroll
-            for (int s = 0; s < G::STEPS; ++s) {
-                float x[QKP_CPL];
-                qkp_row<DT, D, ROT>(p, raw[s], r0 + s * G::RPC < p.n, mean, smooth, sg, x);
-                *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
-            }
-        }
-    }
+    /* ---- codes and scales */
+    int8_t *codes = p.codes + ((int64_t)L.bh * p.n_pad + L.r0) * D + L.c0;
+    if constexpr (ROWS)
+        qkp_rows_per_row<DT, D, ROT>(p, L, raw, codes);
+    else if constexpr (ROT)
+        qkp_block_kept<DT, D>(p, L, raw, red, codes);
+    else
+        qkp_block_redo<DT, D>(p, L, raw, red, codes);
 }
 
 template <int DT, int D, bool ROT>
