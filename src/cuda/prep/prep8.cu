@@ -181,7 +181,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     qk_params kp;
     memset(&kp, 0, sizeof kp);
     kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
-    const size_t ext_b = a->smooth_k && !a->hadamard && qvc_qk_plain_ok(kp, D)
+    const size_t ext_b = a->smooth_k && qvc_qk_plain_takes_ext(kp, D)
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b;
     char *tmp = NULL;

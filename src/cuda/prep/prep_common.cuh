@@ -4,7 +4,7 @@
  * demeaning, and quantize into the layouts of cuda_internal.h.  The files
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
- *   qk_plain.cu  the same for unrotated INT8 from 16-bit inputs (the common case)
+ *   qk_plain.cu  the same for INT8 from 16-bit inputs, rotated or not (the common case)
  *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
  *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the

@@ -68,9 +68,13 @@ qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, floa
 qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, const char *what);
 
 /* ---- qk_plain.cu */
-/* Whether qk_plain_kernel serves p (INT8, unrotated, 16-bit vector-loadable
- * input, D 64 or 128), and its launch over grid (n_pad / 128, BH). */
+/* Whether qk_plain_kernel serves p (INT8, rotated or not, 16-bit
+ * vector-loadable input, D 64 or 128), and its launch over grid
+ * (n_pad / 128, BH).  qvc_qk_plain_takes_ext: it serves K's block scales
+ * from the K mean pass's block extremes (p.ext), which say nothing of
+ * rotated rows. */
 bool qvc_qk_plain_ok(const qk_params &p, int D);
+bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
 /* ---- v_plain.cu */

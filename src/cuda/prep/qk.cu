@@ -13,7 +13,7 @@
  *                           block amax, pass 2 (rows re-read) the codes.
  *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
  *                           one pass, a max over each row's lanes.
- * Unrotated INT8 from 16-bit inputs goes to qk_plain.cu instead.
+ * INT8 from 16-bit inputs (rotated or not) goes to qk_plain.cu instead.
  */
 #include <math.h>
 #include <stdint.h>

@@ -273,6 +273,10 @@ bool qvc_qk_plain_ok(const qk_params &p, int D) {
            (p.x.dtype == QVA_BF16 || p.x.dtype == QVA_F16) && qvc_view_vec_ok(&p.x, QKP_CPL);
 }
 
+bool qvc_qk_plain_takes_ext(const qk_params &p, int D) {
+    return p.rows_per_scale == QVI_BLOCK && !p.hadamard && qvc_qk_plain_ok(p, D);
+}
+
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
     if (p.x.dtype == QVA_BF16) {
         if (D == 64) launch_qk_plain_d<QVA_BF16, 64>(p, grid, st);
