@@ -122,8 +122,8 @@ typedef enum qva_p_sum {
     QVA_P_SUM_CODES = 1 /* sum of the decoded E4M3 codes ("+codesum"): the
                            normalizer of the weights the numerator uses, so
                            O is a convex combination of V's rows; more
-                           faithful where V has a large mean (CPU only for
-                           now)                                           */
+                           faithful where V has a large mean; the CUDA
+                           kernels take it from the PV product            */
 } qva_p_sum;
 
 typedef enum qva_q_granularity {

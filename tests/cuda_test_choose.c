@@ -49,9 +49,10 @@ int main(void) {
         {"vc8+expcast-centred", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
         {"draft@85/0/7.5/7.5+expcast-centred", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"sage8", 96, NULL, QVC_KERNEL_NONE, "zero-pad"},
-        /* the row sum of the decoded P codes: CPU reference only for now */
-        {"sage8+codesum", 128, NULL, QVC_KERNEL_NONE, "codesum"},
-        {"fp8+codesum", 64, NULL, QVC_KERNEL_NONE, "codesum"},
+        /* the row sum of the decoded P codes: the ones row, as ExpCast's */
+        {"sage8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
+        {"vc8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
+        {"fp8+codesum", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
         {"draft@50/20/15/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},

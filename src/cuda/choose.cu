@@ -89,11 +89,6 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
-    if (cfg->p_sum == QVA_P_SUM_CODES) {
-        snprintf(why, len, "+codesum (the row sum of the decoded P codes) has no CUDA "
-                           "kernel yet (CPU reference only)");
-        return QVC_KERNEL_NONE;
-    }
     switch (cfg->method) {
     case QVA_METHOD_BF16: return QVC_KERNEL_ATTN_BF16_MMA_64X128;
     case QVA_METHOD_SAGE8:

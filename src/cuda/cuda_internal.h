@@ -178,6 +178,9 @@ typedef struct qvc_attn_args {
     float scale_log2;  /* sm_scale * log2(e)                           */
     int expcast;       /* ExpCast P codes (a qva_expcast_mode)         */
     float expcast_add; /* its addend 120 + beta (expcast_magic.h)     */
+    int sum_codes;     /* exp2 P codes with the row sum of the decoded
+                          codes (QVA_P_SUM_CODES): the ones row's sum,
+                          as ExpCast's                                 */
     void *out;         /* user output (strided, its dtype)             */
     int out_dtype;
     int64_t osb, osh, osn;

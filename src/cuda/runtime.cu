@@ -204,6 +204,7 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     a.scale_log2 = qvi_sm_scale(cfg, q->shape[3]) * QVI_LOG2E;
     a.expcast = cfg->expcast;
     a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(cfg->expcast));
+    a.sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
     a.out = out->data;
     a.out_dtype = (int)out->dtype;
     a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];

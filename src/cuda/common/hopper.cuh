@@ -271,7 +271,8 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
 /* P codes of one block from the raw INT32 scores, one FMA per score
  * before the rounding (see attn8_ws_128x128.cu); pa[c] is the A fragment
  * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
- * in 4 partial sums.  MASK: the
+ * in 4 partial sums.  SUM = 0: no FP32 row sum (the exp2 codes' sum comes
+ * from the ones row, QVA_P_SUM_CODES).  MASK: the
  * block holds padding keys (only the last one can).  f0, f1: the score
  * scales of rows g and g + 8 (equal with per-block query scales).
  * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).
@@ -280,7 +281,7 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * fewer, dev/cuda ws10).  The INT32 scores become floats by I2FP.F32.S32
  * (exact: |x| < 2^24), one instruction where the 1.5 * 2^23 magic add took
  * two (dev/cuda ws12). */
-template <int EXPCAST, int MASK, int SPLIT_SUM>
+template <int EXPCAST, int MASK, int SPLIT_SUM, int SUM = 1>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
@@ -314,12 +315,12 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
             for (int i = 0; i < 4; ++i)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) t[i][e] = ex2_ftz(t[i][e]);
-            if (SPLIT_SUM) { /* 4 independent adds per row, then 2 levels */
+            if (SUM && SPLIT_SUM) { /* 4 independent adds per row, then 2 levels */
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
                     rs[r] += (t[0][2 * r] + t[0][2 * r + 1]) + (t[1][2 * r] + t[1][2 * r + 1]) +
                              ((t[2][2 * r] + t[2][2 * r + 1]) + (t[3][2 * r] + t[3][2 * r + 1]));
-            } else {
+            } else if (SUM) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll

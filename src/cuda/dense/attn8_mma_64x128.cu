@@ -119,7 +119,7 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
 #pragma unroll
         for (int c = 0; c < KEYS / 32; ++c)
             qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, a.expcast_add, rs, pa[c]);
-        qvc_softmax_code_sums(pa, a.expcast, rs);
+        qvc_softmax_code_sums(pa, a.expcast || a.sum_codes, rs); /* the FP32 sums are dropped */
         l[0] += rs[0];
         l[1] += rs[1];
 

@@ -39,6 +39,12 @@ struct attn8_ws_flags {
     static constexpr int PRODUCER_REGS = 24;
 };
 
+/* The P path of a call: its codes and where its row sum comes from. */
+#define A8_P_EXP2 0    /* exp2 codes, FP32 row sum (DA2 C.3)                    */
+#define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
+#define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
+                          (QVA_P_SUM_CODES)                                     */
+
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
 #define A8_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
@@ -101,11 +107,12 @@ typedef struct attn8_acc {
  * batches are the outer loop, so that the restore's wgmma sits on every
  * path through it (ptxas serializes wgmmas it finds on a conditional one).
  * Without MEANS one batch holds every block. */
-template <class F, int EXPCAST, int MEANS>
+template <class F, int PMODE, int MEANS>
 static __device__ __forceinline__ void attn8_mainloop_pingpong(
     attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
     const float *vblk, int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
@@ -131,20 +138,22 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
-                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
-                                                          j * WS_KEYS, ops.nk, tig, rs, pa);
-            if (!EXPCAST) {
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            if (!ONES) {
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);
             }
             if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
 
             named_sync(1 + cw, 256);
-            float part[EXPCAST ? 68 : 64];
-            issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            float part[ONES ? 68 : 64];
+            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
@@ -153,7 +162,7 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
 
             wg_wait<1>(); /* PV of block j; QK of j+1 still running */
             reg_fence(part);
-            if (EXPCAST) rs[0] = part[64], rs[1] = part[66];
+            if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
                 a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
@@ -176,11 +185,12 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
 
 /* E4M3 QK (fp8, which has no V-Smooth means): per block QK, float-score
  * softmax, PV in sequence.  sacc holds QK(0). */
-template <class F, int EXPCAST>
+template <class F, int PMODE>
 static __device__ __forceinline__ void attn8_mainloop_sequential(
     attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale, const float *vblk,
     int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES;
         const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
@@ -195,15 +205,15 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
         const float mr0 = qvc_softmax_shift(r.m[0]), mr1 = qvc_softmax_shift(r.m[1]);
 #pragma unroll
         for (int c = 0; c < 4; ++c) qvc_pack_p32(&sc[4 * c], mr0, mr1, EXPCAST, a.expcast_add, rs, pa[c]);
-        if (!EXPCAST) {
+        if (!ONES) {
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
         }
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        float part[ONES ? 68 : 64];
+        issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
         wg_wait<0>();
         reg_fence(part);
-        if (EXPCAST) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
+        if (ONES) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
         mbar_arrive(b.empty + 8 * s);
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
@@ -258,8 +268,8 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
 /* ------------------------------------------------------------ kernel */
 /* F: the flags (attn8_ws_flags or a dev/cuda variant of them).  MEANS:
  * the call has V-Smooth means (INT8 QK only), restored in batches from
- * shared memory. */
-template <class F, int EXPCAST, int MEANS>
+ * shared memory.  PMODE: A8_P_*. */
+template <class F, int PMODE, int MEANS>
 __global__ void __launch_bounds__(F::THREADS, 1)
 attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const attn8_params p) {
@@ -327,20 +337,20 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     wg_wait<0>();
     reg_fence(sacc);
     if constexpr (F::PINGPONG)
-        attn8_mainloop_pingpong<F, EXPCAST, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
-                                                   vblk, cw, tig);
+        attn8_mainloop_pingpong<F, PMODE, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
+                                                 vblk, cw, tig);
     else
-        attn8_mainloop_sequential<F, EXPCAST>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk,
-                                              tig);
-    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+        attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk,
+                                            tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
 }
 
 /* The launch of one flags variant. */
-template <class F, int EXPCAST, int MEANS>
+template <class F, int PMODE, int MEANS>
 static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     const int smem = MEANS ? A8R_SMEM_BYTES(F::STAGES) : A8_SMEM_BYTES(F::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
-        attn8_ws_128x128<F, EXPCAST, MEANS>;
+        attn8_ws_128x128<F, PMODE, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn8_ws_128x128 smem attribute");
     dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
@@ -348,18 +358,21 @@ static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, 
     return qvc_launch_check("attn8_ws_128x128");
 }
 
-/* The kernel of a flags variant for this call: ExpCast or not, means or
- * not (INT8 QK only: V-Smooth is vc8's; fp8, the E4M3 path, has none). */
+/* The kernel of a flags variant for this call with means or not (INT8 QK
+ * only: V-Smooth is vc8's; fp8, the E4M3 path, has none). */
+template <class F, int PMODE>
+static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
+    if constexpr (F::PINGPONG) return attn8_launch_one<F, PMODE, 1>(m, p, st);
+    return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
+}
+
+/* ... and its P path: ExpCast, exp2 with the codes' sum, or exp2. */
 template <class F>
 static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int ec = p->a.expcast != 0, mu = p->ops.v_mu != NULL;
-    if constexpr (F::PINGPONG) {
-        if (mu)
-            return ec ? attn8_launch_one<F, 1, 1>(m, p, st) : attn8_launch_one<F, 0, 1>(m, p, st);
-    } else if (mu) {
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
-    }
-    return ec ? attn8_launch_one<F, 1, 0>(m, p, st) : attn8_launch_one<F, 0, 0>(m, p, st);
+    if (p->a.expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, p, st);
+    if (p->a.sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, p, st);
+    return attn8_launch_p<F, A8_P_EXP2>(m, p, st);
 }
 
 /* The tensor maps of the operands. */
