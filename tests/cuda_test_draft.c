@@ -24,6 +24,7 @@
 #include "draft/plan.h"
 #include "draft/router.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +315,80 @@ static long cmp_i32(const char *tag, const char *what, const int32_t *gpu, const
 
 /* ------------------------------------------------------------ one case */
 
+/* qvc_draft_pool16 of x into host out[0, rd) (avg) and out[rd, 2 rd) (max). */
+static int pool16_of(const qvc_view *x, const qvc_draft_layout *dl, int BH, int R, int D,
+                     float *out, size_t rd, cudaStream_t st) {
+    float *dev = NULL;
+    int ok = cuda_ok(cudaMalloc((void **)&dev, 2 * rd * 4), "cudaMalloc pool16");
+    if (ok) {
+        const qva_status s = qvc_draft_pool16(x, dl, BH, dev, dev + rd, st);
+        CHECK(s == QVA_OK, "qvc_draft_pool16: %s", qva_last_error());
+        ok = s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "pool16 sync") &&
+             cuda_ok(cudaMemcpy(out, dev, 2 * rd * 4, cudaMemcpyDeviceToHost), "D2H pool16");
+    }
+    cudaFree(dev);
+    (void)R, (void)D;
+    return ok;
+}
+
+/* The draft prep pools beside its pack, whose threads hold a region's rows
+ * spread over them; the sums must still run in path order.  Region 0,
+ * channel 5 holds 2^60, 1, -2^60 in slots 0, 1 and 16: in path order
+ * 2^60 + 1 rounds to 2^60 and the sum is 0, while slots 0 and 16 belong to
+ * one thread and slot 1 to another, so a sum over the threads' partials
+ * gives 1.  Channel 6 holds negative values, -0 in slot 3 and +0 in slot 7:
+ * the max is the first zero, -0. */
+static void test_pool_order(cudaStream_t st) {
+    const int T = 1, GH = 12, GW = 20, D = 128, N = T * GH * GW;
+    qvi_partition part;
+    qvi_draft_layout lay;
+    qvc_draft_layout dl;
+    memset(&part, 0, sizeof part), memset(&lay, 0, sizeof lay), memset(&dl, 0, sizeof dl);
+    host_dev q;
+    memset(&q, 0, sizeof q);
+    float *x = malloc((size_t)N * D * 4), *packed = NULL, *got = NULL, *avg = NULL, *mx = NULL;
+    if (!x || qvi_partition_build(GH, GW, QVI_BLOCK, &part) != QVA_OK ||
+        qvi_draft_layout_build(&part, T, 0, 0, &lay) != QVA_OK ||
+        qvc_draft_layout_upload(&part, T, 0, 0, &dl) != QVA_OK) {
+        CHECK(0, "pool order: set-up: %s", qva_last_error());
+        goto done;
+    }
+    fill_random(x, (size_t)N, D, QVA_BF16);
+    const int32_t *slot = lay.pack_to_orig + lay.prefix_pad; /* region 0 */
+    for (int i = 0; i < lay.count[0]; ++i) x[(size_t)slot[i] * D + 5] = 0.0f;
+    x[(size_t)slot[0] * D + 5] = 0x1p60f;
+    x[(size_t)slot[1] * D + 5] = 1.0f;
+    x[(size_t)slot[16] * D + 5] = -0x1p60f;
+    for (int i = 0; i < lay.count[0]; ++i) x[(size_t)slot[i] * D + 6] = -1.0f - (float)(i % 5);
+    x[(size_t)slot[3] * D + 6] = -0.0f;
+    x[(size_t)slot[7] * D + 6] = 0.0f;
+    const int R = (int)lay.regions;
+    const size_t rd = (size_t)R * D;
+    packed = malloc((size_t)lay.n_pack * D * 4), got = malloc(2 * rd * 4);
+    avg = malloc(rd * 4), mx = malloc(rd * 4);
+    if (!packed || !got || !avg || !mx || !store_tensor(&q, x, QVA_BF16, 0, 1, 1, N, D)) {
+        CHECK(0, "pool order: allocation");
+        goto done;
+    }
+    qvi_load_head(&q.t, 0, 0, x);
+    qvi_draft_pack(&lay, x, D, packed);
+    qvi_draft_pool(packed + (size_t)lay.prefix_pad * D, lay.count, R, lay.c, D, avg, mx);
+    CHECK(avg[5] == 0.0f && mx[6] == 0.0f && signbit(mx[6]),
+          "pool order: the crafted channels (path-order avg %g, max %g)", (double)avg[5],
+          (double)mx[6]);
+    if (pool16_of(&q.view, &dl, 1, R, D, got, rd, st)) {
+        const long b1 = cmp_f32("pool order", "avg", got, avg, 1, R, D);
+        const long b2 = cmp_f32("pool order", "max", got + rd, mx, 1, R, D);
+        CHECK(b1 == 0 && b2 == 0, "pool order: avg %ld, max %ld differ from the CPU's", b1, b2);
+    }
+done:
+    free(x), free(packed), free(got), free(avg), free(mx);
+    free_tensor(&q);
+    qvc_draft_layout_free(&dl);
+    qvi_draft_layout_free(&lay);
+    qvi_partition_free(&part);
+}
+
 static void run_case(const dcase *cs, cudaStream_t st) {
     dcase c;
     float *qf = NULL, *kf = NULL;
@@ -406,7 +481,7 @@ static void run_case(const dcase *cs, cudaStream_t st) {
           (long long)T1);
 
     const size_t rd = (size_t)BH * R * D;
-    g_f = malloc(rd * 4);
+    g_f = malloc(2 * rd * 4);
     gA = malloc((size_t)BH * M * 4);
     gprec = malloc((size_t)BH * M);
     prec_of_gA = malloc((size_t)BH * M);
@@ -426,6 +501,20 @@ static void run_case(const dcase *cs, cudaStream_t st) {
             goto done;
         long bad = cmp_f32(tag, pooled[i].name, g_f, pooled[i].cpu, BH, R, D);
         CHECK(bad == 0, "[%s] %s: %ld of %zu differ", tag, pooled[i].name, bad, rd);
+    }
+    if (D == 64 || D == 128) { /* the draft call's pooling, beside its 16-bit pack */
+        const host_dev *x[2] = {&q, &k};
+        const float *want[2][2] = {{ref.qavg, ref.qmax}, {ref.kavg, ref.kmax}};
+        for (int w = 0; w < 2; ++w) {
+            long b1 = -1, b2 = -1;
+            if (pool16_of(&x[w]->view, &dl, BH, R, D, g_f, rd, st)) {
+                b1 = cmp_f32(tag, w ? "pool16 avg(K)" : "pool16 avg(Q)", g_f, want[w][0], BH, R, D);
+                b2 = cmp_f32(tag, w ? "pool16 max(K)" : "pool16 max(Q)", g_f + rd, want[w][1], BH,
+                             R, D);
+            }
+            CHECK(b1 == 0 && b2 == 0, "[%s] qvc_draft_pool16 %s: avg %ld, max %ld differ", tag,
+                  w ? "K" : "Q", b1, b2);
+        }
     }
     if (!cuda_ok(cudaMemcpy(gA, buf.A, (size_t)BH * M * 4, cudaMemcpyDeviceToHost), "D2H A") ||
         !cuda_ok(cudaMemcpy(gprec, buf.prec, (size_t)BH * M, cudaMemcpyDeviceToHost), "D2H prec") ||
@@ -628,6 +717,7 @@ int main(void) {
     cudaStream_t st;
     if (!cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate")) return check_summary("cuda_test_draft");
     for (int i = 0; i < NCASES; ++i) run_case(&CASES[i], st);
+    test_pool_order(st);
     test_errors(st);
     cudaStreamDestroy(st);
     return check_summary("cuda_test_draft");

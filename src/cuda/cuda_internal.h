@@ -172,6 +172,16 @@ qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int R, int D);
 void qvc_draft_route_free(qvc_draft_route_buf *b);
 qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k, const qva_config *cfg,
                            const qvc_draft_layout *lay, qvc_draft_route_buf *b, cudaStream_t st);
+/* The same without its pooling: b->qavg .. kmax already hold it
+ * (qvc_draft_pool16, or the draft prep's Q and K packs). */
+qva_status qvc_draft_route_pooled(const qvc_view *q, const qvc_view *k, const qva_config *cfg,
+                                  const qvc_draft_layout *lay, qvc_draft_route_buf *b,
+                                  cudaStream_t st);
+/* The router's pooling of x (Q or K) into avg, max [BH][R][D], bit for bit
+ * the CPU's, as the draft prep computes it beside its 16-bit pack
+ * (src/cuda/draft/prep.cu): D 64 or 128, region capacity 128. */
+qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *lay, int BH, float *avg,
+                            float *max, cudaStream_t st);
 
 /* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
 typedef struct qvc_attn_args {

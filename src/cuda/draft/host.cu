@@ -242,9 +242,9 @@ static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *
     return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8);
 }
 
-/* The preparation forked onto the side stream: it starts after everything
- * the caller queued before this call and overlaps the router; s->join
- * marks its end. */
+/* The rest of the preparation forked onto the side stream: it starts
+ * after the Q and K packs (which pool for the router) and overlaps the
+ * router; s->join marks its end. */
 static qva_status dg_fork_prep(dg_state *s, const qvi_draft_plan *pl, const qvc_view xv[3],
                                cudaStream_t st) {
     cudaError_t e;
@@ -253,7 +253,8 @@ static qva_status dg_fork_prep(dg_state *s, const qvi_draft_plan *pl, const qvc_
     if ((e = cudaEventRecord(s->fork, st)) != cudaSuccess ||
         (e = cudaStreamWaitEvent(s->side, s->fork, 0)) != cudaSuccess)
         return qvc_cuda_fail(e, "draft: fork the preparation");
-    if ((r = dg_prep(pl, &s->lay, &xv[0], &xv[1], &xv[2], &s->ops, s->side)) != QVA_OK) return r;
+    if ((r = dg_prep_rest(pl, &s->lay, &xv[0], &xv[1], &xv[2], &s->ops, s->side)) != QVA_OK)
+        return r;
     if ((e = cudaEventRecord(s->join, s->side)) != cudaSuccess)
         return qvc_cuda_fail(e, "draft: join the preparation");
     return QVA_OK;
@@ -302,16 +303,25 @@ static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
     return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft (cuda): stats");
 }
 
-/* The router on the caller's stream and the preparation beside it; the
- * kernel waits for both.  Timings: grouping_ms is the router, prep_ms the
- * part of the preparation not hidden under it.  serial (the dev driver,
- * to time the overlap) keeps the preparation on the caller's stream after
- * the router. */
+/* The Q and K packs, which also pool for the router, then the router on
+ * the caller's stream and the rest of the preparation beside it; the
+ * kernel waits for both.  Timings: grouping_ms is the packs and the
+ * router, prep_ms the part of the rest not hidden under them.  serial
+ * (the dev driver, to time the overlap) runs the router with its own
+ * pooling first and the whole preparation after it, on the caller's
+ * stream. */
 static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_draft_plan *pl,
                                 const qvc_view xv[3], int serial, int prof, cudaStream_t st) {
     qva_status r;
-    if (!serial && (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK) return r;
-    if ((r = qvc_draft_route(&xv[0], &xv[1], cfg, &s->lay, &s->route, st)) != QVA_OK) return r;
+    if (serial) {
+        r = qvc_draft_route(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
+    } else {
+        if ((r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, st)) != QVA_OK ||
+            (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK)
+            return r;
+        r = qvc_draft_route_pooled(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
+    }
+    if (r != QVA_OK) return r;
     /* Under MASS the plan has no quotas (each head's are on the device). */
     if (s->route.mass != pl->mass ||
         (!pl->mass && memcmp(s->route.quota, pl->quota, sizeof pl->quota)))

@@ -1,7 +1,8 @@
 /*
  * The operands of the DraftAttention2 kernels (draft_internal.h gives
  * their layout) from the user's Q, K, V, in the packed region order:
- *   dg_pack16_kernel    Q, K 16-bit rows, and each video block's channel amax
+ *   dg_pack16_kernel    Q, K 16-bit rows, each video block's channel amax,
+ *                       and (POOL) the router's pooling of the same rows
  *   dg_pack16t_kernel   V 16-bit, transposed per block, and its amax
  *   dg_scale_kernel     V's channel scales delta_c, the NVFP4 tensor scales
  *   dg_int8_kernel      Q, K INT8 codes and one delta per region block
@@ -9,8 +10,9 @@
  *   dg_v8_kernel        V E4M3 codes, transposed in the PV slot order
  *   dg_fp4_rows_kernel  Q, K NVFP4 reconstructions (groups of 16 channels)
  *   dg_fp4_cols_kernel  V NVFP4 reconstructions (groups of 16 keys)
- * dg_prep launches what the plan needs; host.cu runs it on the side
- * stream, under the router.
+ * dg_prep launches what the plan needs.  host.cu runs dg_prep_qk (with
+ * the pooling) on the caller's stream before the router's map, and
+ * dg_prep_rest on the side stream, under the router.
  *
  * Every quantizer is the CPU's expression (src/cpu/draft.c,
  * src/cpu/formats.c) with explicit _rn intrinsics (no FMA contraction), so
@@ -133,18 +135,92 @@ static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int 
     }
 }
 
-/* Q, K 16-bit rows [slot][D].  amax (low-bit calls): the channel amax of
- * each video block (blk >= pblk) into amax[bh][blk - pblk][D].  Padding
- * slots (pack -1) give +0, which leaves the max alone; partition.c puts
- * a region's count cells first, so the rest are exactly its valid tokens. */
-template <int DT, int F16, bool VEC>
-__global__ void __launch_bounds__(DG_PREP_THREADS)
-dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int R, uint16_t *dst,
-                 float *amax) {
-    const int blk = blockIdx.x, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
+/* ---- the router's region pooling, fused into the Q and K packs ----
+ *
+ * DA2 Eq. 1 exactly as the CPU computes it (qvi_draft_pool; router_map.cu's
+ * dr_pool_kernel): per channel, the FP64 sum of the region's n rows in path
+ * order, over n, rounded to FP32, and the max starting at the first row,
+ * then m = t > m ? t : m.  The pack's threads hold the region's rows spread
+ * over them, so they leave them in shared memory (16-bit inputs as their
+ * own bits, f32 as floats: exact) and one thread per channel walks them in
+ * path order.  The walk is a chain of FP64 adds; with few registers and a
+ * 16-32 KB tile, enough CTAs share an SM for the other CTAs' loads to keep
+ * DRAM busy meanwhile. */
+typedef struct dg_pool_out {
+    float *avg, *max;      /* [BH][R][D] */
+    const int32_t *count;  /* [R] the valid rows of each region */
+} dg_pool_out;
+
+/* CTAs per SM the pooling pack asks ptxas for: 4 (64 registers) where the
+ * 16-bit vector path fits them without spilling, else 2; 0 (no bound) for
+ * the plain pack. */
+static constexpr int dg_min_ctas(int dt, bool vec, bool pool) {
+    return !pool ? 0 : dt != QVA_F32 && vec ? 4 : 2;
+}
+
+/* Bytes of the pooling tile: a region's 128 rows of the input's values. */
+static int dg_pool_smem(int dtype, int D) { return DG_KEYS * D * (dtype == QVA_F32 ? 4 : 2); }
+
+template <int DT>
+static __device__ __forceinline__ float dg_tile_get(const void *tile, int i) {
+    if constexpr (DT == QVA_F32)
+        return ((const float *)tile)[i];
+    else if constexpr (DT == QVA_F16)
+        return __half2float(__ushort_as_half(((const uint16_t *)tile)[i]));
+    else
+        return __uint_as_float((uint32_t)((const uint16_t *)tile)[i] << 16);
+}
+
+/* Row `row` of the pooling tile: the 8 values of channels c .. c + 7. */
+template <int DT>
+static __device__ __forceinline__ void dg_tile_put(const float (&v)[8], int row, int c, int D) {
+    extern __shared__ __align__(16) unsigned char dg_tile[];
+    if constexpr (DT == QVA_F32) {
+        float4 *o = (float4 *)((float *)dg_tile + row * D + c);
+        o[0] = make_float4(v[0], v[1], v[2], v[3]);
+        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else { /* the input's 16-bit values, exactly */
+        constexpr int F16 = DT == QVA_F16;
+        *(uint4 *)((uint16_t *)dg_tile + row * D + c) =
+            make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                       dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
+    }
+}
+
+/* The pooled avg and max of this CTA's region (n rows) from the tile. */
+template <int DT>
+static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
+    extern __shared__ __align__(16) unsigned char dg_tile[];
+    __syncthreads();
+    const int t = (int)threadIdx.x;
+    if (t >= D) return;
+    double sum = 0.0;
+    float m = dg_tile_get<DT>(dg_tile, t);
+    for (int i = 0; i < n; ++i) {
+        const float x = dg_tile_get<DT>(dg_tile, i * D + t);
+        sum = __dadd_rn(sum, (double)x);
+        m = x > m ? x : m;
+    }
+    avg[t] = __double2float_rn(__ddiv_rn(sum, (double)n));
+    mx[t] = m;
+}
+
+/* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (POOL: dst may be
+ * NULL, none written).  amax (low-bit calls): the channel amax of each
+ * video block (blk >= pblk) into amax[bh][blk - pblk][D].  POOL: the
+ * router's pooling of each video block into pool (above), with
+ * dg_pool_smem bytes of dynamic shared memory.  Padding slots (pack -1)
+ * give +0, which leaves the amax alone; partition.c puts a region's count
+ * cells first, so the rest are exactly its valid tokens. */
+template <int DT, int F16, bool VEC, bool POOL>
+__global__ void __launch_bounds__(DG_PREP_THREADS, dg_min_ctas(DT, VEC, POOL))
+dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int blk0, int R,
+                 uint16_t *dst, float *amax, dg_pool_out pool) {
+    const int blk = blockIdx.x + blk0, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
     const int64_t base = qvc_head_base(x, bh);
     const int32_t *pk = pack + (int64_t)blk * DG_KEYS + r0;
+    const bool pooling = POOL && blk >= pblk;
     int32_t orig[8];
     float v[8][8];
 #pragma unroll
@@ -152,18 +228,26 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int 
 #pragma unroll
     for (int k = 0; k < 8; ++k)
         qvc_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
-    uint16_t *o = dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c;
+    uint16_t *o = !POOL || dst ? dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c
+                               : NULL;
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int n = pooling ? pool.count[blk - pblk] : 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         dg_mask8(v[k], orig[k] >= 0);
-        *(uint4 *)(o + k * DG_RSTEP * D) =
-            make_uint4(dg_pair16<F16>(v[k][0], v[k][1]), dg_pair16<F16>(v[k][2], v[k][3]),
-                       dg_pair16<F16>(v[k][4], v[k][5]), dg_pair16<F16>(v[k][6], v[k][7]));
+        if (r0 + k * DG_RSTEP < n) dg_tile_put<DT>(v[k], r0 + k * DG_RSTEP, c, D);
+        if (!POOL || o)
+            *(uint4 *)(o + k * DG_RSTEP * D) =
+                make_uint4(dg_pair16<F16>(v[k][0], v[k][1]), dg_pair16<F16>(v[k][2], v[k][3]),
+                           dg_pair16<F16>(v[k][4], v[k][5]), dg_pair16<F16>(v[k][6], v[k][7]));
 #pragma unroll
         for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[k][e]));
     }
     if (amax && blk >= pblk) dg_amax_store(m, D, lg, amax + ((int64_t)bh * R + (blk - pblk)) * D);
+    if (pooling) {
+        const int64_t at = ((int64_t)bh * R + (blk - pblk)) * D;
+        dg_pool_store<DT>(D, n, pool.avg + at, pool.max + at);
+    }
 }
 
 /* V 16-bit transposed [blk][D][128], amax as dg_pack16_kernel.  A task is
@@ -414,9 +498,23 @@ dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_
 /* ================================================================ launchers */
 
 /* One 16-bit operand (trans: V^T) and, with amax, its channel amax. */
+/* The pooling pack of one instance: its tile in dynamic shared memory
+ * (64 KB for f32 rows at D 128, above the default 48 KB). */
+template <int DT, int F16, bool VEC>
+static void dg_launch_pool_pack(dim3 grid, unsigned nt, const qvc_view &x, const int32_t *pk,
+                                int64_t np, int pblk, int blk0, int R, uint16_t *dst, float *amax,
+                                dg_pool_out pool, cudaStream_t st) {
+    const int smem = dg_pool_smem(DT, (int)x.D);
+    void (*k)(qvc_view, const int32_t *, int64_t, int, int, int, uint16_t *, float *,
+              dg_pool_out) = dg_pack16_kernel<DT, F16, VEC, true>;
+    if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    k<<<grid, nt, smem, st>>>(x, pk, np, pblk, blk0, R, dst, amax, pool);
+}
+
 template <int DT, int F16>
 static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
-                             uint16_t *dst, float *amax, int trans, cudaStream_t st) {
+                             uint16_t *dst, float *amax, int trans, dg_pool_out pool,
+                             cudaStream_t st) {
     const dim3 grid((unsigned)(L->n_pack / DG_KEYS), (unsigned)BH);
     const int pblk = (int)(L->prefix_pad / DG_KEYS);
     const int32_t *pk = L->pack_to_orig;
@@ -427,10 +525,48 @@ static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R
         dg_pack16t_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
     else if (trans)
         dg_pack16t_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+    else if (vec && pool.avg)
+        dg_launch_pool_pack<DT, F16, true>(grid, nt, x, pk, np, pblk, 0, R, dst, amax, pool, st);
+    else if (pool.avg)
+        dg_launch_pool_pack<DT, F16, false>(grid, nt, x, pk, np, pblk, 0, R, dst, amax, pool, st);
     else if (vec)
-        dg_pack16_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+        dg_pack16_kernel<DT, F16, true, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, 0, R, dst,
+                                                                    amax, pool);
     else
-        dg_pack16_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
+        dg_pack16_kernel<DT, F16, false, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, 0, R, dst,
+                                                                     amax, pool);
+}
+
+/* The pooling alone (no pack written): the video blocks only. */
+template <int DT>
+static void dg_launch_pool16(const qvc_view &x, const qvc_draft_layout *L, int BH,
+                             dg_pool_out pool, cudaStream_t st) {
+    const int pblk = (int)(L->prefix_pad / DG_KEYS);
+    const dim3 grid((unsigned)L->regions, (unsigned)BH);
+    const unsigned nt = 2 * (unsigned)x.D;
+    const int32_t *pk = L->pack_to_orig;
+    if (qvc_view_vec_ok(&x, 8))
+        dg_launch_pool_pack<DT, 0, true>(grid, nt, x, pk, L->n_pack, pblk, pblk, L->regions, NULL,
+                                         NULL, pool, st);
+    else
+        dg_launch_pool_pack<DT, 0, false>(grid, nt, x, pk, L->n_pack, pblk, pblk, L->regions, NULL,
+                                          NULL, pool, st);
+}
+
+extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *L, int BH,
+                                       float *avg, float *max, cudaStream_t st) {
+    if (!x || !L || !L->pack_to_orig || !L->count || !avg || !max)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_pool16: NULL argument");
+    if ((x->D != 64 && x->D != 128) || L->c != DG_KEYS || L->prefix_pad % DG_KEYS != 0 ||
+        x->N != L->n || x->B * x->H != BH)
+        return qvi_fail(QVA_ERR_SHAPE,
+                        "qvc_draft_pool16: D %lld (64 or 128), region capacity %d (%d), "
+                        "N %lld (layout %lld), B*H %lld (%d)",
+                        (long long)x->D, L->c, DG_KEYS, (long long)x->N, (long long)L->n,
+                        (long long)(x->B * x->H), BH);
+    const dg_pool_out pool = {avg, max, L->count};
+    QVC_DISPATCH_DTYPE(x->dtype, dg_launch_pool16<DT_>(*x, L, BH, pool, st));
+    return qvc_launch_check("qvc_draft_pool16");
 }
 
 /* The 8-bit operand of tensor w (0 Q, 1 K: INT8 and delta; 2 V: E4M3). */
@@ -478,39 +614,45 @@ static qva_status dg_prep_fp4(const qvc_draft_layout *L, const qvc_view *qv, con
     return qvc_launch_check("draft prep: V nvfp4");
 }
 
-/* The 16-bit operands q16, k16, v16t and, with amax, each region's
- * channel amax of Q, K, V into amax [3][BH][R][D]. */
-static qva_status dg_prep16(const qvi_draft_plan *pl, const qvc_draft_layout *L,
-                            const qvc_view *const xs[3], dg_ops *o, float *amax,
-                            cudaStream_t st) {
+/* The 16-bit operand of tensor w (0 Q, 1 K, 2 V transposed) and, with
+ * amax, each region's channel amax into amax [3][BH][R][D]; pool (Q, K):
+ * the router's pooling of the same reads. */
+static qva_status dg_prep16(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view &x,
+                            int w, dg_ops *o, float *amax, dg_pool_out pool, cudaStream_t st) {
     const int BH = o->BH, R = o->R;
     uint16_t *d16[3] = {o->q16, o->k16, o->v16t};
-    const size_t plane = (size_t)BH * R * o->D;
-    for (int w = 0; w < 3; ++w) {
-        const qvc_view &x = *xs[w];
-        float *am = amax ? amax + w * plane : NULL;
-        const int tr = w == 2;
-        if (pl->use_f16)
-            QVC_DISPATCH_DTYPE(x.dtype,
-                               (dg_launch_pack16<DT_, 1>(x, L, R, BH, d16[w], am, tr, st)));
-        else
-            QVC_DISPATCH_DTYPE(x.dtype,
-                               (dg_launch_pack16<DT_, 0>(x, L, R, BH, d16[w], am, tr, st)));
-        const qva_status r = qvc_launch_check("draft prep: 16-bit operands");
-        if (r != QVA_OK) return r;
-    }
-    return QVA_OK;
+    float *am = amax ? amax + (size_t)w * BH * R * o->D : NULL;
+    const int tr = w == 2;
+    if (pl->use_f16)
+        QVC_DISPATCH_DTYPE(x.dtype,
+                           (dg_launch_pack16<DT_, 1>(x, L, R, BH, d16[w], am, tr, pool, st)));
+    else
+        QVC_DISPATCH_DTYPE(x.dtype,
+                           (dg_launch_pack16<DT_, 0>(x, L, R, BH, d16[w], am, tr, pool, st)));
+    return qvc_launch_check("draft prep: 16-bit operands");
 }
 
-/* All operands of the phased kernel.  Each input is read once by its
- * 16-bit pack (which also gives the channel amax of every region) and
- * once more by its 8-bit quantizer; the scales need only the amax. */
-qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
-                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
+                      const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool,
+                      cudaStream_t st) {
+    float *amax = pl->with4 || pl->with8 ? o->amax : NULL;
+    const dg_pool_out none = {NULL, NULL, NULL};
+    const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax, L->count} : none;
+    const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax, L->count} : none;
+    const qva_status r = dg_prep16(pl, L, *qv, 0, o, amax, pq, st);
+    return r != QVA_OK ? r : dg_prep16(pl, L, *kv, 1, o, amax, pk, st);
+}
+
+/* The rest once Q and K are packed: each input is read once by its 16-bit
+ * pack (which also gives the channel amax of every region) and once more
+ * by its 8-bit quantizer; the scales need only the amax. */
+qva_status dg_prep_rest(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
+                        const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
     const int lowbit = pl->with4 || pl->with8;
     const qvc_view *const xs[3] = {qv, kv, vv};
+    const dg_pool_out none = {NULL, NULL, NULL};
     o->q_rows_per_scale = pl->q_rows_per_scale;
-    qva_status r = dg_prep16(pl, L, xs, o, lowbit ? o->amax : NULL, st);
+    qva_status r = dg_prep16(pl, L, *vv, 2, o, lowbit ? o->amax : NULL, none, st);
     if (r != QVA_OK || !lowbit) return r;
     const int w0 = pl->with4 ? 0 : 2; /* without NVFP4 only V's channel scales */
     dg_scale_kernel<<<dim3((unsigned)(3 - w0), (unsigned)o->BH), DG_SCALE_THREADS, 0, st>>>(
@@ -522,4 +664,10 @@ qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qv
             if ((r = qvc_launch_check("draft prep: 8-bit operands")) != QVA_OK) return r;
         }
     return pl->with4 ? dg_prep_fp4(L, qv, kv, vv, o, st) : QVA_OK;
+}
+
+qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
+                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+    const qva_status r = dg_prep_qk(pl, L, qv, kv, o, NULL, st);
+    return r != QVA_OK ? r : dg_prep_rest(pl, L, qv, kv, vv, o, st);
 }

@@ -245,9 +245,10 @@ static qva_status dr_mass_setup(const qva_draft_params *dp, long long M, dr_mass
     return QVA_OK;
 }
 
-extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
-                                      const qva_config *cfg, const qvc_draft_layout *lay,
-                                      qvc_draft_route_buf *b, cudaStream_t st) {
+/* The router; pooled: b's pooled descriptors are already there. */
+static qva_status dr_route(const qvc_view *q, const qvc_view *k, const qva_config *cfg,
+                           const qvc_draft_layout *lay, qvc_draft_route_buf *b, int pooled,
+                           cudaStream_t st) {
     qva_status s;
     if ((s = dr_check_view(q, "q")) != QVA_OK || (s = dr_check_view(k, "k")) != QVA_OK) return s;
     if (!cfg || !lay || !lay->pack_to_orig || !lay->count || !b || !b->A)
@@ -294,8 +295,8 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
     const dr_scratch sc = dr_scratch_of(b->scratch, BH, R);
 
     /* a.-b. pooling and the draft map (router_map.cu) */
-    if ((s = qvc_dr_pool_map(q, k, lay, b, (double)qvi_sm_scale(cfg, D), (double)lambda, st)) !=
-        QVA_OK)
+    if ((s = qvc_dr_pool_map(q, k, lay, b, pooled, (double)qvi_sm_scale(cfg, D), (double)lambda,
+                             st)) != QVA_OK)
         return s;
 
     /* c. the thresholds (router_select.cu), d. the lists (router_lists.cu) */
@@ -308,4 +309,16 @@ extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
         s = qvc_dr_select_quota(b, e, &sc, &bd, st);
     }
     return s == QVA_OK ? qvc_dr_lists(b, &bd, &sc, b->retained, st) : s;
+}
+
+extern "C" qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k,
+                                      const qva_config *cfg, const qvc_draft_layout *lay,
+                                      qvc_draft_route_buf *b, cudaStream_t st) {
+    return dr_route(q, k, cfg, lay, b, 0, st);
+}
+
+extern "C" qva_status qvc_draft_route_pooled(const qvc_view *q, const qvc_view *k,
+                                             const qva_config *cfg, const qvc_draft_layout *lay,
+                                             qvc_draft_route_buf *b, cudaStream_t st) {
+    return dr_route(q, k, cfg, lay, b, 1, st);
 }

@@ -103,9 +103,10 @@ typedef struct dr_scratch {
     int64_t *base;
 } dr_scratch;
 
-/* router_map.cu: pooling (Eq. 1) and the draft map (Eq. 2) into b->A. */
+/* router_map.cu: pooling (Eq. 1; skipped when pooled: b holds it) and the
+ * draft map (Eq. 2) into b->A. */
 qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
-                           const qvc_draft_route_buf *b, double sm, double lam,
+                           const qvc_draft_route_buf *b, int pooled, double sm, double lam,
                            cudaStream_t st);
 
 /* router_select.cu: the thresholds of every head's cumulative boundaries

@@ -321,12 +321,11 @@ static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st
     }
 }
 
-qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
-                           const qvc_draft_route_buf *b, double sm, double lam,
-                           cudaStream_t st) {
-    const int D = (int)q->D, R = lay->regions, BH = b->BH;
-    qva_status s;
-    /* a. pooling (Eq. 1) */
+/* a. pooling (Eq. 1), in path order for any D and region capacity.  The
+ * draft call itself pools beside its 16-bit pack instead (prep.cu). */
+static qva_status dr_pool(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
+                          const qvc_draft_route_buf *b, cudaStream_t st) {
+    const int D = (int)q->D, R = lay->regions;
     dr_pool_params pp;
     pp.q = *q;
     pp.k = *k;
@@ -341,8 +340,16 @@ qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft
     pp.kavg = b->kavg;
     pp.kmax = b->kmax;
     const int pool_threads = qvi_cdiv(2 * D, 32) * 32;
-    QVC_DISPATCH_DTYPE(q->dtype, dr_launch_pool<DT_>(k->dtype, pp, R, BH, pool_threads, st));
-    if ((s = qvc_launch_check("qvc_draft_route: pooling")) != QVA_OK) return s;
+    QVC_DISPATCH_DTYPE(q->dtype, dr_launch_pool<DT_>(k->dtype, pp, R, b->BH, pool_threads, st));
+    return qvc_launch_check("qvc_draft_route: pooling");
+}
+
+qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
+                           const qvc_draft_route_buf *b, int pooled, double sm, double lam,
+                           cudaStream_t st) {
+    const int D = (int)q->D, R = lay->regions, BH = b->BH;
+    qva_status s;
+    if (!pooled && (s = dr_pool(q, k, lay, b, st)) != QVA_OK) return s;
 
     /* b. draft map (Eq. 2) */
     dr_map_params mp;
