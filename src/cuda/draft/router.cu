@@ -294,26 +294,20 @@ static qva_status dr_route(const qvc_view *q, const qvc_view *k, const qva_confi
     b->mass = mass;
     const dr_scratch sc = dr_scratch_of(b->scratch, BH, R);
 
-    /* a.-b. pooling and the draft map (router_map.cu); under QUOTA the map
-     * also counts the select's first digit */
-    const long long e[3] = {quota[QVI_Q_16], quota[QVI_Q_16] + quota[QVI_Q_8],
-                            quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4]};
-    const int first_digit = !mass && qvc_dr_quota_searches(e, M);
-    if (first_digit) {
-        const cudaError_t ce =
-            cudaMemsetAsync(sc.hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st);
-        if (ce != cudaSuccess) return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
-    }
+    /* a.-b. pooling and the draft map (router_map.cu) */
     if ((s = qvc_dr_pool_map(q, k, lay, b, pooled, (double)qvi_sm_scale(cfg, D), (double)lambda,
-                             first_digit ? sc.hist : NULL, st)) != QVA_OK)
+                             st)) != QVA_OK)
         return s;
 
     /* c. the thresholds (router_select.cu), d. the lists (router_lists.cu) */
     dr_bounds bd;
-    if (mass)
+    if (mass) {
         s = qvc_dr_select_mass(b, &mpar, &sc, &bd, st);
-    else
-        s = qvc_dr_select_quota(b, e, &sc, &bd, first_digit, st);
+    } else {
+        const long long e[3] = {quota[QVI_Q_16], quota[QVI_Q_16] + quota[QVI_Q_8],
+                                quota[QVI_Q_16] + quota[QVI_Q_8] + quota[QVI_Q_4]};
+        s = qvc_dr_select_quota(b, e, &sc, &bd, st);
+    }
     return s == QVA_OK ? qvc_dr_lists(b, &bd, &sc, b->retained, st) : s;
 }
 

@@ -104,22 +104,17 @@ typedef struct dr_scratch {
 } dr_scratch;
 
 /* router_map.cu: pooling (Eq. 1; skipped when pooled: b holds it) and the
- * draft map (Eq. 2) into b->A; hist non-NULL (zeroed): also the count
- * select's first digit of every key into its bin set 0. */
+ * draft map (Eq. 2) into b->A. */
 qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
                            const qvc_draft_route_buf *b, int pooled, double sm, double lam,
-                           unsigned int *hist, cudaStream_t st);
+                           cudaStream_t st);
 
 /* router_select.cu: the thresholds of every head's cumulative boundaries
  * in sc->sel.  QUOTA: the same e[3] for every head, *bd their modes;
  * MASS: each head's K, quotas (b->head_quota) and boundaries on the
  * device, every mode FIND. */
 qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3],
-                               const dr_scratch *sc, dr_bounds *bd, int first_digit,
-                               cudaStream_t st);
-/* Whether the QUOTA select of e[3] over M keys searches any boundary (it
- * then wants the map to count its first digit, qvc_dr_pool_map's hist). */
-int qvc_dr_quota_searches(const long long e[3], long long M);
+                               const dr_scratch *sc, dr_bounds *bd, cudaStream_t st);
 qva_status qvc_dr_select_mass(const qvc_draft_route_buf *b, const dr_mass_params *mp,
                               const dr_scratch *sc, dr_bounds *bd, cudaStream_t st);
 

@@ -94,8 +94,6 @@ typedef struct dr_map_params {
     int R, D;
     double sm, lam;
     float *A;                               /* [BH][R][R] */
-    unsigned int *hist; /* [BH][3][256], zero: the select's first digit into
-                           set 0 (router_select.cu), or NULL            */
 } dr_map_params;
 
 /* Row stride of the FP64 query tile: even, for the 16-byte pair loads. */
@@ -188,11 +186,7 @@ static __device__ __forceinline__ void dr_map_dots(const double *q, const float 
  *      place;
  *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
  *      sum in key-region order;
- *   5. a warp per row: the two divisions, the mixture, f32 stores; with
- *      p.hist, the histogram of the stored values' first select digit (the
- *      top 8 bits of their order keys), warp-aggregated into shared memory,
- *      then one global atomic per non-empty bin: the QUOTA select's first
- *      pass without another read of A.
+ *   5. a warp per row: the two divisions, the mixture, f32 stores.
  */
 template <int ROWS>
 __global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
@@ -276,36 +270,15 @@ dr_map_kernel(dr_map_params p) {
     __syncthreads();
 
     /* 5. Mixture. */
-    __shared__ unsigned int hist[256];
-    if (p.hist) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0u;
-        __syncthreads();
-    }
     const double oml = __dsub_rn(1.0, p.lam);
     for (int r = warp; r < ROWS && a0 + r < R; r += DR_MAP_WARPS) {
         const double *xa = x + r * RS, *xm = x + (ROWS + r) * RS;
         const double sa = sum[r], smx = sum[ROWS + r];
         float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
-        for (int b0 = 0; b0 < R; b0 += 32) { /* warp-uniform trips */
-            const int b = b0 + lane;
-            float a = 0.0f;
-            if (b < R) {
-                const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
-                a = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
-                Arow[b] = a;
-            }
-            if (p.hist) {
-                const int dig = b < R ? (int)(dr_order_key(__float_as_uint(a)) >> 24) : -1;
-                const unsigned peers = __match_any_sync(DR_FULL, dig);
-                if (dig >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[dig], (unsigned)__popc(peers));
-            }
+        for (int b = lane; b < R; b += 32) {
+            const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
+            Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
         }
-    }
-    if (p.hist) {
-        __syncthreads();
-        unsigned int *g = p.hist + (int64_t)bh * 3 * 256;
-        for (int i = threadIdx.x; i < 256; i += blockDim.x)
-            if (hist[i]) atomicAdd(g + i, hist[i]);
     }
 }
 
@@ -331,10 +304,6 @@ static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st
         (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
             cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: device attributes");
-    cudaFuncAttributes fa; /* the static shared memory (the histogram) comes first */
-    if ((e = cudaFuncGetAttributes(&fa, dr_map_kernel<DR_MAP_MAX_ROWS>)) != cudaSuccess)
-        return qvc_cuda_fail(e, "qvc_draft_route: map kernel attributes");
-    optin -= (int)fa.sharedSizeBytes;
     int rows = DR_MAP_MAX_ROWS;
     while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > (size_t)optin) rows >>= 1;
     const size_t smem = dr_map_smem(rows, mp.R, mp.D);
@@ -377,7 +346,7 @@ static qva_status dr_pool(const qvc_view *q, const qvc_view *k, const qvc_draft_
 
 qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
                            const qvc_draft_route_buf *b, int pooled, double sm, double lam,
-                           unsigned int *hist, cudaStream_t st) {
+                           cudaStream_t st) {
     const int D = (int)q->D, R = lay->regions, BH = b->BH;
     qva_status s;
     if (!pooled && (s = dr_pool(q, k, lay, b, st)) != QVA_OK) return s;
@@ -393,6 +362,5 @@ qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft
     mp.sm = sm;
     mp.lam = lam;
     mp.A = b->A;
-    mp.hist = hist;
     return dr_launch_map(mp, BH, st);
 }

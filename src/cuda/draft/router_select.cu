@@ -78,17 +78,14 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
 
 /*
  * Picks each open boundary's digit (descending: from bin 255 down) and
- * clears the histogram for the next pass.  from0: every boundary reads bin
- * set 0 (the first digit, counted by the map kernel: every key matches
- * each boundary's empty prefix, so the three counts are the same).  One warp per head; the bins are
+ * clears the histogram for the next pass.  One warp per head; the bins are
  * first copied to shared memory with coalesced loads, so the scan does not
  * wait on one global load per bin.  If the boundary is the last (smallest)
  * of the keys that share its bits so far, every one of them is kept: tau
  * may then keep zeros below, since c >= prefix selects exactly those keys
  * and the ones above, and the search of that boundary ends.
  */
-__global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int findmask,
-                                 int from0) {
+__global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int findmask) {
     __shared__ unsigned int h[3 * 256];
     const int bh = blockIdx.x, lane = threadIdx.x;
     unsigned int *g = hist + (int64_t)bh * 3 * 256;
@@ -98,7 +95,7 @@ __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int
     }
     __syncwarp();
     if (lane < 3 && ((findmask >> lane) & 1) && !sel[bh].done[lane]) {
-        const unsigned int *hj = h + (from0 ? 0 : lane * 256); /* from0: the map's count */
+        const unsigned int *hj = h + lane * 256;
         unsigned long long r = sel[bh].rank[lane];
         int d = 255;
         for (; d > 0; --d) {
@@ -232,10 +229,9 @@ __global__ void dr_wselect_kernel(unsigned int *hist, unsigned long long *whist,
 
 /* The count select of the boundaries in findmask (sel initialised): a
  * histogram and a digit pass per 8 bits, the 32 value bits, then the index
- * bits that M - 1 uses.  hist must be zero, or (first_digit) hold the
- * first digit's count in set 0 and zeros elsewhere; it is zero after. */
+ * bits that M - 1 uses.  hist must be zero; it is zero again after. */
 static qva_status dr_count_select(const float *A, long long M, int BH, int findmask, dr_sel *sel,
-                                  unsigned int *hist, int first_digit, cudaStream_t st) {
+                                  unsigned int *hist, cudaStream_t st) {
     qva_status s;
     int shifts[8], np = 0;
     for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
@@ -245,26 +241,16 @@ static qva_status dr_count_select(const float *A, long long M, int BH, int findm
     const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
     const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
     for (int i = 0; i < np; ++i) {
-        const int from0 = i == 0 && first_digit;
-        if (!from0) {
-            dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel, hist);
-            if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
-        }
-        dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask, from0);
+        dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel, hist);
+        if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
+        dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
         if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
     }
     return QVA_OK;
 }
 
-int qvc_dr_quota_searches(const long long e[3], long long M) {
-    return (e[0] > 0 && e[0] < M) || (e[1] > 0 && e[1] < M) || (e[2] > 0 && e[2] < M);
-}
-
-/* first_digit: the map kernel counted the first digit into sc->hist (zero
- * elsewhere), which qvc_dr_quota_searches(e) asked for. */
 qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3],
-                               const dr_scratch *sc, dr_bounds *bd, int first_digit,
-                               cudaStream_t st) {
+                               const dr_scratch *sc, dr_bounds *bd, cudaStream_t st) {
     const int BH = b->BH;
     const long long M = (long long)b->R * b->R;
     qva_status s;
@@ -277,12 +263,9 @@ qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3
         sc->sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
     if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
     if (!findmask) return QVA_OK;
-    if (!first_digit) {
-        const cudaError_t ce =
-            cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st);
-        if (ce != cudaSuccess) return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
-    }
-    return dr_count_select(b->A, M, BH, findmask, sc->sel, sc->hist, first_digit, st);
+    const cudaError_t ce = cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st);
+    if (ce != cudaSuccess) return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
+    return dr_count_select(b->A, M, BH, findmask, sc->sel, sc->hist, st);
 }
 
 /* c1: the weighted select, four value digits (dr_whist_kernel,
@@ -312,5 +295,5 @@ qva_status qvc_dr_select_mass(const qvc_draft_route_buf *b, const dr_mass_params
         if ((s = qvc_launch_check("qvc_draft_route: mass digit")) != QVA_OK) return s;
     }
     bd->mode[0] = bd->mode[1] = bd->mode[2] = DR_SEL_FIND;
-    return dr_count_select(b->A, M, BH, 7, sc->sel, sc->hist, 0, st);
+    return dr_count_select(b->A, M, BH, 7, sc->sel, sc->hist, st);
 }
