@@ -28,8 +28,12 @@ __global__ void dr_sel_init_kernel(dr_sel *sel, int BH, unsigned long long e0,
  * then one global atomic per non-empty bin.  The match is skipped where no
  * lane of the warp matches (most keys after the first digits) and shared
  * by boundaries whose prefixes are equal (all of them in the first pass).
- * A head whose boundaries are all settled leaves at once.
+ * A head whose boundaries are all settled leaves at once.  AGG: the
+ * warp aggregation, for the first digit, which nearly every key shares (the
+ * map's values lie in [0, 1], so their top bits vary little); the later
+ * digits spread over the bins, and each matching lane adds its own 1.
  */
+template <bool AGG>
 __global__ void __launch_bounds__(DR_HIST_THREADS)
 dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_sel *sel,
                unsigned int *hist /* [BH][3][256] */) {
@@ -63,9 +67,13 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
             if (!((open >> j) & 1)) continue; /* uniform */
             if (!((same >> j) & 1)) {         /* uniform; else boundary j-1's */
                 val = in && (c & high) == pre[j] ? dig : -1;
-                peers = __any_sync(DR_FULL, val >= 0) ? __match_any_sync(DR_FULL, val) : 0u;
+                if (AGG)
+                    peers = __any_sync(DR_FULL, val >= 0) ? __match_any_sync(DR_FULL, val) : 0u;
             }
-            if (val >= 0 && lane == __ffs(peers) - 1) atomicAdd(&h[j][val], (unsigned)__popc(peers));
+            if (!AGG && val >= 0)
+                atomicAdd(&h[j][val], 1u);
+            else if (AGG && val >= 0 && lane == __ffs(peers) - 1)
+                atomicAdd(&h[j][val], (unsigned)__popc(peers));
         }
     }
     __syncthreads();
@@ -241,7 +249,12 @@ static qva_status dr_count_select(const float *A, long long M, int BH, int findm
     const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
     const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
     for (int i = 0; i < np; ++i) {
-        dr_hist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel, hist);
+        if (i == 0)
+            dr_hist_kernel<true><<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel,
+                                                                     hist);
+        else
+            dr_hist_kernel<false><<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask,
+                                                                      sel, hist);
         if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
         dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
         if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
