@@ -644,6 +644,16 @@ static void test_errors(cudaStream_t st) {
         qvc_view bad = q.view;
         bad.N = N + 1;
         CHECK(qvc_draft_route(&bad, &bad, &cfg, &dl, &buf, st) == QVA_ERR_SHAPE, "N mismatch");
+        CHECK(qvc_draft_pool16(&bad, &dl, 1, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+              "pool16: N mismatch");
+        CHECK(qvc_draft_pool16(&q.view, &dl, 2, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+              "pool16: B*H mismatch");
+        CHECK(qvc_draft_pool16(&q.view, &dl, 1, NULL, buf.qmax, st) == QVA_ERR_INVALID_ARGUMENT,
+              "pool16: NULL avg");
+        qvc_view d96 = q.view;
+        d96.D = 96;
+        CHECK(qvc_draft_pool16(&d96, &dl, 1, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+              "pool16: D 96");
         qvc_draft_route_free(&buf);
         CHECK(qvc_draft_route_alloc(&buf, 1, 1, 129) == QVA_ERR_SHAPE, "D 129");
     }
