@@ -56,19 +56,10 @@ static __device__ __forceinline__ void qk_row4(const qk_params &p, int64_t base,
         for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
     }
     if (!p.hadamard) return;
-    if (valid) {
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
-    }
     /* qva_hadamard's stages in its order, h = 1, 2, ... D/2: strides 1 and 2
      * pair registers of a lane, strides 4 and up pair lanes sub ^ h/4 (the
      * lane without that bit holds a and gets a + b, its partner a - b). */
-#pragma unroll
-    for (int h = 1; h < QK_CPL; h <<= 1) {
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e)
-            if (!(e & h)) butterfly(x[e], x[e + h]);
-    }
+    hadamard_in_lane<QK_CPL>(x, sg, valid);
 #pragma unroll
     for (int hl = 1; hl < LPR; hl <<= 1) {
 #pragma unroll

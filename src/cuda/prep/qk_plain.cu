@@ -45,16 +45,7 @@ template <int D>
 static __device__ __forceinline__ void qkp_rotate(const qk_params &p, bool valid, const float *sg,
                                                   float *x) {
     const int sub = (threadIdx.x & 31) % plain_geom<D>::LPR;
-    if (valid) {
-#pragma unroll
-        for (int e = 0; e < QKP_CPL; ++e) x[e] = __fmul_rn(x[e], sg[e]);
-    }
-#pragma unroll
-    for (int h = 1; h < QKP_CPL; h <<= 1) {
-#pragma unroll
-        for (int e = 0; e < QKP_CPL; ++e)
-            if (!(e & h)) butterfly(x[e], x[e + h]);
-    }
+    hadamard_in_lane<QKP_CPL>(x, sg, valid);
 #pragma unroll
     for (int hl = 1; hl < plain_geom<D>::LPR; hl <<= 1) {
         /* o - x or x + o as one rounding of o + (+-1)x: the same value,
