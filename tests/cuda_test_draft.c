@@ -691,6 +691,11 @@ static const dcase CASES[] = {
     {"synth", SRC_SYNTH, 1, 2, 128, 6, 45, 80, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
     {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "0/0/0/100", NULL}, /* R=1 */
     {"random", SRC_RANDOM, 1, 2, 64, 1, 8, 8, 3, 0, QVA_F32, 0, 0.2f, 0.0f, "50/0/0/50", NULL},
+    /* the map's channel pad (D not a multiple of the mma's k16) */
+    {"random", SRC_RANDOM, 1, 2, 72, 3, 12, 20, 9, 0, QVA_F32, 0, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
+    {"random", SRC_RANDOM, 1, 1, 40, 2, 12, 20, 0, 1, QVA_BF16, 0, 0.2f, 0.0f, "50/0/20/30", NULL},
+    /* 870 regions: 8 query regions per map CTA (one n8 tile), as HunyuanVideo-720p */
+    {"random", SRC_RANDOM, 1, 1, 64, 30, 45, 80, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/0/15", NULL},
     /* the adaptive MASS budget: each head's K on the device */
     {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_F32, 0, 0.2f, 0.0f, "p95", NULL},
     {"small", SRC_PRESET, 0, 0, 0, 0, 0, 0, 0, 0, QVA_BF16, 1, 0.2f, 0.0f, "p90/0/50/50", NULL},

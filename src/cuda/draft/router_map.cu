@@ -96,8 +96,17 @@ typedef struct dr_map_params {
     float *A;                               /* [BH][R][R] */
 } dr_map_params;
 
-/* Row stride of the FP64 query tile: even, for the 16-byte pair loads. */
-static __host__ __device__ constexpr int dr_map_qs(int rows) { return (rows + 1) & ~1; }
+/* Query rows of the FP64 query tile: whole n8 tiles of the mma. */
+static __host__ __device__ constexpr int dr_map_qn(int rows) { return (rows + 7) & ~7; }
+
+/* Channels of the tile: whole k16 steps of the mma (the pad is zeros on
+ * both sides, products +0 that leave the chain's value alone). */
+static __host__ __device__ __forceinline__ int dr_map_dp(int D) { return (D + 15) & ~15; }
+
+/* Row stride of the query tile in doubles: 4 mod 16, so that the 16 lanes
+ * of a half-warp, rows g in 0..3 and channels t in 0..3 of one fragment
+ * register, fall on distinct bank pairs. */
+static __host__ __device__ __forceinline__ int dr_map_qds(int D) { return dr_map_dp(D) + 4; }
 
 /* Row stride of the logits: odd, so that the 2*rows lanes of the sum pass,
  * one row each at the same key, read distinct bank pairs. */
@@ -105,83 +114,107 @@ static __host__ __device__ __forceinline__ int dr_map_rs(int R) { return R | 1; 
 
 /* Dynamic shared memory of the map kernel for `rows` query regions. */
 static size_t dr_map_smem(int rows, int R, int D) {
-    return (size_t)2 * D * dr_map_qs(rows) * sizeof(double) /* query descriptors */
+    return (size_t)2 * dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) /* query tile */
            + (size_t)2 * rows * dr_map_rs(R) * sizeof(double) /* logits, then exps */
            + (size_t)2 * rows * sizeof(double);               /* row sums          */
 }
 
-/* Eight consecutive channels of one key descriptor, as two 16-byte loads
- * when the rows are 16-byte aligned (D % 4 == 0). */
-static __device__ __forceinline__ void dr_ld8(const float *p, bool vec, float (&f)[8]) {
-    if (vec)
-        qvc_ld8<QVA_F32, true>(p, 0, f);
-    else
-        qvc_ld8<QVA_F32, false>(p, 0, f);
+/*
+ * D = A B + C on the FP64 tensor cores, m16n8k16.  Measured on the H200
+ * (sm_90a, 7.3 M outputs of random f32-valued operands, infinities and
+ * zeros included): each output is exactly the chain
+ *     c = fma(a[k], b[k], c) for k = 0 .. 15 in order,
+ * which is the map's channel chain 16 channels at a time.  Fragments
+ * (g = lane / 4, t = lane % 4): a[2j + h] = A[g + 8h][t + 4j],
+ * b[j] = B[t + 4j][g], c[2h + e] = C[g + 8h][2t + e].
+ */
+static __device__ __forceinline__ void dr_dmma(double (&c)[4], const double (&a)[8],
+                                               const double (&b)[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+        : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]),
+          "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
+/* Key tiles of 16 (the mma's M) per work item (-D for trials). */
+#ifndef DR_MAP_MT
+#define DR_MAP_MT 1
+#endif
+
+/* The f32 key values of one lane's A fragments for channels c0 .. c0+15:
+ * keys k0 + 16 m + g + 8 h, channels c0 + t + 4 j; channels past D are 0
+ * (DC: D at compile time, a multiple of 16, or 0). */
+template <int DC>
+static __device__ __forceinline__ void dr_map_ld_keys(const float *kx,
+                                                      const int64_t (&krow)[DR_MAP_MT][2],
+                                                      int c0, int t, int D,
+                                                      float (&f)[DR_MAP_MT][8]) {
+#pragma unroll
+    for (int m = 0; m < DR_MAP_MT; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = c0 + t + 4 * j;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                f[m][2 * j + h] = DC || c < D ? __ldg(kx + krow[m][h] + c) : 0.0f;
+        }
 }
 
 /*
- * One channel of a lane's register tile: QS query rows times its two keys.
- * The query pairs are one 16-byte shared load at the same address in every
- * lane (a broadcast, one wavefront).  fma(q, k, s) == s + q*k rounded once
- * == __dadd_rn(s, __dmul_rn(q, k)) because q*k of two f32 values is exact
- * in FP64 (see the file comment).
+ * Logits of one work item: all query rows of the CTA (NT n8 tiles) against
+ * DR_MAP_MT tiles of 16 keys, on the tensor cores, each a chain over the
+ * channels in order (dr_dmma).  The keys are the mma's A operand, read from
+ * L2 into registers one k16 step ahead and converted once; the queries are
+ * its B operand, from the FP64 tile in shared memory.
  */
-template <int QS>
-static __device__ __forceinline__ void dr_map_step(const double *q, double k0, double k1,
-                                                   double (&acc)[QS][2]) {
+template <int NT, int DC>
+static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, const float *kx,
+                                                   int k0, int R, int D,
+                                                   double (&acc)[DR_MAP_MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int DP = DC ? DC : dr_map_dp(D);
+    int64_t krow[DR_MAP_MT][2];
 #pragma unroll
-    for (int r = 0; r < QS; r += 2) {
-        const double2 qq = *(const double2 *)(q + r);
-        acc[r][0] = __fma_rn(qq.x, k0, acc[r][0]);
-        acc[r][1] = __fma_rn(qq.x, k1, acc[r][1]);
-        acc[r + 1][0] = __fma_rn(qq.y, k0, acc[r + 1][0]);
-        acc[r + 1][1] = __fma_rn(qq.y, k1, acc[r + 1][1]);
-    }
-}
-
-/*
- * Logits of QS query rows against the keys k0, k1 (rows of D floats), each
- * a chain over the channels in order.  The keys come straight from global
- * memory (L2) into registers, a 32-byte sector per key and 8 channels,
- * the next 8 requested before the current 8 are used; each key value is
- * converted once and used QS times.
- */
-template <int QS>
-static __device__ __forceinline__ void dr_map_dots(const double *q, const float *k0,
-                                                   const float *k1, int D,
-                                                   double (&acc)[QS][2]) {
-    const bool vec = (D & 3) == 0;
-    const int D8 = D & ~7;
-    float f0[8], f1[8];
-    if (D8) {
-        dr_ld8(k0, vec, f0);
-        dr_ld8(k1, vec, f1);
-    }
-    for (int c0 = 0; c0 < D8; c0 += 8) {
-        const int cn = c0 + 8 < D8 ? c0 + 8 : c0; /* the last one reloads (an L1 hit) */
-        float g0[8], g1[8];
-        dr_ld8(k0 + cn, vec, g0);
-        dr_ld8(k1 + cn, vec, g1);
+    for (int m = 0; m < DR_MAP_MT; ++m)
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
-            dr_map_step<QS>(q + (c0 + u) * QS, (double)f0[u], (double)f1[u], acc);
+        for (int h = 0; h < 2; ++h) krow[m][h] = (int64_t)min(k0 + 16 * m + g + 8 * h, R - 1) * D;
+    const double *qg = qt + g * QDS + t;
+    float f[DR_MAP_MT][8];
+    dr_map_ld_keys<DC>(kx, krow, 0, t, D, f);
+#pragma unroll(DC ? DC / 16 : 1)
+    for (int c0 = 0; c0 < DP; c0 += 16) {
+        float fn[DR_MAP_MT][8];
+        dr_map_ld_keys<DC>(kx, krow, c0 + 16 < DP ? c0 + 16 : c0, t, D, fn); /* last: L1 hits */
+        double b[NT][4];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) f0[u] = g0[u], f1[u] = g1[u];
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) b[n][j] = qg[n * 8 * QDS + c0 + 4 * j];
+#pragma unroll
+        for (int m = 0; m < DR_MAP_MT; ++m) {
+            double a[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a[i] = (double)f[m][i];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) dr_dmma(acc[m][n], a, b[n]);
+        }
+#pragma unroll
+        for (int m = 0; m < DR_MAP_MT; ++m)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) f[m][i] = fn[m][i];
     }
-    for (int c = D8; c < D; ++c)
-        dr_map_step<QS>(q + c * QS, (double)__ldg(k0 + c), (double)__ldg(k1 + c), acc);
 }
 
 /*
  * qvi_draft_map for ROWS query regions a0 .. a0+ROWS-1 of one head, both
  * branches.  Phases, separated by block barriers:
  *   1. the query descriptors of the CTA, converted once to FP64 into
- *      shared memory as [branch][channel][row];
- *   2. work items (branch, 64 key regions) dealt round-robin to the warps
- *      (items i and i+4 share a scheduler, so its load is even); lane l
- *      holds keys b and b + 32 and all QS rows: 2*QS FP64 accumulators,
- *      per channel QS/2 broadcast loads and 2 conversions for 2*QS FMAs.
- *      Logits x = dot * sm go to shared memory, [branch][row][key];
+ *      shared memory as [branch][row][channel] (rows and channels padded
+ *      with zeros to whole mma tiles);
+ *   2. work items (branch, 16 * DR_MAP_MT key regions) dealt round-robin to
+ *      the warps: FP64 mma (dr_map_item), logits x = dot * sm to shared
+ *      memory, [branch][row][key];
  *   3. a warp per (branch, row): the max over keys, then exp(x - max) in
  *      place;
  *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
@@ -191,49 +224,68 @@ static __device__ __forceinline__ void dr_map_dots(const double *q, const float 
 template <int ROWS>
 __global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
 dr_map_kernel(dr_map_params p) {
-    constexpr int QS = dr_map_qs(ROWS);
+    constexpr int QN = dr_map_qn(ROWS), NT = QN / 8;
     extern __shared__ __align__(16) double dr_smem[];
     const int R = p.R, D = p.D, RS = dr_map_rs(R), bh = blockIdx.y, a0 = blockIdx.x * ROWS;
+    const int DP = dr_map_dp(D), QDS = dr_map_qds(D);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    double *qd = dr_smem;            /* [2][D][QS]    */
-    double *x = qd + 2 * D * QS;     /* [2][ROWS][RS] */
+    double *qd = dr_smem;            /* [2][QN][QDS]  */
+    double *x = qd + 2 * QN * QDS;   /* [2][ROWS][RS] */
     double *sum = x + 2 * ROWS * RS; /* [2][ROWS]     */
 
-    /* 1. Rows past R (and the pad row when ROWS is odd) are zeros.  Every
-     * load of the thread is issued before the first store. */
+    /* 1. Rows past R (and the pad rows) and the pad channels are zeros.
+     * Every load of the thread is issued before the first store. */
     {
-        constexpr int NT = 32 * DR_MAP_WARPS, PER = (2 * QS * DR_MAX_D + NT - 1) / NT;
+        constexpr int NTH = 32 * DR_MAP_WARPS;
+        constexpr int PER = (2 * QN * DR_MAX_D + NTH - 1) / NTH;
+        const int total = 2 * QN * DP;
         float v[PER];
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            const int i = threadIdx.x + j * NT, c = i % D, t = i / D, r = t % QS, br = t / QS;
+            const int i = threadIdx.x + j * NTH, c = i % DP, t = i / DP, r = t % QN, br = t / QN;
             const float *src = br ? p.qmax : p.qavg;
-            v[j] = i < 2 * QS * D && r < ROWS && a0 + r < R
+            v[j] = i < total && c < D && r < ROWS && a0 + r < R
                        ? __ldg(src + ((int64_t)bh * R + a0 + r) * D + c) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            const int i = threadIdx.x + j * NT, c = i % D, t = i / D, r = t % QS, br = t / QS;
-            if (i < 2 * QS * D) qd[(br * D + c) * QS + r] = (double)v[j];
+            const int i = threadIdx.x + j * NTH, c = i % DP, t = i / DP;
+            if (i < total) qd[t * QDS + c] = (double)v[j];
         }
     }
     __syncthreads();
 
     /* 2. Keys past R load row R - 1 and are not stored. */
-    const int ntile = (R + 63) / 64;
-    for (int item = warp; item < 2 * ntile; item += DR_MAP_WARPS) {
-        const int br = item & 1, b0 = (item >> 1) * 64 + lane, b1 = b0 + 32;
-        const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
-        double acc[QS][2];
+    {
+        constexpr int KT = 16 * DR_MAP_MT;
+        const int ntile = (R + KT - 1) / KT, g = lane >> 2, t = lane & 3;
+        for (int item = warp; item < 2 * ntile; item += DR_MAP_WARPS) {
+            const int br = item & 1, k0 = (item >> 1) * KT;
+            const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
+            double acc[DR_MAP_MT][NT][4];
 #pragma unroll
-        for (int r = 0; r < QS; ++r) acc[r][0] = acc[r][1] = 0.0;
-        dr_map_dots<QS>(qd + br * D * QS, kx + (int64_t)min(b0, R - 1) * D,
-                        kx + (int64_t)min(b1, R - 1) * D, D, acc);
-        double *xb = x + br * ROWS * RS;
+            for (int m = 0; m < DR_MAP_MT; ++m)
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            if (b0 < R) xb[r * RS + b0] = __dmul_rn(acc[r][0], p.sm);
-            if (b1 < R) xb[r * RS + b1] = __dmul_rn(acc[r][1], p.sm);
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0;
+            const double *qt = qd + br * QN * QDS;
+            if (D == 128) /* the video models' head dim: unrolled, no channel tests */
+                dr_map_item<NT, 128>(qt, QDS, kx, k0, R, D, acc);
+            else if (D == 64)
+                dr_map_item<NT, 64>(qt, QDS, kx, k0, R, D, acc);
+            else
+                dr_map_item<NT, 0>(qt, QDS, kx, k0, R, D, acc);
+            double *xb = x + br * ROWS * RS;
+#pragma unroll
+            for (int m = 0; m < DR_MAP_MT; ++m)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = n * 8 + 2 * t + (e & 1), b = k0 + 16 * m + g + 8 * (e >> 1);
+                        if (r < ROWS && b < R) xb[r * RS + b] = __dmul_rn(acc[m][n][e], p.sm);
+                    }
         }
     }
     __syncthreads();
