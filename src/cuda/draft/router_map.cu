@@ -116,7 +116,7 @@ static __host__ __device__ __forceinline__ int dr_map_rs(int R) { return R | 1; 
 static size_t dr_map_smem(int rows, int R, int D) {
     return (size_t)2 * dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) /* query tile */
            + (size_t)2 * rows * dr_map_rs(R) * sizeof(double) /* logits, then exps */
-           + (size_t)2 * rows * sizeof(double);               /* row sums          */
+           + (size_t)2 * 2 * rows * sizeof(double); /* row sums, their reciprocals */
 }
 
 /*
@@ -142,6 +142,18 @@ static __device__ __forceinline__ void dr_dmma(double (&c)[4], const double (&a)
 #define DR_MAP_MT 1
 #endif
 
+/* Division by the row sums through their reciprocals (dr_div_sum; -D 0 for
+ * trials). */
+#ifndef DR_MAP_RCP_DIV
+#define DR_MAP_RCP_DIV 1
+#endif
+
+/* CTAs per SM the map's registers are budgeted for (-D for trials: 2 with
+ * 8 rows and 8 warps lets one CTA's softmax run beside another's mma). */
+#ifndef DR_MAP_MIN_CTAS
+#define DR_MAP_MIN_CTAS 1
+#endif
+
 /* The f32 key values of one lane's A fragments for channels c0 .. c0+15:
  * keys k0 + 16 m + g + 8 h, channels c0 + t + 4 j; channels past D are 0
  * (DC: D at compile time, a multiple of 16, or 0). */
@@ -161,6 +173,27 @@ static __device__ __forceinline__ void dr_map_ld_keys(const float *kx,
         }
 }
 
+/* One k16 step of an item: channels c0 .. c0+15 of every (key tile,
+ * query tile) pair; the keys' f32 values converted once. */
+template <int NT>
+static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, int c0,
+                                                   const float (&f)[DR_MAP_MT][8],
+                                                   double (&acc)[DR_MAP_MT][NT][4]) {
+    double b[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[n][j] = qg[n * 8 * QDS + c0 + 4 * j];
+#pragma unroll
+    for (int m = 0; m < DR_MAP_MT; ++m) {
+        double a[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = (double)f[m][i];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) dr_dmma(acc[m][n], a, b[n]);
+    }
+}
+
 /*
  * Logits of one work item: all query rows of the CTA (NT n8 tiles) against
  * DR_MAP_MT tiles of 16 keys, on the tensor cores, each a chain over the
@@ -173,37 +206,54 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
                                                    int k0, int R, int D,
                                                    double (&acc)[DR_MAP_MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int DP = DC ? DC : dr_map_dp(D);
     int64_t krow[DR_MAP_MT][2];
 #pragma unroll
     for (int m = 0; m < DR_MAP_MT; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) krow[m][h] = (int64_t)min(k0 + 16 * m + g + 8 * h, R - 1) * D;
     const double *qg = qt + g * QDS + t;
-    float f[DR_MAP_MT][8];
-    dr_map_ld_keys<DC>(kx, krow, 0, t, D, f);
-#pragma unroll(DC ? DC / 16 : 1)
-    for (int c0 = 0; c0 < DP; c0 += 16) {
-        float fn[DR_MAP_MT][8];
-        dr_map_ld_keys<DC>(kx, krow, c0 + 16 < DP ? c0 + 16 : c0, t, D, fn); /* last: L1 hits */
-        double b[NT][4];
+    if constexpr (DC != 0) {
+        /* Every key value of the item requested at once: L2's latency,
+         * not the mma, was what the k16 steps waited on. */
+        float f[DC / 16][DR_MAP_MT][8];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int s = 0; s < DC / 16; ++s) dr_map_ld_keys<DC>(kx, krow, 16 * s, t, D, f[s]);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) b[n][j] = qg[n * 8 * QDS + c0 + 4 * j];
+        for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
+    } else {
+        const int DP = dr_map_dp(D);
+        float f[DR_MAP_MT][8];
+        dr_map_ld_keys<0>(kx, krow, 0, t, D, f);
+        for (int c0 = 0; c0 < DP; c0 += 16) {
+            float fn[DR_MAP_MT][8];
+            dr_map_ld_keys<0>(kx, krow, c0 + 16 < DP ? c0 + 16 : c0, t, D, fn); /* last: L1 hits */
+            dr_map_step<NT>(qg, QDS, c0, f, acc);
 #pragma unroll
-        for (int m = 0; m < DR_MAP_MT; ++m) {
-            double a[8];
+            for (int m = 0; m < DR_MAP_MT; ++m)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) a[i] = (double)f[m][i];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) dr_dmma(acc[m][n], a, b[n]);
+                for (int i = 0; i < 8; ++i) f[m][i] = fn[m][i];
         }
-#pragma unroll
-        for (int m = 0; m < DR_MAP_MT; ++m)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) f[m][i] = fn[m][i];
     }
+}
+
+/*
+ * x / s rounded to nearest, for an exp x in [0, 1] and its row's sum s,
+ * given y = RN(1/s).  q = RN(x y) is within an ulp of x/s, so the residual
+ * r = x - q s is exact in one FMA and RN(q + r y) is RN(x/s) (Markstein's
+ * theorem), as long as nothing underflows.  A sum that is not a finite
+ * value >= 1 (a non-finite input) or an x below 2^-960 (a quotient near the
+ * subnormals) takes the full division.
+ */
+static __device__ __forceinline__ double dr_div_sum(double x, double s, double y) {
+#if DR_MAP_RCP_DIV
+    if (s >= 1.0 && s < INFINITY && x >= 0x1p-960) {
+        const double q = __dmul_rn(x, y);
+        return __fma_rn(__fma_rn(-q, s, x), y, q);
+    }
+#else
+    (void)y;
+#endif
+    return __ddiv_rn(x, s);
 }
 
 /*
@@ -218,11 +268,12 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *   3. a warp per (branch, row): the max over keys, then exp(x - max) in
  *      place;
  *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
- *      sum in key-region order;
- *   5. a warp per row: the two divisions, the mixture, f32 stores.
+ *      sum in key-region order, and its reciprocal;
+ *   5. a warp per row: the two divisions (dr_div_sum), the mixture, f32
+ *      stores.
  */
 template <int ROWS>
-__global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
+__global__ void __launch_bounds__(32 * DR_MAP_WARPS, DR_MAP_MIN_CTAS)
 dr_map_kernel(dr_map_params p) {
     constexpr int QN = dr_map_qn(ROWS), NT = QN / 8;
     extern __shared__ __align__(16) double dr_smem[];
@@ -232,6 +283,7 @@ dr_map_kernel(dr_map_params p) {
     double *qd = dr_smem;            /* [2][QN][QDS]  */
     double *x = qd + 2 * QN * QDS;   /* [2][ROWS][RS] */
     double *sum = x + 2 * ROWS * RS; /* [2][ROWS]     */
+    double *rcp = sum + 2 * ROWS;    /* [2][ROWS]     */
 
     /* 1. Rows past R (and the pad rows) and the pad channels are zeros.
      * Every load of the thread is issued before the first store. */
@@ -304,7 +356,7 @@ dr_map_kernel(dr_map_params p) {
     }
     __syncthreads();
 
-    /* 4. Sums in key-region order. */
+    /* 4. Sums in key-region order, and their correctly rounded reciprocals. */
     if (threadIdx.x < 2 * ROWS && a0 + (int)threadIdx.x % ROWS < R) {
         const double *xr = x + threadIdx.x * RS;
         double s = 0.0;
@@ -318,6 +370,7 @@ dr_map_kernel(dr_map_params p) {
         }
         for (; b < R; ++b) s = __dadd_rn(s, xr[b]);
         sum[threadIdx.x] = s;
+        rcp[threadIdx.x] = __drcp_rn(s);
     }
     __syncthreads();
 
@@ -325,10 +378,10 @@ dr_map_kernel(dr_map_params p) {
     const double oml = __dsub_rn(1.0, p.lam);
     for (int r = warp; r < ROWS && a0 + r < R; r += DR_MAP_WARPS) {
         const double *xa = x + r * RS, *xm = x + (ROWS + r) * RS;
-        const double sa = sum[r], smx = sum[ROWS + r];
+        const double sa = sum[r], smx = sum[ROWS + r], ya = rcp[r], ym = rcp[ROWS + r];
         float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
         for (int b = lane; b < R; b += 32) {
-            const double pa = __ddiv_rn(xa[b], sa), pm = __ddiv_rn(xm[b], smx);
+            const double pa = dr_div_sum(xa[b], sa, ya), pm = dr_div_sum(xm[b], smx, ym);
             Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
         }
     }
