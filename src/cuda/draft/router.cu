@@ -28,17 +28,20 @@
  *     DFMA per channel instead of a DMUL and a DADD.  exp() is CUDA's FP64
  *     exp (<= 1 ulp), libm's may differ by an ulp; the f32 rounding absorbs
  *     that except on a rounding boundary (docs/DRAFT.md §3).
+ *     The logits run on the FP64 tensor cores: mma.sync m16n8k16 .f64
+ *     computes each output as the chain fma(a[k], b[k], c) for k in order
+ *     (measured on the H200 by dev/cuda/probe_fp64.cu, bit for bit on
+ *     7.3 M outputs), so 16 channels per instruction are the same chain.
+ *     The divisions of the mixture go through RN(1/s) and one residual
+ *     FMA (Markstein's theorem; the probe also checks 1.3e10 quotients
+ *     against the IEEE division).
  *     Speed (dr_map_kernel): a CTA takes up to 16 query regions of one
- *     head, their descriptors converted once to FP64 in shared memory;
- *     each lane computes a 16 x 2 register tile (16 query regions, key
- *     regions b and b + 32) of one branch, the query values broadcast
- *     from shared memory, the key values read from L2 straight into
- *     registers and converted once per 16 uses.  Per channel that is 32
- *     DFMA, 8 broadcast shared loads and 2 conversions per lane, so the
- *     FP64 pipe, not shared memory or the conversion unit, bounds it; each
- *     key row is read from L2 once per 16 query regions.  The logits stay
- *     in shared memory for the softmax (2 x 16 x R doubles: 189 KB at
- *     R = 609, one CTA per SM; fewer rows when R is larger);
+ *     head, their descriptors converted once to FP64 in shared memory (the
+ *     mma's B operand); a warp's work item is 16 key regions of one branch
+ *     (the A operand), all of its key values requested from L2 at once and
+ *     converted once.  The logits stay in shared memory for the softmax
+ *     (2 x 16 x R doubles: 190 KB at R = 609, one CTA per SM; 8 rows when
+ *     R is larger);
  *   - ranking: no sort.  Each entry gets the 64-bit key
  *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
  *     whose descending order is exactly the CPU's stable descending argsort

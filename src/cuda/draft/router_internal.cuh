@@ -26,9 +26,9 @@
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
 #define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials): at 164
-                                   registers a thread, 12 fill the register file; 8
-                                   left the DFMAs waiting on their shared loads, 16
-                                   cap the registers at 128 (both slower: NOTES) */
+                                   registers a thread, 12 fill the register file;
+                                   16 (128 registers) was faster at 609 regions
+                                   and slower at 899 (NOTES) */
 #endif
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows (-D for trials) */

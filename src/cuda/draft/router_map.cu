@@ -400,8 +400,8 @@ static qva_status dr_launch_map_rows(const dr_map_params &mp, int BH, size_t sme
 
 /* Draft map launch: as many query regions per CTA (16, 8, 4, 2 or 1) as
  * the device's opt-in shared memory holds.  More rows reuse each key
- * descriptor read from L2 more often; 16 rows at R = 609 take 189 KB, one
- * CTA per SM. */
+ * descriptor read from L2 more often; 16 rows at R = 609 take 190 KB, one
+ * CTA per SM (8 rows and two CTAs per SM measured slower: NOTES). */
 static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st) {
     int dev = 0, optin = 0;
     cudaError_t e;
