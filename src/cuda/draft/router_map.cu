@@ -142,10 +142,15 @@ static __device__ __forceinline__ void dr_dmma(double (&c)[4], const double (&a)
 #define DR_MAP_MT 1
 #endif
 
-/* Division by the row sums through their reciprocals (dr_div_sum; -D 0 for
+/* Division by the row sums through their reciprocals (dr_div_rcp; -D 0 for
  * trials). */
 #ifndef DR_MAP_RCP_DIV
 #define DR_MAP_RCP_DIV 1
+#endif
+
+/* Entries per lane in flight in the exp and mixture passes (-D for trials). */
+#ifndef DR_MAP_EXP_ILP
+#define DR_MAP_EXP_ILP 4
 #endif
 
 /* CTAs per SM the map's registers are budgeted for (-D for trials: 2 with
@@ -240,20 +245,19 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  * x / s rounded to nearest, for an exp x in [0, 1] and its row's sum s,
  * given y = RN(1/s).  q = RN(x y) is within an ulp of x/s, so the residual
  * r = x - q s is exact in one FMA and RN(q + r y) is RN(x/s) (Markstein's
- * theorem), as long as nothing underflows.  A sum that is not a finite
- * value >= 1 (a non-finite input) or an x below 2^-960 (a quotient near the
- * subnormals) takes the full division.
+ * theorem), as long as nothing underflows: dr_div_exact() says when the
+ * full division is needed instead (a sum that is not a finite value >= 1,
+ * from a non-finite input, or an x below 2^-960, a quotient near the
+ * subnormals).  Split so that a lane's quotients run side by side and the
+ * rare full divisions come after.
  */
-static __device__ __forceinline__ double dr_div_sum(double x, double s, double y) {
-#if DR_MAP_RCP_DIV
-    if (s >= 1.0 && s < INFINITY && x >= 0x1p-960) {
-        const double q = __dmul_rn(x, y);
-        return __fma_rn(__fma_rn(-q, s, x), y, q);
-    }
-#else
-    (void)y;
-#endif
-    return __ddiv_rn(x, s);
+static __device__ __forceinline__ double dr_div_rcp(double x, double s, double y) {
+    const double q = __dmul_rn(x, y);
+    return __fma_rn(__fma_rn(-q, s, x), y, q);
+}
+
+static __device__ __forceinline__ bool dr_div_exact(double x, bool sum_ok) {
+    return !DR_MAP_RCP_DIV || !sum_ok || !(x >= 0x1p-960);
 }
 
 /*
@@ -269,7 +273,7 @@ static __device__ __forceinline__ double dr_div_sum(double x, double s, double y
  *      place;
  *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
  *      sum in key-region order, and its reciprocal;
- *   5. a warp per row: the two divisions (dr_div_sum), the mixture, f32
+ *   5. a warp per row: the two divisions (dr_div_rcp), the mixture, f32
  *      stores.
  */
 template <int ROWS>
@@ -352,7 +356,21 @@ dr_map_kernel(dr_map_params p) {
             const double t = __shfl_xor_sync(DR_FULL, m, o);
             m = t > m ? t : m;
         }
-        for (int b = lane; b < R; b += 32) xr[b] = exp(__dsub_rn(xr[b], m));
+        /* DR_MAP_EXP_ILP independent exps per lane in flight: each is a
+         * chain of FP64 latencies, and a warp per row is all there is. */
+        for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
+            double v[DR_MAP_EXP_ILP];
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
+                const int b = b0 + 32 * u;
+                v[u] = b < R ? __dsub_rn(xr[b], m) : 0.0;
+            }
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u) v[u] = exp(v[u]);
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                if (b0 + 32 * u < R) xr[b0 + 32 * u] = v[u];
+        }
     }
     __syncthreads();
 
@@ -380,9 +398,31 @@ dr_map_kernel(dr_map_params p) {
         const double *xa = x + r * RS, *xm = x + (ROWS + r) * RS;
         const double sa = sum[r], smx = sum[ROWS + r], ya = rcp[r], ym = rcp[ROWS + r];
         float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
-        for (int b = lane; b < R; b += 32) {
-            const double pa = dr_div_sum(xa[b], sa, ya), pm = dr_div_sum(xm[b], smx, ym);
-            Arow[b] = __double2float_rn(__dadd_rn(__dmul_rn(oml, pa), __dmul_rn(p.lam, pm)));
+        const bool oka = sa >= 1.0 && sa < INFINITY, okm = smx >= 1.0 && smx < INFINITY;
+        for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
+            double pa[DR_MAP_EXP_ILP], pm[DR_MAP_EXP_ILP], ea[DR_MAP_EXP_ILP], em[DR_MAP_EXP_ILP];
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
+                const int b = min(b0 + 32 * u, R - 1); /* past R: recomputes R - 1 */
+                ea[u] = xa[b], em[u] = xm[b];
+                pa[u] = dr_div_rcp(ea[u], sa, ya), pm[u] = dr_div_rcp(em[u], smx, ym);
+            }
+            bool exact = false; /* one branch for the lane's rare full divisions */
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                exact |= dr_div_exact(ea[u], oka) | dr_div_exact(em[u], okm);
+            if (exact) {
+#pragma unroll
+                for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
+                    if (dr_div_exact(ea[u], oka)) pa[u] = __ddiv_rn(ea[u], sa);
+                    if (dr_div_exact(em[u], okm)) pm[u] = __ddiv_rn(em[u], smx);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                if (b0 + 32 * u < R)
+                    Arow[b0 + 32 * u] = __double2float_rn(
+                        __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
         }
     }
 }
