@@ -203,8 +203,9 @@ static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, in
  * Logits of one work item: all query rows of the CTA (NT n8 tiles) against
  * DR_MAP_MT tiles of 16 keys, on the tensor cores, each a chain over the
  * channels in order (dr_dmma).  The keys are the mma's A operand, read from
- * L2 into registers one k16 step ahead and converted once; the queries are
- * its B operand, from the FP64 tile in shared memory.
+ * L2 into registers (all at once for D = 64 or 128, else one k16 step
+ * ahead) and converted once; the queries are its B operand, from the FP64
+ * tile in shared memory.
  */
 template <int NT, int DC>
 static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, const float *kx,
