@@ -34,7 +34,8 @@
  *     7.3 M outputs), so 16 channels per instruction are the same chain.
  *     The divisions of the mixture go through RN(1/s) and one residual
  *     FMA (Markstein's theorem; the probe also checks 1.3e10 quotients
- *     against the IEEE division).
+ *     against the IEEE division).  Both live in router_fp64.cuh, which
+ *     tests/cuda_test_fp64.cu checks on the GPU at hand.
  *     Speed (dr_map_kernel): a CTA takes up to 16 query regions of one
  *     head, their descriptors converted once to FP64 in shared memory (the
  *     mma's B operand); a warp's work item is 16 key regions of one branch
