@@ -120,101 +120,73 @@ static size_t dr_map_smem(int rows, int R, int D) {
            + (size_t)2 * 2 * rows * sizeof(double); /* row sums, their reciprocals */
 }
 
-/* Key tiles of 16 (the mma's M) per work item (-D for trials). */
-#ifndef DR_MAP_MT
-#define DR_MAP_MT 1
-#endif
-
 /* Entries per lane in flight in the exp and mixture passes (-D for trials). */
 #ifndef DR_MAP_EXP_ILP
 #define DR_MAP_EXP_ILP 4
 #endif
 
-/* CTAs per SM the map's registers are budgeted for (-D for trials: 2 with
- * 8 rows and 8 warps lets one CTA's softmax run beside another's mma). */
-#ifndef DR_MAP_MIN_CTAS
-#define DR_MAP_MIN_CTAS 1
-#endif
-
-/* The f32 key values of one lane's A fragments for channels c0 .. c0+15:
- * keys k0 + 16 m + g + 8 h, channels c0 + t + 4 j; channels past D are 0
- * (DC: D at compile time, a multiple of 16, or 0). */
+/* The f32 key values of one lane's A fragment for channels c0 .. c0+15:
+ * keys k0 + g + 8 h (row offsets krow[h]), channels c0 + t + 4 j; channels
+ * past D are 0 (DC: D at compile time, a multiple of 16, or 0). */
 template <int DC>
-static __device__ __forceinline__ void dr_map_ld_keys(const float *kx,
-                                                      const int64_t (&krow)[DR_MAP_MT][2],
-                                                      int c0, int t, int D,
-                                                      float (&f)[DR_MAP_MT][8]) {
+static __device__ __forceinline__ void dr_map_ld_keys(const float *kx, const int64_t (&krow)[2],
+                                                      int c0, int t, int D, float (&f)[8]) {
 #pragma unroll
-    for (int m = 0; m < DR_MAP_MT; ++m)
+    for (int j = 0; j < 4; ++j) {
+        const int c = c0 + t + 4 * j;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = c0 + t + 4 * j;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                f[m][2 * j + h] = DC || c < D ? __ldg(kx + krow[m][h] + c) : 0.0f;
-        }
+        for (int h = 0; h < 2; ++h) f[2 * j + h] = DC || c < D ? __ldg(kx + krow[h] + c) : 0.0f;
+    }
 }
 
-/* One k16 step of an item: channels c0 .. c0+15 of every (key tile,
- * query tile) pair; the keys' f32 values converted once. */
+/* One k16 step of an item: channels c0 .. c0+15 of the key tile against
+ * every query tile; the keys' f32 values converted once. */
 template <int NT>
 static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, int c0,
-                                                   const float (&f)[DR_MAP_MT][8],
-                                                   double (&acc)[DR_MAP_MT][NT][4]) {
-    double b[NT][4];
+                                                   const float (&f)[8], double (&acc)[NT][4]) {
+    double a[8], b[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int j = 0; j < 4; ++j) b[n][j] = qg[n * 8 * QDS + c0 + 4 * j];
 #pragma unroll
-    for (int m = 0; m < DR_MAP_MT; ++m) {
-        double a[8];
+    for (int i = 0; i < 8; ++i) a[i] = (double)f[i];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = (double)f[m][i];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) dr_dmma(acc[m][n], a, b[n]);
-    }
+    for (int n = 0; n < NT; ++n) dr_dmma(acc[n], a, b[n]);
 }
 
 /*
  * Logits of one work item: all query rows of the CTA (NT n8 tiles) against
- * DR_MAP_MT tiles of 16 keys, on the tensor cores, each a chain over the
- * channels in order (dr_dmma).  The keys are the mma's A operand, read from
- * L2 into registers (all at once for D = 64 or 128, else one k16 step
- * ahead) and converted once; the queries are its B operand, from the FP64
- * tile in shared memory.
+ * a tile of 16 keys, on the tensor cores, each a chain over the channels in
+ * order (dr_dmma).  The keys are the mma's A operand, read from L2 into
+ * registers (all at once for D = 64 or 128, else one k16 step ahead) and
+ * converted once; the queries are its B operand, from the FP64 tile in
+ * shared memory.
  */
 template <int NT, int DC>
 static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, const float *kx,
-                                                   int k0, int R, int D,
-                                                   double (&acc)[DR_MAP_MT][NT][4]) {
+                                                   int k0, int R, int D, double (&acc)[NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t krow[DR_MAP_MT][2];
-#pragma unroll
-    for (int m = 0; m < DR_MAP_MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) krow[m][h] = (int64_t)min(k0 + 16 * m + g + 8 * h, R - 1) * D;
+    const int64_t krow[2] = {(int64_t)min(k0 + g, R - 1) * D, (int64_t)min(k0 + g + 8, R - 1) * D};
     const double *qg = qt + g * QDS + t;
     if constexpr (DC != 0) {
         /* Every key value of the item requested at once: L2's latency,
          * not the mma, was what the k16 steps waited on. */
-        float f[DC / 16][DR_MAP_MT][8];
+        float f[DC / 16][8];
 #pragma unroll
         for (int s = 0; s < DC / 16; ++s) dr_map_ld_keys<DC>(kx, krow, 16 * s, t, D, f[s]);
 #pragma unroll
         for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
     } else {
         const int DP = dr_map_dp(D);
-        float f[DR_MAP_MT][8];
+        float f[8];
         dr_map_ld_keys<0>(kx, krow, 0, t, D, f);
         for (int c0 = 0; c0 < DP; c0 += 16) {
-            float fn[DR_MAP_MT][8];
+            float fn[8];
             dr_map_ld_keys<0>(kx, krow, c0 + 16 < DP ? c0 + 16 : c0, t, D, fn); /* last: L1 hits */
             dr_map_step<NT>(qg, QDS, c0, f, acc);
 #pragma unroll
-            for (int m = 0; m < DR_MAP_MT; ++m)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) f[m][i] = fn[m][i];
+            for (int i = 0; i < 8; ++i) f[i] = fn[i];
         }
     }
 }
@@ -225,7 +197,7 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *   1. the query descriptors of the CTA, converted once to FP64 into
  *      shared memory as [branch][row][channel] (rows and channels padded
  *      with zeros to whole mma tiles);
- *   2. work items (branch, 16 * DR_MAP_MT key regions) dealt round-robin to
+ *   2. work items (branch, 16 key regions) dealt round-robin to
  *      the warps: FP64 mma (dr_map_item), logits x = dot * sm to shared
  *      memory, [branch][row][key];
  *   3. a warp per (branch, row): the max over keys, then exp(x - max) in
@@ -236,7 +208,7 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *      stores.
  */
 template <int ROWS>
-__global__ void __launch_bounds__(32 * DR_MAP_WARPS, DR_MAP_MIN_CTAS)
+__global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
 dr_map_kernel(dr_map_params p) {
     constexpr int QN = dr_map_qn(ROWS), NT = QN / 8;
     extern __shared__ __align__(16) double dr_smem[];
@@ -272,18 +244,15 @@ dr_map_kernel(dr_map_params p) {
 
     /* 2. Keys past R load row R - 1 and are not stored. */
     {
-        constexpr int KT = 16 * DR_MAP_MT;
-        const int ntile = (R + KT - 1) / KT, g = lane >> 2, t = lane & 3;
+        const int ntile = (R + 15) / 16, g = lane >> 2, t = lane & 3;
         for (int item = warp; item < 2 * ntile; item += DR_MAP_WARPS) {
-            const int br = item & 1, k0 = (item >> 1) * KT;
+            const int br = item & 1, k0 = (item >> 1) * 16;
             const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
-            double acc[DR_MAP_MT][NT][4];
+            double acc[NT][4];
 #pragma unroll
-            for (int m = 0; m < DR_MAP_MT; ++m)
+            for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0;
+                for (int e = 0; e < 4; ++e) acc[n][e] = 0.0;
             const double *qt = qd + br * QN * QDS;
             if (D == 128) /* the video models' head dim: unrolled, no channel tests */
                 dr_map_item<NT, 128>(qt, QDS, kx, k0, R, D, acc);
@@ -293,14 +262,12 @@ dr_map_kernel(dr_map_params p) {
                 dr_map_item<NT, 0>(qt, QDS, kx, k0, R, D, acc);
             double *xb = x + br * ROWS * RS;
 #pragma unroll
-            for (int m = 0; m < DR_MAP_MT; ++m)
+            for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int n = 0; n < NT; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = n * 8 + 2 * t + (e & 1), b = k0 + 16 * m + g + 8 * (e >> 1);
-                        if (r < ROWS && b < R) xb[r * RS + b] = __dmul_rn(acc[m][n][e], p.sm);
-                    }
+                for (int e = 0; e < 4; ++e) {
+                    const int r = n * 8 + 2 * t + (e & 1), b = k0 + g + 8 * (e >> 1);
+                    if (r < ROWS && b < R) xb[r * RS + b] = __dmul_rn(acc[n][e], p.sm);
+                }
         }
     }
     __syncthreads();
