@@ -28,7 +28,7 @@ install: build
 
 # Kernel versions under trial and their driver (dev/cuda/README.md); needs nvcc.
 dev: $(BUILD)/Makefile
-	cmake --build $(BUILD) -j $(JOBS) --target dev_attn probe_fp64
+	cmake --build $(BUILD) -j $(JOBS) --target dev_attn
 
 # CPU tests under AddressSanitizer + UBSan (CUDA off: the sanitizers are host-only).
 asan:

@@ -30,8 +30,8 @@
  *     that except on a rounding boundary (docs/DRAFT.md §3).
  *     The logits run on the FP64 tensor cores: mma.sync m16n8k16 .f64
  *     computes each output as the chain fma(a[k], b[k], c) for k in order
- *     (measured on the H200 by dev/cuda/probe_fp64.cu, bit for bit on
- *     7.3 M outputs), so 16 channels per instruction are the same chain.
+ *     (measured on the H200, bit for bit on 7.3 M outputs: bench/NOTES.md),
+ *     so 16 channels per instruction are the same chain.
  *     The divisions of the mixture go through RN(1/s) and one residual
  *     FMA (Markstein's theorem; the probe also checks 1.3e10 quotients
  *     against the IEEE division).  Both live in router_fp64.cuh, which
