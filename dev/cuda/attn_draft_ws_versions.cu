@@ -18,6 +18,17 @@
  * dw10 and dw11, first run (H200, 2026-12-02): within the tolerances of the
  * CPU reference, and 2.3% slower than the library kernel at Wan2.2-720p,
  * draft@85/0/0/15 (39.2 ms against 38.2, full calls).
+ *   dw12  the library kernel with the route's per-block scalars (the key
+ *         region from cols, then its valid count and INT8 scale) loaded
+ *         ahead: the region two blocks ahead, the count one block ahead.
+ *         Nsight Compute put the two dependent loads of block_valid at the
+ *         top of every 16-bit iteration, between the QK wait and the row
+ *         max (about 5% of the warp samples, long scoreboard).
+ *   dw13  dw12, and blocks with >= 120 valid keys mask only their last
+ *         column group (the regions of Wan2.2-720p and HunyuanVideo-1.5
+ *         hold 124 or 125 tokens): about 120 selects fewer per thread and
+ *         block.  Both are bit-identical to the library kernel by
+ *         construction (the same arithmetic on the same values).
  */
 #include "draft/attn_draft_ws.cuh"
 
@@ -158,6 +169,121 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
     mbar_arrive(b.empty + 8 * sp);
 }
 
+/* dw12 / dw13: the route's scalars of block i in two steps, one block
+ * apart: its key region code (a load from cols; a prefix block is -1 - i),
+ * then its valid keys (a load from count). */
+static __device__ __forceinline__ int dw12_region(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                  int i) {
+    return i < wk.npre ? -1 - i : video_block(w, wk, i);
+}
+static __device__ __forceinline__ int dw12_valid(const qvc_draft_ws_args &w, int rc) {
+    return rc < 0 ? min(w.prefix - (-1 - rc) * DW_ROWS, DW_ROWS) : w.count[rc];
+}
+
+/* dw12: the INT8 blocks as the library's, the key region loaded two blocks
+ * ahead and its count and scale one block ahead. */
+template <int EXPCAST>
+static __device__ __forceinline__ void dw12_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                       const dw_walk &wk, int a, int bh,
+                                                       uint32_t base, dw_bars b, int cw, int tig) {
+    const int64_t hr = (int64_t)bh * w.R;
+    const float *dv = w.dv + (int64_t)bh * 128;
+    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
+    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
+    float dq[2], f[2];
+    dw_q_deltas(w, hr, a, dq);
+    const int *cols = w.cols + wk.e1;
+    const int kb0 = cols[0];
+    int kb_n = wk.nb8 > 1 ? cols[1] : kb0;
+    int cnt = w.count[kb0];
+    float dk = w.k8s[hr + kb0];
+    mbar_wait(b.q8, 0);
+    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
+        const int s = r.j % DW_STAGES;
+        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
+        const int cnt_n = w.count[kb_n];
+        const float dk_n = w.k8s[hr + kb_n];
+        dw_score_scales(dq, dk, w.scale_log2, f);
+        int sacc[64];
+        mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        float rs[2];
+        uint32_t pa[4][4];
+        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        wg_wait<0>();
+        reg_fence(part);
+        mbar_arrive(b.empty + 8 * s);
+        add_part8<EXPCAST>(r.o, r.l, part, rs);
+        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
+    }
+    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
+}
+
+/* The 16-bit softmax of one block, its mask on column groups >= FROM. */
+template <int F16, int FROM>
+static __device__ __forceinline__ void dw13_softmax16(dw_acc &r, const float (&sacc)[64], float f,
+                                                      int valid, int tig, float (&rs)[2],
+                                                      uint32_t (&pa)[8][4]) {
+    float mx[2];
+    raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
+    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
+}
+
+/* dw12 / dw13 (NEAR): the library's ping-pong 16-bit phase with the
+ * route's scalars loaded ahead; NEAR: blocks of >= 120 valid keys mask
+ * only column group 15. */
+template <int F16, int NEAR>
+static __device__ __forceinline__ void dw12_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                        const dw_walk &wk, uint32_t base,
+                                                        dw_bars b, int cw, int tig) {
+    const int nb16 = wk.total - wk.nb8;
+    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
+    mbar_wait(b.q16, 0);
+    if (nb16 <= 0) return;
+    int valid = dw12_valid(w, dw12_region(w, wk, 0));
+    int rc_n = nb16 > 1 ? dw12_region(w, wk, 1) : 0;
+    float sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < nb16; ++i, ++r.j) {
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < nb16;
+        const int rc_2 = i + 2 < nb16 ? dw12_region(w, wk, i + 2) : 0;
+        const int valid_n = more ? dw12_valid(w, rc_n) : 0;
+        float rs[2];
+        uint32_t pa[8][4];
+        if (NEAR && valid >= 8 * 15)
+            dw13_softmax16<F16, 15>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+        else
+            dw13_softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        named_sync(1 + cw, 256);
+        issue_pv16<F16>(r.o, pa, base + DW_V_OFF(s));
+        /* always issued (no wgmma on a divergent path); after the last
+         * block it re-reads this K tile, unused */
+        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+        reg_fence(r.o);
+        mbar_arrive(b.empty + 8 * s);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        wg_wait<0>();
+        reg_fence(sacc);
+        valid = valid_n, rc_n = rc_2;
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
 /* The library kernel's frame with the version's phases. */
 template <int F16, int EXPCAST, int VER>
 __global__ void __launch_bounds__(DW_THREADS, 1)
@@ -206,10 +332,14 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     if (wk.nb8) {
         if (VER == 9)
             dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+        else if (VER >= 12)
+            dw12_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else
             dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     }
-    if (VER >= 10)
+    if (VER >= 12)
+        dw12_16bit_phase<F16, VER == 13>(r, w, wk, base, b, cw, tig);
+    else if (VER >= 10)
         dw10_16bit_phase<F16, VER == 11>(r, w, wk, base, b, cw, tig);
     else
         dw_16bit_phase<F16>(r, w, wk, base, b, cw, tig);
@@ -247,4 +377,10 @@ extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t
 }
 extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<11>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw12(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<12>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw13(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<13>(w, st);
 }

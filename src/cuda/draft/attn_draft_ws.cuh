@@ -137,7 +137,10 @@ static __device__ __forceinline__ void issue_pv16(float (&o)[64], uint32_t (&pa)
 /* The row maxima from the raw scores, keys >= valid left out (the
  * accumulators are only read: writing the mask into them made ptxas
  * serialize the wgmmas), times f (> 0, so the max commutes with the
- * scaling), raised by m. */
+ * scaling), raised by m.  FROM: the caller knows that the keys of column
+ * groups nt < FROM are valid (valid >= 8 FROM), so only the others are
+ * masked. */
+template <int FROM = 0>
 static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, int valid, int tig,
                                                  const float *m, float *mx) {
     const int lim = valid - 2 * tig; /* key nt*8 + 2 tig + e1 is valid iff nt*8 + e1 < lim */
@@ -145,7 +148,7 @@ static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, 
     float a1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-        const bool v0 = nt * 8 < lim, v1 = nt * 8 + 1 < lim;
+        const bool v0 = nt < FROM || nt * 8 < lim, v1 = nt < FROM || nt * 8 + 1 < lim;
         a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(v0 ? s[nt * 4 + 0] : -INFINITY, v1 ? s[nt * 4 + 1] : -INFINITY));
         a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(v0 ? s[nt * 4 + 2] : -INFINITY, v1 ? s[nt * 4 + 3] : -INFINITY));
     }
@@ -153,15 +156,17 @@ static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, 
     mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))) * f);
 }
 
-/* p = 2^(x f - m) with one FMA per score; keys >= valid give 0. */
-template <int F16>
+/* p = 2^(x f - m) with one FMA per score; keys >= valid give 0 (FROM as
+ * in raw_max16). */
+template <int F16, int FROM = 0>
 static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float f, const float *m,
                                                      int valid, int tig, float *rs,
                                                      uint32_t (&pa)[8][4]) {
     const float m0 = -qvc_softmax_shift(m[0]), m1 = -qvc_softmax_shift(m[1]);
     const int lim = valid - 2 * tig;
     float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
-#define DW_P(x, nt, e1, mm) ((nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
+#define DW_P(x, nt, e1, mm) \
+    ((nt) < FROM || (nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
         const float *lo = s + 8 * kk, *hi = lo + 4;
