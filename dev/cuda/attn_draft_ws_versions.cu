@@ -29,6 +29,9 @@
  *         hold 124 or 125 tokens): about 120 selects fewer per thread and
  *         block.  Both are bit-identical to the library kernel by
  *         construction (the same arithmetic on the same values).
+ *   dw14  dw13 with dw9's INT8 ping-pong, its scalars loaded ahead as in
+ *         dw12 (dw9's gain may have gone to the dependent loads at the
+ *         top of each of its iterations)
  */
 #include "draft/attn_draft_ws.cuh"
 
@@ -223,6 +226,60 @@ static __device__ __forceinline__ void dw12_int8_phase(dw_acc &r, const qvc_draf
     phase_scale(r.o, r.l, dv, w.eta, tig, 0);
 }
 
+/* dw14: dw9's INT8 ping-pong with the scalars loaded ahead (dw12). */
+template <int EXPCAST>
+static __device__ __forceinline__ void dw14_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                       const dw_walk &wk, int a, int bh,
+                                                       uint32_t base, dw_bars b, int cw, int tig) {
+    const int64_t hr = (int64_t)bh * w.R;
+    const float *dv = w.dv + (int64_t)bh * 128;
+    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
+    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
+    float dq[2], f[2];
+    dw_q_deltas(w, hr, a, dq);
+    const int *cols = w.cols + wk.e1;
+    const int kb0 = cols[0];
+    int kb_n = wk.nb8 > 1 ? cols[1] : kb0;
+    int cnt = w.count[kb0];
+    float dk = w.k8s[hr + kb0];
+    mbar_wait(b.q8, 0);
+    int sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
+        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
+        const int cnt_n = w.count[kb_n];
+        const float dk_n = w.k8s[hr + kb_n];
+        dw_score_scales(dq, dk, w.scale_log2, f);
+        float rs[2];
+        uint32_t pa[4][4];
+        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        named_sync(1 + cw, 256);
+        float part[EXPCAST ? 68 : 64];
+        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        /* always issued (no wgmma on a divergent path); after the last INT8
+         * block it re-reads this K tile, unused */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
+        reg_fence(part);
+        mbar_arrive(b.empty + 8 * s);
+        add_part8<EXPCAST>(r.o, r.l, part, rs);
+        wg_wait<0>();
+        reg_fence(sacc);
+        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
+}
+
 /* The 16-bit softmax of one block, its mask on column groups >= FROM. */
 template <int F16, int FROM>
 static __device__ __forceinline__ void dw13_softmax16(dw_acc &r, const float (&sacc)[64], float f,
@@ -332,13 +389,15 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     if (wk.nb8) {
         if (VER == 9)
             dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+        else if (VER == 14)
+            dw14_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else if (VER >= 12)
             dw12_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else
             dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     }
     if (VER >= 12)
-        dw12_16bit_phase<F16, VER == 13>(r, w, wk, base, b, cw, tig);
+        dw12_16bit_phase<F16, VER >= 13>(r, w, wk, base, b, cw, tig);
     else if (VER >= 10)
         dw10_16bit_phase<F16, VER == 11>(r, w, wk, base, b, cw, tig);
     else
@@ -383,4 +442,7 @@ extern "C" qva_status dev_draft_ws_dw12(const qvc_draft_ws_args *w, cudaStream_t
 }
 extern "C" qva_status dev_draft_ws_dw13(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<13>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw14(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_version<14>(w, st);
 }
