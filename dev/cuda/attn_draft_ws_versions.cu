@@ -18,24 +18,13 @@
  * dw10 and dw11, first run (H200, 2026-12-02): within the tolerances of the
  * CPU reference, and 2.3% slower than the library kernel at Wan2.2-720p,
  * draft@85/0/0/15 (39.2 ms against 38.2, full calls).
- *   dw12  the library kernel with the route's per-block scalars (the key
- *         region from cols, then its valid count and INT8 scale) loaded
- *         ahead: the region two blocks ahead, the count one block ahead.
- *         Nsight Compute put the two dependent loads of block_valid at the
- *         top of every 16-bit iteration, between the QK wait and the row
- *         max (about 5% of the warp samples, long scoreboard).
- *   dw13  dw12, and blocks with >= 120 valid keys mask only their last
- *         column group (the regions of Wan2.2-720p and HunyuanVideo-1.5
- *         hold 124 or 125 tokens): about 120 selects fewer per thread and
- *         block.  Both are bit-identical to the library kernel by
- *         construction (the same arithmetic on the same values).
- *   dw14  dw13 with dw9's INT8 ping-pong, its scalars loaded ahead as in
- *         dw12 (dw9's gain may have gone to the dependent loads at the
- *         top of each of its iterations)
- *   dw15  dw13 on a 3-stage K/V ring for routes without INT8 blocks (the
- *         third stage in the room of the Q8 tile and the ones rows: 225 KB
- *         of shared memory): each 64 KB block load gets one more block's
- *         time; other routes run dw13
+ *   dw14  the library kernel with dw9's INT8 ping-pong, the route's
+ *         scalars loaded ahead as in the library's INT8 phase (dw9's gain
+ *         may have gone to the dependent loads at the top of each of its
+ *         iterations)
+ * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
+ * one column group) and dw15 (+ a 3-stage ring without INT8 blocks) were
+ * promoted: git history has them at fc2461c.
  */
 #include "draft/attn_draft_ws.cuh"
 
@@ -176,78 +165,7 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
     mbar_arrive(b.empty + 8 * sp);
 }
 
-/* The K/V ring of a version: its depth and where stage s's K and V^T
- * tiles sit (dw_ring2: the library's; dw_ring3: three stages for routes
- * without INT8 blocks, in the room of the Q8 tile and the ones rows). */
-struct dw_ring2 {
-    static constexpr int STAGES = DW_STAGES;
-    static __device__ __forceinline__ uint32_t k(int s) { return DW_K_OFF(s); }
-    static __device__ __forceinline__ uint32_t v(int s) { return DW_V_OFF(s); }
-};
-struct dw_ring3 {
-    static constexpr int STAGES = 3;
-    static constexpr uint32_t STAGE0 = 2 * DW_HALF, STAGE_BYTES = 4 * DW_HALF;
-    static constexpr uint32_t BAR = STAGE0 + STAGES * STAGE_BYTES;
-    static constexpr uint32_t SMEM = BAR + 64 + 1024;
-    static __device__ __forceinline__ uint32_t k(int s) { return STAGE0 + s * STAGE_BYTES; }
-    static __device__ __forceinline__ uint32_t v(int s) { return k(s) + 2 * DW_HALF; }
-};
-
-/* dw12 / dw13: the route's scalars of block i in two steps, one block
- * apart: its key region code (a load from cols; a prefix block is -1 - i),
- * then its valid keys (a load from count). */
-static __device__ __forceinline__ int dw12_region(const qvc_draft_ws_args &w, const dw_walk &wk,
-                                                  int i) {
-    return i < wk.npre ? -1 - i : video_block(w, wk, i);
-}
-static __device__ __forceinline__ int dw12_valid(const qvc_draft_ws_args &w, int rc) {
-    return rc < 0 ? min(w.prefix - (-1 - rc) * DW_ROWS, DW_ROWS) : w.count[rc];
-}
-
-/* dw12: the INT8 blocks as the library's, the key region loaded two blocks
- * ahead and its count and scale one block ahead. */
-template <int EXPCAST>
-static __device__ __forceinline__ void dw12_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
-                                                       const dw_walk &wk, int a, int bh,
-                                                       uint32_t base, dw_bars b, int cw, int tig) {
-    const int64_t hr = (int64_t)bh * w.R;
-    const float *dv = w.dv + (int64_t)bh * 128;
-    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
-    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
-    float dq[2], f[2];
-    dw_q_deltas(w, hr, a, dq);
-    const int *cols = w.cols + wk.e1;
-    const int kb0 = cols[0];
-    int kb_n = wk.nb8 > 1 ? cols[1] : kb0;
-    int cnt = w.count[kb0];
-    float dk = w.k8s[hr + kb0];
-    mbar_wait(b.q8, 0);
-    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
-        const int s = r.j % DW_STAGES;
-        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
-        const int cnt_n = w.count[kb_n];
-        const float dk_n = w.k8s[hr + kb_n];
-        dw_score_scales(dq, dk, w.scale_log2, f);
-        int sacc[64];
-        mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
-        wg_wait<0>();
-        reg_fence(sacc);
-        float rs[2];
-        uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
-        wg_wait<0>();
-        reg_fence(part);
-        mbar_arrive(b.empty + 8 * s);
-        add_part8<EXPCAST>(r.o, r.l, part, rs);
-        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
-    }
-    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
-}
-
-/* dw14: dw9's INT8 ping-pong with the scalars loaded ahead (dw12). */
+/* dw14: dw9's INT8 ping-pong with the scalars loaded ahead (as the library's). */
 template <int EXPCAST>
 static __device__ __forceinline__ void dw14_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                        const dw_walk &wk, int a, int bh,
@@ -301,67 +219,6 @@ static __device__ __forceinline__ void dw14_int8_phase(dw_acc &r, const qvc_draf
     phase_scale(r.o, r.l, dv, w.eta, tig, 0);
 }
 
-/* The 16-bit softmax of one block, its mask on column groups >= FROM. */
-template <int F16, int FROM>
-static __device__ __forceinline__ void dw13_softmax16(dw_acc &r, const float (&sacc)[64], float f,
-                                                      int valid, int tig, float (&rs)[2],
-                                                      uint32_t (&pa)[8][4]) {
-    float mx[2];
-    raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
-    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
-}
-
-/* dw12 / dw13 (NEAR): the library's ping-pong 16-bit phase with the
- * route's scalars loaded ahead; NEAR: blocks of >= 120 valid keys mask
- * only column group 15. */
-template <int F16, int NEAR, class L = dw_ring2>
-static __device__ __forceinline__ void dw12_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
-                                                        const dw_walk &wk, uint32_t base,
-                                                        dw_bars b, int cw, int tig) {
-    const int nb16 = wk.total - wk.nb8;
-    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
-    mbar_wait(b.q16, 0);
-    if (nb16 <= 0) return;
-    int valid = dw12_valid(w, dw12_region(w, wk, 0));
-    int rc_n = nb16 > 1 ? dw12_region(w, wk, 1) : 0;
-    float sacc[64];
-    int s = r.j % L::STAGES;
-    mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
-    issue_qk16_w<F16>(sacc, qa, base + L::k(s));
-    wg_wait<0>();
-    reg_fence(sacc);
-    if (cw == 1) named_arrive(1, 256);
-    for (int i = 0; i < nb16; ++i, ++r.j) {
-        s = r.j % L::STAGES;
-        const int sn = (r.j + 1) % L::STAGES, more = i + 1 < nb16;
-        const int rc_2 = i + 2 < nb16 ? dw12_region(w, wk, i + 2) : 0;
-        const int valid_n = more ? dw12_valid(w, rc_n) : 0;
-        float rs[2];
-        uint32_t pa[8][4];
-        if (NEAR && valid >= 8 * 15)
-            dw13_softmax16<F16, 15>(r, sacc, w.scale_log2, valid, tig, rs, pa);
-        else
-            dw13_softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
-        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
-        named_sync(1 + cw, 256);
-        issue_pv16<F16>(r.o, pa, base + L::v(s));
-        /* always issued (no wgmma on a divergent path); after the last
-         * block it re-reads this K tile, unused */
-        issue_qk16_w<F16>(sacc, qa, base + L::k(more ? sn : s));
-        named_arrive(2 - cw, 256);
-        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
-        reg_fence(r.o);
-        mbar_arrive(b.empty + 8 * s);
-        r.l[0] += rs[0];
-        r.l[1] += rs[1];
-        wg_wait<0>();
-        reg_fence(sacc);
-        valid = valid_n, rc_n = rc_2;
-    }
-    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
-}
-
 /* The library kernel's frame with the version's phases. */
 template <int F16, int EXPCAST, int VER>
 __global__ void __launch_bounds__(DW_THREADS, 1)
@@ -395,7 +252,7 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     __syncthreads();
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw_producer(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        if (threadIdx.x == 0) dw_producer<dw_ring2>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
@@ -412,99 +269,14 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
             dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else if (VER == 14)
             dw14_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-        else if (VER >= 12)
-            dw12_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else
             dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     }
-    if (VER >= 12)
-        dw12_16bit_phase<F16, VER >= 13>(r, w, wk, base, b, cw, tig);
-    else if (VER >= 10)
+    if (VER >= 10 && VER <= 11)
         dw10_16bit_phase<F16, VER == 11>(r, w, wk, base, b, cw, tig);
     else
-        dw_16bit_phase<F16>(r, w, wk, base, b, cw, tig);
+        dw_16bit_phase<F16, dw_ring2>(r, w, wk, base, b, cw, tig);
     dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
-}
-
-/* dw15: the producer of a route without INT8 blocks into ring L. */
-template <class L>
-static __device__ __forceinline__ void dw15_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
-                                                     const CUtensorMap &tv16,
-                                                     const qvc_draft_ws_args &w, const dw_walk &wk,
-                                                     int a, int bh, uint32_t base, dw_bars b) {
-    const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
-    mbar_expect_tx(b.q16, 2 * DW_HALF);
-    tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
-    tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
-    for (int j = 0; j < wk.total; ++j) {
-        const int s = j % L::STAGES;
-        const uint32_t full = b.full + 8 * s;
-        mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
-        const int64_t k0 = j < wk.npre ? (int64_t)j * DW_ROWS
-                                       : w.prefix_pad + (int64_t)video_block(w, wk, j) * DW_ROWS;
-        const int row = (int)((int64_t)bh * w.n_pack + k0);
-        mbar_expect_tx(full, 4 * DW_HALF);
-        tma_load_2d(base + L::k(s), &tk16, 0, row, full);
-        tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
-        tma_load_2d(base + L::v(s), &tv16, 0, row, full);
-        tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
-    }
-}
-
-/* dw15: dw13's 16-bit phase on a 3-stage ring, for routes without INT8
- * blocks (the launcher falls back to dw13 otherwise). */
-template <int F16>
-__global__ void __launch_bounds__(DW_THREADS, 1)
-dev_draft_ws3_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
-                     const __grid_constant__ CUtensorMap tv16, const dw_params p) {
-    typedef dw_ring3 L;
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t base = smem_addr(sm);
-    dw_bars b;
-    b.q8 = 0, b.q16 = base + L::BAR;
-    b.full = b.q16 + 8, b.empty = b.full + 8 * L::STAGES;
-    const qvc_draft_ws_args &w = p.w;
-    int a, bh;
-    dw_walk wk;
-    dw_work(w, p.npre, a, bh, wk);
-    if (threadIdx.x == 0) {
-        mbar_init(b.q16, 1);
-        for (int s = 0; s < L::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw15_producer<L>(tq16, tk16, tv16, w, wk, a, bh, base, b);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    dw_acc r;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
-    r.j = 0;
-    dw12_16bit_phase<F16, 1, L>(r, w, wk, base, b, cw, tig);
-    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
-}
-
-template <int F16>
-static qva_status launch_ws3(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const dw_params) =
-        dev_draft_ws3_kernel<F16>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dw_ring3::SMEM);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws3 smem attribute");
-    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-    k<<<grid, DW_THREADS, dw_ring3::SMEM, st>>>(m[0], m[1], m[2], *p);
-    return qvc_launch_check("dev draft ws3");
 }
 
 template <int VER, int F16, int EXPCAST>
@@ -539,20 +311,6 @@ extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t
 extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<11>(w, st);
 }
-extern "C" qva_status dev_draft_ws_dw12(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<12>(w, st);
-}
-extern "C" qva_status dev_draft_ws_dw13(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<13>(w, st);
-}
 extern "C" qva_status dev_draft_ws_dw14(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<14>(w, st);
-}
-extern "C" qva_status dev_draft_ws_dw15(const qvc_draft_ws_args *w, cudaStream_t st) {
-    if (w->q8 || w->k8 || w->v8t) return launch_version<13>(w, st); /* INT8 blocks: dw13 */
-    CUtensorMap maps[6];
-    dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
-    if (r != QVA_OK) return r;
-    return w->f16 ? launch_ws3<1>(maps, &p, st) : launch_ws3<0>(maps, &p, st);
 }

@@ -219,9 +219,11 @@ qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
  * (draft/draft_internal.h): q16/k16 [BH][n_pack][128], v16t [BH][n_pack/128][128][128]
  * (16-bit, f16 iff f16), q8/k8 [BH][R][128][128] INT8 with q8s/k8s [BH][R],
  * v8t [BH][R][128][128] E4M3 in the PV slot order, dv [BH][128]; the
- * 8-bit ones may be NULL when no route has an INT8 phase. */
+ * 8-bit ones may be NULL when no route has an INT8 phase.  with8: a route
+ * of the call may have INT8 blocks (the plan's; the 8-bit buffers may be
+ * allocated from an earlier call either way). */
 typedef struct qvc_draft_ws_args {
-    int BH, R, prefix, expcast, f16;
+    int BH, R, prefix, expcast, f16, with8;
     int64_t n_pack, prefix_pad;
     const uint16_t *q16, *k16, *v16t;
     const int8_t *q8, *k8;

@@ -30,6 +30,29 @@
 #define DW_PRODUCER_REGS 24
 #define DW_CONSUMER_REGS 240
 
+/* The K/V ring of a launch: its depth, where stage s's tiles sit, the
+ * mbarriers and the shared memory.  dw_ring2 is the layout above (the Q8
+ * tile and each stage's ones rows for the INT8 phase); dw_ring3 is for
+ * routes without INT8 blocks: three stages in the room of the Q8 tile and
+ * the ones rows, so each 64 KB block load has one more block's time. */
+struct dw_ring2 {
+    static constexpr int STAGES = DW_STAGES, INT8 = 1;
+    static constexpr uint32_t BAR = DW_BAR_OFF, SMEM = DW_SMEM_BYTES;
+    static __device__ __forceinline__ uint32_t k(int s) { return DW_K_OFF(s); }
+    static __device__ __forceinline__ uint32_t v(int s) { return DW_V_OFF(s); }
+};
+struct dw_ring3 {
+    static constexpr int STAGES = 3, INT8 = 0;
+    static constexpr uint32_t STAGE0 = 2 * DW_HALF, STAGE_BYTES = 4 * DW_HALF;
+    static constexpr uint32_t BAR = STAGE0 + STAGES * STAGE_BYTES, SMEM = BAR + 64 + 1024;
+    static __device__ __forceinline__ uint32_t k(int s) { return STAGE0 + s * STAGE_BYTES; }
+    static __device__ __forceinline__ uint32_t v(int s) { return k(s) + 2 * DW_HALF; }
+};
+/* Blocks with at least this many valid keys (a multiple of 8) mask only
+ * the column groups at and above it: every region of the Wan2.2 and
+ * HunyuanVideo grids holds 124 or 125 tokens. */
+#define DW_NEAR_FULL 120
+
 typedef struct dw_params {
     qvc_draft_ws_args w;
     int npre; /* prefix blocks */
@@ -292,10 +315,19 @@ static __device__ __forceinline__ int video_block(const qvc_draft_ws_args &w, co
     return wk.dense ? i - wk.npre : w.cols[wk.e2 + i - wk.npre];
 }
 
-/* Valid keys of 16-bit block i: a prefix block or a video region. */
+/* The valid keys of 16-bit block i in two steps, so that a loop can issue
+ * them blocks apart: the block's code (a load from cols for a video region;
+ * prefix block i is -1 - i), then its valid keys (a load from count). */
+static __device__ __forceinline__ int block_code(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                 int i) {
+    return i < wk.npre ? -1 - i : video_block(w, wk, i);
+}
+static __device__ __forceinline__ int code_valid(const qvc_draft_ws_args &w, int c) {
+    return c < 0 ? min(w.prefix - (-1 - c) * DW_ROWS, DW_ROWS) : w.count[c];
+}
 static __device__ __forceinline__ int block_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
                                                   int i) {
-    return i < wk.npre ? min(w.prefix - i * DW_ROWS, DW_ROWS) : w.count[video_block(w, wk, i)];
+    return code_valid(w, block_code(w, wk, i));
 }
 
 /* First packed row of the CTA's query block (in one head's n_pack rows)
@@ -311,7 +343,8 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
 
 /* ------------------------------------------------------------ producer */
 /* One thread walks the CTA's route and TMA-loads each block's K and V^T
- * into the 2-stage ring. */
+ * into ring L. */
+template <class L>
 static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
                                                    const CUtensorMap &tv16, const CUtensorMap &tq8,
                                                    const CUtensorMap &tk8, const CUtensorMap &tv8,
@@ -319,7 +352,7 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
                                                    int a, int bh, uint32_t base, dw_bars b) {
     const int64_t hr = (int64_t)bh * w.R, nv = (int64_t)w.R * DW_ROWS;
     const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
-    if (wk.nb8) {
+    if (L::INT8 && wk.nb8) {
         mbar_expect_tx(b.q8, DW_HALF);
         tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
     }
@@ -327,10 +360,10 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
     tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
     tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
     for (int j = 0; j < wk.total; ++j) {
-        const int s = j % DW_STAGES;
+        const int s = j % L::STAGES;
         const uint32_t full = b.full + 8 * s;
-        mbar_wait(b.empty + 8 * s, ((j / DW_STAGES) & 1) ^ 1);
-        if (j < wk.nb8) {
+        mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
+        if (L::INT8 && j < wk.nb8) {
             const int row = (int)((hr + w.cols[wk.e1 + j]) * DW_ROWS);
             mbar_expect_tx(full, 2 * DW_HALF);
             tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
@@ -341,10 +374,10 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
                                            : w.prefix_pad + (int64_t)video_block(w, wk, i) * DW_ROWS;
             const int row = (int)((int64_t)bh * w.n_pack + k0);
             mbar_expect_tx(full, 4 * DW_HALF);
-            tma_load_2d(base + DW_K_OFF(s), &tk16, 0, row, full);
-            tma_load_2d(base + DW_K_OFF(s) + DW_HALF, &tk16, 64, row, full);
-            tma_load_2d(base + DW_V_OFF(s), &tv16, 0, row, full);
-            tma_load_2d(base + DW_V_OFF(s) + DW_HALF, &tv16, 64, row, full);
+            tma_load_2d(base + L::k(s), &tk16, 0, row, full);
+            tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
+            tma_load_2d(base + L::v(s), &tv16, 0, row, full);
+            tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
         }
     }
 }
@@ -379,8 +412,10 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
     f[1] = __fmul_rn(__fmul_rn(dq[1], dk), scale_log2);
 }
 
-/* 1. The INT8 blocks, inside the Eq. 8 unit change; per block QK,
- * softmax, PV in sequence. */
+/* 1. The INT8 blocks (ring2 only), inside the Eq. 8 unit change; per
+ * block QK, softmax, PV in sequence.  The route's scalars are loaded
+ * ahead, off the block's serial path: the key region two blocks ahead,
+ * its valid keys and scale one block ahead. */
 template <int EXPCAST>
 static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
@@ -391,10 +426,17 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
     float dq[2], f[2];
     dw_q_deltas(w, hr, a, dq);
+    const int *cols = w.cols + wk.e1;
+    int kb_n = wk.nb8 > 1 ? cols[1] : cols[0];
+    int cnt = w.count[cols[0]];
+    float dk = w.k8s[hr + cols[0]];
     mbar_wait(b.q8, 0);
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
-        const int s = r.j % DW_STAGES, kb = w.cols[wk.e1 + i];
-        dw_score_scales(dq, w.k8s[hr + kb], w.scale_log2, f);
+        const int s = r.j % DW_STAGES;
+        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
+        const int cnt_n = w.count[kb_n];
+        const float dk_n = w.k8s[hr + kb_n];
+        dw_score_scales(dq, dk, w.scale_log2, f);
         int sacc[64];
         mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
         issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
@@ -402,21 +444,37 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
         reg_fence(sacc);
         float rs[2];
         uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, w.count[kb], w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
+        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         float part[EXPCAST ? 68 : 64];
         issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
         wg_wait<0>();
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);
         add_part8<EXPCAST>(r.o, r.l, part, rs);
+        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
     }
     phase_scale(r.o, r.l, dv, w.eta, tig, 0);
 }
 
+/* The softmax of one 16-bit block: the row max, the new running max (O
+ * and l rescaled), the probabilities; keys of column groups >= FROM
+ * masked by valid. */
+template <int F16, int FROM>
+static __device__ __forceinline__ void softmax16(dw_acc &r, const float (&sacc)[64], float f,
+                                                 int valid, int tig, float (&rs)[2],
+                                                 uint32_t (&pa)[8][4]) {
+    float mx[2];
+    raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
+    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
+}
+
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
  * two consumer warpgroups in ping-pong: one issues PV(i) into O and
- * QK(i+1) while the other makes its P; warpgroup 0 first. */
-template <int F16>
+ * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
+ * valid keys are loaded during the block before (its code two blocks
+ * ahead), off the path from the QK wait to the row max. */
+template <int F16, class L>
 static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
                                                       int cw, int tig) {
@@ -424,27 +482,32 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft
     const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
     mbar_wait(b.q16, 0);
     if (nb16 <= 0) return;
+    int valid = block_valid(w, wk, 0);
+    int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
     float sacc[64];
-    int s = r.j % DW_STAGES;
-    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-    issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+    int s = r.j % L::STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
+    issue_qk16_w<F16>(sacc, qa, base + L::k(s));
     wg_wait<0>();
     reg_fence(sacc);
     if (cw == 1) named_arrive(1, 256);
     for (int i = 0; i < nb16; ++i, ++r.j) {
-        s = r.j % DW_STAGES;
-        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < nb16, valid = block_valid(w, wk, i);
-        float mx[2], rs[2];
-        raw_max16(sacc, w.scale_log2, valid, tig, r.m, mx);
-        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+        s = r.j % L::STAGES;
+        const int sn = (r.j + 1) % L::STAGES, more = i + 1 < nb16;
+        const int code_2 = i + 2 < nb16 ? block_code(w, wk, i + 2) : 0;
+        const int valid_n = more ? code_valid(w, code_n) : 0;
+        float rs[2];
         uint32_t pa[8][4];
-        probs16_fused<F16>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
-        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        if (valid >= DW_NEAR_FULL)
+            softmax16<F16, DW_NEAR_FULL / 8>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+        else
+            softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
         named_sync(1 + cw, 256);
-        issue_pv16<F16>(r.o, pa, base + DW_V_OFF(s));
+        issue_pv16<F16>(r.o, pa, base + L::v(s));
         /* always issued (no wgmma on a divergent path); after the last
          * block it re-reads this K tile, unused */
-        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(more ? sn : s));
+        issue_qk16_w<F16>(sacc, qa, base + L::k(more ? sn : s));
         named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(r.o);
@@ -453,6 +516,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft
         r.l[1] += rs[1];
         wg_wait<0>();
         reg_fence(sacc);
+        valid = valid_n, code_n = code_2;
     }
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }

@@ -9,7 +9,8 @@
  *   producer   warpgroup 0: one thread walks the route of (bh, a) -- the
  *              INT8 key regions, then every prefix block, then the 16-bit
  *              key regions -- and TMA-loads each block's K and V^T into a
- *              2-stage ring (mbarriers, 128-byte swizzle)
+ *              2-stage ring (mbarriers, 128-byte swizzle); 3 stages when
+ *              no route of the call has INT8 blocks (dw_ring3)
  *   mainloop   warpgroups 1, 2, 64 query rows each, ONE online-softmax
  *              state across the phases:
  *     INT8     S = Q8 K8^T  wgmma m64n128k32 s8 (SS); P codes by exp2 or
@@ -48,7 +49,7 @@
 #include "draft/attn_draft_ws.cuh"
 
 /* ------------------------------------------------------------ kernel */
-template <int F16, int EXPCAST>
+template <int F16, int EXPCAST, class L>
 __global__ void __launch_bounds__(DW_THREADS, 1)
 attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                       const __grid_constant__ CUtensorMap tk16,
@@ -60,20 +61,20 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
     dw_bars b;
-    b.q8 = base + DW_BAR_OFF, b.q16 = b.q8 + 8;
-    b.full = b.q8 + 16, b.empty = b.full + 8 * DW_STAGES;
+    b.q8 = base + L::BAR, b.q16 = b.q8 + 8;
+    b.full = b.q8 + 16, b.empty = b.full + 8 * L::STAGES;
     const qvc_draft_ws_args &w = p.w;
     int a, bh;
     dw_walk wk;
     dw_work(w, p.npre, a, bh, wk);
 
-    if (EXPCAST)
+    if (EXPCAST && L::INT8)
         for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
             *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(b.q8, 1);
         mbar_init(b.q16, 1);
-        for (int s = 0; s < DW_STAGES; ++s) {
+        for (int s = 0; s < L::STAGES; ++s) {
             mbar_init(b.full + 8 * s, 1);
             mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
         }
@@ -84,7 +85,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw_producer(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        if (threadIdx.x == 0) dw_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
         return;
     }
 
@@ -97,22 +98,22 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
     r.j = 0;
-    if (wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-    dw_16bit_phase<F16>(r, w, wk, base, b, cw, tig);
+    if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+    dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig);
     dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
 }
 
 /* ------------------------------------------------------------ host */
-template <int F16, int EXPCAST>
+template <int F16, int EXPCAST, class L>
 static qva_status launch_dw(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
               const CUtensorMap, const CUtensorMap, const dw_params) =
-        attn_draft_ws_128x128<F16, EXPCAST>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
+        attn_draft_ws_128x128<F16, EXPCAST, L>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L::SMEM);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft_ws_128x128 smem attribute");
     /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
     const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-    k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    k<<<grid, DW_THREADS, L::SMEM, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
     return qvc_launch_check("attn_draft_ws_128x128");
 }
 
@@ -122,6 +123,8 @@ extern "C" qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cuda
     const qva_status r = dw_setup(w, maps, &p);
     if (r != QVA_OK) return r;
     const int f16 = w->f16 != 0, ec = w->expcast != 0;
-    if (f16) return ec ? launch_dw<1, 1>(maps, &p, st) : launch_dw<1, 0>(maps, &p, st);
-    return ec ? launch_dw<0, 1>(maps, &p, st) : launch_dw<0, 0>(maps, &p, st);
+    /* ExpCast is the INT8 phase's: without INT8 blocks it changes nothing */
+    if (!w->with8) return f16 ? launch_dw<1, 0, dw_ring3>(maps, &p, st) : launch_dw<0, 0, dw_ring3>(maps, &p, st);
+    if (f16) return ec ? launch_dw<1, 1, dw_ring2>(maps, &p, st) : launch_dw<1, 0, dw_ring2>(maps, &p, st);
+    return ec ? launch_dw<0, 1, dw_ring2>(maps, &p, st) : launch_dw<0, 0, dw_ring2>(maps, &p, st);
 }

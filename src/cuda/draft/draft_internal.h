@@ -66,7 +66,8 @@ typedef struct dg_params {
     const int32_t *count, *pack, *offsets, *cols;
     float scale_log2, eta;
     int expcast;
-    int f16; /* 16-bit operands are FP16 (else BF16) */
+    int f16;   /* 16-bit operands are FP16 (else BF16) */
+    int with8; /* a route may have INT8 blocks (the plan's with8) */
     qvc_attn_args a;
 } dg_params;
 
