@@ -18,13 +18,10 @@
  * dw10 and dw11, first run (H200, 2026-12-02): within the tolerances of the
  * CPU reference, and 2.3% slower than the library kernel at Wan2.2-720p,
  * draft@85/0/0/15 (39.2 ms against 38.2, full calls).
- *   dw14  the library kernel with dw9's INT8 ping-pong, the route's
- *         scalars loaded ahead as in the library's INT8 phase (dw9's gain
- *         may have gone to the dependent loads at the top of each of its
- *         iterations)
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
- * one column group) and dw15 (+ a 3-stage ring without INT8 blocks) were
- * promoted: git history has them at fc2461c.
+ * one column group), dw14 (+ dw9's INT8 ping-pong) and dw15 (+ a 3-stage
+ * ring without INT8 blocks) were promoted: git history has dw12, dw13,
+ * dw15 at fc2461c..eed0b14 and dw14 at 205e7db.
  */
 #include "draft/attn_draft_ws.cuh"
 
@@ -165,60 +162,6 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
     mbar_arrive(b.empty + 8 * sp);
 }
 
-/* dw14: dw9's INT8 ping-pong with the scalars loaded ahead (as the library's). */
-template <int EXPCAST>
-static __device__ __forceinline__ void dw14_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
-                                                       const dw_walk &wk, int a, int bh,
-                                                       uint32_t base, dw_bars b, int cw, int tig) {
-    const int64_t hr = (int64_t)bh * w.R;
-    const float *dv = w.dv + (int64_t)bh * 128;
-    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
-    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
-    float dq[2], f[2];
-    dw_q_deltas(w, hr, a, dq);
-    const int *cols = w.cols + wk.e1;
-    const int kb0 = cols[0];
-    int kb_n = wk.nb8 > 1 ? cols[1] : kb0;
-    int cnt = w.count[kb0];
-    float dk = w.k8s[hr + kb0];
-    mbar_wait(b.q8, 0);
-    int sacc[64];
-    int s = r.j % DW_STAGES;
-    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
-    wg_wait<0>();
-    reg_fence(sacc);
-    if (cw == 1) named_arrive(1, 256);
-    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
-        s = r.j % DW_STAGES;
-        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
-        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
-        const int cnt_n = w.count[kb_n];
-        const float dk_n = w.k8s[hr + kb_n];
-        dw_score_scales(dq, dk, w.scale_log2, f);
-        float rs[2];
-        uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
-        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
-        named_sync(1 + cw, 256);
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
-        /* always issued (no wgmma on a divergent path); after the last INT8
-         * block it re-reads this K tile, unused */
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
-        named_arrive(2 - cw, 256);
-        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
-        reg_fence(part);
-        mbar_arrive(b.empty + 8 * s);
-        add_part8<EXPCAST>(r.o, r.l, part, rs);
-        wg_wait<0>();
-        reg_fence(sacc);
-        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
-    }
-    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
-    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
-}
-
 /* The library kernel's frame with the version's phases. */
 template <int F16, int EXPCAST, int VER>
 __global__ void __launch_bounds__(DW_THREADS, 1)
@@ -267,8 +210,6 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     if (wk.nb8) {
         if (VER == 9)
             dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-        else if (VER == 14)
-            dw14_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
         else
             dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     }
@@ -310,7 +251,4 @@ extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t
 }
 extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<11>(w, st);
-}
-extern "C" qva_status dev_draft_ws_dw14(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<14>(w, st);
 }

@@ -225,13 +225,14 @@ static __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b
 
 /* Row max of the raw INT32 scores (masked keys pushed below any real
  * score), times the row's scale (f0 for row g, f1 for g + 8): equal to the
- * max of the scaled floats, since x -> x*f is monotone for f > 0. */
-template <int TREE>
+ * max of the scaled floats, since x -> x*f is monotone for f > 0.  FROM:
+ * the caller knows the keys of column groups nt < FROM are valid. */
+template <int TREE, int FROM = 0>
 static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, float f1, int key0,
                                                    int nk, int tig, float *mx) {
     if (key0 + WS_KEYS > nk) {
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
+        for (int nt = FROM; nt < 16; ++nt) {
             const int key = key0 + nt * 8 + 2 * tig;
             if (key >= nk) acc[nt * 4 + 0] = acc[nt * 4 + 2] = -(1 << 22) + 1;
             if (key + 1 >= nk) acc[nt * 4 + 1] = acc[nt * 4 + 3] = -(1 << 22) + 1;
@@ -273,7 +274,8 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
  * in 4 partial sums.  SUM = 0: no FP32 row sum (the exp2 codes' sum comes
  * from the ones row, QVA_P_SUM_CODES).  MASK: the
- * block holds padding keys (only the last one can).  f0, f1: the score
+ * block holds padding keys (only the last one can), in column groups
+ * nt >= FROM (the caller knows the others are valid).  f0, f1: the score
  * scales of rows g and g + 8 (equal with per-block query scales).
  * ec_add: ExpCast's addend 120 + beta (unused without EXPCAST).
  * ExpCast's codes come in the saturating form (qvi_expcast_ts: the FMA's
@@ -281,7 +283,7 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * fewer, dev/cuda ws10).  The INT32 scores become floats by I2FP.F32.S32
  * (exact: |x| < 2^24), one instruction where the 1.5 * 2^23 magic add took
  * two (dev/cuda ws12). */
-template <int EXPCAST, int MASK, int SPLIT_SUM, int SUM = 1>
+template <int EXPCAST, int MASK, int SPLIT_SUM, int SUM = 1, int FROM = 0>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
@@ -299,7 +301,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
             for (int e = 0; e < 4; ++e) {
                 const int nt = 4 * c + i;
                 float x = __int2float_rn(acc[nt * 4 + e]);
-                if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                if (MASK && nt >= FROM && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
                 t[i][e] = EXPCAST ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
                                   : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
             }

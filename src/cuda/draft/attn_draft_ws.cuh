@@ -237,22 +237,33 @@ static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, con
 /* ------------------------------------------------------------ INT8 phase */
 /* One INT8 block's softmax: the row max on the integer scores, the new
  * running max (O and l rescaled), and the E4M3 P codes by one FMA per
- * score; rs gets the FP32 row sums (quad-partial) without ExpCast. */
+ * score; rs gets the FP32 row sums (quad-partial) without ExpCast.  Keys
+ * of column groups >= FROM masked by valid (all valid: no mask). */
+template <int EXPCAST, int MASK, int FROM>
+static __device__ __forceinline__ void softmax8_part(int (&sacc)[64], const float (&f)[2], int valid,
+                                                     float ec_add, int tig, float (&m)[2],
+                                                     float (&l)[2], float (&o)[64],
+                                                     float (&rs)[2], uint32_t (&pa)[4][4]) {
+    float mx[2];
+    rs[0] = rs[1] = 0.0f;
+    int_row_max<1, FROM>(sacc, f[0], f[1], 0, valid, tig, mx);
+    mx[0] = fmaxf(mx[0], m[0]);
+    mx[1] = fmaxf(mx[1], m[1]);
+    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
+    make_p_fused<EXPCAST, MASK, 1, 1, FROM>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs,
+                                            pa);
+}
 template <int EXPCAST>
 static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f)[2], int valid,
                                                 float ec_add, int tig, float (&m)[2], float (&l)[2],
                                                 float (&o)[64], float (&rs)[2],
                                                 uint32_t (&pa)[4][4]) {
-    float mx[2];
-    rs[0] = rs[1] = 0.0f;
-    int_row_max<1>(sacc, f[0], f[1], 0, valid, tig, mx);
-    mx[0] = fmaxf(mx[0], m[0]);
-    mx[1] = fmaxf(mx[1], m[1]);
-    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
-    if (valid < WS_KEYS)
-        make_p_fused<EXPCAST, 1, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
+    if (valid >= WS_KEYS)
+        softmax8_part<EXPCAST, 0, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
+    else if (valid >= DW_NEAR_FULL)
+        softmax8_part<EXPCAST, 1, DW_NEAR_FULL / 8>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
     else
-        make_p_fused<EXPCAST, 0, 1>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs, pa);
+        softmax8_part<EXPCAST, 1, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
 }
 
 /* O += the block's PV partial rounded to FP16 with saturation (Table 6),
@@ -412,10 +423,12 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
     f[1] = __fmul_rn(__fmul_rn(dq[1], dk), scale_log2);
 }
 
-/* 1. The INT8 blocks (ring2 only), inside the Eq. 8 unit change; per
- * block QK, softmax, PV in sequence.  The route's scalars are loaded
- * ahead, off the block's serial path: the key region two blocks ahead,
- * its valid keys and scale one block ahead. */
+/* 1. The INT8 blocks (ring2 only), inside the Eq. 8 unit change; the two
+ * consumer warpgroups in ping-pong as in the 16-bit phase: one issues
+ * PV(i) into a fresh partial and QK(i+1) while the other makes its P
+ * codes.  The route's scalars are loaded ahead, off the block's serial
+ * path: the key region two blocks ahead, its valid keys and scale one
+ * block ahead. */
 template <int EXPCAST>
 static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
@@ -431,28 +444,40 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
     int cnt = w.count[cols[0]];
     float dk = w.k8s[hr + cols[0]];
     mbar_wait(b.q8, 0);
+    int sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
-        const int s = r.j % DW_STAGES;
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
         const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
         const int cnt_n = w.count[kb_n];
         const float dk_n = w.k8s[hr + kb_n];
         dw_score_scales(dq, dk, w.scale_log2, f);
-        int sacc[64];
-        mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
-        wg_wait<0>();
-        reg_fence(sacc);
         float rs[2];
         uint32_t pa[4][4];
         softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+        named_sync(1 + cw, 256);
         float part[EXPCAST ? 68 : 64];
         issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
-        wg_wait<0>();
+        /* always issued (no wgmma on a divergent path); after the last INT8
+         * block it re-reads this K tile, unused */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);
         add_part8<EXPCAST>(r.o, r.l, part, rs);
+        wg_wait<0>();
+        reg_fence(sacc);
         cnt = cnt_n, dk = dk_n, kb_n = kb_2;
     }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
     phase_scale(r.o, r.l, dv, w.eta, tig, 0);
 }
 
