@@ -353,6 +353,8 @@ static uint64_t fnv64(const void *p, size_t n) {
 static const tcase HASH_CASES[] = {
     {1, 4, 4096, 4096, 128, QVA_BF16, 0, 0, 0, 0, 0, 0, 0},
     {1, 2, 8192 + 100, 8192 + 100, 128, QVA_BF16, 1, 8, 32, 32, 100, 0, 0},
+    /* Wan2.2's frame: regions of 124 and 125 tokens (the near-full masks) */
+    {1, 2, 7200, 7200, 128, QVA_BF16, 0, 2, 45, 80, 0, 0, 1},
 };
 
 /* Hash mode: the CUDA output and LSE bits of every (case, method). */
