@@ -18,10 +18,12 @@
  *              P V8 by wgmma e4m3 (RS; with ExpCast the n136 form whose
  *              ones rows give the decoded row sum), rounded to FP16 with
  *              saturation (Table 6) and added; entered and left by the
- *              Eq. 8 unit change; QK, softmax, PV in sequence
+ *              Eq. 8 unit change; the two warpgroups in ping-pong
  *     16-bit   S = Q16 K16^T wgmma m64n128k16 bf16/f16 (SS); P in 16 bits
  *              from the S registers; O += P V16 by wgmma (RS) straight into
  *              the O accumulator; the two warpgroups in ping-pong
+ *   in both phases a block of >= 120 valid keys masks only its last
+ *   column group, and the route's per-block scalars are loaded ahead
  *   epilogue   O / l scattered back to the sequence order, and the LSE
  *
  * Prefix queries (a text prefix; DA2 C.1: dense over every valid key) run
