@@ -5,9 +5,6 @@
  * checks it against the CPU reference.  README.md says how to add one and
  * how to promote it.
  *
- *   dw9   the library kernel (dw7) with the INT8 phase in ping-pong too:
- *         one warpgroup issues PV(i) and QK(i+1) while the other makes its
- *         P codes (measured equal to dw7 within noise at 85/0/7.5/7.5)
  *   dw10  the 16-bit phase software-pipelined in FA3's form: QK(i) and
  *         PV(i-1) in flight together, the exponentials of block i written
  *         over the S registers in FP32 under PV(i-1), P packed to 16 bits
@@ -21,54 +18,9 @@
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
  * one column group), dw14 (+ dw9's INT8 ping-pong) and dw15 (+ a 3-stage
  * ring without INT8 blocks) were promoted: git history has dw12, dw13,
- * dw15 at fc2461c..eed0b14 and dw14 at 205e7db.
+ * dw15 at fc2461c..eed0b14 and dw9, dw14 at 205e7db.
  */
 #include "draft/attn_draft_ws.cuh"
-
-/* dw9: the INT8 blocks with the two consumer warpgroups in ping-pong. */
-template <int EXPCAST>
-static __device__ __forceinline__ void dw9_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
-                                                      const dw_walk &wk, int a, int bh,
-                                                      uint32_t base, dw_bars b, int cw, int tig) {
-    const int64_t hr = (int64_t)bh * w.R;
-    const float *dv = w.dv + (int64_t)bh * 128;
-    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
-    const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
-    float dq[2], f[2];
-    dw_q_deltas(w, hr, a, dq);
-    mbar_wait(b.q8, 0);
-    int sacc[64];
-    int s = r.j % DW_STAGES;
-    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
-    wg_wait<0>();
-    reg_fence(sacc);
-    if (cw == 1) named_arrive(1, 256);
-    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
-        s = r.j % DW_STAGES;
-        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8, kb = w.cols[wk.e1 + i];
-        dw_score_scales(dq, w.k8s[hr + kb], w.scale_log2, f);
-        float rs[2];
-        uint32_t pa[4][4];
-        softmax8<EXPCAST>(sacc, f, w.count[kb], w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
-        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
-        named_sync(1 + cw, 256);
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
-        /* always issued (no wgmma on a divergent path); after the last INT8
-         * block it re-reads this K tile, unused */
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
-        named_arrive(2 - cw, 256);
-        wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
-        reg_fence(part);
-        mbar_arrive(b.empty + 8 * s);
-        add_part8<EXPCAST>(r.o, r.l, part, rs);
-        wg_wait<0>();
-        reg_fence(sacc);
-    }
-    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
-    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
-}
 
 /* p = 2^(x f - m) written over the scores (keys >= valid give 0), with
  * the row sums; the 16-bit packing comes later. */
@@ -207,12 +159,7 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
     r.j = 0;
-    if (wk.nb8) {
-        if (VER == 9)
-            dw9_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-        else
-            dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-    }
+    if (wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     if (VER >= 10 && VER <= 11)
         dw10_16bit_phase<F16, VER == 11>(r, w, wk, base, b, cw, tig);
     else
@@ -243,9 +190,6 @@ static qva_status launch_version(const qvc_draft_ws_args *w, cudaStream_t st) {
     return ec ? launch_one<VER, 0, 1>(maps, &p, st) : launch_one<VER, 0, 0>(maps, &p, st);
 }
 
-extern "C" qva_status dev_draft_ws_dw9(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<9>(w, st);
-}
 extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<10>(w, st);
 }
