@@ -15,6 +15,13 @@
  * dw10 and dw11, first run (H200, 2026-12-02): within the tolerances of the
  * CPU reference, and 2.3% slower than the library kernel at Wan2.2-720p,
  * draft@85/0/0/15 (39.2 ms against 38.2, full calls).
+ *   dw16  the library kernel made persistent: one CTA per SM takes work
+ *         items from a global counter; the producer loads the next item's
+ *         Q (and its first K/V blocks, the ring running on across items)
+ *         while the consumers finish the current item's last blocks and
+ *         write its output, so the CTA prologue (Q, the first K/V, the first
+ *         QK: 2.7% of the samples at the first iteration, bench/NOTES.md)
+ *         is no longer exposed once per item.  NOT YET RUN ON A GPU.
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
  * one column group), dw14 (+ dw9's INT8 ping-pong) and dw15 (+ a 3-stage
  * ring without INT8 blocks) were promoted: git history has dw12, dw13,
@@ -195,4 +202,167 @@ extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t
 }
 extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
     return launch_version<11>(w, st);
+}
+
+/* ------------------------------------------------------------ dw16 */
+/* The item counter of dw16's launches (reset before each launch). */
+static __device__ int g_dw16_next;
+
+/* Past the ring's mbarriers: the "Q free" mbarrier (every consumer thread
+ * arrives once its item's last wgmma is done: Q16 and Q8 may be
+ * overwritten) and the item index the producer publishes with Q16. */
+template <class L>
+struct dw16_extra {
+    static constexpr uint32_t QFREE = L::BAR + 64, ITEM = L::BAR + 72;
+    static constexpr uint32_t SMEM = L::SMEM + 64;
+};
+
+/* dw16's producer: items from the counter until it passes n_items, each
+ * as dw_producer<L> loads one, the ring position j running on across
+ * items.  Q16's mbarrier completes once per item (the end sentinel too);
+ * Q8's once per item that has INT8 blocks. */
+template <class L>
+static __device__ __forceinline__ void dw16_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
+                                                     const CUtensorMap &tv16, const CUtensorMap &tq8,
+                                                     const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                     const dw_params &p, int64_t n_items,
+                                                     uint8_t *sm, uint32_t base, dw_bars b) {
+    typedef dw16_extra<L> X;
+    const qvc_draft_ws_args &w = p.w;
+    volatile int *item = (volatile int *)(sm + X::ITEM);
+    int64_t j = 0;
+    for (int it = 0;; ++it) {
+        if (it > 0) mbar_wait(base + X::QFREE, (it - 1) & 1); /* Q16 / Q8 free */
+        const int idx = atomicAdd(&g_dw16_next, 1);
+        *item = idx;
+        if (idx >= n_items) {
+            mbar_arrive(b.q16); /* the end: no bytes, the phase completes */
+            return;
+        }
+        int a, bh;
+        dw_walk wk;
+        dw_work_at(w, p.npre, idx, a, bh, wk);
+        const int64_t hr = (int64_t)bh * w.R, nv = (int64_t)w.R * DW_ROWS;
+        const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
+        if (L::INT8 && wk.nb8) {
+            mbar_expect_tx(b.q8, DW_HALF);
+            tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
+        }
+        mbar_expect_tx(b.q16, 2 * DW_HALF);
+        tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
+        tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
+        for (int i = 0; i < wk.total; ++i, ++j) {
+            const int s = (int)(j % L::STAGES);
+            const uint32_t full = b.full + 8 * s;
+            mbar_wait(b.empty + 8 * s, (uint32_t)((j / L::STAGES) & 1) ^ 1);
+            if (L::INT8 && i < wk.nb8) {
+                const int row = (int)((hr + w.cols[wk.e1 + i]) * DW_ROWS);
+                mbar_expect_tx(full, 2 * DW_HALF);
+                tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
+                tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+            } else {
+                const int i16 = i - wk.nb8;
+                const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
+                                                 : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
+                const int row = (int)((int64_t)bh * w.n_pack + k0);
+                mbar_expect_tx(full, 4 * DW_HALF);
+                tma_load_2d(base + L::k(s), &tk16, 0, row, full);
+                tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
+                tma_load_2d(base + L::v(s), &tv16, 0, row, full);
+                tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
+            }
+        }
+    }
+}
+
+/* dw16: the library kernel's phases and epilogue over the items of one
+ * persistent CTA. */
+template <int F16, int EXPCAST, class L>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
+                     const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
+                     const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
+                     const dw_params p) {
+    typedef dw16_extra<L> X;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    dw_bars b;
+    b.q8 = base + L::BAR, b.q16 = b.q8 + 8;
+    b.full = b.q8 + 16, b.empty = b.full + 8 * L::STAGES;
+    const qvc_draft_ws_args &w = p.w;
+    const int64_t n_items = (int64_t)(w.R + p.npre) * w.BH;
+    if (EXPCAST && L::INT8)
+        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
+            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q8, 1);
+        mbar_init(b.q16, 1);
+        for (int s = 0; s < L::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, 256);
+        }
+        mbar_init(base + X::QFREE, 256);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw16_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, p, n_items, sm, base, b);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    const volatile int *item = (const volatile int *)(sm + X::ITEM);
+    dw_acc r;
+    r.j = 0;
+    uint32_t n8 = 0; /* items with INT8 blocks so far: Q8's phase */
+    for (uint32_t it = 0;; ++it) {
+        mbar_wait(b.q16, it & 1); /* Q16 landed, or the end */
+        const int idx = *item;
+        if (idx >= n_items) break;
+        int a, bh;
+        dw_walk wk;
+        dw_work_at(w, p.npre, idx, a, bh, wk);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+        r.m[0] = r.m[1] = -INFINITY;
+        r.l[0] = r.l[1] = 0.0f;
+        if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig, n8++ & 1);
+        dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
+        mbar_arrive(base + X::QFREE); /* every wgmma of the item is done */
+        dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+    }
+}
+
+template <int F16, int EXPCAST, class L>
+static qva_status launch_persist(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        dev_draft_ws_persist<F16, EXPCAST, L>;
+    const int smem = (int)dw16_extra<L>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int dev = 0, sms = 0;
+    void *next = NULL;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaGetSymbolAddress(&next, g_dw16_next);
+    if (e == cudaSuccess) e = cudaMemsetAsync(next, 0, sizeof(int), st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws persist setup");
+    k<<<sms, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("dev draft ws persist");
+}
+
+extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (!w->with8)
+        return f16 ? launch_persist<1, 0, dw_ring3>(maps, &p, st) : launch_persist<0, 0, dw_ring3>(maps, &p, st);
+    if (f16) return ec ? launch_persist<1, 1, dw_ring2>(maps, &p, st) : launch_persist<1, 0, dw_ring2>(maps, &p, st);
+    return ec ? launch_persist<0, 1, dw_ring2>(maps, &p, st) : launch_persist<0, 0, dw_ring2>(maps, &p, st);
 }

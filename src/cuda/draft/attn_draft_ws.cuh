@@ -74,13 +74,13 @@ typedef struct dw_walk {
     int e1, nb8, npre, e2, total, dense;
 } dw_walk;
 
-/* The CTA's work item.  The first npre * BH linear block indices are the
- * prefix-query CTAs (each walks R + npre blocks, about R / 16 times a
- * video CTA's list), so the block scheduler starts them first and they
- * cannot form a tail; then one CTA per (video region, head). */
-static __device__ __forceinline__ void dw_work(const qvc_draft_ws_args &w, int npre, int &a,
-                                               int &bh, dw_walk &wk) {
-    const int64_t idx = (int64_t)blockIdx.y * gridDim.x + blockIdx.x, nd = (int64_t)npre * w.BH;
+/* Work item idx.  The first npre * BH items are the prefix-query rows
+ * (each walks R + npre blocks, about R / 16 times a video item's list), so
+ * the block scheduler starts them first and they cannot form a tail; then
+ * one item per (video region, head). */
+static __device__ __forceinline__ void dw_work_at(const qvc_draft_ws_args &w, int npre,
+                                                  int64_t idx, int &a, int &bh, dw_walk &wk) {
+    const int64_t nd = (int64_t)npre * w.BH;
     wk.npre = npre;
     if (idx < nd) {
         bh = (int)(idx % w.BH), a = (int)(idx / w.BH);
@@ -95,6 +95,11 @@ static __device__ __forceinline__ void dw_work(const qvc_draft_ws_args &w, int n
     wk.nb8 = off[2] - off[1];
     wk.e2 = off[2];
     wk.total = wk.nb8 + npre + (off[3] - off[2]);
+}
+/* The CTA's work item: its linear block index. */
+static __device__ __forceinline__ void dw_work(const qvc_draft_ws_args &w, int npre, int &a,
+                                               int &bh, dw_walk &wk) {
+    dw_work_at(w, npre, (int64_t)blockIdx.y * gridDim.x + blockIdx.x, a, bh, wk);
 }
 
 /* The video region of 16-bit block i >= npre. */
@@ -209,7 +214,8 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
 template <int EXPCAST>
 static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
-                                                     uint32_t base, dw_bars b, int cw, int tig) {
+                                                     uint32_t base, dw_bars b, int cw, int tig,
+                                                     uint32_t q8par = 0) {
     const int64_t hr = (int64_t)bh * w.R;
     const float *dv = w.dv + (int64_t)bh * 128;
     phase_scale(r.o, r.l, dv, w.eta, tig, 1);
@@ -220,7 +226,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
     int kb_n = wk.nb8 > 1 ? cols[1] : cols[0];
     int cnt = w.count[cols[0]];
     float dk = w.k8s[hr + cols[0]];
-    mbar_wait(b.q8, 0);
+    mbar_wait(b.q8, q8par);
     int sacc[64];
     int s = r.j % DW_STAGES;
     mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
@@ -279,10 +285,10 @@ static __device__ __forceinline__ void softmax16(dw_acc &r, const float (&sacc)[
 template <int F16, class L>
 static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
-                                                      int cw, int tig) {
+                                                      int cw, int tig, uint32_t q16par = 0) {
     const int nb16 = wk.total - wk.nb8;
     const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
-    mbar_wait(b.q16, 0);
+    mbar_wait(b.q16, q16par);
     if (nb16 <= 0) return;
     int valid = block_valid(w, wk, 0);
     int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
