@@ -242,35 +242,11 @@ static __device__ __forceinline__ void dw16_producer(const CUtensorMap &tq16, co
         int a, bh;
         dw_walk wk;
         dw_work_at(w, p.npre, idx, a, bh, wk);
-        const int64_t hr = (int64_t)bh * w.R, nv = (int64_t)w.R * DW_ROWS;
-        const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
-        if (L::INT8 && wk.nb8) {
-            mbar_expect_tx(b.q8, DW_HALF);
-            tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
-        }
-        mbar_expect_tx(b.q16, 2 * DW_HALF);
-        tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
-        tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
+        dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
         for (int i = 0; i < wk.total; ++i, ++j) {
             const int s = (int)(j % L::STAGES);
-            const uint32_t full = b.full + 8 * s;
             mbar_wait(b.empty + 8 * s, (uint32_t)((j / L::STAGES) & 1) ^ 1);
-            if (L::INT8 && i < wk.nb8) {
-                const int row = (int)((hr + w.cols[wk.e1 + i]) * DW_ROWS);
-                mbar_expect_tx(full, 2 * DW_HALF);
-                tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
-                tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
-            } else {
-                const int i16 = i - wk.nb8;
-                const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
-                                                 : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
-                const int row = (int)((int64_t)bh * w.n_pack + k0);
-                mbar_expect_tx(full, 4 * DW_HALF);
-                tma_load_2d(base + L::k(s), &tk16, 0, row, full);
-                tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
-                tma_load_2d(base + L::v(s), &tv16, 0, row, full);
-                tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
-            }
+            dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, i, s, base, b.full + 8 * s);
         }
     }
 }

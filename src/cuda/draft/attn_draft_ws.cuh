@@ -135,15 +135,12 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
 }
 
 /* ------------------------------------------------------------ producer */
-/* One thread walks the CTA's route and TMA-loads each block's K and V^T
- * into ring L. */
+/* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks, Q16. */
 template <class L>
-static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
-                                                   const CUtensorMap &tv16, const CUtensorMap &tq8,
-                                                   const CUtensorMap &tk8, const CUtensorMap &tv8,
-                                                   const qvc_draft_ws_args &w, const dw_walk &wk,
-                                                   int a, int bh, uint32_t base, dw_bars b) {
-    const int64_t hr = (int64_t)bh * w.R, nv = (int64_t)w.R * DW_ROWS;
+static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const CUtensorMap &tq8,
+                                                 const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                 int a, int bh, uint32_t base, dw_bars b) {
+    const int64_t nv = (int64_t)w.R * DW_ROWS;
     const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
     if (L::INT8 && wk.nb8) {
         mbar_expect_tx(b.q8, DW_HALF);
@@ -152,26 +149,47 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
     mbar_expect_tx(b.q16, 2 * DW_HALF);
     tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
     tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
+}
+
+/* Block i of the walk (INT8 blocks first: ring2 only) into stage s, its
+ * arrival on mbarrier full. */
+template <class L>
+static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, const CUtensorMap &tv16,
+                                                     const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                     const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                     int bh, int i, int s, uint32_t base,
+                                                     uint32_t full) {
+    if (L::INT8 && i < wk.nb8) {
+        const int row = (int)(((int64_t)bh * w.R + w.cols[wk.e1 + i]) * DW_ROWS);
+        mbar_expect_tx(full, 2 * DW_HALF);
+        tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
+        tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+    } else {
+        const int i16 = i - wk.nb8;
+        const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
+                                         : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
+        const int row = (int)((int64_t)bh * w.n_pack + k0);
+        mbar_expect_tx(full, 4 * DW_HALF);
+        tma_load_2d(base + L::k(s), &tk16, 0, row, full);
+        tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
+        tma_load_2d(base + L::v(s), &tv16, 0, row, full);
+        tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
+    }
+}
+
+/* One thread walks the CTA's route and TMA-loads each block's K and V^T
+ * into ring L. */
+template <class L>
+static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
+                                                   const CUtensorMap &tv16, const CUtensorMap &tq8,
+                                                   const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                   const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                   int a, int bh, uint32_t base, dw_bars b) {
+    dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
     for (int j = 0; j < wk.total; ++j) {
         const int s = j % L::STAGES;
-        const uint32_t full = b.full + 8 * s;
         mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
-        if (L::INT8 && j < wk.nb8) {
-            const int row = (int)((hr + w.cols[wk.e1 + j]) * DW_ROWS);
-            mbar_expect_tx(full, 2 * DW_HALF);
-            tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
-            tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
-        } else {
-            const int i = j - wk.nb8;
-            const int64_t k0 = i < wk.npre ? (int64_t)i * DW_ROWS
-                                           : w.prefix_pad + (int64_t)video_block(w, wk, i) * DW_ROWS;
-            const int row = (int)((int64_t)bh * w.n_pack + k0);
-            mbar_expect_tx(full, 4 * DW_HALF);
-            tma_load_2d(base + L::k(s), &tk16, 0, row, full);
-            tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
-            tma_load_2d(base + L::v(s), &tv16, 0, row, full);
-            tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
-        }
+        dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, j, s, base, b.full + 8 * s);
     }
 }
 
