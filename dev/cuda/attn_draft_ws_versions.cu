@@ -131,27 +131,12 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
-    dw_bars b;
-    b.q8 = base + DW_BAR_OFF, b.q16 = b.q8 + 8;
-    b.full = b.q8 + 16, b.empty = b.full + 8 * DW_STAGES;
+    const dw_bars b = dw_bars_at<dw_ring2>(base);
     const qvc_draft_ws_args &w = p.w;
     int a, bh;
     dw_walk wk;
     dw_work(w, p.npre, a, bh, wk);
-    if (EXPCAST)
-        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
-            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
-    if (threadIdx.x == 0) {
-        mbar_init(b.q8, 1);
-        mbar_init(b.q16, 1);
-        for (int s = 0; s < DW_STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    dw_cta_init<dw_ring2, EXPCAST>(sm, b, 0);
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
         if (threadIdx.x == 0) dw_producer<dw_ring2>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
@@ -161,10 +146,7 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     const int ctid = threadIdx.x - 128, cw = ctid >> 7;
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
     dw_acc r;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
+    dw_acc_reset(r);
     r.j = 0;
     if (wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     if (VER >= 10 && VER <= 11)
@@ -263,26 +245,10 @@ dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_cons
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
-    dw_bars b;
-    b.q8 = base + L::BAR, b.q16 = b.q8 + 8;
-    b.full = b.q8 + 16, b.empty = b.full + 8 * L::STAGES;
+    const dw_bars b = dw_bars_at<L>(base);
     const qvc_draft_ws_args &w = p.w;
     const int64_t n_items = (int64_t)(w.R + p.npre) * w.BH;
-    if (EXPCAST && L::INT8)
-        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
-            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
-    if (threadIdx.x == 0) {
-        mbar_init(b.q8, 1);
-        mbar_init(b.q16, 1);
-        for (int s = 0; s < L::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, 256);
-        }
-        mbar_init(base + X::QFREE, 256);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    dw_cta_init<L, EXPCAST>(sm, b, base + X::QFREE);
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
         if (threadIdx.x == 0) dw16_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, p, n_items, sm, base, b);
@@ -302,10 +268,7 @@ dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_cons
         int a, bh;
         dw_walk wk;
         dw_work_at(w, p.npre, idx, a, bh, wk);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-        r.m[0] = r.m[1] = -INFINITY;
-        r.l[0] = r.l[1] = 0.0f;
+        dw_acc_reset(r);
         if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig, n8++ & 1);
         dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
         mbar_arrive(base + X::QFREE); /* every wgmma of the item is done */

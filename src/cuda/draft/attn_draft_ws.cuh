@@ -63,6 +63,38 @@ typedef struct dw_bars {
     uint32_t q8, q16, full, empty;
 } dw_bars;
 
+/* The mbarriers of ring L in the shared memory at base. */
+template <class L>
+static __device__ __forceinline__ dw_bars dw_bars_at(uint32_t base) {
+    dw_bars b;
+    b.q8 = base + L::BAR, b.q16 = b.q8 + 8;
+    b.full = b.q8 + 16, b.empty = b.full + 8 * L::STAGES;
+    return b;
+}
+
+/* What every thread of the CTA does first: the ones rows after each V
+ * tile (ExpCast's row sum; they never change), the mbarriers (and, when
+ * extra is nonzero, one more of every consumer thread at that address),
+ * made visible to the async proxy before anyone uses them. */
+template <class L, int EXPCAST>
+static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra) {
+    if (EXPCAST && L::INT8)
+        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
+            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q8, 1);
+        mbar_init(b.q16, 1);
+        for (int s = 0; s < L::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
+        }
+        if (extra) mbar_init(extra, 256);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
+
 #include "draft/attn_draft_ws_math.cuh" /* wgmma forms, softmax pieces */
 
 /* ------------------------------------------------------------ the walk */
@@ -201,6 +233,14 @@ typedef struct dw_acc {
     float m[2], l[2];
     int j;
 } dw_acc;
+
+/* A fresh item: O and l zero, no max yet (the ring position j stays). */
+static __device__ __forceinline__ void dw_acc_reset(dw_acc &r) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+}
 
 /* The INT8 query deltas of the calling consumer thread's rows g and g + 8
  * of region block a (per row, or the block's one delta). */

@@ -62,28 +62,12 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_addr(sm);
-    dw_bars b;
-    b.q8 = base + L::BAR, b.q16 = b.q8 + 8;
-    b.full = b.q8 + 16, b.empty = b.full + 8 * L::STAGES;
+    const dw_bars b = dw_bars_at<L>(base);
     const qvc_draft_ws_args &w = p.w;
     int a, bh;
     dw_walk wk;
     dw_work(w, p.npre, a, bh, wk);
-
-    if (EXPCAST && L::INT8)
-        for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
-            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
-    if (threadIdx.x == 0) {
-        mbar_init(b.q8, 1);
-        mbar_init(b.q16, 1);
-        for (int s = 0; s < L::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    dw_cta_init<L, EXPCAST>(sm, b, 0);
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
@@ -95,10 +79,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     const int ctid = threadIdx.x - 128, cw = ctid >> 7;
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
     dw_acc r;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
+    dw_acc_reset(r);
     r.j = 0;
     if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
     dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig);
