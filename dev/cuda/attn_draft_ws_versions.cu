@@ -263,8 +263,8 @@ dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_cons
     uint32_t n8 = 0; /* items with INT8 blocks so far: Q8's phase */
     for (uint32_t it = 0;; ++it) {
         mbar_wait(b.q16, it & 1); /* Q16 landed, or the end */
-        const int idx = *item;
-        if (idx >= n_items) break;
+        const int idx = __shfl_sync(0xffffffffu, *item, 0);
+        if (__all_sync(0xffffffffu, idx >= n_items)) break;
         int a, bh;
         dw_walk wk;
         dw_work_at(w, p.npre, idx, a, bh, wk);
@@ -273,6 +273,7 @@ dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_cons
         dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
         mbar_arrive(base + X::QFREE); /* every wgmma of the item is done */
         dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+        __syncwarp();
     }
 }
 
@@ -304,4 +305,172 @@ extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t
         return f16 ? launch_persist<1, 0, dw_ring3>(maps, &p, st) : launch_persist<0, 0, dw_ring3>(maps, &p, st);
     if (f16) return ec ? launch_persist<1, 1, dw_ring2>(maps, &p, st) : launch_persist<1, 0, dw_ring2>(maps, &p, st);
     return ec ? launch_persist<0, 1, dw_ring2>(maps, &p, st) : launch_persist<0, 0, dw_ring2>(maps, &p, st);
+}
+
+/* ------------------------------------------------------------ dw17 */
+/* The 16-bit row sums on the tensor core: after the 8 PV wgmmas of a block,
+ * 8 more of shape m64n8k16 multiply the same P fragments by a tile of ones,
+ * accumulating into 4 registers (every column the row sum), rescaled with O.
+ * The softmax loses its 64 FADDs and 4 shuffles per block; l becomes the
+ * sum of P as rounded for the PV product (the reference adds the FP32 p),
+ * so the output is within the tolerances, not bit-identical. */
+template <class L>
+struct dw17_extra {
+    static constexpr uint32_t ONES = L::BAR + 128; /* 512 bytes of 16-bit ones */
+    static constexpr uint32_t SMEM = L::SMEM + 640;
+};
+
+/* An unswizzled descriptor: core matrices of 8 rows x 16 bytes, 128 bytes
+ * apart in both directions (all ones, so the order does not matter). */
+static __device__ __forceinline__ uint64_t ones_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) |
+           ((uint64_t)(128 >> 4) << 32);
+}
+
+/* d (64x8) += P (64x16, registers) x ones (16x8). */
+template <int F16>
+static __device__ __forceinline__ void wgmma_sum16(float (&d)[4], const uint32_t *a, uint64_t db) {
+    if (F16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* O += P V and ls += P 1 of one block, one commit group. */
+template <int F16>
+static __device__ __forceinline__ void issue_pv16_sum(float (&o)[64], float (&ls)[4],
+                                                      uint32_t (&pa)[8][4], uint32_t v_addr,
+                                                      uint64_t ones) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) reg_fence(pa[kk]);
+    reg_fence(o);
+    reg_fence(ls);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_sum16<F16>(ls, pa[kk], ones);
+    wg_commit();
+}
+
+/* The library's 16-bit phase with the row sums from issue_pv16_sum: l
+ * lives in ls[0] (row g) and ls[2] (row g + 8) during the phase. */
+template <int F16, class L>
+static __device__ __forceinline__ void dw17_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                        const dw_walk &wk, uint32_t base, dw_bars b,
+                                                        int cw, int tig) {
+    const int nb16 = wk.total - wk.nb8;
+    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
+    const uint64_t ones = ones_desc(base + dw17_extra<L>::ONES);
+    mbar_wait(b.q16, 0);
+    if (nb16 <= 0) return;
+    float ls[4] = {r.l[0], 0.0f, r.l[1], 0.0f};
+    int valid = block_valid(w, wk, 0);
+    int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
+    float sacc[64];
+    int s = r.j % L::STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
+    issue_qk16_w<F16>(sacc, qa, base + L::k(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < nb16; ++i, ++r.j) {
+        s = r.j % L::STAGES;
+        const int sn = (r.j + 1) % L::STAGES, more = i + 1 < nb16;
+        const int code_2 = i + 2 < nb16 ? block_code(w, wk, i + 2) : 0;
+        const int valid_n = more ? code_valid(w, code_n) : 0;
+        float mx[2], l2[2] = {ls[0], ls[2]}, rs[2];
+        uint32_t pa[8][4];
+        if (valid >= DW_NEAR_FULL) {
+            raw_max16<DW_NEAR_FULL / 8>(sacc, w.scale_log2, valid, tig, r.m, mx);
+            qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
+            probs16_fused<F16, DW_NEAR_FULL / 8>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
+        } else {
+            raw_max16<0>(sacc, w.scale_log2, valid, tig, r.m, mx);
+            qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
+            probs16_fused<F16, 0>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
+        }
+        ls[0] = l2[0], ls[2] = l2[1];
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
+        named_sync(1 + cw, 256);
+        issue_pv16_sum<F16>(r.o, ls, pa, base + L::v(s), ones);
+        issue_qk16_w<F16>(sacc, qa, base + L::k(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>(); /* PV and sums of block i; QK of i+1 may still run */
+        reg_fence(r.o);
+        reg_fence(ls);
+        mbar_arrive(b.empty + 8 * s);
+        wg_wait<0>();
+        reg_fence(sacc);
+        valid = valid_n, code_n = code_2;
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    r.l[0] = ls[0], r.l[1] = ls[2];
+}
+
+/* dw17: the library kernel with dw17's 16-bit phase. */
+template <int F16, int EXPCAST, class L>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+dev_draft_ws_rowsum(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
+                    const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
+                    const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
+                    const dw_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    const dw_bars b = dw_bars_at<L>(base);
+    const qvc_draft_ws_args &w = p.w;
+    int a, bh;
+    dw_walk wk;
+    dw_work(w, p.npre, a, bh, wk);
+    for (int i = threadIdx.x; i < 128; i += DW_THREADS) /* 16-bit ones, before the proxy fence */
+        *(uint32_t *)(sm + dw17_extra<L>::ONES + 4 * i) = F16 ? 0x3C003C00u : 0x3F803F80u;
+    dw_cta_init<L, EXPCAST>(sm, b, 0);
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    dw_acc r;
+    dw_acc_reset(r);
+    r.j = 0;
+    if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+    dw17_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig);
+    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+}
+
+template <int F16, int EXPCAST, class L>
+static qva_status launch_rowsum(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        dev_draft_ws_rowsum<F16, EXPCAST, L>;
+    const int smem = (int)dw17_extra<L>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws rowsum smem attribute");
+    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+    k<<<grid, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("dev draft ws rowsum");
+}
+
+extern "C" qva_status dev_draft_ws_dw17(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (!w->with8)
+        return f16 ? launch_rowsum<1, 0, dw_ring3>(maps, &p, st) : launch_rowsum<0, 0, dw_ring3>(maps, &p, st);
+    if (f16) return ec ? launch_rowsum<1, 1, dw_ring2>(maps, &p, st) : launch_rowsum<1, 0, dw_ring2>(maps, &p, st);
+    return ec ? launch_rowsum<0, 1, dw_ring2>(maps, &p, st) : launch_rowsum<0, 0, dw_ring2>(maps, &p, st);
 }
