@@ -186,127 +186,6 @@ extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t
     return launch_version<11>(w, st);
 }
 
-/* ------------------------------------------------------------ dw16 */
-/* The item counter of dw16's launches (reset before each launch). */
-static __device__ int g_dw16_next;
-
-/* Past the ring's mbarriers: the "Q free" mbarrier (every consumer thread
- * arrives once its item's last wgmma is done: Q16 and Q8 may be
- * overwritten) and the item index the producer publishes with Q16. */
-template <class L>
-struct dw16_extra {
-    static constexpr uint32_t QFREE = L::BAR + 64, ITEM = L::BAR + 72;
-    static constexpr uint32_t SMEM = L::SMEM + 64;
-};
-
-/* dw16's producer: items from the counter until it passes n_items, each
- * as dw_producer<L> loads one, the ring position j running on across
- * items.  Q16's mbarrier completes once per item (the end sentinel too);
- * Q8's once per item that has INT8 blocks. */
-template <class L>
-static __device__ __forceinline__ void dw16_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
-                                                     const CUtensorMap &tv16, const CUtensorMap &tq8,
-                                                     const CUtensorMap &tk8, const CUtensorMap &tv8,
-                                                     const dw_params &p, int64_t n_items,
-                                                     uint8_t *sm, uint32_t base, dw_bars b) {
-    typedef dw16_extra<L> X;
-    const qvc_draft_ws_args &w = p.w;
-    volatile int *item = (volatile int *)(sm + X::ITEM);
-    int64_t j = 0;
-    for (int it = 0;; ++it) {
-        if (it > 0) mbar_wait(base + X::QFREE, (it - 1) & 1); /* Q16 / Q8 free */
-        const int idx = atomicAdd(&g_dw16_next, 1);
-        *item = idx;
-        if (idx >= n_items) {
-            mbar_arrive(b.q16); /* the end: no bytes, the phase completes */
-            return;
-        }
-        int a, bh;
-        dw_walk wk;
-        dw_work_at(w, p.npre, idx, a, bh, wk);
-        dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
-        for (int i = 0; i < wk.total; ++i, ++j) {
-            const int s = (int)(j % L::STAGES);
-            mbar_wait(b.empty + 8 * s, (uint32_t)((j / L::STAGES) & 1) ^ 1);
-            dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, i, s, base, b.full + 8 * s);
-        }
-    }
-}
-
-/* dw16: the library kernel's phases and epilogue over the items of one
- * persistent CTA. */
-template <int F16, int EXPCAST, class L>
-__global__ void __launch_bounds__(DW_THREADS, 1)
-dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
-                     const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
-                     const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
-                     const dw_params p) {
-    typedef dw16_extra<L> X;
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t base = smem_addr(sm);
-    const dw_bars b = dw_bars_at<L>(base);
-    const qvc_draft_ws_args &w = p.w;
-    const int64_t n_items = (int64_t)(w.R + p.npre) * w.BH;
-    dw_cta_init<L, EXPCAST>(sm, b, base + X::QFREE);
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw16_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, p, n_items, sm, base, b);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    const volatile int *item = (const volatile int *)(sm + X::ITEM);
-    dw_acc r;
-    r.j = 0;
-    uint32_t n8 = 0; /* items with INT8 blocks so far: Q8's phase */
-    for (uint32_t it = 0;; ++it) {
-        mbar_wait(b.q16, it & 1); /* Q16 landed, or the end */
-        const int idx = __shfl_sync(0xffffffffu, *item, 0);
-        if (__all_sync(0xffffffffu, idx >= n_items)) break;
-        int a, bh;
-        dw_walk wk;
-        dw_work_at(w, p.npre, idx, a, bh, wk);
-        dw_acc_reset(r);
-        if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig, n8++ & 1);
-        dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
-        mbar_arrive(base + X::QFREE); /* every wgmma of the item is done */
-        dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
-        __syncwarp();
-    }
-}
-
-template <int F16, int EXPCAST, class L>
-static qva_status launch_persist(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-              const CUtensorMap, const CUtensorMap, const dw_params) =
-        dev_draft_ws_persist<F16, EXPCAST, L>;
-    const int smem = (int)dw16_extra<L>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    int dev = 0, sms = 0;
-    void *next = NULL;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaGetSymbolAddress(&next, g_dw16_next);
-    if (e == cudaSuccess) e = cudaMemsetAsync(next, 0, sizeof(int), st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws persist setup");
-    k<<<sms, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
-    return qvc_launch_check("dev draft ws persist");
-}
-
-extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
-    CUtensorMap maps[6];
-    dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
-    if (r != QVA_OK) return r;
-    const int f16 = w->f16 != 0, ec = w->expcast != 0;
-    if (!w->with8)
-        return f16 ? launch_persist<1, 0, dw_ring3>(maps, &p, st) : launch_persist<0, 0, dw_ring3>(maps, &p, st);
-    if (f16) return ec ? launch_persist<1, 1, dw_ring2>(maps, &p, st) : launch_persist<1, 0, dw_ring2>(maps, &p, st);
-    return ec ? launch_persist<0, 1, dw_ring2>(maps, &p, st) : launch_persist<0, 0, dw_ring2>(maps, &p, st);
-}
-
 /* ------------------------------------------------------------ dw17 */
 /* The 16-bit row sums on the tensor core: after the 8 PV wgmmas of a block,
  * 8 more of shape m64n8k16 multiply the same P fragments by a tile of ones,
@@ -366,11 +245,11 @@ static __device__ __forceinline__ void issue_pv16_sum(float (&o)[64], float (&ls
 template <int F16, class L>
 static __device__ __forceinline__ void dw17_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                         const dw_walk &wk, uint32_t base, dw_bars b,
-                                                        int cw, int tig) {
+                                                        int cw, int tig, uint32_t q16par = 0) {
     const int nb16 = wk.total - wk.nb8;
     const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
     const uint64_t ones = ones_desc(base + dw17_extra<L>::ONES);
-    mbar_wait(b.q16, 0);
+    mbar_wait(b.q16, q16par);
     if (nb16 <= 0) return;
     float ls[4] = {r.l[0], 0.0f, r.l[1], 0.0f};
     int valid = block_valid(w, wk, 0);
@@ -414,6 +293,145 @@ static __device__ __forceinline__ void dw17_16bit_phase(dw_acc &r, const qvc_dra
     }
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
     r.l[0] = ls[0], r.l[1] = ls[2];
+}
+
+
+/* ------------------------------------------------------------ dw16 */
+/* The item counter of dw16's launches (reset before each launch). */
+static __device__ int g_dw16_next;
+
+/* Past the ring's mbarriers: the "Q free" mbarrier (every consumer thread
+ * arrives once its item's last wgmma is done: Q16 and Q8 may be
+ * overwritten) and the item index the producer publishes with Q16. */
+template <class L>
+struct dw16_extra {
+    static constexpr uint32_t QFREE = L::BAR + 64, ITEM = L::BAR + 72;
+    static constexpr uint32_t SMEM = dw17_extra<L>::SMEM; /* dw18 has dw17's ones too */
+};
+
+/* dw16's producer: items from the counter until it passes n_items, each
+ * as dw_producer<L> loads one, the ring position j running on across
+ * items.  Q16's mbarrier completes once per item (the end sentinel too);
+ * Q8's once per item that has INT8 blocks. */
+template <class L>
+static __device__ __forceinline__ void dw16_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
+                                                     const CUtensorMap &tv16, const CUtensorMap &tq8,
+                                                     const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                     const dw_params &p, int64_t n_items,
+                                                     uint8_t *sm, uint32_t base, dw_bars b) {
+    typedef dw16_extra<L> X;
+    const qvc_draft_ws_args &w = p.w;
+    volatile int *item = (volatile int *)(sm + X::ITEM);
+    int64_t j = 0;
+    for (int it = 0;; ++it) {
+        if (it > 0) mbar_wait(base + X::QFREE, (it - 1) & 1); /* Q16 / Q8 free */
+        const int idx = atomicAdd(&g_dw16_next, 1);
+        *item = idx;
+        if (idx >= n_items) {
+            mbar_arrive(b.q16); /* the end: no bytes, the phase completes */
+            return;
+        }
+        int a, bh;
+        dw_walk wk;
+        dw_work_at(w, p.npre, idx, a, bh, wk);
+        dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
+        for (int i = 0; i < wk.total; ++i, ++j) {
+            const int s = (int)(j % L::STAGES);
+            mbar_wait(b.empty + 8 * s, (uint32_t)((j / L::STAGES) & 1) ^ 1);
+            dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, i, s, base, b.full + 8 * s);
+        }
+    }
+}
+
+/* dw16: the library kernel's phases and epilogue over the items of one
+ * persistent CTA; dw18 (ROWSUM): with dw17's 16-bit phase. */
+template <int F16, int EXPCAST, class L, int ROWSUM>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
+                     const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
+                     const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
+                     const dw_params p) {
+    typedef dw16_extra<L> X;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    const dw_bars b = dw_bars_at<L>(base);
+    const qvc_draft_ws_args &w = p.w;
+    const int64_t n_items = (int64_t)(w.R + p.npre) * w.BH;
+    if (ROWSUM)
+        for (int i = threadIdx.x; i < 128; i += DW_THREADS)
+            *(uint32_t *)(sm + dw17_extra<L>::ONES + 4 * i) = F16 ? 0x3C003C00u : 0x3F803F80u;
+    dw_cta_init<L, EXPCAST>(sm, b, base + X::QFREE);
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw16_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, p, n_items, sm, base, b);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    const volatile int *item = (const volatile int *)(sm + X::ITEM);
+    dw_acc r;
+    r.j = 0;
+    uint32_t n8 = 0; /* items with INT8 blocks so far: Q8's phase */
+    for (uint32_t it = 0;; ++it) {
+        mbar_wait(b.q16, it & 1); /* Q16 landed, or the end */
+        const int idx = __shfl_sync(0xffffffffu, *item, 0);
+        if (__all_sync(0xffffffffu, idx >= n_items)) break;
+        int a, bh;
+        dw_walk wk;
+        dw_work_at(w, p.npre, idx, a, bh, wk);
+        dw_acc_reset(r);
+        if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig, n8++ & 1);
+        if (ROWSUM)
+            dw17_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
+        else
+            dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig, it & 1);
+        mbar_arrive(base + X::QFREE); /* every wgmma of the item is done */
+        dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+        __syncwarp();
+    }
+}
+
+template <int F16, int EXPCAST, class L, int ROWSUM>
+static qva_status launch_persist(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const CUtensorMap, const CUtensorMap, const dw_params) =
+        dev_draft_ws_persist<F16, EXPCAST, L, ROWSUM>;
+    const int smem = (int)dw16_extra<L>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int dev = 0, sms = 0;
+    void *next = NULL;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaGetSymbolAddress(&next, g_dw16_next);
+    if (e == cudaSuccess) e = cudaMemsetAsync(next, 0, sizeof(int), st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws persist setup");
+    k<<<sms, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check("dev draft ws persist");
+}
+
+template <int ROWSUM>
+static qva_status launch_persist_version(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (!w->with8)
+        return f16 ? launch_persist<1, 0, dw_ring3, ROWSUM>(maps, &p, st)
+                   : launch_persist<0, 0, dw_ring3, ROWSUM>(maps, &p, st);
+    if (f16)
+        return ec ? launch_persist<1, 1, dw_ring2, ROWSUM>(maps, &p, st)
+                  : launch_persist<1, 0, dw_ring2, ROWSUM>(maps, &p, st);
+    return ec ? launch_persist<0, 1, dw_ring2, ROWSUM>(maps, &p, st)
+              : launch_persist<0, 0, dw_ring2, ROWSUM>(maps, &p, st);
+}
+extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_persist_version<0>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw18(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_persist_version<1>(w, st);
 }
 
 /* dw17: the library kernel with dw17's 16-bit phase. */

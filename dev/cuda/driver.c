@@ -37,6 +37,7 @@ qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw17(const qvc_draft_ws_args *, cudaStream_t);
+qva_status dev_draft_ws_dw18(const qvc_draft_ws_args *, cudaStream_t);
 
 typedef struct version {
     const char *name;
@@ -52,6 +53,7 @@ static const version VERSIONS[] = {
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
     {"dw17", 1, {NULL, dev_draft_ws_dw17, 0}},
+    {"dw18", 1, {NULL, dev_draft_ws_dw18, 0}},
     {"serial-prep", 1, {NULL, NULL, 1}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
