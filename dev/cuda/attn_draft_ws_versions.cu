@@ -240,9 +240,22 @@ static __device__ __forceinline__ void issue_pv16_sum(float (&o)[64], float (&ls
     wg_commit();
 }
 
+/* dw19's rescale: the running max moves only when some row of the warp
+ * would see a score above 2^DW19_SLACK (the first block always moves it);
+ * otherwise p = 2^(x f - m) runs against the stale max, up to 2^8, which
+ * BF16, FP16 and the FP32 sums hold, and O / l is unchanged by the
+ * common factor. */
+#define DW19_SLACK 8.0f
+static __device__ __forceinline__ void lazy_raise(const float *mx, float *m, float *l,
+                                                  float (&o)[16][4]) {
+    if (__any_sync(0xffffffffu, mx[0] > m[0] + DW19_SLACK || mx[1] > m[1] + DW19_SLACK))
+        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, o);
+}
+
 /* The library's 16-bit phase with the row sums from issue_pv16_sum: l
- * lives in ls[0] (row g) and ls[2] (row g + 8) during the phase. */
-template <int F16, class L>
+ * lives in ls[0] (row g) and ls[2] (row g + 8) during the phase.  LAZY:
+ * dw19's rescale. */
+template <int F16, class L, int LAZY = 0>
 static __device__ __forceinline__ void dw17_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                         const dw_walk &wk, uint32_t base, dw_bars b,
                                                         int cw, int tig, uint32_t q16par = 0) {
@@ -270,11 +283,13 @@ static __device__ __forceinline__ void dw17_16bit_phase(dw_acc &r, const qvc_dra
         uint32_t pa[8][4];
         if (valid >= DW_NEAR_FULL) {
             raw_max16<DW_NEAR_FULL / 8>(sacc, w.scale_log2, valid, tig, r.m, mx);
-            qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
+            if (LAZY) lazy_raise(mx, r.m, l2, qvc_rows_of(r.o));
+            else qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
             probs16_fused<F16, DW_NEAR_FULL / 8>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
         } else {
             raw_max16<0>(sacc, w.scale_log2, valid, tig, r.m, mx);
-            qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
+            if (LAZY) lazy_raise(mx, r.m, l2, qvc_rows_of(r.o));
+            else qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, l2, qvc_rows_of(r.o));
             probs16_fused<F16, 0>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
         }
         ls[0] = l2[0], ls[2] = l2[1];
@@ -434,8 +449,8 @@ extern "C" qva_status dev_draft_ws_dw18(const qvc_draft_ws_args *w, cudaStream_t
     return launch_persist_version<1>(w, st);
 }
 
-/* dw17: the library kernel with dw17's 16-bit phase. */
-template <int F16, int EXPCAST, class L>
+/* dw17: the library kernel with dw17's 16-bit phase; dw19: LAZY. */
+template <int F16, int EXPCAST, class L, int LAZY>
 __global__ void __launch_bounds__(DW_THREADS, 1)
 dev_draft_ws_rowsum(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
                     const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
@@ -464,15 +479,15 @@ dev_draft_ws_rowsum(const __grid_constant__ CUtensorMap tq16, const __grid_const
     dw_acc_reset(r);
     r.j = 0;
     if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-    dw17_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig);
+    dw17_16bit_phase<F16, L, LAZY>(r, w, wk, base, b, cw, tig);
     dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
 }
 
-template <int F16, int EXPCAST, class L>
+template <int F16, int EXPCAST, class L, int LAZY>
 static qva_status launch_rowsum(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
               const CUtensorMap, const CUtensorMap, const dw_params) =
-        dev_draft_ws_rowsum<F16, EXPCAST, L>;
+        dev_draft_ws_rowsum<F16, EXPCAST, L, LAZY>;
     const int smem = (int)dw17_extra<L>::SMEM;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws rowsum smem attribute");
@@ -481,14 +496,25 @@ static qva_status launch_rowsum(const CUtensorMap *m, const dw_params *p, cudaSt
     return qvc_launch_check("dev draft ws rowsum");
 }
 
-extern "C" qva_status dev_draft_ws_dw17(const qvc_draft_ws_args *w, cudaStream_t st) {
+template <int LAZY>
+static qva_status launch_rowsum_version(const qvc_draft_ws_args *w, cudaStream_t st) {
     CUtensorMap maps[6];
     dw_params p;
     const qva_status r = dw_setup(w, maps, &p);
     if (r != QVA_OK) return r;
     const int f16 = w->f16 != 0, ec = w->expcast != 0;
     if (!w->with8)
-        return f16 ? launch_rowsum<1, 0, dw_ring3>(maps, &p, st) : launch_rowsum<0, 0, dw_ring3>(maps, &p, st);
-    if (f16) return ec ? launch_rowsum<1, 1, dw_ring2>(maps, &p, st) : launch_rowsum<1, 0, dw_ring2>(maps, &p, st);
-    return ec ? launch_rowsum<0, 1, dw_ring2>(maps, &p, st) : launch_rowsum<0, 0, dw_ring2>(maps, &p, st);
+        return f16 ? launch_rowsum<1, 0, dw_ring3, LAZY>(maps, &p, st)
+                   : launch_rowsum<0, 0, dw_ring3, LAZY>(maps, &p, st);
+    if (f16)
+        return ec ? launch_rowsum<1, 1, dw_ring2, LAZY>(maps, &p, st)
+                  : launch_rowsum<1, 0, dw_ring2, LAZY>(maps, &p, st);
+    return ec ? launch_rowsum<0, 1, dw_ring2, LAZY>(maps, &p, st)
+              : launch_rowsum<0, 0, dw_ring2, LAZY>(maps, &p, st);
+}
+extern "C" qva_status dev_draft_ws_dw17(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_rowsum_version<0>(w, st);
+}
+extern "C" qva_status dev_draft_ws_dw19(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return launch_rowsum_version<1>(w, st);
 }
