@@ -36,9 +36,6 @@ qva_status dev_attn8_ws9(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, 
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
-qva_status dev_draft_ws_dw17(const qvc_draft_ws_args *, cudaStream_t);
-qva_status dev_draft_ws_dw18(const qvc_draft_ws_args *, cudaStream_t);
-qva_status dev_draft_ws_dw19(const qvc_draft_ws_args *, cudaStream_t);
 
 typedef struct version {
     const char *name;
@@ -53,9 +50,6 @@ static const version VERSIONS[] = {
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
-    {"dw17", 1, {NULL, dev_draft_ws_dw17, 0}},
-    {"dw18", 1, {NULL, dev_draft_ws_dw18, 0}},
-    {"dw19", 1, {NULL, dev_draft_ws_dw19, 0}},
     {"serial-prep", 1, {NULL, NULL, 1}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
