@@ -276,7 +276,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
                                                      uint32_t q8par = 0) {
     const int64_t hr = (int64_t)bh * w.R;
     const float *dv = w.dv + (int64_t)bh * 128;
-    phase_scale(r.o, r.l, dv, w.eta, tig, 1);
+    /* entry's unit change: the identity on the zero O and l (phase_exit) */
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
     float dq[2], f[2];
     dw_q_deltas(w, hr, a, dq);
@@ -319,7 +319,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
         cnt = cnt_n, dk = dk_n, kb_n = kb_2;
     }
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
-    phase_scale(r.o, r.l, dv, w.eta, tig, 0);
+    phase_exit(r.o, r.l, dv, w.eta, tig);
 }
 
 /* The softmax of one 16-bit block: the row max, the new running max (O

@@ -163,19 +163,21 @@ static __device__ __forceinline__ float2 f16_sat2(float a, float b) {
     return __half22float2(*(const __half2 *)&h);
 }
 
-/* Eq. 8 unit change of O and l: enter divides by eta*delta_c, exit
- * multiplies (the mma.sync kernel's dg_phase_scale). */
-static __device__ __forceinline__ void phase_scale(float (&o)[64], float *l, const float *dv,
-                                                   float eta, int tig, int enter) {
+/* Eq. 8 unit change of O and l on leaving the INT8 phase: O_c times
+ * eta*delta_c, l times eta (the mma.sync kernel's dg_phase_scale, exit).
+ * Its entry (O_c / (eta*delta_c), l / eta) is the identity here: the INT8
+ * phase is the walk's first, so O and l are still zero, and eta*delta_c
+ * is positive (prep writes delta_c = 1 where a channel's scale is not
+ * positive), so every quotient is +0, as on the CPU. */
+static __device__ __forceinline__ void phase_exit(float (&o)[64], float *l, const float *dv,
+                                                  float eta, int tig) {
 #pragma unroll
     for (int n = 0; n < 16; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float sc = __fmul_rn(eta, __ldg(dv + n * 8 + 2 * tig + (e & 1)));
-            o[n * 4 + e] = enter ? __fdiv_rn(o[n * 4 + e], sc) : __fmul_rn(o[n * 4 + e], sc);
-        }
+        for (int e = 0; e < 4; ++e)
+            o[n * 4 + e] = __fmul_rn(o[n * 4 + e], __fmul_rn(eta, __ldg(dv + n * 8 + 2 * tig + (e & 1))));
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = enter ? __fdiv_rn(l[r], eta) : __fmul_rn(l[r], eta);
+    for (int r = 0; r < 2; ++r) l[r] = __fmul_rn(l[r], eta);
 }
 
 /* ------------------------------------------------------------ INT8 phase */
