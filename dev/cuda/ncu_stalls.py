@@ -10,6 +10,13 @@ by SASS text and order (for a kernel against its variant, e.g. a
 V-Smooth step against a plain one).
 
     python3 dev/cuda/ncu_stalls.py source-s1.csv [source-s20.csv] [--top N]
+        [--per OPCODE:K]
+
+--per counts executed instructions per iteration instead: an iteration
+is K executions of the opcodes that start with OPCODE (e.g.
+QGMMA.64x136:4, the four PV wgmmas of an INT8 draft block issued by one
+warp); the mbarrier spins of every warp, the producer's too, are
+included in the figures.
 """
 import argparse
 import csv
@@ -77,6 +84,25 @@ def summary(path, top):
     return rows, total
 
 
+def per_iteration(path, spec, top):
+    """Executed warp instructions per iteration, by opcode."""
+    op, _, k = spec.rpartition(":")
+    if not op or not k.isdigit() or int(k) < 1:
+        raise SystemExit(f"--per wants OPCODE:K, got {spec!r}")
+    _, rows = read(path)
+    by = Counter()
+    for r in rows:
+        by[opcode(r["Source"])] += num(r, "Instructions Executed")
+    marks = sum(v for o, v in by.items() if o.startswith(op))
+    if not marks:
+        raise SystemExit(f"{path}: no executed instruction starts with {op!r}")
+    iters = marks / int(k)
+    print(f"== {path}: {iters:.0f} iterations ({op} x {k}), "
+          f"{sum(by.values()) / iters:.1f} warp instructions per iteration")
+    for o, v in by.most_common(top):
+        print(f"  {o:34s} {v / iters:8.1f}")
+
+
 def diff(a, b, top):
     """Instructions of a against b by opcode sequence: samples that a has
     and b lacks, per opcode, as a share of b's total."""
@@ -97,9 +123,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", nargs="+")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--per", metavar="OPCODE:K", help="instructions per iteration (see above)")
     a = p.parse_args(argv)
     if len(a.csv) > 2:
         p.error("one or two files")
+    if a.per:
+        for path in a.csv:
+            per_iteration(path, a.per, a.top)
+        return 0
     res = [summary(path, a.top) for path in a.csv]
     if len(res) == 2:
         diff(res[0], res[1], a.top)
