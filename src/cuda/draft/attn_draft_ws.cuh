@@ -263,10 +263,10 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
     f[1] = __fmul_rn(__fmul_rn(dq[1], dk), scale_log2);
 }
 
-/* 1. The INT8 blocks (ring2 only), inside the Eq. 8 unit change; the two
- * consumer warpgroups in ping-pong as in the 16-bit phase: one issues
- * PV(i) into a fresh partial and QK(i+1) while the other makes its P
- * codes.  The route's scalars are loaded ahead, off the block's serial
+/* 1. The INT8 blocks (ring2 only; the walk's first phase, so r is fresh),
+ * inside the Eq. 8 unit change; the two consumer warpgroups in ping-pong
+ * as in the 16-bit phase: one issues PV(i) into a fresh partial and
+ * QK(i+1) while the other makes its P codes.  The route's scalars are loaded ahead, off the block's serial
  * path: the key region two blocks ahead, its valid keys and scale one
  * block ahead. */
 template <int EXPCAST>
