@@ -266,9 +266,9 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
 /* 1. The INT8 blocks (ring2 only; the walk's first phase, so r is fresh),
  * inside the Eq. 8 unit change; the two consumer warpgroups in ping-pong
  * as in the 16-bit phase: one issues PV(i) into a fresh partial and
- * QK(i+1) while the other makes its P codes.  The route's scalars are loaded ahead, off the block's serial
- * path: the key region two blocks ahead, its valid keys and scale one
- * block ahead. */
+ * QK(i+1) while the other makes its P codes.  The route's scalars are
+ * loaded ahead, off the block's serial path: the key region two blocks
+ * ahead, its valid keys and scale one block ahead. */
 template <int EXPCAST>
 static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
