@@ -162,34 +162,23 @@ dev_draft_ws_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_const
     dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
 }
 
-template <int VER, int F16, int EXPCAST>
-static qva_status launch_one(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-              const CUtensorMap, const CUtensorMap, const dw_params) =
-        dev_draft_ws_kernel<F16, EXPCAST, VER>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DW_SMEM_BYTES);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws smem attribute");
-    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-    k<<<grid, DW_THREADS, DW_SMEM_BYTES, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
-    return qvc_launch_check("dev draft ws");
-}
-
+/* dw10 / dw11 run their ring2 frame whatever the ring dw_dispatch picks
+ * (a route without INT8 blocks runs fine on it). */
 template <int VER>
-static qva_status launch_version(const qvc_draft_ws_args *w, cudaStream_t st) {
-    CUtensorMap maps[6];
-    dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
-    if (r != QVA_OK) return r;
-    const int f16 = w->f16 != 0, ec = w->expcast != 0;
-    if (f16) return ec ? launch_one<VER, 1, 1>(maps, &p, st) : launch_one<VER, 1, 0>(maps, &p, st);
-    return ec ? launch_one<VER, 0, 1>(maps, &p, st) : launch_one<VER, 0, 0>(maps, &p, st);
-}
+struct launch_version {
+    template <int F16, int EXPCAST, class L>
+    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+        const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+        return dw_launch_kernel(dev_draft_ws_kernel<F16, EXPCAST, VER>, grid, DW_SMEM_BYTES, m, p, st,
+                                "dev draft ws");
+    }
+};
 
 extern "C" qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<10>(w, st);
+    return dw_dispatch<launch_version<10> >(w, st);
 }
 extern "C" qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return launch_version<11>(w, st);
+    return dw_dispatch<launch_version<11> >(w, st);
 }
 
 /* ------------------------------------------------------------ dw16 */
@@ -289,33 +278,21 @@ dev_draft_ws_persist(const __grid_constant__ CUtensorMap tq16, const __grid_cons
     }
 }
 
-template <int F16, int EXPCAST, class L>
-static qva_status launch_persist(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-              const CUtensorMap, const CUtensorMap, const dw_params) =
-        dev_draft_ws_persist<F16, EXPCAST, L>;
-    const int smem = (int)dw16_extra<L>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    int dev = 0, sms = 0;
-    void *next = NULL;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaGetSymbolAddress(&next, g_dw16_next);
-    if (e == cudaSuccess) e = cudaMemsetAsync(next, 0, sizeof(int), st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws persist setup");
-    k<<<sms, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
-    return qvc_launch_check("dev draft ws persist");
-}
+struct launch_persist {
+    template <int F16, int EXPCAST, class L>
+    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+        int dev = 0, sms = 0;
+        void *next = NULL;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess) e = cudaGetSymbolAddress(&next, g_dw16_next);
+        if (e == cudaSuccess) e = cudaMemsetAsync(next, 0, sizeof(int), st);
+        if (e != cudaSuccess) return qvc_cuda_fail(e, "dev draft ws persist setup");
+        return dw_launch_kernel(dev_draft_ws_persist<F16, EXPCAST, L>, dim3((unsigned)sms),
+                                (int)dw16_extra<L>::SMEM, m, p, st, "dev draft ws persist");
+    }
+};
 
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
-    CUtensorMap maps[6];
-    dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
-    if (r != QVA_OK) return r;
-    const int f16 = w->f16 != 0, ec = w->expcast != 0;
-    if (!w->with8)
-        return f16 ? launch_persist<1, 0, dw_ring3>(maps, &p, st) : launch_persist<0, 0, dw_ring3>(maps, &p, st);
-    if (f16) return ec ? launch_persist<1, 1, dw_ring2>(maps, &p, st) : launch_persist<1, 0, dw_ring2>(maps, &p, st);
-    return ec ? launch_persist<0, 1, dw_ring2>(maps, &p, st) : launch_persist<0, 0, dw_ring2>(maps, &p, st);
+    return dw_dispatch<launch_persist>(w, st);
 }
-

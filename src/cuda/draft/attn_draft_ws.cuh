@@ -458,4 +458,40 @@ static qva_status dw_setup(const qvc_draft_ws_args *w, CUtensorMap *maps, dw_par
     return QVA_OK;
 }
 
+/* A kernel of this file's signature (the six maps, the parameters). */
+typedef void (*dw_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                             const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                             const dw_params);
+
+/* Launch k on `grid` CTAs with `smem` bytes of dynamic shared memory. */
+static qva_status dw_launch_kernel(dw_kernel_fn k, dim3 grid, int smem, const CUtensorMap *m,
+                                   const dw_params *p, cudaStream_t st, const char *name) {
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, name);
+    k<<<grid, DW_THREADS, smem, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
+    return qvc_launch_check(name);
+}
+
+/* The instance a call runs, chosen here for the library and dev/cuda's
+ * versions alike: the 3-stage ring when the plan has no INT8 blocks
+ * (ExpCast is the INT8 phase's, so it changes nothing there), else the
+ * 2-stage ring; the 16-bit format and ExpCast as template flags.
+ * RUN::go<F16, EXPCAST, L>(maps, params, stream) launches one instance. */
+template <class RUN>
+static qva_status dw_dispatch(const qvc_draft_ws_args *w, cudaStream_t st) {
+    CUtensorMap maps[6];
+    dw_params p;
+    const qva_status r = dw_setup(w, maps, &p);
+    if (r != QVA_OK) return r;
+    const int f16 = w->f16 != 0, ec = w->expcast != 0;
+    if (!w->with8)
+        return f16 ? RUN::template go<1, 0, dw_ring3>(maps, &p, st)
+                   : RUN::template go<0, 0, dw_ring3>(maps, &p, st);
+    if (f16)
+        return ec ? RUN::template go<1, 1, dw_ring2>(maps, &p, st)
+                  : RUN::template go<1, 0, dw_ring2>(maps, &p, st);
+    return ec ? RUN::template go<0, 1, dw_ring2>(maps, &p, st)
+              : RUN::template go<0, 0, dw_ring2>(maps, &p, st);
+}
+
 #endif

@@ -87,27 +87,16 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 }
 
 /* ------------------------------------------------------------ host */
-template <int F16, int EXPCAST, class L>
-static qva_status launch_dw(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-              const CUtensorMap, const CUtensorMap, const dw_params) =
-        attn_draft_ws_128x128<F16, EXPCAST, L>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, L::SMEM);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "attn_draft_ws_128x128 smem attribute");
-    /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
-    const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-    k<<<grid, DW_THREADS, L::SMEM, st>>>(m[0], m[1], m[2], m[3], m[4], m[5], *p);
-    return qvc_launch_check("attn_draft_ws_128x128");
-}
+struct dw_launch {
+    template <int F16, int EXPCAST, class L>
+    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+        /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
+        const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+        return dw_launch_kernel(attn_draft_ws_128x128<F16, EXPCAST, L>, grid, (int)L::SMEM, m, p, st,
+                                "attn_draft_ws_128x128");
+    }
+};
 
 extern "C" qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st) {
-    CUtensorMap maps[6];
-    dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
-    if (r != QVA_OK) return r;
-    const int f16 = w->f16 != 0, ec = w->expcast != 0;
-    /* ExpCast is the INT8 phase's: without INT8 blocks it changes nothing */
-    if (!w->with8) return f16 ? launch_dw<1, 0, dw_ring3>(maps, &p, st) : launch_dw<0, 0, dw_ring3>(maps, &p, st);
-    if (f16) return ec ? launch_dw<1, 1, dw_ring2>(maps, &p, st) : launch_dw<1, 0, dw_ring2>(maps, &p, st);
-    return ec ? launch_dw<0, 1, dw_ring2>(maps, &p, st) : launch_dw<0, 0, dw_ring2>(maps, &p, st);
+    return dw_dispatch<dw_launch>(w, st);
 }
