@@ -2,17 +2,18 @@
  * The operands of the DraftAttention2 kernels (draft_internal.h gives
  * their layout) from the user's Q, K, V, in the packed region order:
  *   dg_pack16_kernel    Q, K 16-bit rows, each video block's channel amax,
- *                       and (POOL) the router's pooling of the same rows
+ *                       and (TILE) the router's pooling of the same rows
+ *                       and their INT8 codes with one delta per region
+ *                       block (Q: or per row)
  *   dg_pack16t_kernel   V 16-bit, transposed per block, and its amax
  *   dg_scale_kernel     V's channel scales delta_c, the NVFP4 tensor scales
- *   dg_int8_kernel      Q, K INT8 codes and one delta per region block
- *                       (Q: or per row)
  *   dg_v8_kernel        V E4M3 codes, transposed in the PV slot order
  *   dg_fp4_rows_kernel  Q, K NVFP4 reconstructions (groups of 16 channels)
  *   dg_fp4_cols_kernel  V NVFP4 reconstructions (groups of 16 keys)
  * dg_prep launches what the plan needs.  host.cu runs dg_prep_qk (with
- * the pooling) on the caller's stream before the router's map, and
- * dg_prep_rest on the side stream, under the router.
+ * the pooling and the INT8 codes: Q and K are read once) on the caller's
+ * stream before the router's map, and dg_prep_rest on the side stream,
+ * under the router.
  *
  * Every quantizer is the CPU's expression (src/cpu/draft.c,
  * src/cpu/formats.c) with explicit _rn intrinsics (no FMA contraction), so
@@ -112,10 +113,10 @@ static __device__ __forceinline__ uint4 dg_tile_ld(const uint32_t *row, int q, i
     return (s & 2) ? make_uint4(u.z, u.w, u.x, u.y) : u;
 }
 
-/* out[0..D) = channel max over the CTA of m (this thread's chunk).  The
- * values are |x| >= 0 and never NaN (fmaxf drops NaN), so any reduction
- * order gives the same bits. */
-static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int lg, float *out) {
+/* The channel max over the CTA of m (this thread's chunk): channel t's
+ * for thread t < D, +0 for the others.  The values are |x| >= 0 and never
+ * NaN (fmaxf drops NaN), so any reduction order gives the same bits. */
+static __device__ __forceinline__ float dg_amax_reduce(const float *m, int D, int lg) {
     __shared__ float red[DG_PREP_THREADS / 32][128]; /* [warp][channel] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float r[8];
@@ -128,14 +129,24 @@ static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int 
 #pragma unroll
         for (int e = 0; e < 8; ++e) red[warp][lane * 8 + e] = r[e];
     __syncthreads();
+    float a = 0.0f;
     if ((int)threadIdx.x < D) {
-        float a = red[0][threadIdx.x];
+        a = red[0][threadIdx.x];
         for (int w = 1; w < D / 16; ++w) a = fmaxf(a, red[w][threadIdx.x]);
-        out[threadIdx.x] = a;
     }
+    return a;
 }
 
-/* ---- the router's region pooling, fused into the Q and K packs ----
+/* out[0..D) = dg_amax_reduce. */
+static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int lg, float *out) {
+    const float a = dg_amax_reduce(m, D, lg);
+    if ((int)threadIdx.x < D) out[threadIdx.x] = a;
+}
+
+/* ---- the tiled pack: the router's pooling and the INT8 codes of Q, K ----
+ *
+ * The Q and K packs also give what else is made of the same rows, so that
+ * Q and K are read once.  The pooling:
  *
  * DA2 Eq. 1 exactly as the CPU computes it (qvi_draft_pool; router_map.cu's
  * dr_pool_kernel): per channel, the FP64 sum of the region's n rows in path
@@ -147,15 +158,26 @@ static __device__ __forceinline__ void dg_amax_store(const float *m, int D, int 
  * 16-32 KB tile, enough CTAs share an SM for the other CTAs' loads to keep
  * DRAM busy meanwhile. */
 typedef struct dg_pool_out {
-    float *avg, *max;      /* [BH][R][D] */
-    const int32_t *count;  /* [R] the valid rows of each region */
+    float *avg, *max; /* [BH][R][D]; NULL: no pooling */
 } dg_pool_out;
 
-/* CTAs per SM the pooling pack asks ptxas for: 4 (64 registers) where the
+/* The INT8 codes (DA2's 8-bit Q and K: draft_internal.h) are those of
+ * src/cpu/draft.c: delta = amax/127 + 1e-7 of the row (Q, rows 1) or of
+ * the region block, code = the rounded quotient.  A row's delta needs only
+ * the lanes that hold the row; a block's needs the block's amax, so those
+ * codes come after it, from the rows left in the tile.  Both deltas come
+ * from the very values they code, so qvc_int8_codes4_bounded applies. */
+typedef struct dg_int8_out {
+    int8_t *codes; /* [BH][R][128][D]; NULL: no codes */
+    float *delta;  /* [BH][R] or (rows 1) [BH][R][128] */
+    int rows;      /* rows per delta: 1 or DG_KEYS */
+} dg_int8_out;
+
+/* CTAs per SM the tiled pack asks ptxas for: 4 (64 registers) where the
  * 16-bit vector path fits them without spilling, else 2; 0 (no bound) for
  * the plain pack. */
-static constexpr int dg_min_ctas(int dt, bool vec, bool pool) {
-    return !pool ? 0 : dt != QVA_F32 && vec ? 4 : 2;
+static constexpr int dg_min_ctas(int dt, bool vec, bool tile) {
+    return !tile ? 0 : dt != QVA_F32 && vec ? 4 : 2;
 }
 
 /* Bytes of the pooling tile: a region's 128 rows of the input's values. */
@@ -187,6 +209,74 @@ static __device__ __forceinline__ void dg_tile_put(const float (&v)[8], int row,
     }
 }
 
+/* Tile row `row`, channels c .. c + 7 (+0 at rows >= n, which the pack
+ * did not write). */
+template <int DT>
+static __device__ __forceinline__ void dg_tile_get8(int row, int n, int c, int D, float (&v)[8]) {
+    extern __shared__ __align__(16) unsigned char dg_tile[];
+    if (row >= n) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    } else if constexpr (DT == QVA_F32) {
+        const float4 *t = (const float4 *)((const float *)dg_tile + row * D + c);
+        const float4 a = t[0], b = t[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        qvc_widen8<DT>(*(const uint4 *)((const uint16_t *)dg_tile + row * D + c), v);
+    }
+}
+
+/* fl(fl(amax / 127) + 1e-7) (qvi_int8_delta); amax >= 0, and +0 skips
+ * the division, whose quotient it knows. */
+static __device__ __forceinline__ float dg_int8_delta(float amax) {
+    return __fadd_rn(amax > 0.0f ? __fdiv_rn(amax, 127.0f) : 0.0f, 1e-7f);
+}
+
+/* Each row's INT8 codes under its own delta (delta[row]): the 2^lg
+ * adjacent lanes that hold a row (8 channels each) agree on its amax.  The
+ * rows come back from the tile, where this very thread left them (no
+ * barrier), so the pack's loads need not stay in registers. */
+template <int DT>
+static __device__ __forceinline__ void dg_int8_rows(int lg, int D, int n, int c, int r0,
+                                                    float *delta, int8_t *q8) {
+#pragma unroll 1 /* rolled: the pack's 64-register budget */
+    for (int k = 0; k < 8; ++k) {
+        const int row = r0 + k * DG_RSTEP;
+        float v[8], m = 0.0f;
+        dg_tile_get8<DT>(row, n, c, D, v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
+        for (int s = 1; s < (1 << lg); s <<= 1) m = fmaxf(m, __shfl_xor_sync(DG_FULL, m, s));
+        const float dl = dg_int8_delta(m), rcp = __frcp_rn(dl);
+        if ((threadIdx.x & ((1 << lg) - 1)) == 0) delta[row] = dl;
+        *(uint2 *)(q8 + k * DG_RSTEP * D) = make_uint2(qvc_int8_codes4_bounded(v, dl, rcp),
+                                                       qvc_int8_codes4_bounded(v + 4, dl, rcp));
+    }
+}
+
+/* The block's INT8 codes under one delta: its amax is the max of the
+ * channel amax a (thread t < D holds channel t's); this thread's rows
+ * r0 + 16 k come back from the tile (n valid rows, +0 after). */
+template <int DT>
+static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float *delta,
+                                     int8_t *q8) {
+    __shared__ float wmax[DG_PREP_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(DG_FULL, a, o));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = a;
+    __syncthreads();
+    float bm = wmax[0];
+    for (int w = 1; w < D / 16; ++w) bm = fmaxf(bm, wmax[w]); /* 2D threads, D/16 warps */
+    const float dl = dg_int8_delta(bm), rcp = __frcp_rn(dl);
+    if (threadIdx.x == 0) *delta = dl;
+#pragma unroll 1 /* rolled: the pack's 64-register budget */
+    for (int k = 0; k < 8; ++k) {
+        float v[8];
+        dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
+        *(uint2 *)(q8 + k * DG_RSTEP * D) = make_uint2(qvc_int8_codes4_bounded(v, dl, rcp),
+                                                       qvc_int8_codes4_bounded(v + 4, dl, rcp));
+    }
+}
+
 /* The pooled avg and max of this CTA's region (n rows) from the tile. */
 template <int DT>
 static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
@@ -205,49 +295,82 @@ static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
     mx[t] = m;
 }
 
-/* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (POOL: dst may be
+/* Eight channels of a row as loaded (qvc_ld8): 16-bit vector loads stay
+ * packed until used, half the registers of their floats, so that all
+ * eight rows of a thread can be in flight within the tiled pack's 64. */
+template <int DT, bool VEC, bool PACKED = VEC && DT != QVA_F32>
+struct dg_chunk {
+    float x[8];
+    __device__ __forceinline__ void load(const void *p, int64_t off) { qvc_ld8<DT, VEC>(p, off, x); }
+    __device__ __forceinline__ void get(float (&v)[8]) const {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = x[e];
+    }
+};
+template <int DT, bool VEC>
+struct dg_chunk<DT, VEC, true> {
+    uint4 u;
+    __device__ __forceinline__ void load(const void *p, int64_t off) {
+        u = __ldg((const uint4 *)((const unsigned short *)p + off));
+    }
+    __device__ __forceinline__ void get(float (&v)[8]) const { qvc_widen8<DT>(u, v); }
+};
+
+/* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (TILE: dst may be
  * NULL, none written).  amax (low-bit calls): the channel amax of each
- * video block (blk >= pblk) into amax[bh][blk - pblk][D].  POOL: the
- * router's pooling of each video block into pool (above), with
- * dg_pool_smem bytes of dynamic shared memory.  Padding slots (pack -1)
- * give +0, which leaves the amax alone; partition.c puts a region's count
- * cells first, so the rest are exactly its valid tokens. */
-template <int DT, int F16, bool VEC, bool POOL>
-__global__ void __launch_bounds__(DG_PREP_THREADS, dg_min_ctas(DT, VEC, POOL))
-dg_pack16_kernel(qvc_view x, const int32_t *pack, int64_t n_pack, int pblk, int blk0, int R,
-                 uint16_t *dst, float *amax, dg_pool_out pool) {
+ * video block (blk >= pblk) into amax[bh][blk - pblk][D].  TILE, for each
+ * video block: the router's pooling into pool, the INT8 codes into i8
+ * (above; either may be absent), with dg_pool_smem bytes of dynamic shared
+ * memory.  Padding slots (pack -1) give +0, which leaves the amax alone;
+ * partition.c puts a region's count cells first, so the rest are exactly
+ * its valid tokens. */
+template <int DT, int F16, bool VEC, bool TILE>
+__global__ void __launch_bounds__(DG_PREP_THREADS, dg_min_ctas(DT, VEC, TILE))
+dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t n_pack, int pblk,
+                 int blk0, int R, uint16_t *dst, float *amax, dg_pool_out pool, dg_int8_out i8) {
     const int blk = blockIdx.x + blk0, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
-    const int64_t base = qvc_head_base(x, bh);
+    const int64_t base = qvc_head_base(x, bh), vb = (int64_t)bh * R + (blk - pblk);
     const int32_t *pk = pack + (int64_t)blk * DG_KEYS + r0;
-    const bool pooling = POOL && blk >= pblk;
+    const bool video = TILE && blk >= pblk;
+    const bool pooling = video && pool.avg, quant = video && i8.codes;
+    const bool block_delta = quant && i8.rows != 1;
     int32_t orig[8];
-    float v[8][8];
+    dg_chunk<DT, VEC> rows[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-        qvc_ld8<DT, VEC>(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c, v[k]);
-    uint16_t *o = !POOL || dst ? dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c
+    for (int k = 0; k < 8; ++k) rows[k].load(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c);
+    uint32_t valid = 0u; /* bit k: row r0 + 16 k is a token (one register, not eight) */
+#pragma unroll
+    for (int k = 0; k < 8; ++k) valid |= (uint32_t)(orig[k] >= 0) << k;
+    uint16_t *o = !TILE || dst ? dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c
                                : NULL;
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    const int n = pooling ? pool.count[blk - pblk] : 0;
+    const int n = video ? count[blk - pblk] : 0;
+    const int n_tile = pooling || quant ? n : 0; /* rows the tile keeps */
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        dg_mask8(v[k], orig[k] >= 0);
-        if (r0 + k * DG_RSTEP < n) dg_tile_put<DT>(v[k], r0 + k * DG_RSTEP, c, D);
-        if (!POOL || o)
+        float v[8];
+        rows[k].get(v);
+        dg_mask8(v, (valid >> k) & 1u);
+        if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
+        if (!TILE || o)
             *(uint4 *)(o + k * DG_RSTEP * D) =
-                make_uint4(dg_pair16<F16>(v[k][0], v[k][1]), dg_pair16<F16>(v[k][2], v[k][3]),
-                           dg_pair16<F16>(v[k][4], v[k][5]), dg_pair16<F16>(v[k][6], v[k][7]));
+                make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                           dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
 #pragma unroll
-        for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[k][e]));
+        for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
     }
-    if (amax && blk >= pblk) dg_amax_store(m, D, lg, amax + ((int64_t)bh * R + (blk - pblk)) * D);
-    if (pooling) {
-        const int64_t at = ((int64_t)bh * R + (blk - pblk)) * D;
-        dg_pool_store<DT>(D, n, pool.avg + at, pool.max + at);
+    int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
+    if (quant && !block_delta) dg_int8_rows<DT>(lg, D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
+    const bool store_amax = amax && blk >= pblk;
+    if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
+        const float a = dg_amax_reduce(m, D, lg);
+        if (store_amax && (int)threadIdx.x < D) amax[vb * D + threadIdx.x] = a;
+        if (block_delta) dg_int8_block<DT>(a, D, n, c, r0, i8.delta + vb, q8);
     }
+    if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D);
 }
 
 /* V 16-bit transposed [blk][D][128], amax as dg_pack16_kernel.  A task is
@@ -338,65 +461,9 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
     }
 }
 
-/* dg_int8_kernel's per-row quantizer: a thread holds 8 channels of rows
- * r0 + 16 k; the 2^lg threads of a row are adjacent lanes. */
-static __device__ __forceinline__ void dg_int8_rows(float (&v)[8][8], int n, int r0, int lg,
-                                                    float *delta, int8_t *o, int D) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        dg_mask8(v[k], r0 + k * DG_RSTEP < n);
-        float m = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[k][e]));
-        for (int s = 1; s < (1 << lg); s <<= 1) m = fmaxf(m, __shfl_xor_sync(DG_FULL, m, s));
-        const float dl = __fadd_rn(__fdiv_rn(m, 127.0f), 1e-7f), rcp = __frcp_rn(dl);
-        if ((threadIdx.x & ((1 << lg) - 1)) == 0) delta[r0 + k * DG_RSTEP] = dl;
-        *(uint2 *)(o + k * DG_RSTEP * D) =
-            make_uint2(qvc_int8_codes4(v[k], dl, rcp), qvc_int8_codes4(v[k] + 4, dl, rcp));
-    }
-}
-
-/* INT8 codes of Q or K for one region block, and its delta
- * amax/127 + 1e-7 (the block amax = the max of its channel amax, which
- * dg_pack16_kernel wrote) into delta[bh][a]; with ROWS, one delta per row
- * (the row's amax over the threads that hold it) into delta[bh][a][128]. */
-template <int DT, bool VEC, bool ROWS>
-__global__ void __launch_bounds__(DG_PREP_THREADS)
-dg_int8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
-               const float *amax, float *delta, int8_t *codes) {
-    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a], lg = DG_CPR_LG(D);
-    const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
-    const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
-    const int64_t blk = (int64_t)bh * R + a;
-    int32_t orig[8];
-    float v[8][8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const int i = r0 + k * DG_RSTEP;
-        orig[k] = i < n ? __ldg(pack + slot0 + i) : 0;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) qvc_ld8<DT, VEC>(x.data, base + (int64_t)orig[k] * x.sn + c, v[k]);
-    if (ROWS) {
-        dg_int8_rows(v, n, r0, lg, delta + blk * DG_KEYS, codes + (blk * DG_KEYS + r0) * D + c, D);
-        return;
-    }
-    float bm = 0.0f; /* every warp reduces the D channel values itself */
-    for (int i = threadIdx.x & 31; i < D; i += 32) bm = fmaxf(bm, __ldg(amax + blk * D + i));
-    for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(DG_FULL, bm, o));
-    const float dl = __fadd_rn(__fdiv_rn(bm, 127.0f), 1e-7f), rcp = __frcp_rn(dl);
-    if (threadIdx.x == 0) delta[blk] = dl;
-    int8_t *o = codes + (blk * DG_KEYS + r0) * D + c;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        dg_mask8(v[k], r0 + k * DG_RSTEP < n);
-        *(uint2 *)(o + k * DG_RSTEP * D) =
-            make_uint2(qvc_int8_codes4(v[k], dl, rcp), qvc_int8_codes4(v[k] + 4, dl, rcp));
-    }
-}
-
 /* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
- * the PV slot order.  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * the PV slot order (qvc_e4m3_codes4: a product by 1/delta_c, the division
+ * only near a rounding boundary).  Tile word w of row c holds slots 4w .. 4w+3 (keys
  * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
  * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
@@ -424,9 +491,14 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
 #pragma unroll
         for (int u = 0; u < 4; ++u)
             qvc_ld8<DT, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
-    float d[8];
+    float d[8], rd[8];
+    bool fast = true; /* qvc_e4m3_codes4's reciprocal path for all 8 channels */
 #pragma unroll
-    for (int e = 0; e < 8; ++e) d[e] = __ldg(dv + (int64_t)bh * D + c + e);
+    for (int e = 0; e < 8; ++e) {
+        d[e] = __ldg(dv + (int64_t)bh * D + c + e);
+        rd[e] = __frcp_rn(d[e]);
+        fast = fast && qvc_e4m3_fast_ok(d[e], rd[e]);
+    }
     const int s = dg_swz(c, lg);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -435,10 +507,9 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
         for (int u = 0; u < 4; ++u) dg_mask8(v[k][u], key[k][u] < n);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            uint32_t word = 0u;
-#pragma unroll
-            for (int u = 0; u < 4; ++u) word |= dg_e4m3(__fdiv_rn(v[k][u][e], d[e])) << (8 * u);
-            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = word;
+            const float x4[4] = {v[k][0][e], v[k][1][e], v[k][2][e], v[k][3][e]};
+            const float d4[4] = {d[e], d[e], d[e], d[e]}, r4[4] = {rd[e], rd[e], rd[e], rd[e]};
+            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = qvc_e4m3_codes4(x4, d4, r4, fast);
         }
     }
     __syncthreads();
@@ -497,44 +568,46 @@ dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_
 
 /* ================================================================ launchers */
 
-/* One 16-bit operand (trans: V^T) and, with amax, its channel amax. */
-/* The pooling pack of one instance: its tile in dynamic shared memory
+/* The tiled pack of one instance: its tile in dynamic shared memory
  * (64 KB for f32 rows at D 128, above the default 48 KB). */
 template <int DT, int F16, bool VEC>
-static void dg_launch_pool_pack(dim3 grid, unsigned nt, const qvc_view &x, const int32_t *pk,
-                                int64_t np, int pblk, int blk0, int R, uint16_t *dst, float *amax,
-                                dg_pool_out pool, cudaStream_t st) {
+static void dg_launch_tiled_pack(dim3 grid, unsigned nt, const qvc_view &x,
+                                 const qvc_draft_layout *L, int blk0, int R, uint16_t *dst,
+                                 float *amax, dg_pool_out pool, dg_int8_out i8, cudaStream_t st) {
     const int smem = dg_pool_smem(DT, (int)x.D);
-    void (*k)(qvc_view, const int32_t *, int64_t, int, int, int, uint16_t *, float *,
-              dg_pool_out) = dg_pack16_kernel<DT, F16, VEC, true>;
+    void (*k)(qvc_view, const int32_t *, const int32_t *, int64_t, int, int, int, uint16_t *,
+              float *, dg_pool_out, dg_int8_out) = dg_pack16_kernel<DT, F16, VEC, true>;
     if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    k<<<grid, nt, smem, st>>>(x, pk, np, pblk, blk0, R, dst, amax, pool);
+    k<<<grid, nt, smem, st>>>(x, L->pack_to_orig, L->count, L->n_pack,
+                              (int)(L->prefix_pad / DG_KEYS), blk0, R, dst, amax, pool, i8);
 }
 
+/* One 16-bit operand (trans: V^T) and, with amax, its channel amax; Q and
+ * K with the pooling and INT8 codes that pool and i8 ask for. */
 template <int DT, int F16>
 static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
                              uint16_t *dst, float *amax, int trans, dg_pool_out pool,
-                             cudaStream_t st) {
+                             dg_int8_out i8, cudaStream_t st) {
     const dim3 grid((unsigned)(L->n_pack / DG_KEYS), (unsigned)BH);
     const int pblk = (int)(L->prefix_pad / DG_KEYS);
     const int32_t *pk = L->pack_to_orig;
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
-    const bool vec = qvc_view_vec_ok(&x, 8);
+    const bool vec = qvc_view_vec_ok(&x, 8), tiled = pool.avg || i8.codes;
     if (trans && vec)
         dg_pack16t_kernel<DT, F16, true><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
     else if (trans)
         dg_pack16t_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
-    else if (vec && pool.avg)
-        dg_launch_pool_pack<DT, F16, true>(grid, nt, x, pk, np, pblk, 0, R, dst, amax, pool, st);
-    else if (pool.avg)
-        dg_launch_pool_pack<DT, F16, false>(grid, nt, x, pk, np, pblk, 0, R, dst, amax, pool, st);
+    else if (vec && tiled)
+        dg_launch_tiled_pack<DT, F16, true>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
+    else if (tiled)
+        dg_launch_tiled_pack<DT, F16, false>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
     else if (vec)
-        dg_pack16_kernel<DT, F16, true, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, 0, R, dst,
-                                                                    amax, pool);
+        dg_pack16_kernel<DT, F16, true, false><<<grid, nt, 0, st>>>(x, pk, NULL, np, pblk, 0, R,
+                                                                    dst, amax, pool, i8);
     else
-        dg_pack16_kernel<DT, F16, false, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, 0, R, dst,
-                                                                     amax, pool);
+        dg_pack16_kernel<DT, F16, false, false><<<grid, nt, 0, st>>>(x, pk, NULL, np, pblk, 0, R,
+                                                                     dst, amax, pool, i8);
 }
 
 /* The pooling alone (no pack written): the video blocks only. */
@@ -544,13 +617,13 @@ static void dg_launch_pool16(const qvc_view &x, const qvc_draft_layout *L, int B
     const int pblk = (int)(L->prefix_pad / DG_KEYS);
     const dim3 grid((unsigned)L->regions, (unsigned)BH);
     const unsigned nt = 2 * (unsigned)x.D;
-    const int32_t *pk = L->pack_to_orig;
+    const dg_int8_out none = {NULL, NULL, 0};
     if (qvc_view_vec_ok(&x, 8))
-        dg_launch_pool_pack<DT, 0, true>(grid, nt, x, pk, L->n_pack, pblk, pblk, L->regions, NULL,
-                                         NULL, pool, st);
+        dg_launch_tiled_pack<DT, 0, true>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                          none, st);
     else
-        dg_launch_pool_pack<DT, 0, false>(grid, nt, x, pk, L->n_pack, pblk, pblk, L->regions, NULL,
-                                          NULL, pool, st);
+        dg_launch_tiled_pack<DT, 0, false>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                           none, st);
 }
 
 extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *L, int BH,
@@ -564,35 +637,23 @@ extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout
                         "N %lld (layout %lld), B*H %lld (%d)",
                         (long long)x->D, L->c, DG_KEYS, (long long)x->N, (long long)L->n,
                         (long long)(x->B * x->H), BH);
-    const dg_pool_out pool = {avg, max, L->count};
+    const dg_pool_out pool = {avg, max};
     QVC_DISPATCH_DTYPE(x->dtype, dg_launch_pool16<DT_>(*x, L, BH, pool, st));
     return qvc_launch_check("qvc_draft_pool16");
 }
 
-/* The 8-bit operand of tensor w (0 Q, 1 K: INT8 and delta; 2 V: E4M3). */
+/* V's E4M3 codes (after dg_scale_kernel's delta_c). */
 template <int DT>
-static void dg_launch_8bit(const qvc_view &x, const qvc_draft_layout *L, const dg_ops *o, int w,
-                           cudaStream_t st) {
+static void dg_launch_v8(const qvc_view &x, const qvc_draft_layout *L, const dg_ops *o,
+                         cudaStream_t st) {
     const dim3 grid((unsigned)o->R, (unsigned)o->BH);
     const unsigned nt = 2 * (unsigned)o->D;
     const int32_t *pk = L->pack_to_orig, *cnt = L->count;
     const int64_t pp = L->prefix_pad;
-    const bool vec = qvc_view_vec_ok(&x, 8);
-    const float *am = o->amax + (size_t)w * o->BH * o->R * o->D;
-    float *dl = w ? o->k8s : o->q8s;
-    int8_t *codes = w ? o->k8 : o->q8;
-    if (w == 2 && vec)
+    if (qvc_view_vec_ok(&x, 8))
         dg_v8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
-    else if (w == 2)
-        dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
-    else if (w == 0 && o->q_rows_per_scale == 1 && vec)
-        dg_int8_kernel<DT, true, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
-    else if (w == 0 && o->q_rows_per_scale == 1)
-        dg_int8_kernel<DT, false, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
-    else if (vec)
-        dg_int8_kernel<DT, true, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
     else
-        dg_int8_kernel<DT, false, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, am, dl, codes);
+        dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
 }
 
 /* The NVFP4 reconstructions q4, k4, v4t (after dg_scale_kernel's g4). */
@@ -615,20 +676,21 @@ static qva_status dg_prep_fp4(const qvc_draft_layout *L, const qvc_view *qv, con
 }
 
 /* The 16-bit operand of tensor w (0 Q, 1 K, 2 V transposed) and, with
- * amax, each region's channel amax into amax [3][BH][R][D]; pool (Q, K):
- * the router's pooling of the same reads. */
+ * amax, each region's channel amax into amax [3][BH][R][D]; pool and i8
+ * (Q, K): the router's pooling and the INT8 codes of the same reads. */
 static qva_status dg_prep16(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view &x,
-                            int w, dg_ops *o, float *amax, dg_pool_out pool, cudaStream_t st) {
+                            int w, dg_ops *o, float *amax, dg_pool_out pool, dg_int8_out i8,
+                            cudaStream_t st) {
     const int BH = o->BH, R = o->R;
     uint16_t *d16[3] = {o->q16, o->k16, o->v16t};
     float *am = amax ? amax + (size_t)w * BH * R * o->D : NULL;
     const int tr = w == 2;
     if (pl->use_f16)
         QVC_DISPATCH_DTYPE(x.dtype,
-                           (dg_launch_pack16<DT_, 1>(x, L, R, BH, d16[w], am, tr, pool, st)));
+                           (dg_launch_pack16<DT_, 1>(x, L, R, BH, d16[w], am, tr, pool, i8, st)));
     else
         QVC_DISPATCH_DTYPE(x.dtype,
-                           (dg_launch_pack16<DT_, 0>(x, L, R, BH, d16[w], am, tr, pool, st)));
+                           (dg_launch_pack16<DT_, 0>(x, L, R, BH, d16[w], am, tr, pool, i8, st)));
     return qvc_launch_check("draft prep: 16-bit operands");
 }
 
@@ -636,33 +698,36 @@ qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const
                       const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool,
                       cudaStream_t st) {
     float *amax = pl->with4 || pl->with8 ? o->amax : NULL;
-    const dg_pool_out none = {NULL, NULL, NULL};
-    const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax, L->count} : none;
-    const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax, L->count} : none;
-    const qva_status r = dg_prep16(pl, L, *qv, 0, o, amax, pq, st);
-    return r != QVA_OK ? r : dg_prep16(pl, L, *kv, 1, o, amax, pk, st);
+    const dg_pool_out none = {NULL, NULL};
+    const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax} : none;
+    const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax} : none;
+    const dg_int8_out no8 = {NULL, NULL, 0};
+    o->q_rows_per_scale = pl->q_rows_per_scale;
+    const dg_int8_out q8 = pl->with8 ? dg_int8_out{o->q8, o->q8s, o->q_rows_per_scale} : no8;
+    const dg_int8_out k8 = pl->with8 ? dg_int8_out{o->k8, o->k8s, DG_KEYS} : no8;
+    const qva_status r = dg_prep16(pl, L, *qv, 0, o, amax, pq, q8, st);
+    return r != QVA_OK ? r : dg_prep16(pl, L, *kv, 1, o, amax, pk, k8, st);
 }
 
-/* The rest once Q and K are packed: each input is read once by its 16-bit
- * pack (which also gives the channel amax of every region) and once more
- * by its 8-bit quantizer; the scales need only the amax. */
+/* The rest once Q and K are packed (with their INT8 codes): V is read
+ * once by its 16-bit pack (which also gives the channel amax of every
+ * region) and once more by its E4M3 quantizer, which needs the channel
+ * scales of all regions; the NVFP4 operands read Q, K, V once more. */
 qva_status dg_prep_rest(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
                         const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
     const int lowbit = pl->with4 || pl->with8;
-    const qvc_view *const xs[3] = {qv, kv, vv};
-    const dg_pool_out none = {NULL, NULL, NULL};
-    o->q_rows_per_scale = pl->q_rows_per_scale;
-    qva_status r = dg_prep16(pl, L, *vv, 2, o, lowbit ? o->amax : NULL, none, st);
+    const dg_pool_out none = {NULL, NULL};
+    const dg_int8_out no8 = {NULL, NULL, 0};
+    qva_status r = dg_prep16(pl, L, *vv, 2, o, lowbit ? o->amax : NULL, none, no8, st);
     if (r != QVA_OK || !lowbit) return r;
     const int w0 = pl->with4 ? 0 : 2; /* without NVFP4 only V's channel scales */
     dg_scale_kernel<<<dim3((unsigned)(3 - w0), (unsigned)o->BH), DG_SCALE_THREADS, 0, st>>>(
         o->amax, o->BH, o->R, o->D, w0, pl->with4, pl->with8, o->g4, o->dv);
     if ((r = qvc_launch_check("draft prep: scales")) != QVA_OK) return r;
-    if (pl->with8)
-        for (int w = 0; w < 3; ++w) {
-            QVC_DISPATCH_DTYPE(xs[w]->dtype, (dg_launch_8bit<DT_>(*xs[w], L, o, w, st)));
-            if ((r = qvc_launch_check("draft prep: 8-bit operands")) != QVA_OK) return r;
-        }
+    if (pl->with8) {
+        QVC_DISPATCH_DTYPE(vv->dtype, (dg_launch_v8<DT_>(*vv, L, o, st)));
+        if ((r = qvc_launch_check("draft prep: V E4M3")) != QVA_OK) return r;
+    }
     return pl->with4 ? dg_prep_fp4(L, qv, kv, vv, o, st) : QVA_OK;
 }
 
