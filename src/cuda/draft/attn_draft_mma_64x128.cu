@@ -413,7 +413,10 @@ attn_draft_mma_64x128(dg_params p) {
     /* 2. INT8 blocks, inside the Eq. 8 unit change (an empty phase has none) */
     if (e2 > e1) {
         const float *dv = op.dv + (int64_t)bh * D;
-        dg_phase_scale<D>(r, dv, p.eta, 1);
+        /* after an empty NVFP4 phase O and l are +0, and so is every
+         * quotient (eta * delta_c > 0): the entry is skipped, not computed
+         * (a division of zero is not free: __fdiv_rn's range check) */
+        if (e1 > e0) dg_phase_scale<D>(r, dv, p.eta, 1);
         uint32_t qf[D / 32][4];
         const uint8_t *qg = (const uint8_t *)op.q8 + ((int64_t)bh * nv + (int64_t)a * DG_KEYS) * D;
 #pragma unroll
