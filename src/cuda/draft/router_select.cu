@@ -21,11 +21,34 @@ __global__ void dr_sel_init_kernel(dr_sel *sel, int BH, unsigned long long e0,
     }
 }
 
+/* Bit j: open boundary j (j >= 1) is in the very state of open boundary
+ * j - 1, same prefix and same rank left (equal cumulative quotas, as e_1 =
+ * e_2 without an NVFP4 quota): its search is j - 1's, step for step, so
+ * it is not counted but copied (dr_select_kernel).  Both kernels of a pass
+ * read it from the state as the pass found it. */
+static __device__ __forceinline__ int dr_sel_alias(const dr_sel &s, int open) {
+    int alias = 0;
+    for (int j = 1; j < 3; ++j)
+        if (((open >> j) & 1) && ((open >> (j - 1)) & 1) && s.prefix[j] == s.prefix[j - 1] &&
+            s.rank[j] == s.rank[j - 1])
+            alias |= 1 << j;
+    return alias;
+}
+
+/* The boundaries of findmask whose search is still on. */
+static __device__ __forceinline__ int dr_sel_open(const dr_sel &s, int findmask) {
+    int open = 0;
+    for (int j = 0; j < 3; ++j)
+        if (((findmask >> j) & 1) && !s.done[j]) open |= 1 << j;
+    return open;
+}
+
 /*
  * Histogram of the 8-bit digit at `shift` of the keys that match each
  * open boundary's selected prefix (the bits above the digit), in shared
  * memory, then one global atomic per non-empty bin.  The match is shared
- * by boundaries whose prefixes are equal (all of them in the first pass).
+ * by boundaries whose prefixes are equal (all of them in the first pass);
+ * an aliased boundary (dr_sel_alias) is not counted at all.
  * A head whose boundaries are all settled leaves at once.  AGG (the first
  * digit, which nearly every key shares: the map's values lie in [0, 1], so
  * their top bits vary little): the lanes of one digit add as a group, one
@@ -40,12 +63,13 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
                unsigned int *hist /* [BH][3][256] */) {
     __shared__ unsigned int h[3][256];
     const int bh = blockIdx.y, lane = threadIdx.x & 31;
+    const dr_sel st = sel[bh];
     unsigned long long pre[3];
-    int open = 0, same = 0; /* per head, so uniform over the CTA */
+    const int open = dr_sel_open(st, findmask), alias = dr_sel_alias(st, open);
+    int same = 0; /* per head, so uniform over the CTA */
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
-        pre[j] = sel[bh].prefix[j];
-        if (((findmask >> j) & 1) && !sel[bh].done[j]) open |= 1 << j;
+        pre[j] = st.prefix[j];
         if (j && ((open >> (j - 1)) & 1) && ((open >> j) & 1) && pre[j] == pre[j - 1])
             same |= 1 << j;
     }
@@ -65,7 +89,7 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
         unsigned peers = 0u;
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
-            if (!((open >> j) & 1)) continue; /* uniform */
+            if (!((open >> j) & 1) || ((alias >> j) & 1)) continue; /* uniform */
             if (!((same >> j) & 1)) {         /* uniform; else boundary j-1's */
                 val = in && (c & high) == pre[j] ? dig : -1;
                 if (AGG)
@@ -87,7 +111,8 @@ dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_se
 
 /*
  * Picks each open boundary's digit (descending: from bin 255 down) and
- * clears the histogram for the next pass.  One warp per head; the bins are
+ * clears the histogram for the next pass; an aliased boundary takes the
+ * state of the one before it.  One warp per head; the bins are
  * first copied to shared memory with coalesced loads, so the scan does not
  * wait on one global load per bin.  If the boundary is the last (smallest)
  * of the keys that share its bits so far, every one of them is kept: tau
@@ -102,8 +127,10 @@ __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int
         h[i] = g[i];
         g[i] = 0u;
     }
+    const dr_sel old = sel[bh];
+    const int open = dr_sel_open(old, findmask), alias = dr_sel_alias(old, open);
     __syncwarp();
-    if (lane < 3 && ((findmask >> lane) & 1) && !sel[bh].done[lane]) {
+    if (lane < 3 && ((open >> lane) & 1) && !((alias >> lane) & 1)) {
         const unsigned int *hj = h + lane * 256;
         unsigned long long r = sel[bh].rank[lane];
         int d = 255;
@@ -116,6 +143,14 @@ __global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int
         sel[bh].rank[lane] = r;
         if (r + 1 == (unsigned long long)hj[d]) sel[bh].done[lane] = 1;
     }
+    __syncwarp();
+    if (lane == 0)
+        for (int j = 1; j < 3; ++j)
+            if ((alias >> j) & 1) {
+                sel[bh].prefix[j] = sel[bh].prefix[j - 1];
+                sel[bh].rank[j] = sel[bh].rank[j - 1];
+                sel[bh].done[j] = sel[bh].done[j - 1];
+            }
 }
 
 /* ------------------------------------------------------------ MASS budget */
