@@ -316,109 +316,61 @@ struct dg_chunk<DT, VEC, true> {
     __device__ __forceinline__ void get(float (&v)[8]) const { qvc_widen8<DT>(u, v); }
 };
 
-/* The pack's view of one item (region block blk of head bh): thread t
- * holds channels c .. c + 7 of rows r0 + 16 k. */
-typedef struct dg_item {
-    int blk, bh;
-} dg_item;
-
-static __device__ __forceinline__ dg_item dg_item_of(int it, int blk0, int nblk) {
-    return dg_item{blk0 + it % nblk, it / nblk};
-}
-
-/* Issue the 8 row loads of an item whose pack indices are in orig; valid
- * bit k: row r0 + 16 k is a token. */
-template <int DT, bool VEC>
-static __device__ __forceinline__ uint32_t dg_rows_load(const qvc_view &x, dg_item t,
-                                                        const int32_t (&orig)[8], int c,
-                                                        dg_chunk<DT, VEC> (&rows)[8]) {
-    const int64_t base = qvc_head_base(x, t.bh);
-    uint32_t valid = 0u;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        rows[k].load(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c);
-        valid |= (uint32_t)(orig[k] >= 0) << k;
-    }
-    return valid;
-}
-
-static __device__ __forceinline__ void dg_orig_load(const int32_t *pack, dg_item t, int r0,
-                                                    int32_t (&orig)[8]) {
-    const int32_t *pk = pack + (int64_t)t.blk * DG_KEYS + r0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
-}
-
-/* Q, K 16-bit rows [slot][D] of region blocks blk0 .. blk0 + nblk - 1 of
- * every head (TILE: dst may be NULL, none written).  amax (low-bit calls):
- * the channel amax of each video block (blk >= pblk) into
- * amax[bh][blk - pblk][D].  TILE, for each video block: the router's
- * pooling into pool, the INT8 codes into i8 (above; either may be absent),
- * with dg_pool_smem bytes of dynamic shared memory.  Padding slots (pack
- * -1) give +0, which leaves the amax alone; partition.c puts a region's
- * count cells first, so the rest are exactly its valid tokens.
- *
- * A CTA walks items it, it + gridDim.x, ... (the launch sizes the grid to
- * the CTAs that fit at once): the next item's pack indices are requested
- * before this item's rows are used, and its rows before this item's tail
- * (the INT8 codes, the amax and pooling reductions), so the tail runs
- * under the next item's loads instead of leaving DRAM idle. */
+/* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (TILE: dst may be
+ * NULL, none written).  amax (low-bit calls): the channel amax of each
+ * video block (blk >= pblk) into amax[bh][blk - pblk][D].  TILE, for each
+ * video block: the router's pooling into pool, the INT8 codes into i8
+ * (above; either may be absent), with dg_pool_smem bytes of dynamic shared
+ * memory.  Padding slots (pack -1) give +0, which leaves the amax alone;
+ * partition.c puts a region's count cells first, so the rest are exactly
+ * its valid tokens. */
 template <int DT, int F16, bool VEC, bool TILE>
 __global__ void __launch_bounds__(DG_PREP_THREADS, dg_min_ctas(DT, VEC, TILE))
 dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t n_pack, int pblk,
-                 int blk0, int nblk, int BH, int R, uint16_t *dst, float *amax, dg_pool_out pool,
-                 dg_int8_out i8) {
-    const int D = (int)x.D, lg = DG_CPR_LG(D), items = nblk * BH, step = (int)gridDim.x;
+                 int blk0, int R, uint16_t *dst, float *amax, dg_pool_out pool, dg_int8_out i8) {
+    const int blk = blockIdx.x + blk0, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, r0 = threadIdx.x >> lg;
-    int it = (int)blockIdx.x;
-    if (it >= items) return;
+    const int64_t base = qvc_head_base(x, bh), vb = (int64_t)bh * R + (blk - pblk);
+    const int32_t *pk = pack + (int64_t)blk * DG_KEYS + r0;
+    const bool video = TILE && blk >= pblk;
+    const bool pooling = video && pool.avg, quant = video && i8.codes;
+    const bool block_delta = quant && i8.rows != 1;
     int32_t orig[8];
     dg_chunk<DT, VEC> rows[8];
-    dg_item t = dg_item_of(it, blk0, nblk);
-    dg_orig_load(pack, t, r0, orig);
-    uint32_t valid = dg_rows_load<DT, VEC>(x, t, orig, c, rows);
-    for (;;) {
-        const int next = it + step;
-        const dg_item tn = dg_item_of(next < items ? next : it, blk0, nblk);
-        dg_orig_load(pack, tn, r0, orig); /* in flight while this item's rows are used */
-        const int blk = t.blk, bh = t.bh;
-        const int64_t vb = (int64_t)bh * R + (blk - pblk);
-        const bool video = TILE && blk >= pblk;
-        const bool pooling = video && pool.avg, quant = video && i8.codes;
-        const bool block_delta = quant && i8.rows != 1;
-        uint16_t *o = !TILE || dst
-                          ? dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c
-                          : NULL;
-        float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        const int n = video ? count[blk - pblk] : 0;
-        const int n_tile = pooling || quant ? n : 0; /* rows the tile keeps */
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            float v[8];
-            rows[k].get(v);
-            dg_mask8(v, (valid >> k) & 1u);
-            if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
-            if (!TILE || o)
-                *(uint4 *)(o + k * DG_RSTEP * D) =
-                    make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
-                               dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
+    for (int k = 0; k < 8; ++k) orig[k] = __ldg(pk + k * DG_RSTEP);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
-        }
-        if (next < items) valid = dg_rows_load<DT, VEC>(x, tn, orig, c, rows);
-        int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
-        if (quant && !block_delta) dg_int8_rows<DT>(lg, D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
-        const bool store_amax = amax && blk >= pblk;
-        if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
-            const float a = dg_amax_reduce(m, D, lg);
-            if (store_amax && (int)threadIdx.x < D) amax[vb * D + threadIdx.x] = a;
-            if (block_delta) dg_int8_block<DT>(a, D, n, c, r0, i8.delta + vb, q8);
-        }
-        if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D);
-        if (next >= items) return;
-        __syncthreads(); /* the tile and the reduction arrays are the next item's */
-        it = next, t = tn;
+    for (int k = 0; k < 8; ++k) rows[k].load(x.data, base + (int64_t)max(orig[k], 0) * x.sn + c);
+    uint32_t valid = 0u; /* bit k: row r0 + 16 k is a token (one register, not eight) */
+#pragma unroll
+    for (int k = 0; k < 8; ++k) valid |= (uint32_t)(orig[k] >= 0) << k;
+    uint16_t *o = !TILE || dst ? dst + ((int64_t)bh * n_pack + (int64_t)blk * DG_KEYS + r0) * D + c
+                               : NULL;
+    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int n = video ? count[blk - pblk] : 0;
+    const int n_tile = pooling || quant ? n : 0; /* rows the tile keeps */
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        float v[8];
+        rows[k].get(v);
+        dg_mask8(v, (valid >> k) & 1u);
+        if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
+        if (!TILE || o)
+            *(uint4 *)(o + k * DG_RSTEP * D) =
+                make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                           dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
     }
+    int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
+    if (quant && !block_delta) dg_int8_rows<DT>(lg, D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
+    const bool store_amax = amax && blk >= pblk;
+    if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
+        const float a = dg_amax_reduce(m, D, lg);
+        if (store_amax && (int)threadIdx.x < D) amax[vb * D + threadIdx.x] = a;
+        if (block_delta) dg_int8_block<DT>(a, D, n, c, r0, i8.delta + vb, q8);
+    }
+    if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D);
 }
 
 /* V 16-bit transposed [blk][D][128], amax as dg_pack16_kernel.  A task is
@@ -616,36 +568,18 @@ dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_
 
 /* ================================================================ launchers */
 
-typedef void (*dg_pack_fn)(qvc_view, const int32_t *, const int32_t *, int64_t, int, int, int,
-                           int, int, uint16_t *, float *, dg_pool_out, dg_int8_out);
-
-/* CTAs of a pack's walk over `items`: as many as fit on the device at
- * once, at most one per item (one per item where the occupancy query
- * fails: the walk is then one item each, as correct). */
-static unsigned dg_walk_ctas(dg_pack_fn k, unsigned nt, int smem, int items) {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)nt, (size_t)smem) !=
-            cudaSuccess ||
-        sms < 1 || per_sm < 1)
-        return (unsigned)items;
-    return (unsigned)(items < sms * per_sm ? items : sms * per_sm);
-}
-
-/* One pack instance over blocks blk0 .. blk0 + nblk - 1 of the BH heads;
- * TILE: its tile in dynamic shared memory (64 KB for f32 rows at D 128,
- * above the default 48 KB). */
-template <int DT, int F16, bool VEC, bool TILE>
-static void dg_launch_walk(unsigned nt, const qvc_view &x, const qvc_draft_layout *L, int blk0,
-                           int nblk, int BH, int R, uint16_t *dst, float *amax, dg_pool_out pool,
-                           dg_int8_out i8, cudaStream_t st) {
-    const int smem = TILE ? dg_pool_smem(DT, (int)x.D) : 0;
-    const dg_pack_fn k = dg_pack16_kernel<DT, F16, VEC, TILE>;
+/* The tiled pack of one instance: its tile in dynamic shared memory
+ * (64 KB for f32 rows at D 128, above the default 48 KB). */
+template <int DT, int F16, bool VEC>
+static void dg_launch_tiled_pack(dim3 grid, unsigned nt, const qvc_view &x,
+                                 const qvc_draft_layout *L, int blk0, int R, uint16_t *dst,
+                                 float *amax, dg_pool_out pool, dg_int8_out i8, cudaStream_t st) {
+    const int smem = dg_pool_smem(DT, (int)x.D);
+    void (*k)(qvc_view, const int32_t *, const int32_t *, int64_t, int, int, int, uint16_t *,
+              float *, dg_pool_out, dg_int8_out) = dg_pack16_kernel<DT, F16, VEC, true>;
     if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    k<<<dg_walk_ctas(k, nt, smem, nblk * BH), nt, smem, st>>>(
-        x, L->pack_to_orig, L->count, L->n_pack, (int)(L->prefix_pad / DG_KEYS), blk0, nblk, BH, R,
-        dst, amax, pool, i8);
+    k<<<grid, nt, smem, st>>>(x, L->pack_to_orig, L->count, L->n_pack,
+                              (int)(L->prefix_pad / DG_KEYS), blk0, R, dst, amax, pool, i8);
 }
 
 /* One 16-bit operand (trans: V^T) and, with amax, its channel amax; Q and
@@ -655,7 +589,7 @@ static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R
                              uint16_t *dst, float *amax, int trans, dg_pool_out pool,
                              dg_int8_out i8, cudaStream_t st) {
     const dim3 grid((unsigned)(L->n_pack / DG_KEYS), (unsigned)BH);
-    const int pblk = (int)(L->prefix_pad / DG_KEYS), nblk = (int)(L->n_pack / DG_KEYS);
+    const int pblk = (int)(L->prefix_pad / DG_KEYS);
     const int32_t *pk = L->pack_to_orig;
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
@@ -665,26 +599,31 @@ static void dg_launch_pack16(const qvc_view &x, const qvc_draft_layout *L, int R
     else if (trans)
         dg_pack16t_kernel<DT, F16, false><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax);
     else if (vec && tiled)
-        dg_launch_walk<DT, F16, true, true>(nt, x, L, 0, nblk, BH, R, dst, amax, pool, i8, st);
+        dg_launch_tiled_pack<DT, F16, true>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
     else if (tiled)
-        dg_launch_walk<DT, F16, false, true>(nt, x, L, 0, nblk, BH, R, dst, amax, pool, i8, st);
+        dg_launch_tiled_pack<DT, F16, false>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
     else if (vec)
-        dg_launch_walk<DT, F16, true, false>(nt, x, L, 0, nblk, BH, R, dst, amax, pool, i8, st);
+        dg_pack16_kernel<DT, F16, true, false><<<grid, nt, 0, st>>>(x, pk, NULL, np, pblk, 0, R,
+                                                                    dst, amax, pool, i8);
     else
-        dg_launch_walk<DT, F16, false, false>(nt, x, L, 0, nblk, BH, R, dst, amax, pool, i8, st);
+        dg_pack16_kernel<DT, F16, false, false><<<grid, nt, 0, st>>>(x, pk, NULL, np, pblk, 0, R,
+                                                                     dst, amax, pool, i8);
 }
 
 /* The pooling alone (no pack written): the video blocks only. */
 template <int DT>
 static void dg_launch_pool16(const qvc_view &x, const qvc_draft_layout *L, int BH,
                              dg_pool_out pool, cudaStream_t st) {
-    const int pblk = (int)(L->prefix_pad / DG_KEYS), R = L->regions;
+    const int pblk = (int)(L->prefix_pad / DG_KEYS);
+    const dim3 grid((unsigned)L->regions, (unsigned)BH);
     const unsigned nt = 2 * (unsigned)x.D;
     const dg_int8_out none = {NULL, NULL, 0};
     if (qvc_view_vec_ok(&x, 8))
-        dg_launch_walk<DT, 0, true, true>(nt, x, L, pblk, R, BH, R, NULL, NULL, pool, none, st);
+        dg_launch_tiled_pack<DT, 0, true>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                          none, st);
     else
-        dg_launch_walk<DT, 0, false, true>(nt, x, L, pblk, R, BH, R, NULL, NULL, pool, none, st);
+        dg_launch_tiled_pack<DT, 0, false>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                           none, st);
 }
 
 extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *L, int BH,
