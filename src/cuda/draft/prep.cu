@@ -232,25 +232,52 @@ static __device__ __forceinline__ float dg_int8_delta(float amax) {
     return __fadd_rn(amax > 0.0f ? __fdiv_rn(amax, 127.0f) : 0.0f, 1e-7f);
 }
 
-/* Each row's INT8 codes under its own delta (delta[row]): the 2^lg
- * adjacent lanes that hold a row (8 channels each) agree on its amax.  The
- * rows come back from the tile, where this very thread left them (no
- * barrier), so the pack's loads need not stay in registers. */
-template <int DT>
-static __device__ __forceinline__ void dg_int8_rows(int lg, int D, int n, int c, int r0,
-                                                    float *delta, int8_t *q8) {
-#pragma unroll 1 /* rolled: the pack's 64-register budget */
-    for (int k = 0; k < 8; ++k) {
-        const int row = r0 + k * DG_RSTEP;
-        float v[8], m = 0.0f;
-        dg_tile_get8<DT>(row, n, c, D, v);
+/* Each row's INT8 codes under its own delta (delta[row]).  The rows come
+ * back from the tile, where this very thread left them (no barrier), so
+ * the pack's loads need not stay in registers.  A row's 2^LG adjacent
+ * lanes (8 channels each) hold its amax in parts; one reduce-scatter
+ * (2^LG - 1 shuffles for all 8 rows, not 8 LG) leaves row q >> (LG - 3)
+ * whole on lane q of the group, so each lane divides once (not once per
+ * row), and the deltas go back by shuffles.  The max is order-free (values
+ * |x| >= 0, never NaN), so the deltas are the row-by-row ones. */
+template <int DT, int LG>
+static __device__ __forceinline__ void dg_int8_rows(int D, int n, int c, int r0, float *delta,
+                                                    int8_t *q8) {
+    constexpr int G = 1 << LG; /* lanes per row: 16 (D 128) or 8 (D 64) */
+    const int lane = threadIdx.x & 31, q = lane & (G - 1);
+    float pm[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
-        for (int s = 1; s < (1 << lg); s <<= 1) m = fmaxf(m, __shfl_xor_sync(DG_FULL, m, s));
-        const float dl = dg_int8_delta(m), rcp = __frcp_rn(dl);
-        if ((threadIdx.x & ((1 << lg) - 1)) == 0) delta[row] = dl;
-        *(uint2 *)(q8 + k * DG_RSTEP * D) = make_uint2(qvc_int8_codes4_bounded(v, dl, rcp),
-                                                       qvc_int8_codes4_bounded(v + 4, dl, rcp));
+    for (int k = 0; k < 8; ++k) {
+        float v[8];
+        dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
+        pm[k] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) pm[k] = fmaxf(pm[k], fabsf(v[e]));
+    }
+    /* reduce-scatter: at width w (G/2 .. 1) a lane keeps the half of its
+     * rows its bit w selects and takes the partner's part of them */
+#pragma unroll
+    for (int w = G / 2, cnt = 8; w >= 1 && cnt > 1; w >>= 1, cnt >>= 1) {
+        const bool hi = (q & w) != 0;
+#pragma unroll
+        for (int i = 0; i < cnt / 2; ++i) {
+            const float keep = hi ? pm[i + cnt / 2] : pm[i], give = hi ? pm[i] : pm[i + cnt / 2];
+            pm[i] = fmaxf(keep, __shfl_xor_sync(DG_FULL, give, w));
+        }
+    }
+    if (G == 16) pm[0] = fmaxf(pm[0], __shfl_xor_sync(DG_FULL, pm[0], 1)); /* 2 lanes per row */
+    const int mine = q >> (LG - 3); /* the row whose amax this lane now holds */
+    const float dl = dg_int8_delta(pm[0]), rcp = __frcp_rn(dl);
+    if ((q & ((G >> 3) - 1)) == 0) delta[r0 + mine * DG_RSTEP] = dl;
+    const int src0 = lane & ~(G - 1);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int from = src0 + (k << (LG - 3));
+        const float dk = __shfl_sync(DG_FULL, dl, from), rk = __shfl_sync(DG_FULL, rcp, from);
+        float v[8];
+        dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
+        *(uint2 *)(q8 + k * DG_RSTEP * D) = make_uint2(qvc_int8_codes4_bounded(v, dk, rk),
+                                                       qvc_int8_codes4_bounded(v + 4, dk, rk));
     }
 }
 
@@ -268,7 +295,7 @@ static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float
     for (int w = 1; w < D / 16; ++w) bm = fmaxf(bm, wmax[w]); /* 2D threads, D/16 warps */
     const float dl = dg_int8_delta(bm), rcp = __frcp_rn(dl);
     if (threadIdx.x == 0) *delta = dl;
-#pragma unroll 1 /* rolled: the pack's 64-register budget */
+#pragma unroll
     for (int k = 0; k < 8; ++k) {
         float v[8];
         dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
@@ -363,7 +390,10 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
         for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
     }
     int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
-    if (quant && !block_delta) dg_int8_rows<DT>(lg, D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
+    if (quant && !block_delta && lg == 4)
+        dg_int8_rows<DT, 4>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
+    else if (quant && !block_delta)
+        dg_int8_rows<DT, 3>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
     const bool store_amax = amax && blk >= pblk;
     if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
         const float a = dg_amax_reduce(m, D, lg);
