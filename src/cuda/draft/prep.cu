@@ -180,7 +180,7 @@ static constexpr int dg_min_ctas(int dt, bool vec, bool tile) {
     return !tile ? 0 : dt != QVA_F32 && vec ? 4 : 2;
 }
 
-/* Bytes of the pooling tile: a region's 128 rows of the input's values. */
+/* Bytes of the tiled pack's tile: a region's 128 rows of the input's values. */
 static int dg_pool_smem(int dtype, int D) { return DG_KEYS * D * (dtype == QVA_F32 ? 4 : 2); }
 
 template <int DT>
@@ -236,9 +236,9 @@ static __device__ __forceinline__ float dg_int8_delta(float amax) {
  * back from the tile, where this very thread left them (no barrier), so
  * the pack's loads need not stay in registers.  A row's 2^LG adjacent
  * lanes (8 channels each) hold its amax in parts; one reduce-scatter
- * (2^LG - 1 shuffles for all 8 rows, not 8 LG) leaves row q >> (LG - 3)
- * whole on lane q of the group, so each lane divides once (not once per
- * row), and the deltas go back by shuffles.  The max is order-free (values
+ * (7 shuffles for the 8 rows at 8 lanes a row, 8 at 16; not 8 LG) leaves
+ * row q >> (LG - 3) whole on lane q of the group, so each lane divides
+ * once (not once per row), and the deltas go back by shuffles.  The max is order-free (values
  * |x| >= 0, never NaN), so the deltas are the row-by-row ones. */
 template <int DT, int LG>
 static __device__ __forceinline__ void dg_int8_rows(int D, int n, int c, int r0, float *delta,
