@@ -179,7 +179,7 @@ qva_status qvc_draft_route_pooled(const qvc_view *q, const qvc_view *k, const qv
                                   cudaStream_t st);
 /* The router's pooling of x (Q or K) into avg, max [BH][R][D], bit for bit
  * the CPU's, as the draft prep computes it beside its 16-bit pack
- * (src/cuda/draft/prep.cu): D 64 or 128, region capacity 128. */
+ * (src/cuda/draft/prep_qk.cu): D 64 or 128, region capacity 128. */
 qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *lay, int BH, float *avg,
                             float *max, cudaStream_t st);
 

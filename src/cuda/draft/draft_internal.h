@@ -6,7 +6,8 @@
  *                             and prep -> phased kernel -> dense rows
  *   router.cu                 the device layout and the router (CSR key
  *                             lists per head, query region and phase)
- *   prep.cu                   the operands below, in the packed order
+ *   prep_qk.cu, prep.cu       the operands below, in the packed order (Q and
+ *                             K from one read; V and the rest)
  *   attn_draft_mma_64x128.cu  the mma.sync phased kernel (any route)
  *   attn_draft_ws_128x128.cu  the Hopper kernel (head dim 128, no NVFP4)
  * This header holds the block size, the operand set (dg_ops), the phased
@@ -110,7 +111,7 @@ static __device__ __forceinline__ float dg_e2m1_decode(uint32_t code) {
     return (code & 8u) ? -mag : mag;
 }
 
-/* ---- prep.cu */
+/* ---- prep_qk.cu (dg_prep_qk), prep.cu (the rest) */
 /* Every operand the plan needs, from the user views, on stream st. */
 qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
                    const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st);

@@ -393,7 +393,7 @@ static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st
 }
 
 /* a. pooling (Eq. 1), in path order for any D and region capacity.  The
- * draft call itself pools beside its 16-bit pack instead (prep.cu). */
+ * draft call itself pools beside its 16-bit pack instead (prep_qk.cu). */
 static qva_status dr_pool(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
                           const qvc_draft_route_buf *b, cudaStream_t st) {
     const int D = (int)q->D, R = lay->regions;
