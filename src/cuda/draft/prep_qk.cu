@@ -51,42 +51,29 @@ static constexpr int dg_min_ctas(int dt, bool vec, bool tile) {
 /* Bytes of the tiled pack's tile: a region's 128 rows of the input's values. */
 static int dg_pool_smem(int dtype, int D) { return DG_KEYS * D * (dtype == QVA_F32 ? 4 : 2); }
 
-/* Channels 2j and 2j + 1 of tile element pair i = row * D / 2 + j. */
 template <int DT>
-static __device__ __forceinline__ float2 dg_tile_get2(const void *tile, int i) {
-    if constexpr (DT == QVA_F32) {
-        return ((const float2 *)tile)[i];
-    } else {
-        const uint32_t w = ((const uint32_t *)tile)[i];
-        if constexpr (DT == QVA_F16)
-            return make_float2(__half2float(__ushort_as_half((uint16_t)(w & 0xFFFFu))),
-                               __half2float(__ushort_as_half((uint16_t)(w >> 16))));
-        else
-            return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
-    }
+static __device__ __forceinline__ float dg_tile_get(const void *tile, int i) {
+    if constexpr (DT == QVA_F32)
+        return ((const float *)tile)[i];
+    else if constexpr (DT == QVA_F16)
+        return __half2float(__ushort_as_half(((const uint16_t *)tile)[i]));
+    else
+        return __uint_as_float((uint32_t)((const uint16_t *)tile)[i] << 16);
 }
 
-/* The 16-bit words of 8 values in the input's own format (exact: they are
- * its values). */
+/* Row `row` of the pooling tile: the 8 values of channels c .. c + 7. */
 template <int DT>
-static __device__ __forceinline__ uint4 dg_words16(const float (&v)[8]) {
-    constexpr int F16 = DT == QVA_F16;
-    return make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
-                      dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
-}
-
-/* Row `row` of the tile: the 8 values of channels c .. c + 7; w16: their
- * dg_words16 (16-bit inputs). */
-template <int DT>
-static __device__ __forceinline__ void dg_tile_put(const float (&v)[8], uint4 w16, int row, int c,
-                                                   int D) {
+static __device__ __forceinline__ void dg_tile_put(const float (&v)[8], int row, int c, int D) {
     extern __shared__ __align__(16) unsigned char dg_tile[];
     if constexpr (DT == QVA_F32) {
         float4 *o = (float4 *)((float *)dg_tile + row * D + c);
         o[0] = make_float4(v[0], v[1], v[2], v[3]);
         o[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else { /* the input's 16-bit values, exactly */
-        *(uint4 *)((uint16_t *)dg_tile + row * D + c) = w16;
+        constexpr int F16 = DT == QVA_F16;
+        *(uint4 *)((uint16_t *)dg_tile + row * D + c) =
+            make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                       dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
     }
 }
 
@@ -185,28 +172,22 @@ static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float
     }
 }
 
-/* The pooled avg and max of this CTA's region (n rows) from the tile:
- * thread t walks channels 2t and 2t + 1, each its own chain in path order
- * (two independent chains, one shared load per row). */
+/* The pooled avg and max of this CTA's region (n rows) from the tile. */
 template <int DT>
 static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
     extern __shared__ __align__(16) unsigned char dg_tile[];
     __syncthreads();
-    const int t = (int)threadIdx.x, half = D / 2;
-    if (t >= half) return;
-    double s0 = 0.0, s1 = 0.0;
-    float2 m = dg_tile_get2<DT>(dg_tile, t);
+    const int t = (int)threadIdx.x;
+    if (t >= D) return;
+    double sum = 0.0;
+    float m = dg_tile_get<DT>(dg_tile, t);
     for (int i = 0; i < n; ++i) {
-        const float2 x = dg_tile_get2<DT>(dg_tile, i * half + t);
-        s0 = __dadd_rn(s0, (double)x.x);
-        s1 = __dadd_rn(s1, (double)x.y);
-        m.x = x.x > m.x ? x.x : m.x;
-        m.y = x.y > m.y ? x.y : m.y;
+        const float x = dg_tile_get<DT>(dg_tile, i * D + t);
+        sum = __dadd_rn(sum, (double)x);
+        m = x > m ? x : m;
     }
-    const double dn = (double)n;
-    *(float2 *)(avg + 2 * t) =
-        make_float2(__double2float_rn(__ddiv_rn(s0, dn)), __double2float_rn(__ddiv_rn(s1, dn)));
-    *(float2 *)(mx + 2 * t) = m;
+    avg[t] = __double2float_rn(__ddiv_rn(sum, (double)n));
+    mx[t] = m;
 }
 
 /* Eight channels of a row as loaded (qvc_ld8): 16-bit vector loads stay
@@ -268,16 +249,11 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
         float v[8];
         rows[k].get(v);
         dg_mask8(v, (valid >> k) & 1u);
-        /* the tile keeps the input's format; where the operand has it too,
-         * one set of words serves both stores */
-        constexpr bool same = DT != QVA_F32 && F16 == (DT == QVA_F16);
-        const uint4 w16 = DT != QVA_F32 && (TILE || same) ? dg_words16<DT>(v) : uint4{};
-        if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, w16, r0 + k * DG_RSTEP, c, D);
+        if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
         if (!TILE || o)
             *(uint4 *)(o + k * DG_RSTEP * D) =
-                same ? w16
-                     : make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
-                                  dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
+                make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                           dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
 #pragma unroll
         for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
     }
