@@ -42,6 +42,12 @@ static __device__ __forceinline__ int8_t qvc_int8_round(float y) {
     return (int8_t)(int)roundf(y);
 }
 
+/* DA2 C.3's INT8 delta of a row or block with this amax: fl(fl(amax /
+ * 127) + 1e-7), as qva_int8_quantize (src/cpu/formats.c) computes it. */
+static __device__ __forceinline__ float qvc_int8_delta(float amax) {
+    return __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f);
+}
+
 #define QVC_INT8_MAGIC 12582912.0f /* 1.5 * 2^23: y + magic holds rint(y) in its low bits */
 #define QVC_INT8_SAFE (0.5f - 1.0f / 8192.0f)
 

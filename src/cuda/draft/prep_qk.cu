@@ -94,12 +94,6 @@ static __device__ __forceinline__ void dg_tile_get8(int row, int n, int c, int D
     }
 }
 
-/* fl(fl(amax / 127) + 1e-7) (qvi_int8_delta); amax >= 0, and +0 skips
- * the division, whose quotient it knows. */
-static __device__ __forceinline__ float dg_int8_delta(float amax) {
-    return __fadd_rn(amax > 0.0f ? __fdiv_rn(amax, 127.0f) : 0.0f, 1e-7f);
-}
-
 /* Each row's INT8 codes under its own delta (delta[row]).  The rows come
  * back from the tile, where this very thread left them (no barrier), so
  * the pack's loads need not stay in registers.  A row's 2^LG adjacent
@@ -135,7 +129,7 @@ static __device__ __forceinline__ void dg_int8_rows(int D, int n, int c, int r0,
     }
     if (G == 16) pm[0] = fmaxf(pm[0], __shfl_xor_sync(DG_FULL, pm[0], 1)); /* 2 lanes per row */
     const int mine = q >> (LG - 3); /* the row whose amax this lane now holds */
-    const float dl = dg_int8_delta(pm[0]), rcp = __frcp_rn(dl);
+    const float dl = qvc_int8_delta(pm[0]), rcp = __frcp_rn(dl);
     if ((q & ((G >> 3) - 1)) == 0) delta[r0 + mine * DG_RSTEP] = dl;
     const int src0 = lane & ~(G - 1);
 #pragma unroll
@@ -161,7 +155,7 @@ static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float
     __syncthreads();
     float bm = wmax[0];
     for (int w = 1; w < D / 16; ++w) bm = fmaxf(bm, wmax[w]); /* 2D threads, D/16 warps */
-    const float dl = dg_int8_delta(bm), rcp = __frcp_rn(dl);
+    const float dl = qvc_int8_delta(bm), rcp = __frcp_rn(dl);
     if (threadIdx.x == 0) *delta = dl;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -270,6 +264,7 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
     }
     if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D);
 }
+
 /* ================================================================ launchers */
 
 /* The tiled pack of one instance: its tile in dynamic shared memory
@@ -285,6 +280,7 @@ static void dg_launch_tiled_pack(dim3 grid, unsigned nt, const qvc_view &x,
     k<<<grid, nt, smem, st>>>(x, L->pack_to_orig, L->count, L->n_pack,
                               (int)(L->prefix_pad / DG_KEYS), blk0, R, dst, amax, pool, i8);
 }
+
 /* Q or K 16-bit rows and, with amax, the channel amax; the pooling and
  * INT8 codes that pool and i8 ask for. */
 template <int DT, int F16>

@@ -117,7 +117,7 @@ qk_quant_kernel(qk_params p) {
 
     float scale;
     if (p.fmt == QVC_QK_INT8) {
-        scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
+        scale = qvc_int8_delta(amax);
     } else {
         scale = __fdiv_rn(amax, 448.0f);
         if (!(scale > 0.0f) || !isfinite(scale)) scale = 1.0f;
@@ -159,7 +159,7 @@ qk_quant_rows_kernel(qk_params p) {
 #pragma unroll
         for (int e = 0; e < QK_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
         amax = row_max<D>(amax);
-        const float scale = __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f); /* DA2 C.3 delta */
+        const float scale = qvc_int8_delta(amax);
         if (c0 == 0) p.scale[(int64_t)bh * p.n_pad + r] = scale;
         *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) =
             qvc_int8_codes4(x, scale, __frcp_rn(scale));

@@ -93,11 +93,6 @@ static __device__ __forceinline__ float qkp_row_max(float x) {
     return x;
 }
 
-/* DA2 C.3's delta: the INT8 scale of a row or block with this amax. */
-static __device__ __forceinline__ float qkp_delta(float amax) {
-    return __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f);
-}
-
 /* The lane's share of the block amax from the block's per-channel extremes
  * (qvc_block_ext): x -> fl(x - mean) is monotone, so |fl(x - mean)| is
  * largest at the channel's least or greatest x; fmaxf skips a NaN there as
@@ -139,7 +134,7 @@ static __device__ __forceinline__ void qkp_rows_per_row(const qk_params &p, cons
         qkp_row<DT, D, ROT>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, false, L.sg, x);
 #pragma unroll
         for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
-        const float scale = qkp_delta(qkp_row_max<D>(amax));
+        const float scale = qvc_int8_delta(qkp_row_max<D>(amax));
         if (L.c0 == 0) scales[s * G::RPC] = scale;
         *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
     }
@@ -148,7 +143,7 @@ static __device__ __forceinline__ void qkp_rows_per_row(const qk_params &p, cons
 /* One scale per block, stored by thread 0; returns its reciprocal. */
 static __device__ __forceinline__ float qkp_block_scale(const qk_params &p, const qkp_lane &L,
                                                         float amax, float *scale) {
-    *scale = qkp_delta(amax);
+    *scale = qvc_int8_delta(amax);
     if (threadIdx.x == 0) p.scale[(int64_t)L.bh * (p.n_pad / QVI_BLOCK) + L.blk] = *scale;
     return __frcp_rn(*scale);
 }
