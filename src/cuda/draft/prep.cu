@@ -160,7 +160,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, w0 = threadIdx.x >> lg;
     const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
     int key[2][4], orig[2][4];
-    float v[2][4][8];
+    dg_chunk<DT, VEC> v[2][4];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int w = w0 + k * DG_RSTEP;
@@ -175,7 +175,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
     for (int k = 0; k < 2; ++k)
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            qvc_ld8<DT, VEC>(x.data, base + (int64_t)orig[k][u] * x.sn + c, v[k][u]);
+            v[k][u].load(x.data, base + (int64_t)orig[k][u] * x.sn + c);
     float d[8], rd[8];
     bool fast = true; /* qvc_e4m3_codes4's reciprocal path for all 8 channels */
 #pragma unroll
@@ -188,11 +188,15 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int w = w0 + k * DG_RSTEP;
+        float f[4][8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) dg_mask8(v[k][u], key[k][u] < n);
+        for (int u = 0; u < 4; ++u) {
+            v[k][u].get(f[u]);
+            dg_mask8(f[u], key[k][u] < n);
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const float x4[4] = {v[k][0][e], v[k][1][e], v[k][2][e], v[k][3][e]};
+            const float x4[4] = {f[0][e], f[1][e], f[2][e], f[3][e]};
             const float d4[4] = {d[e], d[e], d[e], d[e]}, r4[4] = {rd[e], rd[e], rd[e], rd[e]};
             tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = qvc_e4m3_codes4(x4, d4, r4, fast);
         }

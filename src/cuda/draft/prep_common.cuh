@@ -60,6 +60,27 @@ static __device__ __forceinline__ uint32_t dg_pair16(float a, float b) {
     return (uint32_t)dg_round16<F16>(a) | ((uint32_t)dg_round16<F16>(b) << 16);
 }
 
+/* Eight channels of a row as loaded (qvc_ld8): 16-bit vector loads stay
+ * packed until used, half the registers of their floats, so that all
+ * of a thread's rows can be in flight within a small register budget. */
+template <int DT, bool VEC, bool PACKED = VEC && DT != QVA_F32>
+struct dg_chunk {
+    float x[8];
+    __device__ __forceinline__ void load(const void *p, int64_t off) { qvc_ld8<DT, VEC>(p, off, x); }
+    __device__ __forceinline__ void get(float (&v)[8]) const {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = x[e];
+    }
+};
+template <int DT, bool VEC>
+struct dg_chunk<DT, VEC, true> {
+    uint4 u;
+    __device__ __forceinline__ void load(const void *p, int64_t off) {
+        u = __ldg((const uint4 *)((const unsigned short *)p + off));
+    }
+    __device__ __forceinline__ void get(float (&v)[8]) const { qvc_widen8<DT>(u, v); }
+};
+
 /* The channel max over the CTA of m (this thread's chunk): channel t's
  * for thread t < D, +0 for the others.  The values are |x| >= 0 and never
  * NaN (fmaxf drops NaN), so any reduction order gives the same bits. */

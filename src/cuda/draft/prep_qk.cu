@@ -184,26 +184,76 @@ static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
     mx[t] = m;
 }
 
-/* Eight channels of a row as loaded (qvc_ld8): 16-bit vector loads stay
- * packed until used, half the registers of their floats, so that all
- * eight rows of a thread can be in flight within the tiled pack's 64. */
-template <int DT, bool VEC, bool PACKED = VEC && DT != QVA_F32>
-struct dg_chunk {
-    float x[8];
-    __device__ __forceinline__ void load(const void *p, int64_t off) { qvc_ld8<DT, VEC>(p, off, x); }
-    __device__ __forceinline__ void get(float (&v)[8]) const {
+/* Whether the pack's 16-bit rows are the input's own bits: a 16-bit input
+ * in the operand's format (RNE of a value the format holds is the value),
+ * loaded as vectors.  The rows then go out as loaded, with no widening
+ * and no rounding; only a NaN's payload may differ from the rounded
+ * path's, and a NaN stays a NaN. */
+template <int DT, int F16, bool VEC>
+static constexpr bool dg_raw16() {
+    return VEC && DT != QVA_F32 && (DT == QVA_F16) == (F16 != 0);
+}
+
+/* Tile row `row`, channels c .. c + 7, as the input's 16-bit bits. */
+static __device__ __forceinline__ void dg_tile_put_raw(const uint4 &u, int row, int c, int D) {
+    extern __shared__ __align__(16) unsigned char dg_tile[];
+    *(uint4 *)((uint16_t *)dg_tile + row * D + c) = u;
+}
+
+/* m = max(m, |u|) per 16-bit lane, in the input's format.  The packed max
+ * returns the operand that is not NaN (PTX max without .NaN), as fmaxf
+ * does, and widening is monotone and exact, so the widened result is the
+ * float running max's bits. */
+template <int DT>
+static __device__ __forceinline__ void dg_amax16(uint4 &m, const uint4 &u) {
+    uint32_t *mw = (uint32_t *)&m;
+    const uint32_t *uw = (const uint32_t *)&u;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = x[e];
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t a = uw[i] & 0x7fff7fffu; /* |x|: the sign bits cleared */
+        if constexpr (DT == QVA_BF16) {
+            __nv_bfloat162 r = __hmax2(*(const __nv_bfloat162 *)&mw[i], *(const __nv_bfloat162 *)&a);
+            mw[i] = *(const uint32_t *)&r;
+        } else {
+            __half2 r = __hmax2(*(const __half2 *)&mw[i], *(const __half2 *)&a);
+            mw[i] = *(const uint32_t *)&r;
+        }
     }
-};
-template <int DT, bool VEC>
-struct dg_chunk<DT, VEC, true> {
-    uint4 u;
-    __device__ __forceinline__ void load(const void *p, int64_t off) {
-        u = __ldg((const uint4 *)((const unsigned short *)p + off));
+}
+
+/* This thread's 8 rows (r0 + 16 k; bit k of valid: a token, else +0) into
+ * the 16-bit operand o (NULL: none), the first n_tile of them into the
+ * tile, and their |x| into the running channel max m. */
+template <int DT, int F16, bool VEC>
+static __device__ __forceinline__ void dg_put_rows(const dg_chunk<DT, VEC> (&rows)[8],
+                                                   uint32_t valid, int r0, int c, int D,
+                                                   int n_tile, uint16_t *o, float (&m)[8]) {
+    if constexpr (dg_raw16<DT, F16, VEC>()) {
+        uint4 mh = make_uint4(0u, 0u, 0u, 0u); /* the |x| max, two channels a word */
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint4 u = (valid >> k) & 1u ? rows[k].u : make_uint4(0u, 0u, 0u, 0u);
+            if (r0 + k * DG_RSTEP < n_tile) dg_tile_put_raw(u, r0 + k * DG_RSTEP, c, D);
+            if (o) *(uint4 *)(o + k * DG_RSTEP * D) = u;
+            dg_amax16<DT>(mh, u);
+        }
+        qvc_widen8<DT>(mh, m);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            float v[8];
+            rows[k].get(v);
+            dg_mask8(v, (valid >> k) & 1u);
+            if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
+            if (o)
+                *(uint4 *)(o + k * DG_RSTEP * D) =
+                    make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
+                               dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
+#pragma unroll
+            for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
+        }
     }
-    __device__ __forceinline__ void get(float (&v)[8]) const { qvc_widen8<DT>(u, v); }
-};
+}
 
 /* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (TILE: dst may be
  * NULL, none written).  amax (low-bit calls): the channel amax of each
@@ -238,19 +288,7 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int n = video ? count[blk - pblk] : 0;
     const int n_tile = pooling || quant ? n : 0; /* rows the tile keeps */
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        float v[8];
-        rows[k].get(v);
-        dg_mask8(v, (valid >> k) & 1u);
-        if (r0 + k * DG_RSTEP < n_tile) dg_tile_put<DT>(v, r0 + k * DG_RSTEP, c, D);
-        if (!TILE || o)
-            *(uint4 *)(o + k * DG_RSTEP * D) =
-                make_uint4(dg_pair16<F16>(v[0], v[1]), dg_pair16<F16>(v[2], v[3]),
-                           dg_pair16<F16>(v[4], v[5]), dg_pair16<F16>(v[6], v[7]));
-#pragma unroll
-        for (int e = 0; e < 8; ++e) m[e] = fmaxf(m[e], fabsf(v[e]));
-    }
+    dg_put_rows<DT, F16, VEC>(rows, valid, r0, c, D, n_tile, o, m);
     int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
     if (quant && !block_delta && lg == 4)
         dg_int8_rows<DT, 4>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
