@@ -256,7 +256,7 @@ static __device__ __forceinline__ void dg_put_rows(const dg_chunk<DT, VEC> (&row
 }
 
 /* Q, K 16-bit rows [slot][D] of block blockIdx.x + blk0 (TILE: dst may be
- * NULL, none written).  amax (low-bit calls): the channel amax of each
+ * NULL, none written).  amax (NVFP4 calls): the channel amax of each
  * video block (blk >= pblk) into amax[bh][blk - pblk][D].  TILE, for each
  * video block: the router's pooling into pool, the INT8 codes into i8
  * (above; either may be absent), with dg_pool_smem bytes of dynamic shared
@@ -396,7 +396,9 @@ static qva_status dg_prep16_qk(const qvi_draft_plan *pl, const qvc_draft_layout 
 qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
                       const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool,
                       cudaStream_t st) {
-    float *amax = pl->with4 || pl->with8 ? o->amax : NULL;
+    /* Q's and K's region amax feed only the NVFP4 tensor scales
+     * (dg_scale_kernel); V's channel scales come from V's own. */
+    float *amax = pl->with4 ? o->amax : NULL;
     const dg_pool_out none = {NULL, NULL};
     const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax} : none;
     const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax} : none;
