@@ -115,7 +115,7 @@ static __device__ __forceinline__ float dg_e2m1_decode(uint32_t code) {
 /* Every operand the plan needs, from the user views, on stream st. */
 qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
                    const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st);
-/* dg_prep in two parts: the 16-bit Q and K (and their region amax), their
+/* dg_prep in two parts: the 16-bit Q and K (with NVFP4, their region amax), their
  * INT8 codes where the plan has an INT8 phase, and with pool non-NULL the
  * router's pooling into pool->qavg .. kmax, all from one read of Q and K;
  * then everything else. */
