@@ -143,9 +143,10 @@ static __device__ __forceinline__ void dg_int8_rows(int D, int n, int c, int r0,
     }
 }
 
-/* The block's INT8 codes under one delta: its amax is the max of the
- * channel amax a (thread t < D holds channel t's); this thread's rows
- * r0 + 16 k come back from the tile (n valid rows, +0 after). */
+/* The block's INT8 codes under one delta: its amax is the max over the
+ * CTA's threads of a (a channel's amax, or a thread's part of the block's:
+ * the max is order-free); this thread's rows r0 + 16 k come back from the
+ * tile (n valid rows, +0 after). */
 template <int DT>
 static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float *delta,
                                      int8_t *q8) {
@@ -296,7 +297,12 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
         dg_int8_rows<DT, 3>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
     const bool store_amax = amax && blk >= pblk;
     if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
-        const float a = dg_amax_reduce(m, D, lg);
+        float a = 0.0f; /* the channel amax, or only this thread's part of the block's */
+        if (store_amax)
+            a = dg_amax_reduce(m, D, lg);
+        else
+#pragma unroll
+            for (int e = 0; e < 8; ++e) a = fmaxf(a, m[e]);
         if (store_amax && (int)threadIdx.x < D) amax[vb * D + threadIdx.x] = a;
         if (block_delta) dg_int8_block<DT>(a, D, n, c, r0, i8.delta + vb, q8);
     }
