@@ -243,8 +243,9 @@ static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *
     return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8);
 }
 
-/* The rest of the preparation forked onto the side stream at this point
- * of st; s->join marks its end. */
+/* The rest of the preparation forked onto the side stream: it starts
+ * after the Q and K packs (which pool for the router) and overlaps the
+ * router; s->join marks its end. */
 static qva_status dg_fork_prep(dg_state *s, const qvi_draft_plan *pl, const qvc_view xv[3],
                                cudaStream_t st) {
     cudaError_t e;
@@ -304,7 +305,7 @@ static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
 }
 
 /* The Q and K packs, which also pool for the router, then the router on
- * the caller's stream, and the rest of the preparation beside them; the
+ * the caller's stream and the rest of the preparation beside it; the
  * kernel waits for both.  Timings: grouping_ms is the packs and the
  * router, prep_ms the part of the rest not hidden under them.  serial
  * (the dev driver, to time the overlap) runs the router with its own
@@ -316,13 +317,8 @@ static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_dr
     if (serial) {
         r = qvc_draft_route(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
     } else {
-        /* V's operands need nothing of Q's and K's but, with NVFP4, their
-         * amax: otherwise they start at once, V's DRAM-bound pack beside
-         * the instruction-bound Q and K packs. */
-        const int early = !pl->with4;
-        if ((early && (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK) ||
-            (r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, st)) != QVA_OK ||
-            (!early && (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK))
+        if ((r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, st)) != QVA_OK ||
+            (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK)
             return r;
         r = qvc_draft_route_pooled(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
     }

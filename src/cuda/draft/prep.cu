@@ -9,8 +9,7 @@
  * dg_prep launches what the plan needs.  host.cu runs dg_prep_qk (the
  * pooling and the INT8 codes with the Q and K packs: Q and K are read
  * once) on the caller's stream before the router's map, and dg_prep_rest
- * on the side stream, beside the packs (after them with NVFP4, which reads
- * their amax) and the router.
+ * on the side stream, under the router.
  *
  * Every quantizer is the CPU's expression (src/cpu/draft.c,
  * src/cpu/formats.c) with explicit _rn intrinsics (no FMA contraction), so
