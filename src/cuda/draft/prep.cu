@@ -153,13 +153,13 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
  * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(DG_PREP_THREADS)
-dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t prefix_pad, int R,
-             const float *dv, uint8_t *v8t) {
+dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const float *dv,
+             uint8_t *v8t) {
     __shared__ __align__(16) uint32_t tile[128 * (DG_KEYS / 4)]; /* [c][slot quad], swizzled */
-    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, n = count[a], lg = DG_CPR_LG(D);
+    const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, w0 = threadIdx.x >> lg;
     const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
-    int key[2][4], orig[2][4];
+    int orig[2][4]; /* -1: a padding slot, exactly the keys >= count[a] (partition.h) */
     dg_chunk<DT, VEC> v[2][4];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -167,15 +167,14 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int slot = 4 * w + u;
-            key[k][u] = (slot & ~31) + qvc_pv_slot_key(slot & 31);
-            orig[k][u] = key[k][u] < n ? __ldg(pack + slot0 + key[k][u]) : 0;
+            orig[k][u] = __ldg(pack + slot0 + (slot & ~31) + qvc_pv_slot_key(slot & 31));
         }
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k)
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            v[k][u].load(x.data, base + (int64_t)orig[k][u] * x.sn + c);
+            v[k][u].load(x.data, base + (int64_t)max(orig[k][u], 0) * x.sn + c);
     float d[8], rd[8];
     bool fast = true; /* qvc_e4m3_codes4's reciprocal path for all 8 channels */
 #pragma unroll
@@ -192,7 +191,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t pref
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             v[k][u].get(f[u]);
-            dg_mask8(f[u], key[k][u] < n);
+            dg_mask8(f[u], orig[k][u] >= 0);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -278,12 +277,12 @@ static void dg_launch_v8(const qvc_view &x, const qvc_draft_layout *L, const dg_
                          cudaStream_t st) {
     const dim3 grid((unsigned)o->R, (unsigned)o->BH);
     const unsigned nt = 2 * (unsigned)o->D;
-    const int32_t *pk = L->pack_to_orig, *cnt = L->count;
+    const int32_t *pk = L->pack_to_orig;
     const int64_t pp = L->prefix_pad;
     if (qvc_view_vec_ok(&x, 8))
-        dg_v8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
+        dg_v8_kernel<DT, true><<<grid, nt, 0, st>>>(x, pk, pp, o->R, o->dv, o->v8t);
     else
-        dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, cnt, pp, o->R, o->dv, o->v8t);
+        dg_v8_kernel<DT, false><<<grid, nt, 0, st>>>(x, pk, pp, o->R, o->dv, o->v8t);
 }
 
 /* The NVFP4 reconstructions q4, k4, v4t (after dg_scale_kernel's g4). */
