@@ -167,20 +167,32 @@ static __device__ void dg_int8_block(float a, int D, int n, int c, int r0, float
     }
 }
 
-/* The pooled avg and max of this CTA's region (n rows) from the tile. */
-template <int DT>
-static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
+/* Channel t's walk over the tile's n rows in path order: the FP64 sum and
+ * the max from the first row.  D at compile time, so that each row's
+ * shared load takes its offset as an immediate. */
+template <int DT, int D>
+static __device__ __forceinline__ void dg_pool_walk(int n, int t, double &sum, float &m) {
     extern __shared__ __align__(16) unsigned char dg_tile[];
-    __syncthreads();
-    const int t = (int)threadIdx.x;
-    if (t >= D) return;
-    double sum = 0.0;
-    float m = dg_tile_get<DT>(dg_tile, t);
+    m = dg_tile_get<DT>(dg_tile, t);
     for (int i = 0; i < n; ++i) {
         const float x = dg_tile_get<DT>(dg_tile, i * D + t);
         sum = __dadd_rn(sum, (double)x);
         m = x > m ? x : m;
     }
+}
+
+/* The pooled avg and max of this CTA's region (n rows) from the tile. */
+template <int DT>
+static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
+    __syncthreads();
+    const int t = (int)threadIdx.x;
+    if (t >= D) return;
+    double sum = 0.0;
+    float m;
+    if (D == 128)
+        dg_pool_walk<DT, 128>(n, t, sum, m);
+    else
+        dg_pool_walk<DT, 64>(n, t, sum, m);
     avg[t] = __double2float_rn(__ddiv_rn(sum, (double)n));
     mx[t] = m;
 }
