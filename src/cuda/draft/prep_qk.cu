@@ -102,19 +102,23 @@ static __device__ __forceinline__ void dg_tile_get8(int row, int n, int c, int D
  * row q >> (LG - 3) whole on lane q of the group, so each lane divides
  * once (not once per row), and the deltas go back by shuffles.  The max is order-free (values
  * |x| >= 0, never NaN), so the deltas are the row-by-row ones. */
-template <int DT, int LG>
+template <int DT, int LG, bool HAVE_PM>
 static __device__ __forceinline__ void dg_int8_rows(int D, int n, int c, int r0, float *delta,
-                                                    int8_t *q8) {
+                                                    int8_t *q8, const float (&rowmax)[8]) {
     constexpr int G = 1 << LG; /* lanes per row: 16 (D 128) or 8 (D 64) */
     const int lane = threadIdx.x & 31, q = lane & (G - 1);
-    float pm[8];
+    float pm[8]; /* this thread's part of each row's amax (HAVE_PM: from the pack's registers) */
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        float v[8];
-        dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
-        pm[k] = 0.0f;
+        if constexpr (HAVE_PM) {
+            pm[k] = rowmax[k];
+        } else {
+            float v[8];
+            dg_tile_get8<DT>(r0 + k * DG_RSTEP, n, c, D, v);
+            pm[k] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) pm[k] = fmaxf(pm[k], fabsf(v[e]));
+            for (int e = 0; e < 8; ++e) pm[k] = fmaxf(pm[k], fabsf(v[e]));
+        }
     }
     /* reduce-scatter: at width w (G/2 .. 1) a lane keeps the half of its
      * rows its bit w selects and takes the partner's part of them */
@@ -213,34 +217,51 @@ static __device__ __forceinline__ void dg_tile_put_raw(const uint4 &u, int row, 
     *(uint4 *)((uint16_t *)dg_tile + row * D + c) = u;
 }
 
-/* m = max(m, |u|) per 16-bit lane, in the input's format.  The packed max
- * returns the operand that is not NaN (PTX max without .NaN), as fmaxf
- * does, and widening is monotone and exact, so the widened result is the
- * float running max's bits. */
+/* max(a, b) per 16-bit lane in the input's format: the packed max returns
+ * the operand that is not NaN (PTX max without .NaN), as fmaxf does. */
+template <int DT>
+static __device__ __forceinline__ uint32_t dg_hmax2(uint32_t a, uint32_t b) {
+    if constexpr (DT == QVA_BF16) {
+        const __nv_bfloat162 r = __hmax2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+        return *(const uint32_t *)&r;
+    } else {
+        const __half2 r = __hmax2(*(const __half2 *)&a, *(const __half2 *)&b);
+        return *(const uint32_t *)&r;
+    }
+}
+
+/* m = max(m, |u|) per 16-bit lane.  Widening is monotone and exact, so
+ * the widened result is the float running max's bits. */
 template <int DT>
 static __device__ __forceinline__ void dg_amax16(uint4 &m, const uint4 &u) {
-    uint32_t *mw = (uint32_t *)&m;
-    const uint32_t *uw = (const uint32_t *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint32_t a = uw[i] & 0x7fff7fffu; /* |x|: the sign bits cleared */
-        if constexpr (DT == QVA_BF16) {
-            __nv_bfloat162 r = __hmax2(*(const __nv_bfloat162 *)&mw[i], *(const __nv_bfloat162 *)&a);
-            mw[i] = *(const uint32_t *)&r;
-        } else {
-            __half2 r = __hmax2(*(const __half2 *)&mw[i], *(const __half2 *)&a);
-            mw[i] = *(const uint32_t *)&r;
-        }
-    }
+    m.x = dg_hmax2<DT>(m.x, u.x & 0x7fff7fffu); /* |x|: the sign bits cleared */
+    m.y = dg_hmax2<DT>(m.y, u.y & 0x7fff7fffu);
+    m.z = dg_hmax2<DT>(m.z, u.z & 0x7fff7fffu);
+    m.w = dg_hmax2<DT>(m.w, u.w & 0x7fff7fffu);
+}
+
+/* max(+0, |x|) over a row's 8 channels u, as a float: the packed max of
+ * the four words, then of the two halves widened, from +0 as the float
+ * loop over the widened values starts (so an all-NaN row gives +0). */
+template <int DT>
+static __device__ __forceinline__ float dg_row_amax16(const uint4 &u) {
+    const uint32_t h = dg_hmax2<DT>(dg_hmax2<DT>(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
+                                    dg_hmax2<DT>(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
+    float w[8];
+    qvc_widen8<DT>(make_uint4(h, 0u, 0u, 0u), w);
+    return fmaxf(fmaxf(0.0f, w[0]), w[1]);
 }
 
 /* This thread's 8 rows (r0 + 16 k; bit k of valid: a token, else +0) into
  * the 16-bit operand o (NULL: none), the first n_tile of them into the
- * tile, and their |x| into the running channel max m. */
+ * tile, and their |x| into the running channel max m; with row_amax (the
+ * rows as loaded only) each row's max(+0, |x|) over the 8 channels into
+ * rowmax. */
 template <int DT, int F16, bool VEC>
 static __device__ __forceinline__ void dg_put_rows(const dg_chunk<DT, VEC> (&rows)[8],
                                                    uint32_t valid, int r0, int c, int D,
-                                                   int n_tile, uint16_t *o, float (&m)[8]) {
+                                                   int n_tile, uint16_t *o, float (&m)[8],
+                                                   bool row_amax, float (&rowmax)[8]) {
     if constexpr (dg_raw16<DT, F16, VEC>()) {
         uint4 mh = make_uint4(0u, 0u, 0u, 0u); /* the |x| max, two channels a word */
 #pragma unroll
@@ -249,6 +270,7 @@ static __device__ __forceinline__ void dg_put_rows(const dg_chunk<DT, VEC> (&row
             if (r0 + k * DG_RSTEP < n_tile) dg_tile_put_raw(u, r0 + k * DG_RSTEP, c, D);
             if (o) *(uint4 *)(o + k * DG_RSTEP * D) = u;
             dg_amax16<DT>(mh, u);
+            rowmax[k] = row_amax ? dg_row_amax16<DT>(u) : 0.0f;
         }
         qvc_widen8<DT>(mh, m);
     } else {
@@ -301,12 +323,15 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
     float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int n = video ? count[blk - pblk] : 0;
     const int n_tile = pooling || quant ? n : 0; /* rows the tile keeps */
-    dg_put_rows<DT, F16, VEC>(rows, valid, r0, c, D, n_tile, o, m);
+    constexpr bool raw = dg_raw16<DT, F16, VEC>();
+    const bool row_delta = quant && !block_delta;
+    float rowmax[8];
+    dg_put_rows<DT, F16, VEC>(rows, valid, r0, c, D, n_tile, o, m, raw && row_delta, rowmax);
     int8_t *q8 = quant ? i8.codes + (vb * DG_KEYS + r0) * D + c : NULL;
-    if (quant && !block_delta && lg == 4)
-        dg_int8_rows<DT, 4>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
-    else if (quant && !block_delta)
-        dg_int8_rows<DT, 3>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8);
+    if (row_delta && lg == 4)
+        dg_int8_rows<DT, 4, raw>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8, rowmax);
+    else if (row_delta)
+        dg_int8_rows<DT, 3, raw>(D, n, c, r0, i8.delta + vb * DG_KEYS, q8, rowmax);
     const bool store_amax = amax && blk >= pblk;
     if (store_amax || block_delta) { /* CTA-uniform: the reductions hold barriers */
         float a = 0.0f; /* the channel amax, or only this thread's part of the block's */
