@@ -23,23 +23,11 @@
 #include "prep_common.cuh"
 
 #define VP_CPL PLAIN_CPL
-#define VP_BATCH 4 /* keys whose codes share one check for the exact path */
-
-/* A key's 8 values as encoded: widened, less the block mean if demeaned. */
-template <int DT>
-static __device__ __forceinline__ void v_plain_values(const uint4 &raw, const float *mu,
-                                                      bool demean, float *x) {
-    qvc_widen8<DT>(raw, x);
-    if (demean)
-#pragma unroll
-        for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
-}
 
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS, 3)
 v_plain_kernel(v_plain_params p) {
     using G = plain_geom<D>;
-    static_assert(G::STEPS % VP_BATCH == 0, "whole batches of keys");
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -68,35 +56,24 @@ v_plain_kernel(v_plain_params p) {
     }
 
     /* ---- codes into the tile, 8 bytes per lane and key (two stores: the
-     * stride keeps 4-byte alignment only), VP_BATCH keys at a time: their
-     * codes by the reciprocal, then one rare branch for the division, so
-     * the keys' conversions interleave */
+     * stride keeps 4-byte alignment only) */
 #pragma unroll
-    for (int s0 = 0; s0 < G::STEPS; s0 += VP_BATCH) {
-        uint32_t code[VP_BATCH][2], diff = fast ? 0u : 1u;
-#pragma unroll
-        for (int b = 0; b < VP_BATCH; ++b) {
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int key = key0 + s * G::RPC;
+        uint32_t lo = 0, hi = 0; /* padding keys: code 0 */
+        if (blk * QVI_BLOCK + key < p.n) {
             float x[VP_CPL];
-            v_plain_values<DT>(raw[s0 + b], mu, p.bmu != NULL, x);
-            code[b][0] = qvc_e4m3_codes4_rcp(x, rcp, &diff);
-            code[b][1] = qvc_e4m3_codes4_rcp(x + 4, rcp + 4, &diff);
-        }
-        if (__builtin_expect(diff != 0u, 0))
+            qvc_widen8<DT>(raw[s], x);
+            if (p.bmu) {
 #pragma unroll
-            for (int b = 0; b < VP_BATCH; ++b) {
-                float x[VP_CPL];
-                v_plain_values<DT>(raw[s0 + b], mu, p.bmu != NULL, x);
-                code[b][0] = qvc_e4m3_codes4_div(x, cs);
-                code[b][1] = qvc_e4m3_codes4_div(x + 4, cs + 4);
+                for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
             }
-#pragma unroll
-        for (int b = 0; b < VP_BATCH; ++b) {
-            const int key = key0 + (s0 + b) * G::RPC;
-            const bool valid = blk * QVI_BLOCK + key < p.n; /* padding keys: code 0 */
-            uint32_t *t = (uint32_t *)(tile + key * TILE_STRIDE + c0);
-            t[0] = valid ? code[b][0] : 0u;
-            t[1] = valid ? code[b][1] : 0u;
+            lo = qvc_e4m3_codes4(x, cs, rcp, fast);
+            hi = qvc_e4m3_codes4(x + 4, cs + 4, rcp + 4, fast);
         }
+        uint32_t *t = (uint32_t *)(tile + key * TILE_STRIDE + c0);
+        t[0] = lo;
+        t[1] = hi;
     }
     __syncthreads();
 
