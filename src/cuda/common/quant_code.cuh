@@ -148,42 +148,25 @@ static __device__ __forceinline__ uint32_t qvc_e4m3_pack4(float a, float b, floa
     return __byte_perm(lo, hi, 0x5410);
 }
 
-/* The reciprocal path's codes of x[e] * rcp[e] (the lo side, e = 0..3,
- * packed); *diff |= the bits where the hi side's differ.  A caller with
- * *diff == 0 after any number of groups has every group's quotient codes,
- * so one rare branch can serve many groups. */
-static __device__ __forceinline__ uint32_t qvc_e4m3_codes4_rcp(const float *x, const float *rcp,
-                                                               uint32_t *diff) {
-    float lo[4], hi[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const float p = __fmul_rn(x[e], rcp[e]);
-        lo[e] = __fmul_rn(p, QVC_E4M3_LO);
-        hi[e] = __fmul_rn(p, QVC_E4M3_HI);
-    }
-    const uint32_t wl = qvc_e4m3_pack4(lo[0], lo[1], lo[2], lo[3]);
-    *diff |= wl ^ qvc_e4m3_pack4(hi[0], hi[1], hi[2], hi[3]);
-    return wl;
-}
-
-/* qvc_e4m3(x[e] / s[e]) for e = 0..3 by IEEE division, packed. */
-static __device__ __forceinline__ uint32_t qvc_e4m3_codes4_div(const float *x, const float *s) {
-    uint32_t w = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) w |= qvc_e4m3_code(__fdiv_rn(x[e], s[e])) << (8 * e);
-    return w;
-}
-
 /* qvc_e4m3(x[e] / s[e]) for e = 0..3, packed little-endian; rcp[e] = 1/s[e];
  * fast: qvc_e4m3_fast_ok held for all four scales. */
 static __device__ __forceinline__ uint32_t qvc_e4m3_codes4(const float *x, const float *s,
                                                            const float *rcp, bool fast) {
     if (fast) {
-        uint32_t diff = 0u;
-        const uint32_t wl = qvc_e4m3_codes4_rcp(x, rcp, &diff);
-        if (__builtin_expect(diff == 0u, 1)) return wl;
+        float lo[4], hi[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = __fmul_rn(x[e], rcp[e]);
+            lo[e] = __fmul_rn(p, QVC_E4M3_LO);
+            hi[e] = __fmul_rn(p, QVC_E4M3_HI);
+        }
+        const uint32_t wl = qvc_e4m3_pack4(lo[0], lo[1], lo[2], lo[3]);
+        if (__builtin_expect(wl == qvc_e4m3_pack4(hi[0], hi[1], hi[2], hi[3]), 1)) return wl;
     }
-    return qvc_e4m3_codes4_div(x, s);
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w |= qvc_e4m3_code(__fdiv_rn(x[e], s[e])) << (8 * e);
+    return w;
 }
 
 #endif

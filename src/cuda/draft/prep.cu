@@ -147,8 +147,8 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
 }
 
 /* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
- * the PV slot order (qvc_e4m3_codes4_rcp: a product by 1/delta_c, the
- * division only near a rounding boundary).  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * the PV slot order (qvc_e4m3_codes4: a product by 1/delta_c, the division
+ * only near a rounding boundary).  Tile word w of row c holds slots 4w .. 4w+3 (keys
  * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
  * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
@@ -176,7 +176,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const f
         for (int u = 0; u < 4; ++u)
             v[k][u].load(x.data, base + (int64_t)max(orig[k][u], 0) * x.sn + c);
     float d[8], rd[8];
-    bool fast = true; /* the reciprocal path for all 8 channels */
+    bool fast = true; /* qvc_e4m3_codes4's reciprocal path for all 8 channels */
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         d[e] = __ldg(dv + (int64_t)bh * D + c + e);
@@ -193,24 +193,12 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const f
             v[k][u].get(f[u]);
             dg_mask8(f[u], orig[k][u] >= 0);
         }
-        /* all 8 channels' codes by the reciprocal, then one rare branch
-         * for the exact division, so the 8 groups interleave */
-        uint32_t code[8], diff = fast ? 0u : 1u;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const float x4[4] = {f[0][e], f[1][e], f[2][e], f[3][e]};
-            const float r4[4] = {rd[e], rd[e], rd[e], rd[e]};
-            code[e] = qvc_e4m3_codes4_rcp(x4, r4, &diff);
+            const float d4[4] = {d[e], d[e], d[e], d[e]}, r4[4] = {rd[e], rd[e], rd[e], rd[e]};
+            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = qvc_e4m3_codes4(x4, d4, r4, fast);
         }
-        if (__builtin_expect(diff != 0u, 0))
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const float x4[4] = {f[0][e], f[1][e], f[2][e], f[3][e]};
-                const float d4[4] = {d[e], d[e], d[e], d[e]};
-                code[e] = qvc_e4m3_codes4_div(x4, d4);
-            }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = code[e];
     }
     __syncthreads();
     uint4 *o = (uint4 *)(v8t + ((int64_t)bh * R + a) * D * DG_KEYS);
