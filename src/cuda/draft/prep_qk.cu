@@ -1,10 +1,11 @@
 /*
  * The draft call's Q and K operands (draft_internal.h gives their layout),
  * from one read of the user's Q and K in the packed region order:
- *   dg_pack16_kernel    16-bit rows, each video block's channel amax, and
- *                       (TILE) the router's pooling of the same rows and
- *                       their INT8 codes with one delta per region block
- *                       (Q: or per row)
+ *   dg_pack16_kernel    16-bit rows (a 16-bit input in the operand's
+ *                       format: its own bits), with NVFP4 each video
+ *                       block's channel amax, and (TILE) the router's
+ *                       pooling of the same rows and their INT8 codes with
+ *                       one delta per region block (Q: or per row)
  * dg_prep_qk launches them; host.cu runs it on the caller's stream before
  * the router's map (prep.cu has the rest of the preparation).  Every value
  * is the CPU's expression (src/cpu/draft.c), bit for bit.
