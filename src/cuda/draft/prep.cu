@@ -159,7 +159,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const f
     const int a = blockIdx.x, bh = blockIdx.y, D = (int)x.D, lg = DG_CPR_LG(D);
     const int c = (threadIdx.x & ((1 << lg) - 1)) * 8, w0 = threadIdx.x >> lg;
     const int64_t base = qvc_head_base(x, bh), slot0 = prefix_pad + (int64_t)a * DG_KEYS;
-    int orig[2][4]; /* -1: a padding slot, exactly the keys >= count[a] (partition.h) */
+    int orig[2][4]; /* -1: a padding slot, exactly the keys >= count[a] (partition.c) */
     dg_chunk<DT, VEC> v[2][4];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

@@ -97,7 +97,9 @@ static __device__ __forceinline__ void dg_tile_get8(int row, int n, int c, int D
 
 /* Each row's INT8 codes under its own delta (delta[row]).  The rows come
  * back from the tile, where this very thread left them (no barrier), so
- * the pack's loads need not stay in registers.  A row's 2^LG adjacent
+ * the pack's loads need not stay in registers; their amax parts too,
+ * unless the pack already took them from its registers (HAVE_PM: rowmax,
+ * rows as loaded).  A row's 2^LG adjacent
  * lanes (8 channels each) hold its amax in parts; one reduce-scatter
  * (7 shuffles for the 8 rows at 8 lanes a row, 8 at 16; not 8 LG) leaves
  * row q >> (LG - 3) whole on lane q of the group, so each lane divides
