@@ -9,7 +9,10 @@
  *         cases that meet its precondition, delta from their own amax;
  *   E4M3: x = mid * s for the midpoints between adjacent E4M3 values
  *         (normal and subnormal), the saturation at 448, non-normal
- *         scales (the exact path's guard).
+ *         scales and values the scale does not bound (the exact path's
+ *         guard); and every bf16 x against V's scales fl(amax / 2.25)
+ *         for bf16 amax of many significands (where x / s lands on an
+ *         E4M3 midpoint up to the scale's rounding).
  * Every case must match bit for bit.  The test also counts the cases
  * where the plain rounding of the fast quotient would have been wrong, so
  * it proves it can fail.  Needs a GPU; without one it exits 77 (skipped).
@@ -20,6 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 #include "common/quant_code.cuh"
@@ -67,6 +71,7 @@ __global__ void e4m3_codes_kernel(const code_case *c, int n, uint32_t *fast, uin
     for (int e = 0; e < 4; ++e) {
         r[e] = __frcp_rn(c[i].s[e]);
         ok = ok && qvc_e4m3_fast_ok(c[i].s[e], r[e]);
+        ok = ok && !(fabsf(c[i].x[e]) > 0x1p64f * c[i].s[e]); /* the callers' bound (NaN passes) */
     }
     fast[i] = qvc_e4m3_codes4(c[i].x, c[i].s, r, ok);
     uint32_t w = 0;
@@ -183,6 +188,28 @@ static std::vector<code_case> e4m3_cases() {
     return cs;
 }
 
+/* Every finite bf16 x with |x| <= amax against s = fl(amax / 2.25) (V's
+ * channel scale, DA2 C.3), for amax of every bf16 significand times a
+ * few binades: the values V's codes meet. */
+static std::vector<code_case> e4m3_bf16_cases() {
+    std::vector<code_case> cs;
+    for (uint32_t sig = 0; sig < 128; sig += 3)
+        for (int ex = -3; ex <= 9; ex += 6) {
+            const float amax = ldexpf(1.0f + sig / 128.0f, ex), s = amax / 2.25f;
+            code_case c;
+            int e = 0;
+            for (uint32_t b = 0; b < 0x10000u; ++b) {
+                const uint32_t u = b << 16;
+                float x;
+                memcpy(&x, &u, 4);
+                if (!(fabsf(x) <= amax)) continue; /* also drops NaN and infinities */
+                c.x[e] = x, c.s[e] = s;
+                if (++e == 4) cs.push_back(c), e = 0;
+            }
+        }
+    return cs;
+}
+
 static int ok(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 1;
     fprintf(stderr, "FAIL: %s: %s\n", what, cudaGetErrorString(e));
@@ -247,6 +274,7 @@ int main(void) {
     int fails = run("int8 codes", INT8_CODES, int8_cases());
     fails += run("int8 bounded codes", INT8_BOUNDED, int8_bounded_cases());
     fails += run("e4m3 codes", E4M3_CODES, e4m3_cases());
+    fails += run("e4m3 codes of bf16 values", E4M3_CODES, e4m3_bf16_cases());
     printf("cuda_test_codes: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

@@ -119,17 +119,36 @@ static __device__ __forceinline__ uint32_t qvc_int8_codes4_bounded(const float *
 
 /*
  * E4M3 codes (RNE, saturating to +-448: qva_e4m3_encode) of x / s: the V
- * codes (prep/v.cu) and E4M3 Q / K (prep/qk.cu).  With p = x * (1/s), the
- * IEEE quotient lies between lo = p (1 - 2^-21) and hi = p (1 + 2^-21)
- * (p is within 3 * 2^-24 relative of it, lo and hi at least 7 * 2^-24
- * away from p), and rounding to E4M3 is monotone: where lo and hi get the
- * same code, so does the quotient.  Where they do not (a rounding
- * boundary in between), the exact division decides.  This needs 1/s to
- * carry 2^-24 relative error at most, so s and 1/s must be normal floats:
- * fast says so (checked once per scale, qvc_e4m3_fast_ok).
+ * codes (prep/v.cu, prep/v_plain.cu, draft/prep.cu) and E4M3 Q / K
+ * (prep/qk.cu).  The reference rounds the IEEE quotient fl(x / s) to
+ * E4M3, so the quotient itself is made exactly, without a division, from
+ * rcp = fl(1/s) by two remainder steps (Markstein's; CUDA's own div.rn
+ * body has the same shape):
+ *     p  = fl(x * rcp)                 within 1.5 ulp of x/s
+ *     q1 = fl(p  + fl(x - s p)  * rcp) within 1 ulp (the fma's rounding
+ *                                      of the remainder costs < 2^-22 ulp)
+ *     q2 = fl(q1 + (x - s q1)  * rcp)  the remainder now exact; with rcp
+ *                                      within half an ulp of 1/s and q1
+ *                                      within an ulp, q2 = fl(x / s)
+ * That needs no underflow in the remainders: it holds for |x/s| >= 2^-12
+ * when s >= 2^-64 (e_s + e_q >= -103).  Below 2^-12 both quotients code
+ * to +-0, and q2 then takes p's sign (x's, also for x = -0 and for
+ * products that flush to zero, where the fmas' exact zeros would be +0).
+ * A NaN x gives a NaN p (the device's canonical one): code 0x7F as the
+ * reference's.  Overflow is excluded by the caller: |x| <= 2^64 s, which
+ * every caller's scale gives (s from an amax over its own values).
+ *
+ * Why not the bracket p (1 -+ 2^-21) with a division where its codes
+ * differ: V's scale amax/2.25 with bf16 values puts x/s on an E4M3
+ * midpoint (significand 27 = 3 * 9) for about 0.6% of the values, so the
+ * division ran in more than half of a warp's groups of four.
+ *
+ * Checked on the host against qva_e4m3_encode(x / s) for every bf16 x
+ * with s = fl(amax/2.25) and fl(amax/448) for every bf16 amax, and on
+ * 4e8 random pairs (no difference); tests/cuda_test_codes.cu checks the
+ * device code on the boundaries.
  */
-#define QVC_E4M3_LO 0.99999952316284180f /* 1 - 2^-21 */
-#define QVC_E4M3_HI 1.00000047683715820f /* 1 + 2^-21 */
+#define QVC_E4M3_MIN_SCALE 0x1p-64f
 
 /* A normal float: biased exponent 1..254 (CUDA has no device isnormal;
  * the host's constexpr one folds to false in device code). */
@@ -137,8 +156,19 @@ static __device__ __forceinline__ bool qvc_is_normal(float v) {
     return ((__float_as_uint(v) >> 23) & 0xFFu) - 1u < 254u;
 }
 
+/* The scale conditions of the division-free path: s >= 2^-64 and 1/s
+ * normal (so s <= 2^126).  The caller adds its bound on |x| (above). */
 static __device__ __forceinline__ bool qvc_e4m3_fast_ok(float s, float rcp) {
-    return qvc_is_normal(s) && qvc_is_normal(rcp);
+    return s >= QVC_E4M3_MIN_SCALE && qvc_is_normal(rcp);
+}
+
+/* fl(x / s) to the E4M3 rounding's needs (above): exact where
+ * |x/s| >= 2^-12, +-0-coded with x's sign below. */
+static __device__ __forceinline__ float qvc_e4m3_quotient(float x, float s, float rcp) {
+    const float p = __fmul_rn(x, rcp);
+    const float q1 = __fmaf_rn(__fmaf_rn(-s, p, x), rcp, p);
+    const float q2 = __fmaf_rn(__fmaf_rn(-s, q1, x), rcp, q1);
+    return __uint_as_float((__float_as_uint(q2) & 0x7FFFFFFFu) | (__float_as_uint(p) & 0x80000000u));
 }
 
 /* Four E4M3 codes packed little-endian, two per conversion. */
@@ -149,20 +179,13 @@ static __device__ __forceinline__ uint32_t qvc_e4m3_pack4(float a, float b, floa
 }
 
 /* qvc_e4m3(x[e] / s[e]) for e = 0..3, packed little-endian; rcp[e] = 1/s[e];
- * fast: qvc_e4m3_fast_ok held for all four scales. */
+ * fast: qvc_e4m3_fast_ok held for all four scales and |x[e]| <= 2^64 s[e]
+ * (or NaN); otherwise the IEEE division. */
 static __device__ __forceinline__ uint32_t qvc_e4m3_codes4(const float *x, const float *s,
                                                            const float *rcp, bool fast) {
-    if (fast) {
-        float lo[4], hi[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float p = __fmul_rn(x[e], rcp[e]);
-            lo[e] = __fmul_rn(p, QVC_E4M3_LO);
-            hi[e] = __fmul_rn(p, QVC_E4M3_HI);
-        }
-        const uint32_t wl = qvc_e4m3_pack4(lo[0], lo[1], lo[2], lo[3]);
-        if (__builtin_expect(wl == qvc_e4m3_pack4(hi[0], hi[1], hi[2], hi[3]), 1)) return wl;
-    }
+    if (fast)
+        return qvc_e4m3_pack4(qvc_e4m3_quotient(x[0], s[0], rcp[0]), qvc_e4m3_quotient(x[1], s[1], rcp[1]),
+                              qvc_e4m3_quotient(x[2], s[2], rcp[2]), qvc_e4m3_quotient(x[3], s[3], rcp[3]));
     uint32_t w = 0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) w |= qvc_e4m3_code(__fdiv_rn(x[e], s[e])) << (8 * e);

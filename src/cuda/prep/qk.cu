@@ -81,11 +81,14 @@ static __device__ __forceinline__ float row_max(float x) {
 }
 
 /* The lane's QK_CPL codes of y = x / scale, packed little-endian; rcp =
- * 1 / scale serves the fast paths of common/quant_code.cuh. */
-static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, float rcp, int fmt) {
+ * 1 / scale serves the fast paths of common/quant_code.cuh.  e4m3_fast:
+ * the E4M3 path's conditions (the scale bounds the block's values unless
+ * an infinite amax made it 1). */
+static __device__ __forceinline__ uint32_t qk_codes4(const float *x, float scale, float rcp, int fmt,
+                                                     bool e4m3_fast) {
     if (fmt == QVC_QK_INT8) return qvc_int8_codes4(x, scale, rcp);
     const float s4[4] = {scale, scale, scale, scale}, r4[4] = {rcp, rcp, rcp, rcp};
-    return qvc_e4m3_codes4(x, s4, r4, qvc_e4m3_fast_ok(scale, rcp));
+    return qvc_e4m3_codes4(x, s4, r4, e4m3_fast);
 }
 
 /* Two passes over the block: the amax, then the codes.  The second pass
@@ -125,6 +128,7 @@ qk_quant_kernel(qk_params p) {
     if (threadIdx.x == 0)
         p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
     const float rcp = __frcp_rn(scale);
+    const bool e4m3_fast = qvc_e4m3_fast_ok(scale, rcp) && isfinite(amax);
 
     const int c0 = (lane % G::LPR) * QK_CPL;
 #pragma unroll 4
@@ -132,7 +136,7 @@ qk_quant_kernel(qk_params p) {
         const int r = r0 + s * G::RPS;
         float x[QK_CPL];
         qk_row4<DT, D>(p, base, bh, r, mu, sg, x);
-        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, rcp, p.fmt);
+        *(uint32_t *)(p.codes + ((int64_t)bh * p.n_pad + r) * D + c0) = qk_codes4(x, scale, rcp, p.fmt, e4m3_fast);
     }
 }
 

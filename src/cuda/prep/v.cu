@@ -136,6 +136,7 @@ v_encode_kernel(v_params p) {
     const int64_t base = qvc_head_base(p.v, bh);
 
     float bscale = 1.0f;
+    bool bounded = true; /* bscale bounds the block's values (not where an infinite amax made it 1) */
     if (p.mode == 1) { /* qvi_quant_e4m3_blocks: amax over the block (pads are 0) */
         float amax = 0.0f;
 #pragma unroll 4
@@ -151,12 +152,13 @@ v_encode_kernel(v_params p) {
         amax = block_max(amax, red);
         bscale = __fdiv_rn(amax, 448.0f);
         if (!(bscale > 0.0f) || !isfinite(bscale)) bscale = 1.0f;
+        bounded = isfinite(amax);
     }
 
     /* the divisor of each of the lane's channels (its channel scale, or
      * the block's) and its reciprocal, for qvc_e4m3_codes4 */
     float mu[QK_CPL], cs[QK_CPL], rcp[QK_CPL];
-    bool fast = true;
+    bool fast = bounded;
 #pragma unroll
     for (int e = 0; e < QK_CPL; ++e) {
         const int c = c0 + e;
