@@ -147,8 +147,8 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
 }
 
 /* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
- * the PV slot order (qvc_e4m3_codes4: a product by 1/delta_c, the division
- * only near a rounding boundary).  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * the PV slot order (qvc_e4m3_codes4: the quotient by 1/delta_c and two
+ * remainder steps, no division).  Tile word w of row c holds slots 4w .. 4w+3 (keys
  * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
  * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
