@@ -168,14 +168,28 @@ static __device__ __forceinline__ float qvc_e4m3_quotient(float x, float s, floa
     const float p = __fmul_rn(x, rcp);
     const float q1 = __fmaf_rn(__fmaf_rn(-s, p, x), rcp, p);
     const float q2 = __fmaf_rn(__fmaf_rn(-s, q1, x), rcp, q1);
-    return __uint_as_float((__float_as_uint(q2) & 0x7FFFFFFFu) | (__float_as_uint(p) & 0x80000000u));
+    /* q2's magnitude with p's sign: one LOP3 ((a & ~m) | (b & m), lut
+     * 0xD8), where the C expression compiles to two */
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xD8;"
+        : "=r"(r)
+        : "r"(__float_as_uint(q2)), "r"(__float_as_uint(p)), "r"(0x80000000u));
+    return __uint_as_float(r);
 }
 
-/* Four E4M3 codes packed little-endian, two per conversion. */
+/* Four E4M3 codes packed little-endian, two per conversion (PTX's
+ * e4m3x2 cvt puts its first operand in the upper byte).  Written in PTX
+ * so that the two 16-bit halves join without the masks and byte
+ * permutes the intrinsics' 16-bit results cost. */
 static __device__ __forceinline__ uint32_t qvc_e4m3_pack4(float a, float b, float c, float d) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-    return __byte_perm(lo, hi, 0x5410);
+    uint32_t w;
+    asm("{\n\t.reg .b16 lo, hi;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+        "mov.b32 %0, {lo, hi};\n\t}"
+        : "=r"(w)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return w;
 }
 
 /* qvc_e4m3(x[e] / s[e]) for e = 0..3, packed little-endian; rcp[e] = 1/s[e];
