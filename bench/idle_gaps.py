@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""GPU idle time inside back-to-back qvattn calls (torch profiler trace).
+
+  python3 bench/idle_gaps.py METHOD[,METHOD...]
+
+For each method: four calls at Wan2.2-720p (bf16, layer 0, step 20 of 40,
+draft methods on the 21x45x80 grid) after three warm-up calls, profiled
+with CPU and CUDA activities.  Prints the calls' window on the GPU, the
+time some kernel, copy or memset ran, the idle gaps between them (by
+the kernel pair around each gap, with when the next kernel's launch call
+ended relative to the gap's start: positive means the host was late),
+and the host's CUDA runtime calls per call.  The chrome traces go to
+/tmp.  For profiling only; speed figures come from bench/compare.py.
+"""
+import collections
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import torch  # noqa: E402
+import qvattn  # noqa: E402
+from torch.profiler import profile, ProfilerActivity  # noqa: E402
+
+if len(sys.argv) != 2:
+    sys.exit(__doc__)
+B, H, N, D = 1, 40, 75600, 128
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g))
+methods = sys.argv[1].split(",")
+for m in methods:
+    kw = dict(grid=(21, 45, 80)) if m.startswith("draft") else {}
+    call = lambda: qvattn.attention(q, k, v, method=m, layer=0, step=20, num_steps=40, **kw)
+    for _ in range(3): call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4): call()
+        torch.cuda.synchronize()
+    path = f"/tmp/trace_{m.replace('/', '_').replace('+', '_').replace('@', '_')}.json"
+    prof.export_chrome_trace(path)
+    ev = json.load(open(path))["traceEvents"]
+    gpu = sorted([e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e], key=lambda e: e["ts"])
+    rt = [e for e in ev if e.get("cat") == "cuda_runtime" and "dur" in e]
+    launch_of = {e["args"].get("correlation"): e for e in rt if "args" in e}
+    t0, t1 = gpu[0]["ts"], max(e["ts"] + e["dur"] for e in gpu)
+    busy_end = t0; gaps = []; busy = 0.0; prev = None
+    for e in gpu:
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if s > busy_end + 1.0 and prev is not None:
+            L = launch_of.get(e["args"].get("correlation"))
+            late = (L["ts"] + L["dur"]) - busy_end if L else float("nan")
+            gaps.append((s - busy_end, prev["name"][:40], e["name"][:40], late, L["name"] if L else "?"))
+        if f > busy_end:
+            busy += f - max(s, busy_end); busy_end = f; prev = e
+    tot = sum(x[0] for x in gaps)
+    print(f"== {m}: window {(t1 - t0) / 4000:.3f} ms/call, busy {busy / 4000:.3f}, gaps {tot / 4000:.3f} ms/call, {len(gaps) / 4:.0f} gaps/call")
+    agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for gl, a, b, late, ln in gaps:
+        key = (a, b); agg[key][0] += 1; agg[key][1] += gl; agg[key][2] += late if late == late else 0
+    for (a, b), (n, s, l) in sorted(agg.items(), key=lambda x: -x[1][1])[:14]:
+        print(f"   {s / 4:8.1f} us/call  {n / 4:4.1f}x  {a:40s} -> {b:40s} (launch ended {l / n:7.1f} us after the idle began)")
+    long_rt = collections.defaultdict(lambda: [0, 0.0])
+    for e in rt:
+        long_rt[e["name"]][0] += 1; long_rt[e["name"]][1] += e["dur"]
+    print("   host runtime calls per call:", ", ".join(f"{n} {c / 4:.0f}x {d / 4:.0f}us" for n, (c, d) in sorted(long_rt.items(), key=lambda x: -x[1][1])[:8]))
