@@ -21,21 +21,9 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "expcast_magic.h" /* qvi_float_bits, qvi_bits_float */
 #include "qvattn.h"
-
-static uint32_t bits_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* A product rounded on its own (volatile: never fused into a later fma). */
 static float mul_rn(float a, float b) {
@@ -49,7 +37,7 @@ static float quotient(float x, float s, float rcp) {
     const float p = mul_rn(x, rcp);
     const float q1 = fmaf(fmaf(-s, p, x), rcp, p);
     const float q2 = fmaf(fmaf(-s, q1, x), rcp, q1);
-    return float_of((bits_of(q2) & 0x7FFFFFFFu) | (bits_of(p) & 0x80000000u));
+    return qvi_bits_float((qvi_float_bits(q2) & 0x7FFFFFFFu) | (qvi_float_bits(p) & 0x80000000u));
 }
 
 /* qvc_e4m3_fast_ok and the callers' bound on |x|. */
@@ -74,7 +62,7 @@ static void one(float x, float s) {
 static void sweep_amax(float amax) {
     const float s[2] = {amax / 2.25f, amax / 448.0f};
     for (uint32_t b = 0; b < 0x10000u; ++b) {
-        const float x = float_of(b << 16);
+        const float x = qvi_bits_float(b << 16);
         if (!(fabsf(x) <= amax)) continue; /* also NaN and infinities */
         one(x, s[0]);
         one(x, s[1]);
@@ -88,13 +76,13 @@ static void random_pairs(long n) {
         float x;
         switch (i % 4) {
         case 0: /* any finite float within the bound */
-            x = float_of((uint32_t)rng_u64());
+            x = qvi_bits_float((uint32_t)rng_u64());
             break;
         case 1: /* near the scale: E4M3's range */
             x = s * (float)ldexp(1.0 + rng_unit(), (int)(rng_unit() * 22.0) - 12);
             break;
         case 2: /* subnormal x */
-            x = float_of((uint32_t)rng_u64() & 0x807FFFFFu);
+            x = qvi_bits_float((uint32_t)rng_u64() & 0x807FFFFFu);
             break;
         default:
             x = specials[(rng_u64() >> 33) % 6];
@@ -107,7 +95,7 @@ static void random_pairs(long n) {
 int main(void) {
     const char *full = getenv("QVA_FULL_SWEEP");
     const uint32_t stride = full && full[0] == '1' ? 1u : 31u;
-    for (uint32_t a = 1; a < 0x7F80u; a += stride) sweep_amax(float_of(a << 16));
+    for (uint32_t a = 1; a < 0x7F80u; a += stride) sweep_amax(qvi_bits_float(a << 16));
     for (int ex = -3; ex <= 9; ex += 6)
         for (int sig = 0; sig < 128; ++sig) sweep_amax(ldexpf(1.0f + sig / 128.0f, ex));
     random_pairs(2000000);
