@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two builds of qvattn compared on a CUDA machine, from the repo root:
 #
-#   bash scripts/compare-builds.sh BASE_SRC [hash|speed|both] [ROUNDS]
+#   bash scripts/compare-builds.sh BASE_SRC [hash|speed|both|checks|ncu|all] [ROUNDS]
 #
 # BASE_SRC is a source tree of the earlier commit (e.g. `git archive <rev> |
 # tar -x -C .base`); its test_backend is built from this tree's
@@ -14,12 +14,23 @@
 #          with an NVFP4 phase), the two builds alternating ROUNDS times (default
 #          2), each run with its own cuDNN baseline; the medians of the
 #          full-call ratios to cuDNN are compared (METHODS=a,b,c overrides the list)
-# Logs and JSON go to $OUT (default ./out).  Exit status non-zero if the
-# hashes differ.
+#   checks the new build's device tests: cuda_test_codes, cuda_test_ops,
+#          cuda_test_draft and `test_backend test`
+#   ncu    Nsight Compute time, DRAM and issue share of the kernels matching
+#          NCU_KERNELS (a regex, required) in both builds' `qvattn bench`
+#          at NCU_SHAPE (default 1,40,75600,128) with NCU_METHODS (default
+#          vc8+expcast) and NCU_ARGS (e.g. "--grid 21,45,80" for draft)
+#   both   hash and speed (the default); all: hash, checks, ncu (when
+#          NCU_KERNELS is set) and speed
+# Logs and JSON go to $OUT (default ./out).  On the lent device machine,
+# where at most 8 files come back, set OUT to a folder outside $OUT and
+# PACK_TO=$OUT: everything is then packed into PACK_TO/compare-builds.tar.gz.
+# Carrying BASE_SRC again replaces the machine's copy, its build with it.
+# Exit status non-zero if the hashes differ or a check fails.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-[ $# -ge 1 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,32p' "$0"; exit 2; }
 BASE=$(cd "$1" && pwd) || exit 2
 WHAT=${2:-both}
 ROUNDS=${3:-2}
@@ -30,16 +41,29 @@ for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
     if ! command -v nvcc >/dev/null 2>&1 && [ -x "$d/nvcc" ]; then export PATH="$PATH:$d"; fi
 done
 
-build() { # src dir
-    cmake -S "$1" -B "$1/build-gpu" -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON >"$OUT/build-$2.log" 2>&1 &&
-        cmake --build "$1/build-gpu" -j "$JOBS" --target qvattn_shared test_backend >>"$OUT/build-$2.log" 2>&1
+has() { # does WHAT include step $1
+    case "$WHAT" in
+        all) true ;;
+        both) [ "$1" = hash ] || [ "$1" = speed ] ;;
+        *) [ "$WHAT" = "$1" ] ;;
+    esac
+}
+build() { # src dir, name, extra targets...
+    local src=$1 name=$2
+    shift 2
+    cmake -S "$src" -B "$src/build-gpu" -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON >"$OUT/build-$name.log" 2>&1 &&
+        cmake --build "$src/build-gpu" -j "$JOBS" --target qvattn_shared test_backend qvattn "$@" \
+            >>"$OUT/build-$name.log" 2>&1
 }
 cp tests/test_backend.c "$BASE/tests/test_backend.c"
 build "$BASE" base || { echo "compare-builds: base build failed ($OUT/build-base.log)"; exit 1; }
-build "$ROOT" new || { echo "compare-builds: new build failed ($OUT/build-new.log)"; exit 1; }
+NEW_TESTS=""
+has checks && NEW_TESTS="cuda_test_codes cuda_test_ops cuda_test_draft"
+# shellcheck disable=SC2086  # the test names are words
+build "$ROOT" new $NEW_TESTS || { echo "compare-builds: new build failed ($OUT/build-new.log)"; exit 1; }
 
 rc=0
-if [ "$WHAT" != speed ]; then
+if has hash; then
     "$BASE/build-gpu/test_backend" hash >"$OUT/hash-base.txt" 2>&1
     "$ROOT/build-gpu/test_backend" hash >"$OUT/hash-new.txt" 2>&1
     strip() { sed -E 's/  \[.*\]$//' "$1" | grep '^hash '; }
@@ -52,7 +76,35 @@ if [ "$WHAT" != speed ]; then
     fi
 fi
 
-if [ "$WHAT" != hash ]; then
+if has checks; then
+    for t in cuda_test_codes cuda_test_ops cuda_test_draft "test_backend test"; do
+        log="$OUT/check-${t// /-}.log"
+        # shellcheck disable=SC2086  # "test_backend test" is a program and its mode
+        (cd "$ROOT" && timeout 300 build-gpu/$t >"$log" 2>&1)
+        r=$?
+        echo "check $t: rc=$r, $(grep -v '^\s*$' "$log" | tail -1)"
+        [ $r -eq 0 ] || rc=1
+    done
+fi
+
+if has ncu && [ -n "${NCU_KERNELS:-}" ]; then
+    for b in base new; do
+        tree="$ROOT"
+        [ $b = base ] && tree="$BASE"
+        # shellcheck disable=SC2086  # NCU_ARGS is a list of options
+        timeout 300 ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active \
+            -k "regex:$NCU_KERNELS" "$tree/build-gpu/qvattn" bench --shape "${NCU_SHAPE:-1,40,75600,128}" \
+            --dtype bf16 --methods "${NCU_METHODS:-vc8+expcast}" ${NCU_ARGS:-} --iters 1 --device cuda \
+            >"$OUT/ncu-$b.log" 2>&1 || echo "ncu $b: rc=$?"
+        echo "ncu $b (us, % of DRAM peak, % issue active):"
+        awk '/^  [A-Za-z_]/ { name = $0; sub(/^ +/, "", name); sub(/\(.*/, "", name) }
+             /gpu__time_duration/ { t = $NF }
+             /dram__throughput/ { d = $NF }
+             /issue_active/ { printf "  %-60s %10s %7s %7s\n", substr(name, 1, 60), t, d, $NF }' "$OUT/ncu-$b.log"
+    done
+fi
+
+if has speed; then
     for r in $(seq 1 "$ROUNDS"); do
         for b in base new; do
             # each build with its own Python package and bench script
@@ -87,5 +139,8 @@ for label in sorted({k[0] for k in rows}):
     mb, mn = statistics.median(x[0] for x in b), statistics.median(x[0] for x in n)
     print(f"| {label} | {mb:.3f} ({len(b)} runs) | {mn:.3f} ({len(n)} runs) | {mn / mb:.3f} |")
 PY
+fi
+if [ -n "${PACK_TO:-}" ]; then
+    tar -C "$OUT" -czf "$PACK_TO/compare-builds.tar.gz" . && echo "packed into $PACK_TO/compare-builds.tar.gz"
 fi
 exit $rc
