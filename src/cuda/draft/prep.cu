@@ -176,7 +176,7 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const f
         for (int u = 0; u < 4; ++u)
             v[k][u].load(x.data, base + (int64_t)max(orig[k][u], 0) * x.sn + c);
     float d[8], rd[8];
-    bool fast = true; /* qvc_e4m3_codes4's reciprocal path for all 8 channels */
+    bool fast = true; /* qvc_e4m3_codes4 without a division, for all 8 channels */
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         d[e] = __ldg(dv + (int64_t)bh * D + c + e);
