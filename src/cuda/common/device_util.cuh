@@ -167,6 +167,15 @@ static __device__ __forceinline__ float qvc_ld(const void *p, int64_t off) {
     }
 }
 
+/* One 16-bit value (bf16 or f16 by DT) widened to f32 exactly. */
+template <int DT>
+static __device__ __forceinline__ float qvc_widen16(uint16_t u) {
+    if constexpr (DT == QVA_BF16)
+        return __uint_as_float((uint32_t)u << 16);
+    else
+        return __half2float(__ushort_as_half(u));
+}
+
 /* The 8 16-bit values of a 16-byte load (bf16 or f16 by DT), widened to
  * f32 exactly, in memory order. */
 template <int DT>
@@ -182,6 +191,31 @@ static __device__ __forceinline__ void qvc_widen8(const uint4 &u, float *x) {
             x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
         }
     }
+}
+
+/* max(a, b) per 16-bit lane in the input's format (bf16 or f16 by DT):
+ * the packed max returns the operand that is not NaN (PTX max without
+ * .NaN), as fmaxf does. */
+template <int DT>
+static __device__ __forceinline__ uint32_t qvc_hmax2(uint32_t a, uint32_t b) {
+    if constexpr (DT == QVA_BF16) {
+        const __nv_bfloat162 r = __hmax2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+        return *(const uint32_t *)&r;
+    } else {
+        const __half2 r = __hmax2(*(const __half2 *)&a, *(const __half2 *)&b);
+        return *(const uint32_t *)&r;
+    }
+}
+
+/* m = max(m, |u|) per 16-bit lane of a 16-byte load.  Widening is
+ * monotone and exact, so the widened result is the float running max's
+ * bits (from m = +0, as fmaxf's loops start). */
+template <int DT>
+static __device__ __forceinline__ void qvc_amax16(uint4 &m, const uint4 &u) {
+    m.x = qvc_hmax2<DT>(m.x, u.x & 0x7fff7fffu); /* |x|: the sign bits cleared */
+    m.y = qvc_hmax2<DT>(m.y, u.y & 0x7fff7fffu);
+    m.z = qvc_hmax2<DT>(m.z, u.z & 0x7fff7fffu);
+    m.w = qvc_hmax2<DT>(m.w, u.w & 0x7fff7fffu);
 }
 
 /* Elements off .. off + 7 of a user view, widened to f32 exactly (qvc_ld).

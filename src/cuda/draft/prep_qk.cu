@@ -220,36 +220,13 @@ static __device__ __forceinline__ void dg_tile_put_raw(const uint4 &u, int row, 
     *(uint4 *)((uint16_t *)dg_tile + row * D + c) = u;
 }
 
-/* max(a, b) per 16-bit lane in the input's format: the packed max returns
- * the operand that is not NaN (PTX max without .NaN), as fmaxf does. */
-template <int DT>
-static __device__ __forceinline__ uint32_t dg_hmax2(uint32_t a, uint32_t b) {
-    if constexpr (DT == QVA_BF16) {
-        const __nv_bfloat162 r = __hmax2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
-        return *(const uint32_t *)&r;
-    } else {
-        const __half2 r = __hmax2(*(const __half2 *)&a, *(const __half2 *)&b);
-        return *(const uint32_t *)&r;
-    }
-}
-
-/* m = max(m, |u|) per 16-bit lane.  Widening is monotone and exact, so
- * the widened result is the float running max's bits. */
-template <int DT>
-static __device__ __forceinline__ void dg_amax16(uint4 &m, const uint4 &u) {
-    m.x = dg_hmax2<DT>(m.x, u.x & 0x7fff7fffu); /* |x|: the sign bits cleared */
-    m.y = dg_hmax2<DT>(m.y, u.y & 0x7fff7fffu);
-    m.z = dg_hmax2<DT>(m.z, u.z & 0x7fff7fffu);
-    m.w = dg_hmax2<DT>(m.w, u.w & 0x7fff7fffu);
-}
-
 /* max(+0, |x|) over a row's 8 channels u, as a float: the packed max of
  * the four words, then of the two halves widened, from +0 as the float
  * loop over the widened values starts (so an all-NaN row gives +0). */
 template <int DT>
 static __device__ __forceinline__ float dg_row_amax16(const uint4 &u) {
-    const uint32_t h = dg_hmax2<DT>(dg_hmax2<DT>(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
-                                    dg_hmax2<DT>(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
+    const uint32_t h = qvc_hmax2<DT>(qvc_hmax2<DT>(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
+                                     qvc_hmax2<DT>(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
     float w[8];
     qvc_widen8<DT>(make_uint4(h, 0u, 0u, 0u), w);
     return fmaxf(fmaxf(0.0f, w[0]), w[1]);
@@ -272,7 +249,7 @@ static __device__ __forceinline__ void dg_put_rows(const dg_chunk<DT, VEC> (&row
             const uint4 u = (valid >> k) & 1u ? rows[k].u : make_uint4(0u, 0u, 0u, 0u);
             if (r0 + k * DG_RSTEP < n_tile) dg_tile_put_raw(u, r0 + k * DG_RSTEP, c, D);
             if (o) *(uint4 *)(o + k * DG_RSTEP * D) = u;
-            dg_amax16<DT>(mh, u);
+            qvc_amax16<DT>(mh, u);
             rowmax[k] = row_amax ? dg_row_amax16<DT>(u) : 0.0f;
         }
         qvc_widen8<DT>(mh, m);

@@ -92,6 +92,11 @@ typedef struct v_plain_params {
  * input, D 64 or 128), and its launch. */
 bool qvc_v_plain_ok(const qvc_view *v, int mode);
 void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st);
+/* qvc_prep_v_stats without demeaning for the inputs qvc_v_plain_ok takes:
+ * the per-block channel amax into bamax [BH][nblk][D] (bmu not written:
+ * nothing reads it undemeaned). */
+void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
+                             float *bamax, cudaStream_t st);
 
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0

@@ -235,7 +235,12 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     vp.v_blk = ops->v_blk;
     vp.v_chan = ops->v_chan;
     if (a->v_mode == 0) {
-        s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
+        if (!demean && qvc_v_plain_ok(v, 0)) {
+            qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);
+            s = qvc_launch_check("qvc_prep: V amax");
+        } else {
+            s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
+        }
         if (s == QVA_OK) {
             v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
                 D, nblk, demean, bmu, bamax, ops->v_chan, ops->v_mu);

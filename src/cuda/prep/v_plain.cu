@@ -12,6 +12,9 @@
  *                         demeaned) and encodes into the shared-memory tile
  *                         that v_tile_write_t writes out transposed.
  *
+ *   v_amax_plain_kernel<DT,D>  the same geometry: the per-block channel
+ *                         amax of undemeaned V, the max kept packed.
+ *
  * Why: v_encode_kernel's lane of 4 channels reloaded its scales and
  * reciprocals per 4 values and issued one load at a time; it ran at
  * 35-40% of DRAM bandwidth with 75-80% of the issue slots busy.
@@ -80,6 +83,67 @@ v_plain_kernel(v_plain_params p) {
     /* ---- epilogue */
     v_tile_write_t<D>(tile, p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = 1.0f;
+}
+
+/*
+ * v_stats_kernel's undemeaned case (v.cu: the per-block channel amax that
+ * v_channel_scale reads) for the inputs v_plain_kernel takes.  Same
+ * geometry as v_plain_kernel: a lane's 8 channels of every row it loads,
+ * the max of |x| kept packed in the input's 16-bit format (qvc_amax16:
+ * exact, NaN skipped as fmaxf skips it, padding rows +0), then across the
+ * lanes and warps that hold the same channels, widened once at the end.
+ * Why: v_stats_kernel's 4-channel lanes spent about 9 instructions a value
+ * on the widening, the float max and each row's addressing (275 us at
+ * Wan, 61% of DRAM peak, the longest chain of the dense preparation).
+ */
+template <int DT, int D>
+__global__ void __launch_bounds__(PREP_THREADS)
+v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bamax) {
+    using G = plain_geom<D>;
+    __shared__ __align__(16) uint4 part[PREP_WARPS][G::LPR];
+    const int blk = blockIdx.x, bh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int key0 = warp * G::RPW + lane / G::LPR;
+
+    uint4 raw[G::STEPS];
+    plain_load_rows<D>(v, perm, bh, n, qvc_head_base(v, bh), blk * QVI_BLOCK + key0,
+                       (lane % G::LPR) * VP_CPL, raw);
+    uint4 m = make_uint4(0u, 0u, 0u, 0u); /* +0 in bf16 and f16 */
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) qvc_amax16<DT>(m, raw[s]);
+    /* the warp's RPW rows of the same channels: lanes LPR apart */
+#pragma unroll
+    for (int o = G::LPR; o < 32; o <<= 1) {
+        m.x = qvc_hmax2<DT>(m.x, __shfl_xor_sync(FULL_MASK, m.x, o));
+        m.y = qvc_hmax2<DT>(m.y, __shfl_xor_sync(FULL_MASK, m.y, o));
+        m.z = qvc_hmax2<DT>(m.z, __shfl_xor_sync(FULL_MASK, m.z, o));
+        m.w = qvc_hmax2<DT>(m.w, __shfl_xor_sync(FULL_MASK, m.w, o));
+    }
+    if (lane < G::LPR) part[warp][lane] = m;
+    __syncthreads();
+    if (threadIdx.x >= G::LPR) return;
+    for (int w = 1; w < PREP_WARPS; ++w) {
+        const uint4 u = part[w][threadIdx.x];
+        m.x = qvc_hmax2<DT>(m.x, u.x), m.y = qvc_hmax2<DT>(m.y, u.y);
+        m.z = qvc_hmax2<DT>(m.z, u.z), m.w = qvc_hmax2<DT>(m.w, u.w);
+    }
+    float a[VP_CPL];
+    qvc_widen8<DT>(m, a);
+    float4 *dst = (float4 *)(bamax + ((int64_t)bh * nblk + blk) * D + threadIdx.x * VP_CPL);
+    dst[0] = make_float4(a[0], a[1], a[2], a[3]);
+    dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+}
+
+void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
+                             float *bamax, cudaStream_t st) {
+    const dim3 grid((unsigned)nblk, (unsigned)BH);
+    if (v.dtype == QVA_BF16) {
+        if (v.D == 64) v_amax_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+        else v_amax_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+    } else {
+        if (v.D == 64) v_amax_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+        else v_amax_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+    }
 }
 
 bool qvc_v_plain_ok(const qvc_view *v, int mode) {
