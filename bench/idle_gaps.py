@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU idle time inside back-to-back qvattn calls (torch profiler trace).
 
-  python3 bench/idle_gaps.py METHOD[,METHOD...]
+  python3 bench/idle_gaps.py METHOD[,METHOD...] [--timeline]
 
 For each method: four calls at Wan2.2-720p (bf16, layer 0, step 20 of 40,
 draft methods on the 21x45x80 grid) after three warm-up calls, profiled
@@ -9,7 +9,10 @@ with CPU and CUDA activities.  Prints the calls' window on the GPU, the
 time some kernel, copy or memset ran, the idle gaps between them (by
 the kernel pair around each gap, with when the next kernel's launch call
 ended relative to the gap's start: positive means the host was late),
-and the host's CUDA runtime calls per call.  The chrome traces go to
+and the host's CUDA runtime calls per call.  --timeline also lists the
+last call's GPU work in order: start and end (us from the call's first
+kernel), stream and name, to see which preparation chains overlap.  The
+chrome traces go to
 /tmp.  For profiling only; speed figures come from bench/compare.py.
 """
 import collections
@@ -23,13 +26,15 @@ import torch  # noqa: E402
 import qvattn  # noqa: E402
 from torch.profiler import profile, ProfilerActivity  # noqa: E402
 
-if len(sys.argv) != 2:
+args = [a for a in sys.argv[1:] if a != "--timeline"]
+timeline = "--timeline" in sys.argv[1:]
+if len(args) != 1:
     sys.exit(__doc__)
 B, H, N, D = 1, 40, 75600, 128
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
 v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g))
-methods = sys.argv[1].split(",")
+methods = args[0].split(",")
 for m in methods:
     kw = dict(grid=(21, 45, 80)) if m.startswith("draft") else {}
     call = lambda: qvattn.attention(q, k, v, method=m, layer=0, step=20, num_steps=40, **kw)
@@ -65,3 +70,11 @@ for m in methods:
     for e in rt:
         long_rt[e["name"]][0] += 1; long_rt[e["name"]][1] += e["dur"]
     print("   host runtime calls per call:", ", ".join(f"{n} {c / 4:.0f}x {d / 4:.0f}us" for n, (c, d) in sorted(long_rt.items(), key=lambda x: -x[1][1])[:8]))
+    if timeline:
+        # the last call: from the 4th occurrence of the first kernel's name
+        starts = [i for i, e in enumerate(gpu) if e["name"] == gpu[0]["name"]]
+        last = gpu[starts[-1]:] if len(starts) >= 4 else gpu
+        c0 = last[0]["ts"]
+        print("   last call:  start     end  stream  kernel")
+        for e in last:
+            print(f"   {e['ts'] - c0:10.1f} {e['ts'] + e['dur'] - c0:8.1f}  {e['args'].get('stream', '?'):>6}  {e['name'][:70]}")
