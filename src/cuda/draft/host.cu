@@ -1,7 +1,7 @@
 /*
  * DraftAttention2 on the GPU, the host side (DA2 §3.3; docs/DRAFT.md
  * §4-5): qvc_draft_attention and the state it keeps per context (the
- * device layout, the route buffers, the operands, the side stream).
+ * device layout, the route buffers, the operands, the two side streams).
  *
  * One call (qvc_draft_attention):
  *   1. plan (qvi_draft_plan_make, shared with the CPU reference): warm-up,
@@ -10,7 +10,7 @@
  *      is exactly what the CPU computes then (docs/DRAFT.md §5);
  *   3. else: the device layout (host partition from the context cache,
  *      uploaded once per (grid, prefix)), the router (router.cu: CSR key
- *      lists per (head, query region, phase)) on the caller's stream while
+ *      lists per (head, query region, phase)) on a high-priority stream while
  *      the operand preparation (prep.cu) runs on the side stream, then the
  *      kernel the chooser names (attn_draft_mma_64x128.cu, or
  *      attn_draft_ws_128x128.cu at head dim 128 without NVFP4), and the
@@ -36,9 +36,13 @@ typedef struct dg_state {
     qvc_phase_timer timer;
     /* The operand preparation does not depend on the route, so it runs on
      * a second stream, forked from and joined back into the caller's
-     * stream by events, while the router runs on the caller's stream. */
-    cudaStream_t side;
-    cudaEvent_t fork, join;
+     * stream by events, while the router runs on a third one, `hi`, of
+     * the device's greatest priority, joined back by `routed_hi`.  Why the
+     * priority: the router's chain is many small kernels, each of which
+     * otherwise waited for a whole V kernel of the side stream to drain
+     * off the SMs before its first CTA ran (bench/RESULTS.md, "The router on a high-priority stream"). */
+    cudaStream_t side, hi;
+    cudaEvent_t fork, join, routed_hi;
     /* The kept-share stats of the last routed call, read lazily
      * (qvi_context_set_draft_stats_lazy): under QUOTA every head skips
      * stats_skip of stats_M pairs; under MASS the heads' quotas are in
@@ -67,17 +71,24 @@ static void dg_state_free(void *ptr) {
     if (s->fork) cudaEventDestroy(s->fork);
     if (s->join) cudaEventDestroy(s->join);
     if (s->routed) cudaEventDestroy(s->routed);
+    if (s->routed_hi) cudaEventDestroy(s->routed_hi);
     if (s->side) cudaStreamDestroy(s->side);
+    if (s->hi) cudaStreamDestroy(s->hi);
     free(s);
 }
 
-/* The side stream and its two events, made on first use. */
+/* The side stream, the router's stream and their events, made on first use. */
 static qva_status dg_side_ensure(dg_state *s) {
     cudaError_t e = cudaSuccess;
+    int least = 0, greatest = 0;
     if (!s->side) e = cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess && !s->hi && (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&s->hi, cudaStreamNonBlocking, greatest);
     if (e == cudaSuccess && !s->fork) e = cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming);
     if (e == cudaSuccess && !s->join) e = cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming);
-    return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: side stream");
+    if (e == cudaSuccess && !s->routed_hi)
+        e = cudaEventCreateWithFlags(&s->routed_hi, cudaEventDisableTiming);
+    return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: side streams");
 }
 
 static dg_state *dg_get_state(qva_context_t *ctx) {
@@ -305,8 +316,8 @@ static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
 }
 
 /* The Q and K packs, which also pool for the router, then the router on
- * the caller's stream and the rest of the preparation beside it; the
- * kernel waits for both.  Timings: grouping_ms is the packs and the
+ * the high-priority stream and the rest of the preparation beside it; the
+ * caller's stream waits for both before the kernel.  Timings: grouping_ms is the packs and the
  * router, prep_ms the part of the rest not hidden under them.  serial
  * (the dev driver, to time the overlap) runs the router with its own
  * pooling first and the whole preparation after it, on the caller's
@@ -320,7 +331,14 @@ static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_dr
         if ((r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, st)) != QVA_OK ||
             (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK)
             return r;
-        r = qvc_draft_route_pooled(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
+        cudaError_t e;
+        if ((e = cudaStreamWaitEvent(s->hi, s->fork, 0)) != cudaSuccess)
+            return qvc_cuda_fail(e, "draft: fork the router");
+        r = qvc_draft_route_pooled(&xv[0], &xv[1], cfg, &s->lay, &s->route, s->hi);
+        /* joined even after a failed launch: st stays after the router */
+        if ((e = cudaEventRecord(s->routed_hi, s->hi)) != cudaSuccess ||
+            (e = cudaStreamWaitEvent(st, s->routed_hi, 0)) != cudaSuccess)
+            return qvc_cuda_fail(e, "draft: join the router");
     }
     if (r != QVA_OK) return r;
     /* Under MASS the plan has no quotas (each head's are on the device). */
