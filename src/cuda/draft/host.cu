@@ -40,7 +40,8 @@ typedef struct dg_state {
      * the device's greatest priority, joined back by `routed_hi`.  Why the
      * priority: the router's chain is many small kernels, each of which
      * otherwise waited for a whole V kernel of the side stream to drain
-     * off the SMs before its first CTA ran (bench/RESULTS.md, "The router on a high-priority stream"). */
+     * off the SMs before its first CTA ran (bench/RESULTS.md, "The router
+     * on a high-priority stream"). */
     cudaStream_t side, hi;
     cudaEvent_t fork, join, routed_hi;
     /* The kept-share stats of the last routed call, read lazily
