@@ -193,18 +193,6 @@ static __device__ __forceinline__ void qvc_widen8(const uint4 &u, float *x) {
     }
 }
 
-/* A flag between CTAs of one kernel: stored with release, loaded with
- * acquire, at GPU scope (what the storer wrote before is visible to the
- * loader after it sees the value). */
-static __device__ __forceinline__ unsigned qvc_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ void qvc_st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 /* max(a, b) per 16-bit lane in the input's format (bf16 or f16 by DT):
  * the packed max returns the operand that is not NaN (PTX max without
  * .NaN), as fmaxf does. */

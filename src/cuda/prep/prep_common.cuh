@@ -327,21 +327,6 @@ static __device__ __forceinline__ void plain_load8f(const float *a, float *x) {
     x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
 }
 
-/* plain_load8f for constants written earlier in the same kernel by
- * another CTA (v_fused_kernel's channel scales): through L2, not the
- * read-only path. */
-static __device__ __forceinline__ void plain_load8f_cg(const float *a, float *x) {
-    const float4 u = __ldcg((const float4 *)a), v = __ldcg((const float4 *)a + 1);
-    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-}
-
-/* v_channel_scale (the CPU's, VC App. C.3): the per-channel scale from the
- * channel's residual amax and its block means' largest magnitude. */
-static __device__ __forceinline__ float v_channel_scale_of(float amax, float mmax) {
-    const float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
-    return s > 0.0f ? s : 1.0f;
-}
-
 /* The lane's block and channels when a 128-thread CTA's warps each take
  * 32 / LPR blocks (a row of D channels is LPR = D / QK_CPL lanes). */
 template <int D>

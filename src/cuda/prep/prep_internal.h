@@ -98,18 +98,6 @@ void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st);
 void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
                              float *bamax, cudaStream_t st);
 
-/* The state of qvc_v_fused_plain_launch, zeroed before it runs: the
- * heads' channel amax as float bits [BH][D], the S items done per head,
- * the heads' ready flags [BH], and the ticket counter [1]. */
-typedef struct qvc_v_fused_state {
-    unsigned *amax, *done, *ready, *ticket;
-} qvc_v_fused_state;
-/* The plain step's V (qvc_v_plain_ok, undemeaned) in one head-ordered
- * persistent kernel: the channel scales into chan [BH][D], v_mu zeroed
- * where non-NULL, the codes as v_plain_kernel (p.chan must be chan). */
-qva_status qvc_v_fused_plain_launch(const v_plain_params &p, const qvc_v_fused_state &f, int BH,
-                                    float *chan, float *v_mu, cudaStream_t st);
-
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0
  * unless demean) into bmu and the residual amax into bamax, [BH][nblk][D]. */

@@ -98,7 +98,8 @@ v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax
             amax = fmaxf(amax, red[0][i][cl]);
             mmax = fmaxf(mmax, red[1][i][cl]);
         }
-        const float s = v_channel_scale_of(amax, mmax);
+        float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
+        s = s > 0.0f ? s : 1.0f;
         v_chan[(int64_t)bh * D + c] = s;
         scale[cl] = s;
     }
@@ -233,22 +234,6 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     vp.v_t = ops->v_t;
     vp.v_blk = ops->v_blk;
     vp.v_chan = ops->v_chan;
-    if (a->v_mode == 0 && !demean && qvc_v_plain_ok(v, 0)) {
-        /* the plain step: one head-ordered kernel; its state lives in the
-         * scratch the separate kernels would use (bmu: [BH][D] amax bits;
-         * bamax: the 2 BH + 1 counters), both at least that large */
-        qvc_v_fused_state f;
-        f.amax = (unsigned *)bmu;
-        f.done = (unsigned *)bamax;
-        f.ready = f.done + BH;
-        f.ticket = f.ready + BH;
-        cudaError_t e;
-        if ((e = cudaMemsetAsync(f.amax, 0, (size_t)BH * D * sizeof(unsigned), st)) != cudaSuccess ||
-            (e = cudaMemsetAsync(f.done, 0, (size_t)(2 * BH + 1) * sizeof(unsigned), st)) != cudaSuccess)
-            return qvc_cuda_fail(e, "qvc_prep: V state");
-        const v_plain_params pp = {*v, a->perm, nk, nblk, NULL, ops->v_chan, ops->v_t, ops->v_blk};
-        return qvc_v_fused_plain_launch(pp, f, BH, ops->v_chan, ops->v_mu, st);
-    }
     if (a->v_mode == 0) {
         if (!demean && qvc_v_plain_ok(v, 0)) {
             qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);

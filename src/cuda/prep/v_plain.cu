@@ -27,13 +27,12 @@
 
 #define VP_CPL PLAIN_CPL
 
-/* One (128-key block, bh) of v_plain_kernel: the codes into tile, then
- * out transposed.  CG: the channel scales were written earlier in the same
- * kernel by another CTA (v_fused_kernel), so they are read through L2. */
-template <int DT, int D, bool CG>
-static __device__ __forceinline__ void v_plain_block(const v_plain_params &p, int blk, int bh,
-                                                     uint8_t *tile) {
+template <int DT, int D>
+__global__ void __launch_bounds__(PREP_THREADS, 3)
+v_plain_kernel(v_plain_params p) {
     using G = plain_geom<D>;
+    __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * VP_CPL;
     const int key0 = warp * G::RPW + lane / G::LPR; /* key of step 0 in the block */
@@ -46,10 +45,7 @@ static __device__ __forceinline__ void v_plain_block(const v_plain_params &p, in
 
     /* the lane's channel scales, their reciprocals and the block's means */
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
-    if (CG) /* both runs in flight before any use */
-        plain_load8f_cg(p.chan + (int64_t)bh * D + c0, cs);
-    else
-        plain_load8f(p.chan + (int64_t)bh * D + c0, cs);
+    plain_load8f(p.chan + (int64_t)bh * D + c0, cs); /* both runs in flight before any use */
     if (p.bmu)
         plain_load8f(p.bmu + ((int64_t)bh * p.nblk + blk) * D + c0, mu);
     else
@@ -89,21 +85,23 @@ static __device__ __forceinline__ void v_plain_block(const v_plain_params &p, in
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = 1.0f;
 }
 
+/*
+ * v_stats_kernel's undemeaned case (v.cu: the per-block channel amax that
+ * v_channel_scale reads) for the inputs v_plain_kernel takes.  Same
+ * geometry as v_plain_kernel: a lane's 8 channels of every row it loads,
+ * the max of |x| kept packed in the input's 16-bit format (qvc_amax16:
+ * exact, NaN skipped as fmaxf skips it, padding rows +0), then across the
+ * lanes and warps that hold the same channels, widened once at the end.
+ * Why: v_stats_kernel's 4-channel lanes spent about 9 instructions a value
+ * on the widening, the float max and each row's addressing (275 us at
+ * Wan, 61% of DRAM peak, the longest chain of the dense preparation).
+ */
 template <int DT, int D>
-__global__ void __launch_bounds__(PREP_THREADS, 3)
-v_plain_kernel(v_plain_params p) {
-    __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
-    v_plain_block<DT, D, false>(p, blockIdx.x, blockIdx.y, tile);
-}
-
-/* The amax of one (block, bh), widened into a[] of the threads below
- * LPR (channels threadIdx.x * 8 ..); part: the CTA's [PREP_WARPS][LPR]
- * shared scratch. */
-template <int DT, int D>
-static __device__ __forceinline__ void v_amax_block(const qvc_view &v, const int32_t *perm, int n,
-                                                    int blk, int bh, uint4 (*part)[plain_geom<D>::LPR],
-                                                    float (&a)[VP_CPL]) {
+__global__ void __launch_bounds__(PREP_THREADS)
+v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bamax) {
     using G = plain_geom<D>;
+    __shared__ __align__(16) uint4 part[PREP_WARPS][G::LPR];
+    const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int key0 = warp * G::RPW + lane / G::LPR;
 
@@ -129,25 +127,9 @@ static __device__ __forceinline__ void v_amax_block(const qvc_view &v, const int
         m.x = qvc_hmax2<DT>(m.x, u.x), m.y = qvc_hmax2<DT>(m.y, u.y);
         m.z = qvc_hmax2<DT>(m.z, u.z), m.w = qvc_hmax2<DT>(m.w, u.w);
     }
-    qvc_widen8<DT>(m, a);
-}
-
-/*
- * v_stats_kernel's undemeaned case (v.cu: the per-block channel amax that
- * v_channel_scale reads) for the inputs v_plain_kernel takes.  Same
- * geometry as v_plain_kernel: a lane's 8 channels of every row it loads,
- * the max of |x| kept packed in the input's 16-bit format (qvc_amax16:
- * exact, NaN skipped as fmaxf skips it, padding rows +0), then across the
- * lanes and warps that hold the same channels, widened once at the end.
- */
-template <int DT, int D>
-__global__ void __launch_bounds__(PREP_THREADS)
-v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bamax) {
-    __shared__ __align__(16) uint4 part[PREP_WARPS][plain_geom<D>::LPR];
     float a[VP_CPL];
-    v_amax_block<DT, D>(v, perm, n, blockIdx.x, blockIdx.y, part, a);
-    if (threadIdx.x >= plain_geom<D>::LPR) return;
-    float4 *dst = (float4 *)(bamax + ((int64_t)blockIdx.y * nblk + blockIdx.x) * D + threadIdx.x * VP_CPL);
+    qvc_widen8<DT>(m, a);
+    float4 *dst = (float4 *)(bamax + ((int64_t)bh * nblk + blk) * D + threadIdx.x * VP_CPL);
     dst[0] = make_float4(a[0], a[1], a[2], a[3]);
     dst[1] = make_float4(a[4], a[5], a[6], a[7]);
 }
@@ -162,115 +144,6 @@ void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int 
         if (v.D == 64) v_amax_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
         else v_amax_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
     }
-}
-
-/*
- * The plain step's whole V chain (v_amax_plain_kernel, v_scale_kernel's
- * undemeaned case, v_plain_kernel) in one persistent kernel that walks
- * the heads in order, so that a head's rows, read from DRAM for its amax,
- * are read again for its codes while they are still in L2 (a head is
- * 19 MB at Wan; the three kernels read all of V twice from DRAM).
- *
- * Work items, taken in ticket order (one atomicAdd per item): S(h, b) the
- * amax of block b of head h, C(h, b) its codes.  Rounds: S(0, *); then
- * for h = 1 .. BH-1, S(h, *) interleaved with C(h-1, *); then C(BH-1, *).
- * An S item folds its block amax into the head's channel amax (atomicMax
- * on the float bits: the values are >= +0 and never NaN, so the integer
- * order is the float order, and a max is order-free); the last S item of a
- * head (a counter) turns them into the channel scales, v_channel_scale_of
- * exactly as v_scale_kernel, and releases the head's flag.  A C item
- * acquires that flag first.  Every S item of a head holds a smaller
- * ticket than any C item of it and never waits, so the waits end.
- */
-template <int DT, int D>
-__global__ void __launch_bounds__(PREP_THREADS, 3)
-v_fused_kernel(v_plain_params p, qvc_v_fused_state f, int BH, float *chan, float *v_mu) {
-    using G = plain_geom<D>;
-    __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
-    __shared__ __align__(16) uint4 part[PREP_WARPS][G::LPR];
-    __shared__ int item, last;
-    const int nblk = p.nblk;
-    const int total = 2 * BH * nblk;
-    for (;;) {
-        if (threadIdx.x == 0) item = (int)atomicAdd(f.ticket, 1u);
-        __syncthreads();
-        const int t = item;
-        __syncthreads();
-        if (t >= total) return;
-        int h, b, stats;
-        if (t < nblk) {
-            h = 0, b = t, stats = 1;
-        } else {
-            const int u = t - nblk, r = 1 + u / (2 * nblk), j = u % (2 * nblk);
-            if (r < BH) h = (j & 1) ? r - 1 : r, b = j >> 1, stats = !(j & 1);
-            else h = BH - 1, b = j, stats = 0;
-        }
-        if (stats) {
-            float a[VP_CPL];
-            v_amax_block<DT, D>(p.v, p.perm, p.n, b, h, part, a);
-            if (threadIdx.x < G::LPR) {
-#pragma unroll
-                for (int e = 0; e < VP_CPL; ++e)
-                    atomicMax(f.amax + (int64_t)h * D + threadIdx.x * VP_CPL + e, __float_as_uint(a[e]));
-                __threadfence();
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) last = atomicAdd(f.done + h, 1u) == (unsigned)nblk - 1;
-            __syncthreads();
-            if (last) {
-                __threadfence();
-                for (int c = threadIdx.x; c < D; c += PREP_THREADS)
-                    chan[(int64_t)h * D + c] =
-                        v_channel_scale_of(__uint_as_float(__ldcg(f.amax + (int64_t)h * D + c)), 0.0f);
-                __threadfence();
-                __syncthreads();
-                if (threadIdx.x == 0) qvc_st_release(f.ready + h, 1u);
-            }
-        } else {
-            if (threadIdx.x == 0)
-                while (qvc_ld_acquire(f.ready + h) == 0u) __nanosleep(64);
-            __syncthreads();
-            v_plain_block<DT, D, true>(p, b, h, tile);
-            if (v_mu) /* v_scale_kernel's undemeaned means: 0 */
-                for (int c = threadIdx.x; c < D; c += PREP_THREADS)
-                    v_mu[((int64_t)h * nblk + b) * D + c] = 0.0f;
-        }
-    }
-}
-
-template <int DT, int D>
-static void launch_v_fused_d(const v_plain_params &p, const qvc_v_fused_state &f, int BH,
-                             float *chan, float *v_mu, int ctas, cudaStream_t st) {
-    const int total = 2 * BH * p.nblk;
-    v_fused_kernel<DT, D><<<(unsigned)min(ctas, total), PREP_THREADS, 0, st>>>(p, f, BH, chan, v_mu);
-}
-
-template <int DT, int D>
-static int v_fused_ctas(int sms) {
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v_fused_kernel<DT, D>, PREP_THREADS, 0) !=
-            cudaSuccess || per_sm < 1)
-        per_sm = 1;
-    return per_sm * sms;
-}
-
-qva_status qvc_v_fused_plain_launch(const v_plain_params &p, const qvc_v_fused_state &f, int BH,
-                                    float *chan, float *v_mu, cudaStream_t st) {
-    int dev = 0, sms = 0;
-    cudaError_t e;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-        return qvc_cuda_fail(e, "qvc_prep: V (device attributes)");
-    if ((long long)2 * BH * p.nblk > INT32_MAX)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: V: %d heads of %d blocks", BH, p.nblk);
-    if (p.v.dtype == QVA_BF16) {
-        if (p.v.D == 64) launch_v_fused_d<QVA_BF16, 64>(p, f, BH, chan, v_mu, v_fused_ctas<QVA_BF16, 64>(sms), st);
-        else launch_v_fused_d<QVA_BF16, 128>(p, f, BH, chan, v_mu, v_fused_ctas<QVA_BF16, 128>(sms), st);
-    } else {
-        if (p.v.D == 64) launch_v_fused_d<QVA_F16, 64>(p, f, BH, chan, v_mu, v_fused_ctas<QVA_F16, 64>(sms), st);
-        else launch_v_fused_d<QVA_F16, 128>(p, f, BH, chan, v_mu, v_fused_ctas<QVA_F16, 128>(sms), st);
-    }
-    return qvc_launch_check("qvc_prep: V (fused)");
 }
 
 bool qvc_v_plain_ok(const qvc_view *v, int mode) {
