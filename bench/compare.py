@@ -12,7 +12,10 @@ One run times, for each shape, bf16 inputs in HND layout [B, H, N, D]:
         window: the stored permutation, no means),
       - the kernel alone, from the library's per-call profiling
         (qva_context_set_profiling / qva_context_last_timings) where the
-        library has it, else n/a.
+        library has it, else n/a; each sample is the second of two
+        back-to-back calls (a library that waits at the end of a profiled
+        call, as qvattn did before 2026-12-03, charges its host launches
+        and idle clocks to the first phases).
 Timing: CUDA events around every call on the current stream, warm-up first,
 then the median of >= --iters calls, rotating over --sets input sets so the
 L2 cache never holds the operands of the next call.
@@ -469,8 +472,13 @@ class Bench:
             ph = []
             ctx.set_profiling(True)
             try:
+                # Each sample is the second of two back-to-back calls: its
+                # host launches run while the first call's kernel does, so
+                # its phases start on a busy GPU, as in the timed loop and
+                # in a model, not after an idle gap (last_timings waits).
                 for j in range(max(3, min(self.args.iters, e["iters"]))):
                     call(j % nsets)
+                    call((j + 1) % nsets)
                     ph.append(ctx.last_timings())
             finally:
                 ctx.set_profiling(False)

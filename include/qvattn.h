@@ -326,11 +326,13 @@ qva_status qva_context_set_stream(qva_context_t *ctx, void *cuda_stream);
 /* Drops all per-layer state (permutations, centroids, partitions). */
 qva_status qva_context_reset(qva_context_t *ctx);
 
-/* Phase timings of the last qva_attention call on a CUDA context, for
- * benchmarks.  Profiling records CUDA events around each phase and
- * synchronizes the stream at the end of the call, so leave it off in
- * production.  On the CPU the phases are not separated (kernel_ms holds
- * the whole call). */
+/* Phase timings of the last qva_attention call on a CUDA context made
+ * with profiling on, for benchmarks (zeros if that call failed).
+ * Profiling records CUDA events around each phase; the call does not wait
+ * for them, qva_context_last_timings does (it synchronizes with the last
+ * profiled call's end), so back-to-back profiled calls run as unprofiled
+ * ones do.  Leave it off in production.  On the CPU the phases are not
+ * separated (kernel_ms holds the whole call). */
 typedef struct qva_timings {
     float grouping_ms; /* k-means + argsort (0 on a non-grouping step) */
     float prep_ms;     /* fused gather / smoothing / quantization      */

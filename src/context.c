@@ -22,6 +22,8 @@ struct qva_context {
     void *stream;
     int profiling;
     qva_timings timings;
+    qvi_timings_fn timings_fn; /* pending: timings not yet read */
+    void *timings_arg;
     qva_draft_stats draft_stats;
     qvi_draft_stats_fn draft_stats_fn; /* pending: draft_stats not yet read */
     void *draft_stats_arg;
@@ -84,10 +86,23 @@ static qva_status resolve_draft_stats(qva_context_t *c) {
     return r;
 }
 
+static qva_status resolve_timings(qva_context_t *c) {
+    if (!c->timings_fn) return QVA_OK;
+    qva_timings t;
+    memset(&t, 0, sizeof t);
+    const qva_status r = c->timings_fn(c->timings_arg, &t);
+    if (r != QVA_OK) memset(&t, 0, sizeof t);
+    c->timings = t;
+    c->timings_fn = NULL;
+    c->timings_arg = NULL;
+    return r;
+}
+
 qva_status qva_context_reset(qva_context_t *ctx) {
     if (!ctx) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "ctx is NULL");
     qvi_context_lock(ctx);
     (void)resolve_draft_stats(ctx); /* the stats outlive the slots, as on the CPU */
+    (void)resolve_timings(ctx);     /* so do the timings */
     free_state(ctx);
     qvi_context_unlock(ctx);
     return QVA_OK;
@@ -109,6 +124,14 @@ qva_device qvi_context_device(const qva_context_t *ctx) { return ctx->device; }
 int qvi_context_profiling(const qva_context_t *ctx) { return ctx->profiling; }
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t) {
     ctx->timings = *t;
+    ctx->timings_fn = NULL;
+    ctx->timings_arg = NULL;
+}
+
+void qvi_context_set_timings_lazy(qva_context_t *ctx, qvi_timings_fn fn, void *arg) {
+    memset(&ctx->timings, 0, sizeof ctx->timings);
+    ctx->timings_fn = fn;
+    ctx->timings_arg = arg;
 }
 
 void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st) {
@@ -145,9 +168,10 @@ qva_status qva_context_last_timings(const qva_context_t *ctx, qva_timings *t) {
     if (!ctx || !t) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
     qva_context_t *c = (qva_context_t *)ctx; /* the lock is not the state */
     qvi_context_lock(c);
+    const qva_status r = resolve_timings(c);
     *t = c->timings;
     qvi_context_unlock(c);
-    return QVA_OK;
+    return r;
 }
 
 void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,

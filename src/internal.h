@@ -93,6 +93,13 @@ int qvi_method_has_int8_q(qva_method m);
 int qvi_p_sum_applies(const qva_config *cfg);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
+/* Timings a backend can only read later (the CUDA phases' events, which
+ * the call does not wait for): qva_context_last_timings calls fn(arg, out)
+ * once, under the context lock, and keeps its answer (zeros and fn's
+ * status on failure).  Cleared by qvi_context_set_timings; resolved before
+ * qva_context_reset frees the slots fn may read. */
+typedef qva_status (*qvi_timings_fn)(void *arg, qva_timings *out);
+void qvi_context_set_timings_lazy(qva_context_t *ctx, qvi_timings_fn fn, void *arg);
 /* The kept share qva_context_last_draft_stats reports (zeroed at the start
  * of every qva_attention call; the CPU draft sets it when it finishes). */
 void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st);

@@ -530,6 +530,10 @@ qva_status qva_attention(qva_context_t *ctx, const qva_config *cfg_in,
             return qvi_fail(QVA_ERR_UNSUPPORTED, "cuda backend: %s", why);
         qvi_context_lock(ctx);
         qvi_context_set_draft_stats(ctx, &no_stats);
+        if (qvi_context_profiling(ctx)) { /* this call's marks replace the pending ones */
+            const qva_timings none = {0.0f, 0.0f, 0.0f};
+            qvi_context_set_timings(ctx, &none);
+        }
         st = qvi_cuda_attention(ctx, cfg, q, k, v, out, lse);
         qvi_context_unlock(ctx);
         return st;

@@ -391,6 +391,47 @@ static void test_lse(qva_context_t *ctx) {
     free_io(&a);
 }
 
+/* The lazy timings (what the CUDA backend leaves after a profiled call):
+ * read once, when asked, and kept; resolved by a reset; dropped by a
+ * direct set; a failed read gives its status and zeros. */
+static int lazy_reads;
+static qva_status lazy_read(void *arg, qva_timings *t) {
+    ++lazy_reads;
+    t->grouping_ms = 1.0f, t->prep_ms = 2.0f, t->kernel_ms = *(const float *)arg;
+    return QVA_OK;
+}
+static qva_status lazy_read_fails(void *arg, qva_timings *t) {
+    (void)arg;
+    t->kernel_ms = 9.0f;
+    return qvi_fail(QVA_ERR_DEVICE, "test: the events are gone");
+}
+
+static void test_lazy_timings(qva_context_t *ctx) {
+    float k = 3.0f;
+    qva_timings t;
+    lazy_reads = 0;
+    qvi_context_set_timings_lazy(ctx, lazy_read, &k);
+    CHECK(lazy_reads == 0, "not read before it is asked for");
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.prep_ms == 2.0f && t.kernel_ms == 3.0f,
+          "read when asked: %g %g", (double)t.prep_ms, (double)t.kernel_ms);
+    k = 4.0f;
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.kernel_ms == 3.0f && lazy_reads == 1,
+          "read once and kept (%d reads)", lazy_reads);
+    qvi_context_set_timings_lazy(ctx, lazy_read, &k);
+    CHECK(qva_context_reset(ctx) == QVA_OK && lazy_reads == 2, "a reset reads them first");
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.kernel_ms == 4.0f && lazy_reads == 2,
+          "kept through the reset: %g", (double)t.kernel_ms);
+    qvi_context_set_timings_lazy(ctx, lazy_read, &k);
+    const qva_timings direct = {0.5f, 0.25f, 0.125f};
+    qvi_context_set_timings(ctx, &direct);
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.kernel_ms == 0.125f && lazy_reads == 2,
+          "a direct set drops the pending read");
+    qvi_context_set_timings_lazy(ctx, lazy_read_fails, NULL);
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_ERR_DEVICE && t.kernel_ms == 0.0f,
+          "a failed read: its status and zeros");
+    CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.kernel_ms == 0.0f, "then read no more");
+}
+
 int main(void) {
     qva_context_t *ctx = NULL;
     if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return 1;
@@ -402,6 +443,7 @@ int main(void) {
     test_layouts_dtypes(ctx);
     test_schedule_state(ctx);
     test_lse(ctx);
+    test_lazy_timings(ctx);
     qva_context_free(ctx);
     return check_summary("test_core");
 }

@@ -248,7 +248,7 @@ static qva_status run_fp4(qva_context_t *ctx, cuda_state *s, const qva_config *c
     a.lse_shift = shift;
     if ((r = qvc_attn_fp4(&ops, &a, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
-    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
+    return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
 }
 
 extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
@@ -286,7 +286,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
         const qvc_attn_args a16 = make_args(cfg, q, out, lse);
         if ((r = qvc_attn_bf16(&s->ops16, use_f16, &a16, st)) != QVA_OK) return r;
         if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
-        return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
+        return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
     }
 
     if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
@@ -318,7 +318,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     a.lse_shift = shift;
     if ((r = attn_8bit(ctx, kern, &ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
-    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
+    return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
 }
 
 /* ---------------------------------------------------------- memory */

@@ -381,7 +381,7 @@ static dg_params dg_params_of(const dg_state *s, const qvi_draft_plan *pl, const
 static qva_status dg_finish(qva_context_t *ctx, dg_state *s, int prof, cudaStream_t st) {
     const qva_status r = qvc_timer_mark(&s->timer, 3, prof, st);
     if (r != QVA_OK) return r;
-    return prof ? qvc_timer_finish(ctx, &s->timer, st) : QVA_OK;
+    return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
 }
 
 /* Phase timings: grouping_ms is the router, prep_ms the operand
