@@ -20,8 +20,12 @@
 #          NCU_KERNELS (a regex, required) in both builds' `qvattn bench`
 #          at NCU_SHAPE (default 1,40,75600,128) with NCU_METHODS (default
 #          vc8+expcast) and NCU_ARGS (e.g. "--grid 21,45,80" for draft)
+#   timeline  bench/idle_gaps.py --timeline for both builds with
+#          TIMELINE_METHODS (default vc8+expcast,draft@85/0/7.5/7.5+expcast):
+#          each call's kernels with start, end and stream (the preparation
+#          as it runs back to back, where ncu times kernels alone)
 #   both   hash and speed (the default); all: hash, checks, ncu (when
-#          NCU_KERNELS is set) and speed
+#          NCU_KERNELS is set), timeline and speed
 # Logs and JSON go to $OUT (default ./out).  On the lent device machine,
 # where at most 8 files come back, set OUT to a folder outside $OUT and
 # PACK_TO=$OUT: everything is then packed into PACK_TO/compare-builds.tar.gz.
@@ -30,7 +34,7 @@
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-[ $# -ge 1 ] || { sed -n '2,32p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,33p' "$0"; exit 2; }
 BASE=$(cd "$1" && pwd) || exit 2
 WHAT=${2:-both}
 ROUNDS=${3:-2}
@@ -101,6 +105,18 @@ if has ncu && [ -n "${NCU_KERNELS:-}" ]; then
              /gpu__time_duration/ { t = $NF }
              /dram__throughput/ { d = $NF }
              /issue_active/ { printf "  %-60s %10s %7s %7s\n", substr(name, 1, 60), t, d, $NF }' "$OUT/ncu-$b.log"
+    done
+fi
+
+if has timeline; then
+    for b in base new; do
+        tree="$ROOT"
+        [ $b = base ] && tree="$BASE"
+        PYTHONPATH="$tree/python" QVATTN_LIB="$tree/build-gpu/libqvattn.so" timeout 200 python3 \
+            "$ROOT/bench/idle_gaps.py" "${TIMELINE_METHODS:-vc8+expcast,draft@85/0/7.5/7.5+expcast}" \
+            --timeline >"$OUT/timeline-$b.txt" 2>&1 || echo "timeline $b: rc=$?"
+        echo "timeline $b:"
+        grep -E "^== |^ +[0-9.]+ +[0-9.]+ +[0-9]+ " "$OUT/timeline-$b.txt" | grep -v "attn8_ws\|attn_draft_ws" | head -40
     done
 fi
 
