@@ -78,3 +78,8 @@ for m in methods:
         print("   last call:  start     end  stream  kernel")
         for e in last:
             print(f"   {e['ts'] - c0:10.1f} {e['ts'] + e['dur'] - c0:8.1f}  {e['args'].get('stream', '?'):>6}  {e['name'][:70]}")
+        # the attention kernel is the call's longest; what runs before it is
+        # the preparation (and the router or grouping), as the GPU sees it
+        att = max(last, key=lambda e: e["dur"])
+        first = min(e["ts"] for e in last)
+        print(f"   before the attention kernel: {att['ts'] - first:.1f} us ({att['name'][:40]})")
