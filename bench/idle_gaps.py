@@ -71,9 +71,13 @@ for m in methods:
         long_rt[e["name"]][0] += 1; long_rt[e["name"]][1] += e["dur"]
     print("   host runtime calls per call:", ", ".join(f"{n} {c / 4:.0f}x {d / 4:.0f}us" for n, (c, d) in sorted(long_rt.items(), key=lambda x: -x[1][1])[:8]))
     if timeline:
-        # the last call: from the 4th occurrence of the first kernel's name
-        starts = [i for i, e in enumerate(gpu) if e["name"] == gpu[0]["name"]]
-        last = gpu[starts[-1]:] if len(starts) >= 4 else gpu
+        # the last call: everything that starts after the previous call's
+        # attention kernel (the longest) ends; side streams may start their
+        # first kernel before the main stream's, so no kernel name marks it
+        longest = max(gpu, key=lambda e: e["dur"])["name"]
+        ends = [e["ts"] + e["dur"] for e in gpu if e["name"] == longest]
+        cut = ends[-2] if len(ends) >= 2 else float("-inf")
+        last = [e for e in gpu if e["ts"] >= cut]
         c0 = last[0]["ts"]
         print("   last call:  start     end  stream  kernel")
         for e in last:

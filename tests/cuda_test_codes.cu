@@ -12,7 +12,9 @@
  *         scales and values the scale does not bound (the exact path's
  *         guard); and every bf16 x against V's scales fl(amax / 2.25)
  *         for bf16 amax of many significands (where x / s lands on an
- *         E4M3 midpoint up to the scale's rounding).
+ *         E4M3 midpoint up to the scale's rounding); the one-step form
+ *         (qvc_e4m3_codes4_in16) on every bf16 and f16 x against both
+ *         scales of sampled amax of the format.
  * Every case must match bit for bit.  The test also counts the cases
  * where the plain rounding of the fast quotient would have been wrong, so
  * it proves it can fail.  Needs a GPU; without one it exits 77 (skipped).
@@ -63,6 +65,7 @@ __global__ void int8_bounded_kernel(const code_case *c, int n, uint32_t *fast, u
     naive[i] = w;
 }
 
+template <bool IN16>
 __global__ void e4m3_codes_kernel(const code_case *c, int n, uint32_t *fast, uint32_t *naive) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -73,7 +76,7 @@ __global__ void e4m3_codes_kernel(const code_case *c, int n, uint32_t *fast, uin
         ok = ok && qvc_e4m3_fast_ok(c[i].s[e], r[e]);
         ok = ok && !(fabsf(c[i].x[e]) > 0x1p64f * c[i].s[e]); /* the callers' bound (NaN passes) */
     }
-    fast[i] = qvc_e4m3_codes4(c[i].x, c[i].s, r, ok);
+    fast[i] = IN16 ? qvc_e4m3_codes4_in16(c[i].x, c[i].s, r, ok) : qvc_e4m3_codes4(c[i].x, c[i].s, r, ok);
     uint32_t w = 0;
     for (int e = 0; e < 4; ++e) w |= qvc_e4m3_code(__fmul_rn(c[i].x[e], r[e])) << (8 * e);
     naive[i] = w;
@@ -188,25 +191,49 @@ static std::vector<code_case> e4m3_cases() {
     return cs;
 }
 
-/* Every finite bf16 x with |x| <= amax against s = fl(amax / 2.25) (V's
- * channel scale, DA2 C.3), for amax of every bf16 significand times a
+/* An f16 value, widened exactly. */
+static float f16_value(uint32_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    float f;
+    uint32_t u;
+    if (e == 0) {
+        f = ldexpf((float)m, -24);
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else {
+        u = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Every finite bf16 (f16: bf16 = 0) x with |x| <= amax against s =
+ * fl(amax / 2.25) (V's channel scale, DA2 C.3) and, with s448, also
+ * fl(amax / 448), for amax of every 3rd significand of the format times a
  * few binades: the values V's codes meet. */
-static std::vector<code_case> e4m3_bf16_cases() {
+static std::vector<code_case> e4m3_16bit_cases(int bf16, int s448) {
     std::vector<code_case> cs;
-    for (uint32_t sig = 0; sig < 128; sig += 3)
-        for (int ex = -3; ex <= 9; ex += 6) {
-            const float amax = ldexpf(1.0f + sig / 128.0f, ex), s = amax / 2.25f;
-            code_case c;
-            int e = 0;
-            for (uint32_t b = 0; b < 0x10000u; ++b) {
-                const uint32_t u = b << 16;
-                float x;
-                memcpy(&x, &u, 4);
-                if (!(fabsf(x) <= amax)) continue; /* also drops NaN and infinities */
-                c.x[e] = x, c.s[e] = s;
-                if (++e == 4) cs.push_back(c), e = 0;
+    const int sigs = bf16 ? 128 : 1024;
+    for (int sig = 0; sig < sigs; sig += bf16 ? 3 : 97)
+        for (int ex = -3; ex <= 9; ex += 6)
+            for (int k = 0; k <= s448; ++k) {
+                const float amax = ldexpf(1.0f + (float)sig / (float)sigs, ex);
+                const float s = k ? amax / 448.0f : amax / 2.25f;
+                code_case c;
+                int e = 0;
+                for (uint32_t b = 0; b < 0x10000u; ++b) {
+                    float x;
+                    if (bf16) {
+                        const uint32_t u = b << 16;
+                        memcpy(&x, &u, 4);
+                    } else {
+                        x = f16_value(b);
+                    }
+                    if (!(fabsf(x) <= amax)) continue; /* also drops NaN and infinities */
+                    c.x[e] = x, c.s[e] = s;
+                    if (++e == 4) cs.push_back(c), e = 0;
+                }
             }
-        }
     return cs;
 }
 
@@ -219,10 +246,10 @@ static int ok(cudaError_t e, const char *what) {
 /* Runs the kernel on the cases; counts words that differ from the CPU
  * reference (must be 0) and words where the unguarded rounding would have
  * differed (must be > 0: the cases reach the boundaries). */
-enum code_kind { INT8_CODES, INT8_BOUNDED, E4M3_CODES };
+enum code_kind { INT8_CODES, INT8_BOUNDED, E4M3_CODES, E4M3_CODES_IN16 };
 
 static int run(const char *name, code_kind kind, const std::vector<code_case> &cs) {
-    const bool int8 = kind != E4M3_CODES;
+    const bool int8 = kind == INT8_CODES || kind == INT8_BOUNDED;
     const int n = (int)cs.size();
     code_case *dc = NULL;
     uint32_t *df = NULL, *dn = NULL;
@@ -235,8 +262,10 @@ static int run(const char *name, code_kind kind, const std::vector<code_case> &c
         int8_codes_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
     else if (kind == INT8_BOUNDED)
         int8_bounded_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
+    else if (kind == E4M3_CODES)
+        e4m3_codes_kernel<false><<<(n + 255) / 256, 256>>>(dc, n, df, dn);
     else
-        e4m3_codes_kernel<<<(n + 255) / 256, 256>>>(dc, n, df, dn);
+        e4m3_codes_kernel<true><<<(n + 255) / 256, 256>>>(dc, n, df, dn);
     if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "sync") ||
         !ok(cudaMemcpy(f.data(), df, n * 4, cudaMemcpyDeviceToHost), "D2H") ||
         !ok(cudaMemcpy(nv.data(), dn, n * 4, cudaMemcpyDeviceToHost), "D2H"))
@@ -274,7 +303,10 @@ int main(void) {
     int fails = run("int8 codes", INT8_CODES, int8_cases());
     fails += run("int8 bounded codes", INT8_BOUNDED, int8_bounded_cases());
     fails += run("e4m3 codes", E4M3_CODES, e4m3_cases());
-    fails += run("e4m3 codes of bf16 values", E4M3_CODES, e4m3_bf16_cases());
+    fails += run("e4m3 codes of bf16 values", E4M3_CODES, e4m3_16bit_cases(1, 0));
+    /* the one-step form on its domain: 16-bit values, scales of their amax */
+    fails += run("e4m3 one-step codes of bf16 values", E4M3_CODES_IN16, e4m3_16bit_cases(1, 1));
+    fails += run("e4m3 one-step codes of f16 values", E4M3_CODES_IN16, e4m3_16bit_cases(0, 1));
     printf("cuda_test_codes: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

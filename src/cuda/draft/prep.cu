@@ -148,7 +148,8 @@ dg_scale_kernel(const float *amax, int BH, int R, int D, int w0, int with4, int 
 
 /* E4M3 codes of V / delta_c for one region block, transposed [D][128] in
  * the PV slot order (qvc_e4m3_codes4: the quotient by 1/delta_c and two
- * remainder steps, no division).  Tile word w of row c holds slots 4w .. 4w+3 (keys
+ * remainder steps, no division; one step for 16-bit inputs,
+ * qvc_e4m3_codes4_in16).  Tile word w of row c holds slots 4w .. 4w+3 (keys
  * k0, k0+1, k0+8, k0+9 by qvc_pv_slot_key, k0 = 16 (w/4) + 2 (w%4)); a task
  * is those 4 keys x one chunk. */
 template <int DT, bool VEC>
@@ -197,7 +198,9 @@ dg_v8_kernel(qvc_view x, const int32_t *pack, int64_t prefix_pad, int R, const f
         for (int e = 0; e < 8; ++e) {
             const float x4[4] = {f[0][e], f[1][e], f[2][e], f[3][e]};
             const float d4[4] = {d[e], d[e], d[e], d[e]}, r4[4] = {rd[e], rd[e], rd[e], rd[e]};
-            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = qvc_e4m3_codes4(x4, d4, r4, fast);
+            /* 16-bit inputs: their own values against their amax's scale */
+            tile[(c + e) * (DG_KEYS / 4) + (w ^ s)] = DT == QVA_F32 ? qvc_e4m3_codes4(x4, d4, r4, fast)
+                                                                    : qvc_e4m3_codes4_in16(x4, d4, r4, fast);
         }
     }
     __syncthreads();

@@ -250,32 +250,43 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
 }
 
 /* V's code tile in shared memory: [128 keys][TILE_STRIDE] bytes, a key's
- * codes in channel order.  The stride 132 makes the transposed read (one
- * channel, 32 different keys) hit 32 different banks. */
+ * codes in channel order.  With the stride 132 (33 words) a row's word
+ * falls in bank (row + word) mod 32; the 32 keys that one transposed read
+ * takes (slots 4j + q, j = 0..31) fall in 8 banks, 4 to a bank. */
 #define TILE_STRIDE (MAX_D + 4)
 
 /* The tile to dst ([D][128], qvc_ops.v_t's block) transposed, in the PV
  * slot order of qvc_pv_slot_key(): word w holds slots 4(w%32)..+3 of
  * channel w/32, so each warp stores one channel's 128 contiguous bytes.
+ * Lane j reads, for 4 channels at once, the 4-byte words of its four
+ * slots' keys and transposes the 4 x 4 bytes with 8 byte permutes (a
+ * byte load per code before: 4 times the shared-memory requests).
  * The CTA (PREP_THREADS) calls it after the tile's __syncthreads. */
 template <int D>
 static __device__ __forceinline__ void v_tile_write_t(const uint8_t *tile, uint8_t *dst_block) {
-    static_assert(PREP_THREADS % 32 == 0, "w & 31 is the thread's lane in every step");
+    constexpr int STEP = PREP_WARPS * 4; /* channels of the CTA per step */
+    static_assert(PREP_THREADS % 32 == 0 && D % STEP == 0, "lane = slot group, whole steps");
     uint32_t *dst = (uint32_t *)dst_block;
-    /* the thread's four slots, hence keys, are the same in every step; only
-     * the channel changes, so their tile offsets are worked out once */
-    int koff[4];
+    const int j = threadIdx.x & 31;
+    /* the lane's four slots, hence keys, are the same in every step */
+    const uint8_t *row[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const int s = (threadIdx.x & 31) * 4 + q;
-        koff[q] = ((s & ~31) + qvc_pv_slot_key(s & 31)) * TILE_STRIDE;
+        const int s = 4 * j + q;
+        row[q] = tile + ((s & ~31) + qvc_pv_slot_key(s & 31)) * TILE_STRIDE;
     }
-    for (int w = threadIdx.x; w < D * (QVI_BLOCK / 4); w += PREP_THREADS) {
-        const int c = w >> 5;
-        uint32_t word = 0;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) word |= (uint32_t)tile[koff[q] + c] << (8 * q);
-        dst[w] = word;
+    for (int i = 0; i < D / STEP; ++i) {
+        const int c = (threadIdx.x >> 5) * 4 + i * STEP;
+        const uint32_t r0 = *(const uint32_t *)(row[0] + c), r1 = *(const uint32_t *)(row[1] + c);
+        const uint32_t r2 = *(const uint32_t *)(row[2] + c), r3 = *(const uint32_t *)(row[3] + c);
+        /* bytes (r0.b, r1.b) interleaved, then joined: word b = r0..r3's byte b */
+        const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), lo23 = __byte_perm(r2, r3, 0x5140);
+        const uint32_t hi01 = __byte_perm(r0, r1, 0x7362), hi23 = __byte_perm(r2, r3, 0x7362);
+        dst[(c + 0) * 32 + j] = __byte_perm(lo01, lo23, 0x5410);
+        dst[(c + 1) * 32 + j] = __byte_perm(lo01, lo23, 0x7632);
+        dst[(c + 2) * 32 + j] = __byte_perm(hi01, hi23, 0x5410);
+        dst[(c + 3) * 32 + j] = __byte_perm(hi01, hi23, 0x7632);
     }
 }
 

@@ -4,7 +4,7 @@
  * case of v_encode_kernel (v.cu), whose codes it gives bit for bit (the
  * same float operations); qvc_prep_v8 chooses (qvc_v_plain_ok).
  *
- *   v_plain_kernel<DT,D>  one CTA of 256 threads per (128-key block, bh),
+ *   v_plain_kernel<DT,D,MEANS>  one CTA of 256 threads per (128-key block, bh),
  *                         as qk_plain.cu: a lane holds 8 adjacent
  *                         channels, each thread loads all of its keys of
  *                         the block before the first is used, keeps them
@@ -27,7 +27,7 @@
 
 #define VP_CPL PLAIN_CPL
 
-template <int DT, int D>
+template <int DT, int D, bool MEANS>
 __global__ void __launch_bounds__(PREP_THREADS, 3)
 v_plain_kernel(v_plain_params p) {
     using G = plain_geom<D>;
@@ -46,7 +46,7 @@ v_plain_kernel(v_plain_params p) {
     /* the lane's channel scales, their reciprocals and the block's means */
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
     plain_load8f(p.chan + (int64_t)bh * D + c0, cs); /* both runs in flight before any use */
-    if (p.bmu)
+    if (MEANS)
         plain_load8f(p.bmu + ((int64_t)bh * p.nblk + blk) * D + c0, mu);
     else
 #pragma unroll
@@ -67,12 +67,15 @@ v_plain_kernel(v_plain_params p) {
         if (blk * QVI_BLOCK + key < p.n) {
             float x[VP_CPL];
             qvc_widen8<DT>(raw[s], x);
-            if (p.bmu) {
+            if (MEANS) { /* residuals: no longer 16-bit values */
 #pragma unroll
                 for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
+                lo = qvc_e4m3_codes4(x, cs, rcp, fast);
+                hi = qvc_e4m3_codes4(x + 4, cs + 4, rcp + 4, fast);
+            } else { /* the input's own values against their amax's scale */
+                lo = qvc_e4m3_codes4_in16(x, cs, rcp, fast);
+                hi = qvc_e4m3_codes4_in16(x + 4, cs + 4, rcp + 4, fast);
             }
-            lo = qvc_e4m3_codes4(x, cs, rcp, fast);
-            hi = qvc_e4m3_codes4(x + 4, cs + 4, rcp + 4, fast);
         }
         uint32_t *t = (uint32_t *)(tile + key * TILE_STRIDE + c0);
         t[0] = lo;
@@ -151,13 +154,19 @@ bool qvc_v_plain_ok(const qvc_view *v, int mode) {
            (v->dtype == QVA_BF16 || v->dtype == QVA_F16) && qvc_view_vec_ok(v, VP_CPL);
 }
 
+template <int DT, int D>
+static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st) {
+    if (p.bmu) v_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    else v_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
 void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st) {
     const dim3 grid((unsigned)p.nblk, (unsigned)BH);
     if (p.v.dtype == QVA_BF16) {
-        if (p.v.D == 64) v_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(p);
-        else v_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(p);
+        if (p.v.D == 64) launch_v_plain_d<QVA_BF16, 64>(p, grid, st);
+        else launch_v_plain_d<QVA_BF16, 128>(p, grid, st);
     } else {
-        if (p.v.D == 64) v_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(p);
-        else v_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(p);
+        if (p.v.D == 64) launch_v_plain_d<QVA_F16, 64>(p, grid, st);
+        else launch_v_plain_d<QVA_F16, 128>(p, grid, st);
     }
 }
