@@ -201,7 +201,7 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
 }
 
 template <int DT, int D, bool ROWS, bool ROT>
-__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2) /* K: its block max holds more live */
+__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : ROT ? 2 : 4) /* rotated K keeps its rows */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
     __shared__ float red[PREP_WARPS];

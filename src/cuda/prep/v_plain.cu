@@ -28,7 +28,7 @@
 #define VP_CPL PLAIN_CPL
 
 template <int DT, int D, bool MEANS>
-__global__ void __launch_bounds__(PREP_THREADS, 3)
+__global__ void __launch_bounds__(PREP_THREADS, MEANS ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
     using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
