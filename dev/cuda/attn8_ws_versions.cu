@@ -8,10 +8,6 @@
  *   ws5   the library kernel without the short softmax chains: the row max
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8)
- *   ws15  the library kernel with a 5-stage K/V ring (4 in the library):
- *         the producer one block further ahead of the consumers
- *   ws16  the same with 6 stages (plain steps only: with the V-Smooth
- *         restore's tiles 6 stages exceed shared memory)
  *   ws9   V-Smooth steps: the restore's FP16 mean tiles prepared in global
  *         memory (one 4 KB tile per 16 key blocks, in the wgmma layout) and
  *         loaded by the producer into a 2-deep ring both consumer warpgroups
@@ -52,24 +48,6 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;
     return attn8_launch<F>(maps, &p, st);
-}
-
-struct ws15_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr int STAGES = 5;
-};
-struct ws16_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr int STAGES = 6;
-};
-
-extern "C" qva_status dev_attn8_ws15(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<ws15_flags>(ops, fmt, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws16(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (ops->v_mu) return qvi_fail(QVA_ERR_UNSUPPORTED, "ws16: 6 stages leave no room for the means");
-    return launch_version<ws16_flags>(ops, fmt, a, st);
 }
 
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,

@@ -21,7 +21,8 @@
  *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0)
  *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11)
  *   the turn's wgmma descriptors made before its barrier: no change (ws13)
- *   the mean tile filled two blocks per store: 4.5% slower (ws14) */
+ *   the mean tile filled two blocks per store: 4.5% slower (ws14)
+ *   a 5- or 6-stage K/V ring: 0.4-0.8% slower (ws15, ws16) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
