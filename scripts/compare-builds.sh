@@ -27,14 +27,16 @@
 #   both   hash and speed (the default); all: hash, checks, ncu (when
 #          NCU_KERNELS is set), timeline and speed
 # Logs and JSON go to $OUT (default ./out).  On the lent device machine,
-# where at most 8 files come back, set OUT to a folder outside $OUT and
-# PACK_TO=$OUT: everything is then packed into PACK_TO/compare-builds.tar.gz.
+# where at most 8 files come back, pack everything into the machine's
+# $OUT and write the logs elsewhere: `PACK_TO=$OUT OUT=/tmp/cb bash ...`
+# (in that order: in `OUT=/tmp/cb PACK_TO=$OUT` bash expands $OUT after
+# the first assignment, so both name /tmp/cb and nothing comes back).
 # Carrying BASE_SRC again replaces the machine's copy, its build with it.
 # Exit status non-zero if the hashes differ or a check fails.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-[ $# -ge 1 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,35p' "$0"; exit 2; }
 BASE=$(cd "$1" && pwd) || exit 2
 WHAT=${2:-both}
 ROUNDS=${3:-2}
@@ -157,6 +159,12 @@ for label in sorted({k[0] for k in rows}):
 PY
 fi
 if [ -n "${PACK_TO:-}" ]; then
-    tar -C "$OUT" -czf "$PACK_TO/compare-builds.tar.gz" . && echo "packed into $PACK_TO/compare-builds.tar.gz"
+    # PACK_TO is the device's $OUT, OUT a folder outside it: a tarball
+    # written into the folder it packs would pack itself
+    if [ "$(cd "$PACK_TO" && pwd)" = "$(cd "$OUT" && pwd)" ]; then
+        echo "compare-builds: PACK_TO is OUT; set OUT to a folder outside PACK_TO"
+    else
+        tar -C "$OUT" -czf "$PACK_TO/compare-builds.tar.gz" . && echo "packed into $PACK_TO/compare-builds.tar.gz"
+    fi
 fi
 exit $rc
