@@ -8,6 +8,15 @@
  *   ws5   the library kernel without the short softmax chains: the row max
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8)
+ *   ws17  plain steps (no V-Smooth means): the PV partial of FOLD = 2
+ *         consecutive key blocks accumulates in the wgmma (the first
+ *         block's PV starts it fresh through the accumulate predicate, the
+ *         next adds to it), and O += partial runs once per FOLD blocks:
+ *         32 of the 64 FFMAs per block and thread go.  A raised row max rescales the pending partial as it does
+ *         O.  Numerics: FP8 products accumulated over 256 keys in the
+ *         tensor core instead of 128 (bench/NOTES.md).  V-Smooth steps run
+ *         the library kernel.
+ *   ws18  the same with FOLD = 4
  *   ws9   V-Smooth steps: the restore's FP16 mean tiles prepared in global
  *         memory (one 4 KB tile per 16 key blocks, in the wgmma layout) and
  *         loaded by the producer into a 2-deep ring both consumer warpgroups
@@ -323,3 +332,192 @@ extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
     if (r != QVA_OK) return r;
     return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
 }
+
+/* ------------------------------------------------------------ ws17, ws18 */
+struct ws17_flags : attn8_ws_flags<QVC_QK_INT8> {};
+
+/* issue_pv with the first k-step's accumulate flag given: 0 starts the
+ * partial fresh, 1 adds this block's P V to it. */
+template <int ONES>
+static __device__ __forceinline__ void ws17_issue_pv(float (&part)[ONES ? 68 : 64],
+                                                     const uint32_t (&pa)[4][4], uint64_t vd,
+                                                     int acc0) {
+    wg_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int acc = c ? 1 : acc0;
+        if (ONES)
+            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, acc);
+        else
+            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, acc);
+    }
+    wg_commit();
+}
+
+/* The pending partial (its ones columns too) rescaled with O: element i
+ * belongs to row g (i & 2 == 0) or g + 8. */
+template <int N>
+static __device__ __forceinline__ void ws17_rescale(float (&part)[N], const float *alpha) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) part[i] *= alpha[(i >> 1) & 1];
+}
+
+/* The library's ping-pong mainloop without means, O updated once per FOLD
+ * blocks.  v_blk is 1 for every INT8 method (cuda_internal.h), so blocks
+ * fold without their own V scale. */
+template <class F, int PMODE, int FOLD>
+static __device__ __forceinline__ void ws17_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, attn8_bars b, uint64_t qd,
+                                                     const float (&dq)[2], const float *kscale,
+                                                     int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    float part[ONES ? 68 : 64];
+#pragma unroll
+    for (int i = 0; i < (ONES ? 68 : 64); ++i) part[i] = 0.0f;
+    if (cw == 1) named_arrive(1, 256);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+        const int first = j % FOLD == 0, fold = j % FOLD == FOLD - 1 || !more;
+        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+        uint32_t pa[4][4];
+        float rs[2] = {0.0f, 0.0f};
+        float mx[2];
+        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+        mx[0] = fmaxf(mx[0], r.m[0]);
+        mx[1] = fmaxf(mx[1], r.m[1]);
+        float alpha[2];
+        qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+        qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+        if (!first && (alpha[0] != 1.0f || alpha[1] != 1.0f)) ws17_rescale(part, alpha);
+        if ((j + 1) * WS_KEYS > ops.nk)
+            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                             a.expcast_add, j * WS_KEYS, ops.nk,
+                                                             tig, rs, pa);
+        else
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                             a.expcast_add, j * WS_KEYS, ops.nk,
+                                                             tig, rs, pa);
+        if (!ONES) {
+            rs[0] = qvc_quad_sum(rs[0]);
+            rs[1] = qvc_quad_sum(rs[1]);
+        }
+        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+        named_sync(1 + cw, 256);
+        ws17_issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)), !first);
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+
+        /* The wait on every path (ptxas serializes the wgmmas when it
+         * finds the partial read after a conditional wait). */
+        wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+        reg_fence(part);
+        if (fold) {
+            if (ONES) r.l[0] += part[64], r.l[1] += part[66];
+            add_part<16>(r.o, part, 0, 1.0f);
+        }
+        mbar_arrive(b.empty + 8 * s);
+        if (!ONES) {
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+        }
+        wg_wait<0>();
+        reg_fence(sacc);
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+template <class F, int PMODE, int FOLD>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws17_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
+    const uint32_t base = smem_addr(sm);
+    attn8_bars b;
+    b.q = base + A8_BAR_OFF(F::STAGES);
+    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    const int wg = threadIdx.x >> 7;
+
+    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q, 1);
+        for (int s = 0; s < F::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, NULL, 0);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
+    const int row0 = tile * F::ROWS + cw * 64 + warp * 16;
+    float dq[2];
+    qvc_q_scales(ops, bh, row0 + g, dq);
+    const float *kscale = ops.k_scale + (size_t)bh * nblk;
+
+    attn8_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    int sacc[64];
+    mbar_wait(b.q, 0);
+    mbar_wait(b.full, 0);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(0));
+    wg_wait<0>();
+    reg_fence(sacc);
+    ws17_mainloop<F, PMODE, FOLD>(r, sacc, ops, p.a, base, b, qd, dq, kscale, cw, tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+}
+
+template <int PMODE, int FOLD>
+static qva_status ws17_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws17_flags F;
+    const int smem = A8_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
+        ws17_attn8<F, PMODE, FOLD>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws17 smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p);
+    return qvc_launch_check("ws17_attn8");
+}
+
+template <int FOLD>
+static qva_status ws17_launch(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                              cudaStream_t st) {
+    if (ops->v_mu) return launch_version<ws17_flags>(ops, fmt, a, st); /* the library kernel */
+    CUtensorMap maps[3];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws17_launch_p<A8_P_EXPCAST, FOLD>(maps, &p, st);
+    if (a->sum_codes) return ws17_launch_p<A8_P_CODESUM, FOLD>(maps, &p, st);
+    return ws17_launch_p<A8_P_EXP2, FOLD>(maps, &p, st);
+}
+
+extern "C" qva_status dev_attn8_ws17(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return ws17_launch<2>(ops, fmt, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws18(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return ws17_launch<4>(ops, fmt, a, st);
+}
+
