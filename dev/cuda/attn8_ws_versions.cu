@@ -33,6 +33,107 @@
  */
 #include "dense/attn8_ws.cuh"
 
+/* ------------------------------------------------------------ shared pieces */
+/* The library kernel's frame (attn8_ws_128x128) as functions, for the
+ * versions here that write their own kernel. */
+
+/* The dynamic shared memory 1024-byte aligned, as an offset from its start
+ * (so that every access through it compiles to LDS/STS). */
+static __device__ __forceinline__ uint8_t *dev_smem(uint8_t *smem_raw) {
+    return smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
+}
+
+/* The ring's mbarriers after the stages. */
+template <class F>
+static __device__ __forceinline__ attn8_bars dev_bars_at(uint32_t base) {
+    attn8_bars b;
+    b.q = base + A8_BAR_OFF(F::STAGES);
+    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    return b;
+}
+
+/* The ones rows after each V tile and the ring's mbarriers (no means in
+ * the stages); with tfull, also a 2-deep tile ring's full and empty
+ * mbarriers at tfull and tfull + 16 (ws9). */
+template <class F>
+static __device__ __forceinline__ void dev_frame_init(uint8_t *sm, attn8_bars b,
+                                                      uint32_t tfull = 0) {
+    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q, 1);
+        for (int s = 0; s < F::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
+        }
+        for (int s = 0; tfull && s < 2; ++s) {
+            mbar_init(tfull + 8 * s, 1);
+            mbar_init(tfull + 16 + 8 * s, F::CONSUMERS * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
+
+/* A consumer thread's place once its warpgroup has the consumers'
+ * registers: warpgroup, quad row and column, Q descriptor, the warp's
+ * first row and the Q scales of its two rows. */
+typedef struct dev_place {
+    int cw, g, tig, row0;
+    uint64_t qd;
+    float dq[2];
+} dev_place;
+
+template <class F>
+static __device__ __forceinline__ dev_place dev_consumer_place(const qvc_ops &ops, uint32_t base,
+                                                               int bh, int tile) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
+    dev_place c;
+    const int ctid = threadIdx.x - 128, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    c.cw = ctid >> 7;
+    c.g = lane >> 2, c.tig = lane & 3;
+    c.qd = sw128_desc(base + A8_Q_OFF + c.cw * 64 * 128);
+    c.row0 = tile * F::ROWS + c.cw * 64 + warp * 16;
+    qvc_q_scales(ops, bh, c.row0 + c.g, c.dq);
+    return c;
+}
+
+/* A consumer's fresh state, and QK(0) once Q and the first stage are in. */
+static __device__ __forceinline__ void dev_consumer_start(attn8_acc &r, int (&sacc)[64],
+                                                          uint64_t qd, uint32_t base,
+                                                          attn8_bars b) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    mbar_wait(b.q, 0);
+    mbar_wait(b.full, 0);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(0));
+    wg_wait<0>();
+    reg_fence(sacc);
+}
+
+/* The start of an INT8 block's softmax: the row scales f0, f1 of block j,
+ * its row max raised into the running max, O and l rescaled; alpha for
+ * the sums a mainloop keeps elsewhere (1 where no max rose). */
+template <class F>
+static __device__ __forceinline__ void dev_int8_block_max(attn8_acc &r, int (&sacc)[64],
+                                                          const qvc_ops &ops,
+                                                          const qvc_attn_args &a,
+                                                          const float (&dq)[2], const float *kscale,
+                                                          int j, int tig, float &f0, float &f1,
+                                                          float (&alpha)[2]) {
+    f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+    float mx[2];
+    int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+    mx[0] = fmaxf(mx[0], r.m[0]);
+    mx[1] = fmaxf(mx[1], r.m[1]);
+    qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+    qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+}
+
+/* ------------------------------------------------------------ ws5 */
 struct ws5_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr bool SHORT_CHAINS = false;
 };
@@ -165,17 +266,11 @@ static __device__ __forceinline__ void ws9_mainloop(attn8_acc &r, int (&sacc)[64
         const int j1 = min(j0 + A8R_BATCH, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
             const float vb = vblk[j];
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
-            float mx[2];
-            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
-            mx[0] = fmaxf(mx[0], r.m[0]);
-            mx[1] = fmaxf(mx[1], r.m[1]);
-            float alpha[2];
-            qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-            qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+            float f0, f1, alpha[2];
+            dev_int8_block_max<F>(r, sacc, ops, a, dq, kscale, j, tig, f0, f1, alpha);
             if (alpha[0] != 1.0f || alpha[1] != 1.0f) ws9_rescale(pw, alpha);
             if ((j + 1) * WS_KEYS > ops.nk)
                 make_p_fused<EXPCAST, 1, F::SHORT_CHAINS>(sacc, f0, f1, r.m[0], r.m[1], a.expcast_add,
@@ -228,32 +323,15 @@ __global__ void __launch_bounds__(F::THREADS, 1)
 ws9_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
           const __grid_constant__ CUtensorMap tv, const attn8_params p, const uint8_t *tiles) {
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
+    uint8_t *sm = dev_smem(smem_raw);
     const uint32_t base = smem_addr(sm);
-    attn8_bars b;
-    b.q = base + A8_BAR_OFF(F::STAGES);
-    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const attn8_bars b = dev_bars_at<F>(base);
     const uint32_t tfull = base + WS9_BAR_OFF(F::STAGES), tempty = tfull + 16;
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
 
-    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
-        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
-    if (threadIdx.x == 0) {
-        mbar_init(b.q, 1);
-        for (int s = 0; s < F::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
-        }
-        for (int s = 0; s < 2; ++s) {
-            mbar_init(tfull + 8 * s, 1);
-            mbar_init(tempty + 8 * s, F::CONSUMERS * 128);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    dev_frame_init<F>(sm, b, tfull);
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
@@ -264,30 +342,14 @@ ws9_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtens
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
-    const int row0 = tile * F::ROWS + cw * 64 + warp * 16;
-    float dq[2];
-    qvc_q_scales(ops, bh, row0 + g, dq);
-    const float *kscale = ops.k_scale + (size_t)bh * nblk;
-    const float *vblk = ops.v_blk + (size_t)bh * nblk;
-
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
     attn8_acc r;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
     int sacc[64];
-    mbar_wait(b.q, 0);
-    mbar_wait(b.full, 0);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(0));
-    wg_wait<0>();
-    reg_fence(sacc);
-    ws9_mainloop<F, EXPCAST>(r, sacc, ops, p.a, base, sm, b, tfull, tempty, qd, dq, kscale, vblk,
-                             cw, tig);
-    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws9_mainloop<F, EXPCAST>(r, sacc, ops, p.a, base, sm, b, tfull, tempty, c.qd, c.dq,
+                             ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk,
+                             c.cw, c.tig);
+    attn8_epilogue<EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
 }
 
 /* The tiles are built and freed here on every call (stream-ordered), which
@@ -379,16 +441,10 @@ static __device__ __forceinline__ void ws17_mainloop(attn8_acc &r, int (&sacc)[6
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
         const int first = j % FOLD == 0, fold = j % FOLD == FOLD - 1 || !more;
-        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
         uint32_t pa[4][4];
         float rs[2] = {0.0f, 0.0f};
-        float mx[2];
-        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
-        mx[0] = fmaxf(mx[0], r.m[0]);
-        mx[1] = fmaxf(mx[1], r.m[1]);
-        float alpha[2];
-        qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-        qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+        float f0, f1, alpha[2];
+        dev_int8_block_max<F>(r, sacc, ops, a, dq, kscale, j, tig, f0, f1, alpha);
         if (!first && (alpha[0] != 1.0f || alpha[1] != 1.0f)) ws17_rescale(part, alpha);
         if ((j + 1) * WS_KEYS > ops.nk)
             make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
@@ -433,56 +489,24 @@ __global__ void __launch_bounds__(F::THREADS, 1)
 ws17_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
            const __grid_constant__ CUtensorMap tv, const attn8_params p) {
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
+    uint8_t *sm = dev_smem(smem_raw);
     const uint32_t base = smem_addr(sm);
-    attn8_bars b;
-    b.q = base + A8_BAR_OFF(F::STAGES);
-    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const attn8_bars b = dev_bars_at<F>(base);
     const qvc_ops &ops = p.ops;
-    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
-    const int wg = threadIdx.x >> 7;
-
-    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
-        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
-    if (threadIdx.x == 0) {
-        mbar_init(b.q, 1);
-        for (int s = 0; s < F::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-
-    if (wg == 0) {
+    const int bh = blockIdx.y, tile = blockIdx.x;
+    dev_frame_init<F>(sm, b);
+    if (threadIdx.x >> 7 == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
         if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, NULL, 0);
         return;
     }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
-    const int row0 = tile * F::ROWS + cw * 64 + warp * 16;
-    float dq[2];
-    qvc_q_scales(ops, bh, row0 + g, dq);
-    const float *kscale = ops.k_scale + (size_t)bh * nblk;
-
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
     attn8_acc r;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
-    r.m[0] = r.m[1] = -INFINITY;
-    r.l[0] = r.l[1] = 0.0f;
     int sacc[64];
-    mbar_wait(b.q, 0);
-    mbar_wait(b.full, 0);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(0));
-    wg_wait<0>();
-    reg_fence(sacc);
-    ws17_mainloop<F, PMODE, FOLD>(r, sacc, ops, p.a, base, b, qd, dq, kscale, cw, tig);
-    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws17_mainloop<F, PMODE, FOLD>(r, sacc, ops, p.a, base, b, c.qd, c.dq,
+                                  ops.k_scale + (size_t)bh * ops.nblk, c.cw, c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
 }
 
 template <int PMODE, int FOLD>
