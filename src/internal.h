@@ -45,6 +45,8 @@ static inline int64_t qvi_offset(const qva_tensor *t, int64_t b, int64_t h,
            d * t->stride[3];
 }
 float qvi_load_elem(const qva_tensor *t, int64_t off);
+/* An f16 value from its bits, widened exactly (NaN payloads kept). */
+float qvi_f16_bits_to_float(uint16_t h);
 void qvi_store_elem(const qva_tensor *t, int64_t off, float x);
 /* Copies head (b,h) of a CPU tensor into dst[n*d] (row-major, f32). */
 void qvi_load_head(const qva_tensor *t, int64_t b, int64_t h, float *dst);

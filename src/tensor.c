@@ -45,22 +45,21 @@ float qvi_load_elem(const qva_tensor *t, int64_t off) {
         memcpy(&f, &bits, 4);
         return f;
     }
-    case QVA_F16: {
-        uint16_t h = ((const uint16_t *)t->data)[off];
-        uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31,
-                 m = h & 1023;
-        float f;
-        if (e == 0) {
-            f = ldexpf((float)m, -24);
-            return sign ? -f : f;
-        }
-        uint32_t bits = e == 31 ? (sign | 0x7f800000u | (m << 13))
-                                : (sign | ((e + 112) << 23) | (m << 13));
-        memcpy(&f, &bits, 4);
-        return f;
-    }
+    case QVA_F16: return qvi_f16_bits_to_float(((const uint16_t *)t->data)[off]);
     }
     return 0.0f;
+}
+
+float qvi_f16_bits_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0) {
+        f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    uint32_t bits = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112) << 23) | (m << 13));
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* Float -> half bits, round to nearest even (via the exact rounding of

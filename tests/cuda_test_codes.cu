@@ -30,6 +30,7 @@
 
 #include "common/quant_code.cuh"
 #include "qvattn.h"
+#include "internal.h"
 
 struct code_case {
     float x[4];
@@ -191,22 +192,6 @@ static std::vector<code_case> e4m3_cases() {
     return cs;
 }
 
-/* An f16 value, widened exactly. */
-static float f16_value(uint32_t h) {
-    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    float f;
-    uint32_t u;
-    if (e == 0) {
-        f = ldexpf((float)m, -24);
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else {
-        u = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
-    }
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Every finite bf16 (f16: bf16 = 0) x with |x| <= amax against s =
  * fl(amax / 2.25) (V's channel scale, DA2 C.3) and, with s448, also
  * fl(amax / 448), for amax of every 3rd significand of the format times a
@@ -227,7 +212,7 @@ static std::vector<code_case> e4m3_16bit_cases(int bf16, int s448) {
                         const uint32_t u = b << 16;
                         memcpy(&x, &u, 4);
                     } else {
-                        x = f16_value(b);
+                        x = qvi_f16_bits_to_float((uint16_t)b);
                     }
                     if (!(fabsf(x) <= amax)) continue; /* also drops NaN and infinities */
                     c.x[e] = x, c.s[e] = s;

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "expcast_magic.h" /* qvi_float_bits, qvi_bits_float */
+#include "internal.h" /* qvi_f16_bits_to_float */
 #include "qvattn.h"
 
 /* A product rounded on its own (volatile: never fused into a later fma). */
@@ -79,20 +80,12 @@ static void one(float x, float s, int in16) {
                 qva_e4m3_encode(q1), ref);
 }
 
-/* An f16 value, widened exactly. */
-static float f16_value(uint32_t h) {
-    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0) return qvi_bits_float(sign | qvi_float_bits(ldexpf((float)m, -24)));
-    if (e == 31) return qvi_bits_float(sign | 0x7F800000u | (m << 13));
-    return qvi_bits_float(sign | ((e + 112u) << 23) | (m << 13));
-}
-
 /* Every finite bf16 (f16: 0) x with |x| <= amax, against both scales of
  * amax. */
 static void sweep_amax(float amax, int bf16) {
     const float s[2] = {amax / 2.25f, amax / 448.0f};
     for (uint32_t b = 0; b < 0x10000u; ++b) {
-        const float x = bf16 ? qvi_bits_float(b << 16) : f16_value(b);
+        const float x = bf16 ? qvi_bits_float(b << 16) : qvi_f16_bits_to_float((uint16_t)b);
         if (!(fabsf(x) <= amax)) continue; /* also NaN and infinities */
         one(x, s[0], 1);
         one(x, s[1], 1);
@@ -128,7 +121,7 @@ int main(void) {
     for (uint32_t a = 1; a < 0x7F80u; a += stride) sweep_amax(qvi_bits_float(a << 16), 1);
     for (int ex = -3; ex <= 9; ex += 6)
         for (int sig = 0; sig < 128; ++sig) sweep_amax(ldexpf(1.0f + sig / 128.0f, ex), 1);
-    for (uint32_t a = 1; a < 0x7C00u; a += stride) sweep_amax(f16_value(a), 0);
+    for (uint32_t a = 1; a < 0x7C00u; a += stride) sweep_amax(qvi_f16_bits_to_float((uint16_t)a), 0);
     random_pairs(2000000);
     printf("e4m3 quotient: %ld pairs, %ld differ from the reference; the plain product would "
            "differ in %ld\n", n_pairs, n_bad, n_naive);

@@ -260,7 +260,7 @@ static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const in
  * channel w/32, so each warp stores one channel's 128 contiguous bytes.
  * Lane j reads, for 4 channels at once, the 4-byte words of its four
  * slots' keys and transposes the 4 x 4 bytes with 8 byte permutes (a
- * byte load per code before: 4 times the shared-memory requests).
+ * byte load per code would take 4 times the shared-memory requests).
  * The CTA (PREP_THREADS) calls it after the tile's __syncthreads. */
 template <int D>
 static __device__ __forceinline__ void v_tile_write_t(const uint8_t *tile, uint8_t *dst_block) {
