@@ -9,7 +9,10 @@ on the same device: rel-L2 = ||out - ref|| / ||ref|| over all heads and rows.
 Methods: torch SDPA on bf16 ("sdpa-bf16"), the peers of bench/peers.py that
 import (SageAttention2's sm90 kernel as "sage2"), and qvattn methods through
 qvattn.attention.  V-Smooth methods are called stateless (they group on the
-call, as `qvattn eval` does).
+call, as `qvattn eval` does), or with --step S --num-steps N at that step of
+the schedule: each method gets its own context, runs step 0 (grouping) on
+the same inputs first, then step S (for S past the V-Smooth steps: the plain
+step, 30 of Wan's 40).
 
     QVATTN_LIB=build-gpu/libqvattn.so python3 bench/fidelity_ops.py --out $OUT
     python3 bench/fidelity_ops.py --device cpu --presets tiny --methods sage8
@@ -39,6 +42,9 @@ def parse_args(argv):
     p.add_argument("--peers", default="sage2", help="peers to add where installed ('' for none)")
     p.add_argument("--seed", type=int, default=None, help="replace the presets' seeds")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--step", type=int, default=None,
+                   help="run each qvattn method at this step of the schedule (after step 0)")
+    p.add_argument("--num-steps", type=int, default=40, help="the schedule's length (with --step)")
     p.add_argument("--out", metavar="DIR", default=None, help=OUT_HELP)
     return p.parse_args(argv)
 
@@ -90,9 +96,22 @@ def implementations(torch, qvattn, args):
         else:
             impls.append((name, lambda q, k, v, w, c=call: c(q, k, v)))
     for m in [x.strip() for x in args.methods.split(",") if x.strip()]:
-        impls.append((m, lambda q, k, v, w, m=m: qvattn.attention(
-            q, k, v, method=m, grid=w["grid"], prefix=w["prefix"])))
+        impls.append((m, lambda q, k, v, w, m=m: qvattn_call(qvattn, args, m, q, k, v, w)))
     return impls, skipped
+
+
+def qvattn_call(qvattn, args, method, q, k, v, w):
+    """One method's output: stateless, or at --step after step 0 in a
+    context of its own."""
+    kw = dict(method=method, grid=w["grid"], prefix=w["prefix"])
+    if args.step is None:
+        return qvattn.attention(q, k, v, **kw)
+    dev = qvattn._ffi.QVA_DEVICE_CUDA if args.device == "cuda" else qvattn._ffi.QVA_DEVICE_CPU
+    ctx = qvattn.Context(dev)
+    sched = dict(ctx=ctx, layer=0, num_steps=args.num_steps)
+    if args.step != 0:
+        qvattn.attention(q, k, v, step=0, **sched, **kw)
+    return qvattn.attention(q, k, v, step=args.step, **sched, **kw)
 
 
 def table(rows, labels):
@@ -127,7 +146,8 @@ def main(argv=None):
     meta = {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "git": git_rev(), "device": args.device, "argv": sys.argv,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-            "torch": torch.__version__, "qvattn_build": qvattn.build_info(),
+            "torch": torch.__version__, "step": args.step,
+            "num_steps": args.num_steps if args.step is not None else None, "qvattn_build": qvattn.build_info(),
             "peers_skipped": skipped, "sage2_origin": peers.origin("sage2")}
     md = table(rows, labels)
     for name, why in skipped.items():
