@@ -181,16 +181,14 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
  * ExpCast the n136 form whose columns 128..135 are the decoded row sums. */
 template <int EXPCAST>
 static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
-                                                const uint32_t (&pa)[4][4], uint64_t vd,
-                                                int add = 0) {
+                                                const uint32_t (&pa)[4][4], uint64_t vd) {
     wg_fence();
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        const int acc = c ? 1 : add; /* add: onto the partial already there */
         if (EXPCAST)
-            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, acc);
+            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
         else
-            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, acc);
+            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
     }
     wg_commit();
 }
@@ -349,14 +347,6 @@ static __device__ __forceinline__ void add_part(float (&o)[64], const float (&pa
     for (int n = 0; n < NN; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[(n0 + n) * 4 + e] = __fmaf_rn(part[n * 4 + e], vb, o[(n0 + n) * 4 + e]);
-}
-
-/* A pending PV partial rescaled with O when its rows' max rose: element
- * i belongs to row g (i & 2 == 0) or g + 8, its ones columns too. */
-template <int N>
-static __device__ __forceinline__ void scale_part(float (&part)[N], const float *alpha) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) part[i] *= alpha[(i >> 1) & 1];
 }
 
 /* ------------------------------------------------------------ host */

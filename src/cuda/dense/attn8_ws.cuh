@@ -13,12 +13,6 @@
 #include "common/hopper.cuh"
 #include "common/softmax.cuh"
 
-/* The P path of a call: its codes and where its row sum comes from. */
-#define A8_P_EXP2 0    /* exp2 codes, FP32 row sum (DA2 C.3)                    */
-#define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
-#define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
-                          (QVA_P_SUM_CODES)                                     */
-
 /* ------------------------------------------------------------ flags */
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
@@ -29,10 +23,8 @@
  *   the turn's wgmma descriptors made before its barrier: no change (ws13)
  *   the mean tile filled two blocks per store: 4.5% slower (ws14)
  *   a 5- or 6-stage K/V ring: 0.4-0.8% slower (ws15, ws16)
- *   PV partials of 4 blocks per O update: no faster than 2, and twice
- *   the GPU-vs-CPU error (ws18)
- *   PV partials of 2 blocks per O update with the FP32 exp2 row sum
- *   (sage8): 0.7% slower */
+ *   PV of 2 or 4 key blocks accumulated in the wgmma per O update: no
+ *   faster on compare.py's data, rel-L2 +11% (ws17, ws18; bench/NOTES.md) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -48,15 +40,13 @@ struct attn8_ws_flags {
      * minus the producer's 128 x 24, in multiples of 8 */
     static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
-    /* Key blocks whose P V products accumulate in the tensor core before
-     * one O += partial (INT8 ping-pong only).  Steps with V-Smooth means
-     * need each block's row sum for the restore: 1.  The ones-row P paths
-     * (ExpCast, code sums) fold 2 blocks: half the O update's FFMAs go,
-     * 2% faster at Wan2.2-720p; the FP32 exp2 row sum measured no gain.
-     * docs/NUMERICS.md gives the accumulation this implies. */
-    template <int PMODE, int MEANS>
-    static constexpr int pv_fold() { return INT8 && !MEANS && PMODE != A8_P_EXP2 ? 2 : 1; }
 };
+
+/* The P path of a call: its codes and where its row sum comes from. */
+#define A8_P_EXP2 0    /* exp2 codes, FP32 row sum (DA2 C.3)                    */
+#define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
+#define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
+                          (QVA_P_SUM_CODES)                                     */
 
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
@@ -119,46 +109,37 @@ typedef struct attn8_acc {
  * batched, one FP16 wgmma per A8R_BATCH blocks (attn8_restore.cuh); the
  * batches are the outer loop, so that the restore's wgmma sits on every
  * path through it (ptxas serializes wgmmas it finds on a conditional one).
- * Without MEANS one batch holds every block.
- * FOLD (F::pv_fold): blocks j .. j + FOLD - 1 accumulate P V into one
- * partial (the first starts it fresh through the accumulate flag), which
- * a raised row max rescales as it does O, ones columns included; O += it
- * once per FOLD blocks.  v_blk is 1 for every INT8 method
- * (cuda_internal.h), so the folded blocks need no V scale of their own. */
+ * Without MEANS one batch holds every block. */
 template <class F, int PMODE, int MEANS>
 static __device__ __forceinline__ void attn8_mainloop_pingpong(
     attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
     const float *vblk, int cw, int tig) {
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
-    constexpr int FOLD = F::template pv_fold<PMODE, MEANS>(), NPART = ONES ? 68 : 64;
-    static_assert(FOLD == 1 || !MEANS, "the restore needs each block's row sum");
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
-    float part[NPART];
-#pragma unroll
-    for (int i = 0; i < NPART; ++i) part[i] = 0.0f;
     if (cw == 1) named_arrive(1, 256);
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-            const int fresh = j % FOLD == 0, fold = j % FOLD == FOLD - 1 || !more;
             const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
-            const float vb = FOLD > 1 ? 1.0f : vblk[j];
+            const float vb = vblk[j];
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
-            float mx[2], alpha[2];
+            float mx[2];
             int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
             mx[0] = fmaxf(mx[0], r.m[0]);
             mx[1] = fmaxf(mx[1], r.m[1]);
-            qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-            qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
-            /* the pending row sums and partial are rescaled as O is */
-            if (MEANS && (alpha[0] != 1.0f || alpha[1] != 1.0f)) a8r_rescale(ph, alpha);
-            if (FOLD > 1 && !fresh && (alpha[0] != 1.0f || alpha[1] != 1.0f))
-                scale_part(part, alpha);
+            if (MEANS) { /* the pending row sums are rescaled as O is */
+                float alpha[2];
+                qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+                qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale(ph, alpha);
+            } else {
+                qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+            }
             if ((j + 1) * WS_KEYS > ops.nk)
                 make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
                                                                  a.expcast_add, j * WS_KEYS,
@@ -174,21 +155,18 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
 
             named_sync(1 + cw, 256);
-            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)), !fresh);
+            float part[ONES ? 68 : 64];
+            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
             issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
             named_arrive(2 - cw, 256);
 
-            /* on every path, the folding blocks' too (ptxas serializes the
-             * wgmmas when it finds the partial read after a conditional wait) */
             wg_wait<1>(); /* PV of block j; QK of j+1 still running */
             reg_fence(part);
-            if (fold) {
-                if (ONES) rs[0] = part[64], rs[1] = part[66];
-                add_part<16>(r.o, part, 0, vb);
-            }
+            if (ONES) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
                 a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
