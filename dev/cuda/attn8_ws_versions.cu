@@ -21,6 +21,13 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
+ *   ws19  V-Smooth steps: each consumer warpgroup copies the next batch's
+ *         FP16 mean tile (ws9's global tiles) into its own second tile
+ *         buffer with cp.async at the batch's first block, and waits for
+ *         it at the batch's restore; no per-block fill (its LDS, convert,
+ *         4-way conflicted STS.U16 and address work), no producer
+ *         coupling (ws9's tile ring), no means in the stages.  Same FP16
+ *         values and wgmma as the library: bit-identical expected.
  */
 #include "dense/attn8_ws.cuh"
 
@@ -384,4 +391,175 @@ extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;
     return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
+}
+
+/* ------------------------------------------------------------ ws19 */
+struct ws19_flags : attn8_ws_flags<QVC_QK_INT8> {};
+
+/* After the ring's mbarriers: 2 tile buffers per consumer warpgroup, then
+ * the library's 16 bytes of pending sums per consumer thread. */
+#define WS19_TILE_OFF(S) A8R_TILE_OFF(S)
+#define WS19_PEND_OFF(S) (WS19_TILE_OFF(S) + 4 * A8R_TILE)
+#define WS19_SMEM_BYTES(S) (WS19_PEND_OFF(S) + 256 * 16 + 1024)
+
+/* This thread's 32 bytes of batch t's 4 KB tile (ws9_mean_tiles' layout). */
+static __device__ __forceinline__ void ws19_copy_tile(uint8_t *buf, const uint8_t *gtiles, int t,
+                                                      int ct) {
+    const uint8_t *src = gtiles + (size_t)t * A8R_TILE;
+    qvc_cp_async16(buf + 16 * ct, src + 16 * ct);
+    qvc_cp_async16(buf + 2048 + 16 * ct, src + 2048 + 16 * ct);
+}
+
+/* The library's ping-pong mainloop with means, the batch's tile copied
+ * ahead by cp.async instead of filled block by block.  One cp.async group
+ * per batch (empty for the last), so wait_group 1 at a restore leaves
+ * only the next batch's copy in flight. */
+template <class F, int PMODE>
+static __device__ __forceinline__ void ws19_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, uint8_t *sm, attn8_bars b,
+                                                     uint64_t qd, const float (&dq)[2],
+                                                     const float *kscale, const float *vblk,
+                                                     const uint8_t *gtiles, int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    const int ct = (threadIdx.x - 128) & 127;
+    const int nbatch = (ops.nblk + A8R_BATCH - 1) / A8R_BATCH;
+    uint32_t *ph = (uint32_t *)(sm + WS19_PEND_OFF(F::STAGES) + 16 * (threadIdx.x - 128));
+    *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+    uint8_t *tiles = sm + WS19_TILE_OFF(F::STAGES) + cw * 2 * A8R_TILE;
+    ws19_copy_tile(tiles, gtiles, 0, ct);
+    qvc_cp_async_commit();
+    if (cw == 1) named_arrive(1, 256);
+    for (int j0 = 0; j0 < ops.nblk; j0 += A8R_BATCH) {
+        const int j1 = min(j0 + A8R_BATCH, ops.nblk), t = j0 / A8R_BATCH;
+        for (int j = j0; j < j1; ++j) {
+            const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+            const float vb = vblk[j];
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float f0, f1, alpha[2];
+            dev_int8_block_max<F>(r, sacc, ops, a, dq, kscale, j, tig, f0, f1, alpha);
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale(ph, alpha);
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            if (!ONES) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+            named_sync(1 + cw, 256);
+            float part[ONES ? 68 : 64];
+            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+            /* The next batch's tile into the buffer the previous restore
+             * read: every thread of this warpgroup has passed that
+             * restore's wait (named barrier 1 + cw holds all 128). */
+            if (j == j0) {
+                if (t + 1 < nbatch) ws19_copy_tile(tiles + ((t + 1) & 1) * A8R_TILE, gtiles, t + 1, ct);
+                qvc_cp_async_commit();
+            }
+
+            wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+            reg_fence(part);
+            if (ONES) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
+            a8r_pend(ph, rs, j, tig);
+            mbar_arrive(b.empty + 8 * s);
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        /* the batch's restore: this thread's part of the tile is in, made
+         * visible to the async proxy, then the warpgroup's */
+        qvc_cp_async_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_sync(3 + cw, 128);
+        const uint4 v = *(const uint4 *)ph;
+        const uint32_t pend[4] = {v.x, v.y, v.z, v.w};
+        wg_fence();
+        a8r_wgmma(r.o, pend, a8r_tile_desc(smem_addr(tiles + (t & 1) * A8R_TILE)));
+        wg_commit();
+        *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+        wg_wait<0>();
+        reg_fence(r.o);
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+template <class F, int PMODE>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws19_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const attn8_params p, const uint8_t *tiles) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    const attn8_bars b = dev_bars_at<F>(base);
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    dev_frame_init<F>(sm, b);
+    if (threadIdx.x >> 7 == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, NULL, 0);
+        return;
+    }
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
+    const int nbatch = (nblk + A8R_BATCH - 1) / A8R_BATCH;
+    attn8_acc r;
+    int sacc[64];
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws19_mainloop<F, PMODE>(r, sacc, ops, p.a, base, sm, b, c.qd, c.dq,
+                            ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk,
+                            tiles + (size_t)bh * nbatch * A8R_TILE, c.cw, c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
+}
+
+/* As ws9's: the tiles built and freed on every call, stream-ordered. */
+template <int PMODE>
+static qva_status ws19_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws19_flags F;
+    const qvc_ops &ops = p->ops;
+    const int nbatch = (ops.nblk + A8R_BATCH - 1) / A8R_BATCH;
+    uint8_t *tiles = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&tiles, (size_t)ops.BH * nbatch * A8R_TILE, st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws19 mean tiles");
+    ws9_mean_tiles<<<dim3((unsigned)nbatch, (unsigned)ops.BH), 256, 0, st>>>(ops.v_mu, (uint4 *)tiles,
+                                                                            ops.nblk, nbatch);
+    qva_status r = qvc_launch_check("ws9_mean_tiles");
+    if (r == QVA_OK) {
+        const int smem = WS19_SMEM_BYTES(F::STAGES);
+        void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params,
+                  const uint8_t *) = ws19_attn8<F, PMODE>;
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) {
+            r = qvc_cuda_fail(e, "ws19 smem attribute");
+        } else {
+            dim3 grid((unsigned)((ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)ops.BH);
+            k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p, tiles);
+            r = qvc_launch_check("ws19_attn8");
+        }
+    }
+    e = cudaFreeAsync(tiles, st);
+    if (r == QVA_OK && e != cudaSuccess) r = qvc_cuda_fail(e, "ws19 mean tiles free");
+    return r;
+}
+
+extern "C" qva_status dev_attn8_ws19(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (!ops->v_mu) return launch_version<ws19_flags>(ops, fmt, a, st);
+    CUtensorMap maps[3];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws19_launch_means<A8_P_EXPCAST>(maps, &p, st);
+    if (a->sum_codes) return ws19_launch_means<A8_P_CODESUM>(maps, &p, st);
+    return ws19_launch_means<A8_P_EXP2>(maps, &p, st);
 }
