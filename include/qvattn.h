@@ -126,6 +126,18 @@ typedef enum qva_p_sum {
                            kernels take it from the PV product            */
 } qva_p_sum;
 
+/* cfg.v_code: how the 8-bit PV codes V (sage8, vc8; docs/NUMERICS.md §3,
+ * "V in two E4M3 digits"). */
+typedef enum qva_v_code {
+    QVA_V_E4M3 = 0,  /* one E4M3 code per value, per-channel scale (the
+                        papers, SageAttention2): the default              */
+    QVA_V_E4M3X2 = 1 /* "+v2": a second E4M3 code for the first one's
+                        residual, same scale; the PV product runs twice
+                        (hi and lo) on the same P codes, and V's share of
+                        the error nearly vanishes (CPU reference only for
+                        now)                                              */
+} qva_v_code;
+
 typedef enum qva_q_granularity {
     QVA_Q_PER_ROW = 0,  /* one INT8 scale per query row (the default)      */
     QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
@@ -213,6 +225,7 @@ typedef struct qva_config {
     int expcast;           /* qva_expcast_mode of the 8-bit P (and draft's) */
     int q_granularity;     /* qva_q_granularity of INT8 Q (sage8, vc8, draft) */
     int p_sum;             /* qva_p_sum of the exp2 P path (fp8, sage8, vc8) */
+    int v_code;            /* qva_v_code of the 8-bit V (sage8, vc8)        */
     qva_vsmooth_params vsmooth;
     qva_draft_params draft;
     int layer;             /* layer id: keys the per-layer state, or
@@ -243,8 +256,8 @@ void qva_config_default(qva_config *cfg);
  * "+expcast-centred" (cfg->expcast = QVA_EXPCAST_CENTRED), "+hadamard"
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
  * query scale per 128 rows instead of one per row) and "+codesum" (fp8,
- * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES), each at most
- * once.  Strict: no blanks, case folding or trailing text;
+ * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES) and "+v2"
+ * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2), each at most once.  Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
  * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
  * the four sum to 100.  draft@pM selects the MASS budget (draft.budget):

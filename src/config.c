@@ -43,6 +43,11 @@ int qvi_p_sum_applies(const qva_config *cfg) {
     return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF;
 }
 
+/* +v2: the INT8-QK dense methods' E4M3 V. */
+int qvi_v_code_applies(qva_method m) {
+    return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
+}
+
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -209,6 +214,7 @@ static const method_option method_options[] = {
     {"hadamard", offsetof(qva_config, hadamard), 1},
     {"qblock", offsetof(qva_config, q_granularity), QVA_Q_PER_BLOCK},
     {"codesum", offsetof(qva_config, p_sum), QVA_P_SUM_CODES},
+    {"v2", offsetof(qva_config, v_code), QVA_V_E4M3X2},
 };
 
 static qva_status parse_suffixes(const char *s, qva_config *c) {
@@ -222,7 +228,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c) {
         if (!opt)
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected "
-                            "+expcast, +expcast-centred, +hadamard, +qblock or +codesum)",
+                            "+expcast, +expcast-centred, +hadamard, +qblock, +codesum or +v2)",
                             (int)len, s);
         int *field = (int *)((char *)c + opt->field);
         if (*field)
@@ -245,6 +251,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.hadamard = 0;
     c.q_granularity = QVA_Q_PER_ROW;
     c.p_sum = QVA_P_SUM_FP32;
+    c.v_code = QVA_V_E4M3;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -254,7 +261,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
-                        "+expcast, +expcast-centred, +hadamard, +qblock, +codesum)",
+                        "+expcast, +expcast-centred, +hadamard, +qblock, +codesum, +v2)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -290,6 +297,9 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
                         "(ExpCast already sums its codes), not %s%s",
                         method_names[c.method], c.expcast ? " with +expcast" : "");
+    if (c.v_code && !qvi_v_code_applies(c.method))
+        return qvi_fail(QVA_ERR_PARSE, "+v2 applies to the E4M3 V of sage8 and vc8, not %s",
+                        method_names[c.method]);
     *cfg = c;
     return QVA_OK;
 }
@@ -323,6 +333,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+qblock");
     if (n >= 0 && (size_t)n < len && cfg->p_sum == QVA_P_SUM_CODES)
         n += snprintf(buf + n, len - (size_t)n, "+codesum");
+    if (n >= 0 && (size_t)n < len && cfg->v_code == QVA_V_E4M3X2)
+        n += snprintf(buf + n, len - (size_t)n, "+v2");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

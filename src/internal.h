@@ -93,6 +93,8 @@ int qvi_method_has_int8_q(qva_method m);
 /* cfg->p_sum = QVA_P_SUM_CODES is meaningful: fp8, sage8, vc8 without
  * ExpCast. */
 int qvi_p_sum_applies(const qva_config *cfg);
+/* cfg->v_code = QVA_V_E4M3X2 is meaningful: sage8, vc8. */
+int qvi_v_code_applies(qva_method m);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 /* Timings a backend can only read later (the CUDA phases' events, which
@@ -186,11 +188,14 @@ float qvi_quant_nvfp4_cols(const float *x, int n_pad, int d, float *out);
 typedef struct qvi_v8 {
     int n, n_pad, d, nblk;
     uint8_t *codes;   /* n_pad*d                       */
+    uint8_t *codes_lo;/* n_pad*d: the second digit (QVA_V_E4M3X2), else NULL */
     float *chan_scale;/* d                             */
     float *mu_hat;    /* nblk*d, NULL without demeaning */
 } qvi_v8;
+/* digits: 1, or 2 for QVA_V_E4M3X2: codes_lo = e4m3(x - dec(codes)), x the
+ * scaled (demeaned) value codes encodes. */
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
-                          int demean, qvi_v8 *out);
+                          int demean, int digits, qvi_v8 *out);
 void qvi_v8_free(qvi_v8 *x);
 
 /* ------------------------------------------------------------ row engine */
@@ -237,9 +242,11 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
                      uint8_t *pcodes);
 /* 8-bit PV: codes from qvi_probs_e4m3; partial_c = sum_k P_k V_kc (FP32,
  * key order, rounded to FP16 if fp16_partial); acc += partial * vscale;
- * mu (may be NULL): acc += rowsum * mu (VC Eq. 6). */
-void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
-                 const float *mu, int nk, int expcast, int sum_codes, int fp16_partial);
+ * mu (may be NULL): acc += rowsum * mu (VC Eq. 6).  Vlo (may be NULL): V's
+ * second digit (QVA_V_E4M3X2); each key adds P_k hi_kc, then P_k lo_kc. */
+void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
+                 float vscale, const float *mu, int nk, int expcast, int sum_codes,
+                 int fp16_partial);
 /* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
  * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */

@@ -209,6 +209,11 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->p_sum == QVA_P_SUM_CODES && !qvi_p_sum_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "p_sum QVA_P_SUM_CODES applies to fp8, sage8 and vc8 without expcast");
+    if (cfg->v_code != QVA_V_E4M3 && cfg->v_code != QVA_V_E4M3X2)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "v_code = %d (QVA_V_E4M3 or QVA_V_E4M3X2)",
+                        cfg->v_code);
+    if (cfg->v_code == QVA_V_E4M3X2 && !qvi_v_code_applies(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "v_code QVA_V_E4M3X2 applies to sage8 and vc8");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

@@ -262,6 +262,7 @@ class QvaConfig(_CStruct):
         ("expcast", c_int),
         ("q_granularity", c_int),
         ("p_sum", c_int),
+        ("v_code", c_int),
         ("vsmooth", QvaVsmoothParams),
         ("draft", QvaDraftParams),
         ("layer", c_int),
@@ -340,7 +341,7 @@ class QvaDraftReport(Structure):
 
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
-EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 144, "qva_timings": 12,
+EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 152, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 68,
                   "qva_error_terms": 56, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,

@@ -57,7 +57,7 @@ int main(void) {
     Z(qva_config);
     F(qva_config, method); F(qva_config, sm_scale); F(qva_config, hadamard);
     F(qva_config, hadamard_signs); F(qva_config, hadamard_seed);
-    F(qva_config, expcast); F(qva_config, q_granularity); F(qva_config, p_sum);
+    F(qva_config, expcast); F(qva_config, q_granularity); F(qva_config, p_sum); F(qva_config, v_code);
     F(qva_config, vsmooth); F(qva_config, draft);
     F(qva_config, layer); F(qva_config, step); F(qva_config, num_steps);
     F(qva_config, check_finite);

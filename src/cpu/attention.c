@@ -130,8 +130,9 @@ static float round_f16_sat(float x) {
     return r;
 }
 
-void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
-                 const float *mu, int nk, int expcast, int sum_codes, int fp16_partial) {
+void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
+                 float vscale, const float *mu, int nk, int expcast, int sum_codes,
+                 int fp16_partial) {
     if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t pc[QVI_BLOCK];
@@ -142,7 +143,15 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, float vscale,
         if (!pc[j]) continue;
         float p = lut[pc[j]];
         const uint8_t *vj = V + (size_t)j * d;
-        for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
+        if (Vlo) { /* both products exact in FP32: 4 x 4 significant bits */
+            const uint8_t *wj = Vlo + (size_t)j * d;
+            for (int c = 0; c < d; ++c) {
+                part[c] += p * lut[vj[c]];
+                part[c] += p * lut[wj[c]];
+            }
+        } else {
+            for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
+        }
     }
     r->l += rowsum;
     for (int c = 0; c < d; ++c) {
@@ -195,6 +204,7 @@ float qvi_row_finish(const qvi_row *r, int flags, const float *chan_scale,
 
 void qvi_v8_free(qvi_v8 *x) {
     free(x->codes);
+    free(x->codes_lo);
     free(x->chan_scale);
     free(x->mu_hat);
     memset(x, 0, sizeof *x);
@@ -234,7 +244,7 @@ static float v_channel_scale(const float *x, int n, int d, int c,
 }
 
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
-                          int demean, qvi_v8 *out) {
+                          int demean, int digits, qvi_v8 *out) {
     memset(out, 0, sizeof *out);
     out->n = n;
     out->d = d;
@@ -242,9 +252,11 @@ qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
     out->n_pad = out->nblk * QVI_BLOCK;
     float *x = calloc((size_t)out->n_pad * d, sizeof *x);
     out->codes = calloc((size_t)out->n_pad * d, 1);
+    out->codes_lo = digits == 2 ? calloc((size_t)out->n_pad * d, 1) : NULL;
     out->chan_scale = malloc((size_t)d * sizeof(float));
     out->mu_hat = demean ? malloc((size_t)out->nblk * d * sizeof(float)) : NULL;
-    if (!x || !out->codes || !out->chan_scale || (demean && !out->mu_hat)) {
+    if (!x || !out->codes || !out->chan_scale || (demean && !out->mu_hat) ||
+        (digits == 2 && !out->codes_lo)) {
         free(x);
         qvi_v8_free(out);
         return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "value operand buffers");
@@ -254,8 +266,14 @@ qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
     for (int c = 0; c < d; ++c) {
         float sc = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk);
         out->chan_scale[c] = sc;
-        for (int i = 0; i < n; ++i)
-            out->codes[(size_t)i * d + c] = qva_e4m3_encode(x[(size_t)i * d + c] / sc);
+        for (int i = 0; i < n; ++i) {
+            const float xs = x[(size_t)i * d + c] / sc;
+            const uint8_t hi = qva_e4m3_encode(xs);
+            out->codes[(size_t)i * d + c] = hi;
+            /* the residual in the same units: |xs - hi| <= half of hi's step */
+            if (out->codes_lo)
+                out->codes_lo[(size_t)i * d + c] = qva_e4m3_encode(xs - qva_e4m3_decode(hi));
+        }
         for (int j = 0; demean && j < out->nblk; ++j) /* App. B: mean / scale */
             out->mu_hat[(size_t)j * d + c] =
                 qva_round_f16(out->mu_hat[(size_t)j * d + c] / sc);
@@ -276,6 +294,7 @@ typedef struct head_ops {
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
     int sum_codes;         /* cfg->p_sum == QVA_P_SUM_CODES              */
+    int v_digits;          /* PATH_I8: V's E4M3 digits, 1 or 2 (cfg->v_code) */
     int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
     int strict;            /* check_finite: a NaN/+inf score fails the row */
     float scale_log2;
@@ -437,7 +456,7 @@ static qva_status quantize_codes(float *q, float *k, float *v, int demean,
         qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
         return (!o->qi.codes || !o->ki.codes)
                    ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
-                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, &o->v8);
+                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, o->v_digits, &o->v8);
     }
     return quantize_fp4(q, k, v, demean, o);
 }
@@ -488,6 +507,15 @@ static void dequant_e4m3(const uint8_t *codes, const float *block_scale,
                                      (chan_scale ? chan_scale[c] : 1.0f);
 }
 
+/* x[i][c] += e4m3(code) * the channel scale: V's second digit. */
+static void add_dequant_e4m3(const uint8_t *codes, const float *chan_scale, int n, int d,
+                             float *dst) {
+    const float *lut = e4m3_lut();
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c)
+            dst[(size_t)i * d + c] += lut[codes[(size_t)i * d + c]] * chan_scale[c];
+}
+
 static void scale_floats(const float *x, size_t n, float g, float *dst) {
     for (size_t i = 0; i < n; ++i) dst[i] = x[i] * g;
 }
@@ -512,8 +540,10 @@ static void dequantize_masked(head_ops *o) {
     case PATH_I8:
         if (o->mask & QVI_QUANT_Q) dequant_i8(&o->qi, nq, d, o->xq);
         if (o->mask & QVI_QUANT_K) dequant_i8(&o->ki, nk, d, o->xk);
-        if (o->mask & QVI_QUANT_V)
+        if (o->mask & QVI_QUANT_V) {
             dequant_e4m3(o->v8.codes, NULL, o->v8.chan_scale, nk, d, o->xv);
+            if (o->v8.codes_lo) add_dequant_e4m3(o->v8.codes_lo, o->v8.chan_scale, nk, d, o->xv);
+        }
         break;
     case PATH_FP8:
         if (o->mask & QVI_QUANT_Q) dequant_e4m3(o->q8.codes, o->q8.block_scale, NULL, nq, d, o->xq);
@@ -587,6 +617,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
     o->sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
+    o->v_digits = cfg->v_code == QVA_V_E4M3X2 ? 2 : 1;
     o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
     o->strict = cfg->check_finite != 0;
@@ -696,12 +727,12 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
                      o->mu4 ? o->mu4 + (size_t)j * o->d : NULL, QVI_BLOCK);
         break;
     case PATH_I8:
-        qvi_pv_e4m3(r, s, o->v8.codes + vo, 1.0f,
+        qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL, 1.0f,
                     o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
                     QVI_BLOCK, o->expcast, o->sum_codes, 0);
         break;
     case PATH_FP8:
-        qvi_pv_e4m3(r, s, o->v8b.codes + vo, o->v8b.block_scale[j], NULL,
+        qvi_pv_e4m3(r, s, o->v8b.codes + vo, NULL, o->v8b.block_scale[j], NULL,
                     QVI_BLOCK, o->expcast, o->sum_codes, 0);
         break;
     case PATH_F32: fp32_pv(o, r, j, s); break;

@@ -138,7 +138,7 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
                       H->k8.scale[b], c, d, J->scale_log2, s);
         mask_tail(s, J->lay->count[b], c);
         qvi_row_raise_max(r, s, c);
-        qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, 1.0f, NULL, c, J->expcast, 0,
+        qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, NULL, 1.0f, NULL, c, J->expcast, 0,
                     1);
     }
     qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
@@ -314,7 +314,7 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
         qvi_quant_i8(H->kp + off, nv, d, QVI_BLOCK, &H->k8);
         if (!H->q8.codes || !H->k8.codes)
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: int8 operands");
-        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, &H->v8);
+        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, 1, &H->v8);
         if (st != QVA_OK)
             return st;
         for (int c = 0; c < d; ++c) /* all-zero channel: codes 0, scale 1 */

@@ -89,6 +89,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
+    if (cfg->v_code == QVA_V_E4M3X2) {
+        snprintf(why, len, "+v2 (V in two E4M3 digits) has no CUDA kernel yet (CPU "
+                           "reference only)");
+        return QVC_KERNEL_NONE;
+    }
     switch (cfg->method) {
     case QVA_METHOD_BF16: return QVC_KERNEL_ATTN_BF16_MMA_64X128;
     case QVA_METHOD_SAGE8:
