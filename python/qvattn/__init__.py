@@ -148,7 +148,9 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               vc4 | draft@S0/S4/S8/S16 | draft@pM[/S4/S8/S16] (the adaptive
               budget: per head the region pairs holding M% of the draft
               map, options draft.min_keep / draft.max_keep), with
-              +expcast / +expcast-centred / +hadamard / +qblock options.
+              +expcast / +expcast-centred / +hadamard / +qblock / +codesum /
+              +v2 options (docs/CLI.md says what each does; +v2, V in two
+              E4M3 digits, runs on the CPU only for now).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).

@@ -24,7 +24,9 @@
  *   the mean tile filled two blocks per store: 4.5% slower (ws14)
  *   a 5- or 6-stage K/V ring: 0.4-0.8% slower (ws15, ws16)
  *   PV of 2 or 4 key blocks accumulated in the wgmma per O update: no
- *   faster on compare.py's data, rel-L2 +11% (ws17, ws18; bench/NOTES.md) */
+ *   faster on compare.py's data, rel-L2 +11% (ws17, ws18; bench/NOTES.md)
+ *   the mean tile copied per batch by cp.async instead of filled per
+ *   block: 1% slower with 3% fewer instructions (ws19) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
