@@ -53,8 +53,9 @@ int main(void) {
         {"sage8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"vc8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"fp8+codesum", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
-        /* V in two E4M3 digits: CPU reference only for now */
-        {"sage8+v2", 128, NULL, QVC_KERNEL_NONE, "+v2"},
+        /* V in two E4M3 digits: the Hopper kernel (head dim 128) only */
+        {"sage8+v2", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
+        {"vc8+expcast+v2", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"vc8+expcast+v2", 64, NULL, QVC_KERNEL_NONE, "+v2"},
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},

@@ -428,7 +428,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         snprintf(tag, sizeof tag, "%s nq=%d nk=%d D=%d B=%d H=%d %s %s", va->name, sh->nq, sh->nk,
                  d, sh->B, sh->H, dtype_name(sh->dt), sh->nhd ? "NHD" : "HND");
         qvc_ops ops;
-        qva_status s = qvc_ops_alloc(&ops, BH, sh->nq, sh->nk, d, va->v_mode == 0);
+        qva_status s = qvc_ops_alloc(&ops, BH, sh->nq, sh->nk, d, va->v_mode == 0, 0);
         CHECK(s == QVA_OK, "[%s] qvc_ops_alloc: %s", tag, qva_last_error());
         if (s != QVA_OK) continue;
         /* Poison everything so an entry the kernels forget shows up. */

@@ -131,9 +131,11 @@ struct ws5_flags : attn8_ws_flags<QVC_QK_INT8> {
 
 /* The tensor maps and parameters every version launches with. */
 static qva_status version_args(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
-                               CUtensorMap *maps, attn8_params *p) {
+                               CUtensorMap (&maps)[4], attn8_params *p) {
     if (fmt != QVC_QK_INT8)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK only (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     const qva_status r = attn8_maps(ops, maps);
     if (r != QVA_OK) return r;
     p->ops = *ops;
@@ -144,7 +146,7 @@ static qva_status version_args(const qvc_ops *ops, qvc_qk_format fmt, const qvc_
 template <class F>
 static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
                                  cudaStream_t st) {
-    CUtensorMap maps[3];
+    CUtensorMap maps[4];
     attn8_params p;
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;
@@ -379,7 +381,7 @@ static qva_status ws9_launch_means(const CUtensorMap *m, const attn8_params *p, 
 extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     if (!ops->v_mu) return launch_version<ws9_flags>(ops, fmt, a, st);
-    CUtensorMap maps[3];
+    CUtensorMap maps[4];
     attn8_params p;
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;

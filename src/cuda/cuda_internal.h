@@ -38,6 +38,8 @@ typedef struct qvc_view {
  *          transposed per block with the key order of each 32-key chunk
  *          permuted by qvc_pv_slot_key() so the QK accumulator fragment
  *          feeds the PV MMA directly (DA2 Eq. 22)
+ *   v_t_lo [BH][nblk][D][128] V's second E4M3 digit (QVA_V_E4M3X2: the
+ *          code of the first one's residual, same scale and layout), or NULL
  *   v_chan [BH][D] f32 per-channel scale (sage/vc: amax/2.25; fp8: 1)
  *   v_blk  [BH][nblk] f32 per-block scale (fp8: amax/448; sage/vc: 1)
  *   v_mu   [BH][nblk][D] f32 FP16-rounded mean/scale, or NULL
@@ -50,6 +52,7 @@ typedef struct qvc_ops {
     int8_t *k_i8;
     float *k_scale;
     uint8_t *v_t;
+    uint8_t *v_t_lo;
     float *v_chan;
     float *v_blk;
     float *v_mu;
@@ -105,7 +108,9 @@ qva_status qvc_fork_end(const qvc_fork *f, cudaStream_t st);
 qva_status qvc_prep(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                     const qvc_prep_args *a, qvc_ops *ops, const qvc_fork *fk,
                     cudaStream_t st);
-qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk, int D, int with_mu);
+/* with_v_lo: room for v_t_lo (QVA_V_E4M3X2), else it stays NULL. */
+qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk, int D, int with_mu,
+                         int with_v_lo);
 void qvc_ops_free(qvc_ops *ops);
 
 /* ---- k-means (src/cuda/kmeans.cu) -------------------------------------- */

@@ -95,15 +95,19 @@ static cuda_state *get_state(qva_context_t *ctx) {
     return (cuda_state *)*slot;
 }
 
-static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int with_mu) {
+/* The 8-bit operands' buffers; V's second digit (v_t_lo) only once a call
+ * asks for it (+v2), kept from then on like the means. */
+static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int with_mu,
+                             int with_v_lo) {
     qvc_ops *o = &s->ops;
     if (o->q_i8 && o->BH == BH && o->nq == nq && o->nk == nk && o->D == D &&
-        (s->ops_with_mu || !with_mu)) {
+        (s->ops_with_mu || !with_mu) && (o->v_t_lo || !with_v_lo)) {
         return QVA_OK;
     }
+    with_v_lo = with_v_lo || (o->q_i8 && o->v_t_lo);
     qvc_ops_free(o);
     s->ops_with_mu = with_mu;
-    return qvc_ops_alloc(o, BH, nq, nk, D, with_mu);
+    return qvc_ops_alloc(o, BH, nq, nk, D, with_mu, with_v_lo);
 }
 
 static qva_status ensure_ops16(cuda_state *s, int BH, int nq, int nk, int D) {
@@ -289,7 +293,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
         return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
     }
 
-    if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1)) != QVA_OK) return r;
+    const int v2 = cfg->v_code == QVA_V_E4M3X2;
+    if ((r = ensure_ops(s, BH, (int)q->shape[2], (int)k->shape[2], D, 1, v2)) != QVA_OK) return r;
     float *shift; /* K-smoothing LSE shift (sage8/vc8 with an LSE), or NULL */
     if ((r = ensure_lse_shift(s, cfg, q, lse, &shift)) != QVA_OK) return r;
     qvc_prep_args pa;
@@ -310,6 +315,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.sm_scale = qvi_sm_scale(cfg, D);
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL;
+    if (!v2) ops.v_t_lo = NULL;
     if ((r = qvc_fork_ensure(&s->fork)) != QVA_OK) return r;
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, &s->fork, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;

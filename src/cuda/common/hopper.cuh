@@ -193,6 +193,27 @@ static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64]
     wg_commit();
 }
 
+/* issue_pv with V in two E4M3 digits (QVA_V_E4M3X2): the hi tile's
+ * product, then the lo tile's into the same partial, one commit group.
+ * The lo product takes the n128 form, so that the ones rows count the P
+ * codes once. */
+template <int EXPCAST>
+static __device__ __forceinline__ void issue_pv_digits(float (&part)[EXPCAST ? 68 : 64],
+                                                       const uint32_t (&pa)[4][4], uint64_t vd,
+                                                       uint64_t vd_lo) {
+    wg_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        if (EXPCAST)
+            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+        else
+            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) wgmma_pv(*(float(*)[64])part, pa[c], vd_lo + 2 * c, 1);
+    wg_commit();
+}
+
 /* ---- the E4M3 path: float scores, masked keys -inf ---- */
 /* f0, f1: the score scales of the thread's rows g and g + 8. */
 template <int FMT, typename SACC>

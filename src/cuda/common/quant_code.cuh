@@ -225,6 +225,23 @@ static __device__ __forceinline__ uint32_t qvc_e4m3_codes4(const float *x, const
     return w;
 }
 
+/* V's two E4M3 digits (QVA_V_E4M3X2) of x[e] / s[e], e = 0..3, packed as
+ * qvc_e4m3_codes4: hi the code of q = fl(x/s) (qvc_e4m3_codes4's codes),
+ * lo the code of q - dec(hi), one FP32 subtraction, as qvi_v8_prepare.
+ * Where the fast quotient is not exact (|q| < 2^-12) both codes are 0. */
+static __device__ __forceinline__ void qvc_e4m3_digits4(const float *x, const float *s,
+                                                        const float *rcp, bool fast,
+                                                        uint32_t *hi, uint32_t *lo) {
+    float q[4], r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        q[e] = fast ? qvc_e4m3_quotient(x[e], s[e], rcp[e]) : __fdiv_rn(x[e], s[e]);
+    *hi = qvc_e4m3_pack4(q[0], q[1], q[2], q[3]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = __fsub_rn(q[e], qvc_e4m3_value((*hi >> (8 * e)) & 0xFFu));
+    *lo = qvc_e4m3_pack4(r[0], r[1], r[2], r[3]);
+}
+
 /* qvc_e4m3_codes4 for the domain of qvc_e4m3_quotient_in16 (16-bit
  * inputs, undemeaned, a scale from their own amax). */
 static __device__ __forceinline__ uint32_t qvc_e4m3_codes4_in16(const float *x, const float *s,

@@ -42,6 +42,15 @@ struct attn8_ws_flags {
      * minus the producer's 128 x 24, in multiples of 8 */
     static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
+    static constexpr bool VLO = false;            /* V's second digit (below) */
+};
+
+/* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
+ * stage (v_t_lo), whose PV product adds to the same partial.  Four stages
+ * would need 229 KB of shared memory: three. */
+struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
+    static constexpr int STAGES = 3;
+    static constexpr bool VLO = true;
 };
 
 /* The P path of a call: its codes and where its row sum comes from. */
@@ -67,6 +76,12 @@ struct attn8_ws_flags {
 
 #include "dense/attn8_restore.cuh" /* its tiles follow the mbarriers */
 
+/* VLO: the lo tiles of the S stages after the restore's tiles and sums
+ * (laid out whether or not the call has means). */
+#define A8_VLO_BASE(S) ((A8R_PEND_OFF(S) + 256 * 16 + 1023) & ~1023)
+#define A8_VLO_OFF(S, s) (A8_VLO_BASE(S) + (s) * A8_TILE)
+#define A8_VLO_SMEM_BYTES(S) (A8_VLO_BASE(S) + (S) * A8_TILE + 1024)
+
 typedef struct attn8_params {
     qvc_ops ops;
     qvc_attn_args a;
@@ -80,18 +95,21 @@ typedef struct attn8_bars {
 /* ------------------------------------------------------------ producer */
 template <class F>
 static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, const CUtensorMap &tk,
-                                                      const CUtensorMap &tv, const qvc_ops &ops,
-                                                      uint32_t base, attn8_bars b, int bh,
-                                                      int tile, const float *vmu, int mu_smem) {
+                                                      const CUtensorMap &tv, const CUtensorMap &tvl,
+                                                      const qvc_ops &ops, uint32_t base,
+                                                      attn8_bars b, int bh, int tile,
+                                                      const float *vmu, int mu_smem) {
     mbar_expect_tx(b.q, A8_QB);
     tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        mbar_expect_tx(full, 2 * A8_TILE + (mu_smem ? 512 : 0));
+        mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE + (mu_smem ? 512 : 0));
         tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+        if (F::VLO)
+            tma_load_2d(base + A8_VLO_OFF(F::STAGES, s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
         if (mu_smem) bulk_load(base + A8_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
     }
 }
@@ -158,7 +176,11 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
 
             named_sync(1 + cw, 256);
             float part[ONES ? 68 : 64];
-            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            if (F::VLO)
+                issue_pv_digits<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)),
+                                      sw128_desc(base + A8_VLO_OFF(F::STAGES, s)));
+            else
+                issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
              * would serialize them); after the last block it re-reads this
              * block's K tile and the result is dropped. */
@@ -277,7 +299,8 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
 template <class F, int PMODE, int MEANS>
 __global__ void __launch_bounds__(F::THREADS, 1)
 attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const attn8_params p) {
+                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
+                 const attn8_params p) {
     constexpr int FMT = F::FMT;
     extern __shared__ uint8_t smem_raw[];
     /* 1024-byte aligned, as an offset from smem_raw rather than an integer
@@ -315,7 +338,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
-        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, ops, base, b, bh, tile, vmu, MEANS);
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS);
         return;
     }
 
@@ -353,13 +376,15 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 /* The launch of one flags variant. */
 template <class F, int PMODE, int MEANS>
 static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int smem = MEANS ? A8R_SMEM_BYTES(F::STAGES) : A8_SMEM_BYTES(F::STAGES);
-    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
-        attn8_ws_128x128<F, PMODE, MEANS>;
+    const int smem = F::VLO  ? A8_VLO_SMEM_BYTES(F::STAGES)
+                     : MEANS ? A8R_SMEM_BYTES(F::STAGES)
+                             : A8_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const attn8_params) = attn8_ws_128x128<F, PMODE, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "attn8_ws_128x128 smem attribute");
     dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
-    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], *p);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], m[3], *p);
     return qvc_launch_check("attn8_ws_128x128");
 }
 
@@ -380,14 +405,17 @@ static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cuda
     return attn8_launch_p<F, A8_P_EXP2>(m, p, st);
 }
 
-/* The tensor maps of the operands. */
-static qva_status attn8_maps(const qvc_ops *ops, CUtensorMap *maps) {
+/* The tensor maps of the operands: Q, K, V^T and V^T's second digit (V^T
+ * again where the call has none, so that the parameter is a valid map). */
+static qva_status attn8_maps(const qvc_ops *ops, CUtensorMap (&maps)[4]) {
     if (ops->D != 128)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (128 only)", ops->D);
     qva_status r;
     if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, 128)) != QVA_OK ||
         (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
-        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
+        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK ||
+        (r = make_map(&maps[3], ops->v_t_lo ? ops->v_t_lo : ops->v_t,
+                      (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
         return r;
     return QVA_OK;
 }

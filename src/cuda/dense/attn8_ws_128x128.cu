@@ -15,7 +15,9 @@
  *                P codes     built in registers (S accumulator layout)
  *                O_j = P V   wgmma m64n128k32 (n136 with ExpCast: eight
  *                            ones rows after V give the decoded row sum),
- *                            A from registers
+ *                            A from registers; with V in two E4M3 digits
+ *                            (+v2) a second product on the lo tile, n128,
+ *                            into the same partial (attn8_v2_flags)
  *                O += R M    V-Smooth's mean restore, one wgmma m64n128k16
  *                            (FP16) per 16 key blocks (attn8_restore.cuh)
  *   epilogue   out = O * chan_scale / l, and the LSE
@@ -40,12 +42,17 @@
 /* ------------------------------------------------------------ host */
 extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
                                            const qvc_attn_args *a, cudaStream_t st) {
-    CUtensorMap maps[3];
+    CUtensorMap maps[4];
     const qva_status r = attn8_maps(ops, maps);
     if (r != QVA_OK) return r;
     attn8_params p;
     p.ops = *ops;
     p.a = *a;
-    if (fmt == QVC_QK_E4M3) return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(maps, &p, st);
+    if (fmt == QVC_QK_E4M3) {
+        if (ops->v_t_lo)
+            return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V's second digit with E4M3 QK");
+        return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(maps, &p, st);
+    }
+    if (ops->v_t_lo) return attn8_launch<attn8_v2_flags>(maps, &p, st);
     return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(maps, &p, st);
 }

@@ -49,7 +49,7 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
 /* ------------------------------------------------------------ host side */
 
 extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
-                                    int D, int with_mu) {
+                                    int D, int with_mu, int with_v_lo) {
     if (!ops) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_ops_alloc: ops is NULL");
     memset(ops, 0, sizeof *ops);
     if (BH < 1 || nq < 1 || nk < 1 || D < 1 || D > MAX_D)
@@ -69,6 +69,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
         {(void **)&ops->k_i8, bh * (size_t)ops->nk_pad * d},
         {(void **)&ops->k_scale, bh * nkb * sizeof(float)},
         {(void **)&ops->v_t, bh * nkb * d * QVI_BLOCK},
+        {(void **)&ops->v_t_lo, with_v_lo ? bh * nkb * d * QVI_BLOCK : 0},
         {(void **)&ops->v_chan, bh * d * sizeof(float)},
         {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
         {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
@@ -81,7 +82,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
 extern "C" void qvc_ops_free(qvc_ops *ops) {
     if (!ops) return;
     void *ptrs[] = {ops->q_i8, ops->q_scale, ops->k_i8, ops->k_scale,
-                    ops->v_t, ops->v_chan, ops->v_blk, ops->v_mu};
+                    ops->v_t, ops->v_t_lo, ops->v_chan, ops->v_blk, ops->v_mu};
     qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(ops, 0, sizeof *ops);
 }

@@ -87,6 +87,7 @@ typedef struct v_plain_params {
     const float *chan;   /* [BH][D] channel scales                      */
     uint8_t *v_t;        /* [BH][nblk][D][128]                          */
     float *v_blk;        /* [BH][nblk]: 1                               */
+    uint8_t *v_t_lo;     /* [BH][nblk][D][128] V's second digit, or NULL */
 } v_plain_params;
 /* Whether v_plain_kernel serves V in this mode (0, 16-bit vector-loadable
  * input, D 64 or 128), and its launch. */

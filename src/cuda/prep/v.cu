@@ -122,13 +122,15 @@ typedef struct v_params {
     uint8_t *v_t;        /* [BH][nblk][D][128]                          */
     float *v_blk;        /* [BH][nblk]                                  */
     float *v_chan;       /* [BH][D]: mode 1 writes 1                    */
+    uint8_t *v_t_lo;     /* mode 0: V's second digit, or NULL           */
 } v_params;
 
-template <int DT, int D>
+template <int DT, int D, bool V2>
 __global__ void __launch_bounds__(PREP_THREADS)
 v_encode_kernel(v_params p) {
     using G = qk_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
     __shared__ float red[PREP_WARPS];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -172,7 +174,7 @@ v_encode_kernel(v_params p) {
 #pragma unroll 4
     for (int s = 0; s < G::STEPS; ++s) {
         const int key = key0 + s * G::RPS, i = blk * QVI_BLOCK + key;
-        uint32_t word = 0; /* padding keys: code 0 */
+        uint32_t word = 0, word2 = 0; /* padding keys: code 0 */
         if (i < p.n) {
             float x[QK_CPL];
             prep_load4<DT>(p.v.data, base + src_row(p.perm, bh, p.n, i) * p.v.sn + c0, p.vec, x);
@@ -180,13 +182,17 @@ v_encode_kernel(v_params p) {
 #pragma unroll
                 for (int e = 0; e < QK_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
             }
-            word = qvc_e4m3_codes4(x, cs, rcp, fast);
+            if (V2) qvc_e4m3_digits4(x, cs, rcp, fast, &word, &word2);
+            else word = qvc_e4m3_codes4(x, cs, rcp, fast);
         }
         *(uint32_t *)(tile + key * TILE_STRIDE + c0) = word;
+        if (V2) *(uint32_t *)(tile_lo + key * TILE_STRIDE + c0) = word2;
     }
     __syncthreads();
 
-    v_tile_write_t<D>(tile, p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
+    const int64_t at = ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK;
+    v_tile_write_t<D>(tile, p.v_t + at);
+    if (V2) v_tile_write_t<D>(tile_lo, p.v_t_lo + at);
 
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = bscale;
     if (p.mode == 1 && blk == 0)
@@ -234,6 +240,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     vp.v_t = ops->v_t;
     vp.v_blk = ops->v_blk;
     vp.v_chan = ops->v_chan;
+    vp.v_t_lo = a->v_mode == 0 ? ops->v_t_lo : NULL;
     if (a->v_mode == 0) {
         if (!demean && qvc_v_plain_ok(v, 0)) {
             qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);
@@ -252,16 +259,21 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     }
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
         const v_plain_params pp = {*v, a->perm, nk, nblk, demean ? bmu : NULL, ops->v_chan,
-                                   ops->v_t, ops->v_blk};
+                                   ops->v_t, ops->v_blk, ops->v_t_lo};
         qvc_v_plain_launch(pp, BH, st);
         return qvc_launch_check("qvc_prep: V encode");
     }
     if (s == QVA_OK) {
         vp.vec = qvc_view_vec_ok(v, QK_CPL);
-        if (D == 64)
-            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 64><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+        const dim3 grid((unsigned)nblk, (unsigned)BH);
+        if (D == 64 && vp.v_t_lo)
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 64, true><<<grid, PREP_THREADS, 0, st>>>(vp)));
+        else if (D == 64)
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 64, false><<<grid, PREP_THREADS, 0, st>>>(vp)));
+        else if (D == 128 && vp.v_t_lo)
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 128, true><<<grid, PREP_THREADS, 0, st>>>(vp)));
         else if (D == 128)
-            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 128><<<dim3(nblk, BH), PREP_THREADS, 0, st>>>(vp)));
+            QVC_DISPATCH_DTYPE(v->dtype, (v_encode_kernel<DT_, 128, false><<<grid, PREP_THREADS, 0, st>>>(vp)));
         else
             s = qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: V encode: head dim %d (64 or 128)", D);
         if (s == QVA_OK) s = qvc_launch_check("qvc_prep: V encode");

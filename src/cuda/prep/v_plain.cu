@@ -27,11 +27,12 @@
 
 #define VP_CPL PLAIN_CPL
 
-template <int DT, int D, bool MEANS>
-__global__ void __launch_bounds__(PREP_THREADS, MEANS ? 3 : 4) /* 4: more rows in flight */
+template <int DT, int D, bool MEANS, bool V2>
+__global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
     using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
     const int blk = blockIdx.x, bh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * VP_CPL;
@@ -64,12 +65,18 @@ v_plain_kernel(v_plain_params p) {
     for (int s = 0; s < G::STEPS; ++s) {
         const int key = key0 + s * G::RPC;
         uint32_t lo = 0, hi = 0; /* padding keys: code 0 */
+        uint32_t lo2 = 0, hi2 = 0; /* the second digits (V2) */
         if (blk * QVI_BLOCK + key < p.n) {
             float x[VP_CPL];
             qvc_widen8<DT>(raw[s], x);
             if (MEANS) { /* residuals: no longer 16-bit values */
 #pragma unroll
                 for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
+            }
+            if (V2) { /* the exact quotient for both digits */
+                qvc_e4m3_digits4(x, cs, rcp, fast, &lo, &lo2);
+                qvc_e4m3_digits4(x + 4, cs + 4, rcp + 4, fast, &hi, &hi2);
+            } else if (MEANS) {
                 lo = qvc_e4m3_codes4(x, cs, rcp, fast);
                 hi = qvc_e4m3_codes4(x + 4, cs + 4, rcp + 4, fast);
             } else { /* the input's own values against their amax's scale */
@@ -80,11 +87,18 @@ v_plain_kernel(v_plain_params p) {
         uint32_t *t = (uint32_t *)(tile + key * TILE_STRIDE + c0);
         t[0] = lo;
         t[1] = hi;
+        if (V2) {
+            uint32_t *t2 = (uint32_t *)(tile_lo + key * TILE_STRIDE + c0);
+            t2[0] = lo2;
+            t2[1] = hi2;
+        }
     }
     __syncthreads();
 
     /* ---- epilogue */
-    v_tile_write_t<D>(tile, p.v_t + ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK);
+    const int64_t at = ((int64_t)bh * p.nblk + blk) * D * QVI_BLOCK;
+    v_tile_write_t<D>(tile, p.v_t + at);
+    if (V2) v_tile_write_t<D>(tile_lo, p.v_t_lo + at);
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = 1.0f;
 }
 
@@ -156,8 +170,14 @@ bool qvc_v_plain_ok(const qvc_view *v, int mode) {
 
 template <int DT, int D>
 static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st) {
-    if (p.bmu) v_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(p);
-    else v_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(p);
+    if (p.v_t_lo) {
+        if (p.bmu) v_plain_kernel<DT, D, true, true><<<grid, PREP_THREADS, 0, st>>>(p);
+        else v_plain_kernel<DT, D, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    } else if (p.bmu) {
+        v_plain_kernel<DT, D, true, false><<<grid, PREP_THREADS, 0, st>>>(p);
+    } else {
+        v_plain_kernel<DT, D, false, false><<<grid, PREP_THREADS, 0, st>>>(p);
+    }
 }
 
 void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st) {
