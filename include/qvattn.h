@@ -134,8 +134,8 @@ typedef enum qva_v_code {
     QVA_V_E4M3X2 = 1 /* "+v2": a second E4M3 code for the first one's
                         residual, same scale; the PV product runs twice
                         (hi and lo) on the same P codes, and V's share of
-                        the error nearly vanishes (CPU reference only for
-                        now)                                              */
+                        the error nearly vanishes (CUDA: head dim 128,
+                        about 16-19% slower than one digit)               */
 } qva_v_code;
 
 typedef enum qva_q_granularity {

@@ -12,7 +12,8 @@
  *      the decomposition's V term shrinks at least 8x while its Q term
  *      (the same Q codes) stays bit for bit;
  *  (c) parsing, naming and validation: +v2 on sage8 and vc8 only.
- * The CUDA chooser's refusal (no kernel yet) is in cuda_test_choose.c.
+ * The CUDA kernel is checked against this reference by test_backend (three
+ * +v2 methods) and its choice (head dim 128 only) by cuda_test_choose.c.
  */
 #define TEST_RNG_SEED 0x5EC0D1617C0DEull
 #include <stdlib.h>

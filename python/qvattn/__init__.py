@@ -150,7 +150,7 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               map, options draft.min_keep / draft.max_keep), with
               +expcast / +expcast-centred / +hadamard / +qblock / +codesum /
               +v2 options (docs/CLI.md says what each does; +v2, V in two
-              E4M3 digits, runs on the CPU only for now).
+              E4M3 digits, runs on CUDA at head dim 128 only).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).
