@@ -177,12 +177,12 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
     wg_commit();
 }
 
-/* Issue O_j = P V of the tile at descriptor vd (4 k-steps of 32 keys); with
- * ExpCast the n136 form whose columns 128..135 are the decoded row sums. */
+/* The 4 k-steps (32 keys each) of O_j = P V for the tile at descriptor vd,
+ * the first starting the partial; with ExpCast the n136 form whose columns
+ * 128..135 are the decoded row sums. */
 template <int EXPCAST>
-static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
-                                                const uint32_t (&pa)[4][4], uint64_t vd) {
-    wg_fence();
+static __device__ __forceinline__ void pv_wgmmas(float (&part)[EXPCAST ? 68 : 64],
+                                                 const uint32_t (&pa)[4][4], uint64_t vd) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         if (EXPCAST)
@@ -190,6 +190,14 @@ static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64]
         else
             wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
     }
+}
+
+/* Issue O_j = P V (one commit group). */
+template <int EXPCAST>
+static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
+                                                const uint32_t (&pa)[4][4], uint64_t vd) {
+    wg_fence();
+    pv_wgmmas<EXPCAST>(part, pa, vd);
     wg_commit();
 }
 
@@ -202,13 +210,7 @@ static __device__ __forceinline__ void issue_pv_digits(float (&part)[EXPCAST ? 6
                                                        const uint32_t (&pa)[4][4], uint64_t vd,
                                                        uint64_t vd_lo) {
     wg_fence();
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        if (EXPCAST)
-            wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
-        else
-            wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
-    }
+    pv_wgmmas<EXPCAST>(part, pa, vd);
 #pragma unroll
     for (int c = 0; c < 4; ++c) wgmma_pv(*(float(*)[64])part, pa[c], vd_lo + 2 * c, 1);
     wg_commit();
