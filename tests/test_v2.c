@@ -5,10 +5,11 @@
  *      reconstruct the scaled (demeaned) value x within 2^-8 |x| + 2^-10
  *      (lo's relative step, or half of E4M3's smallest subnormal step),
  *      where one digit is only within 2^-4 |x|;
- *  (b) the method: on the issue-15 presets video-global (values that do
- *      not cluster) and video-local-clustered, sage8+v2 and vc8+v2 cut
- *      the rel-L2 against exact attention to at most 0.75x of one digit's
- *      (measured 0.49-0.65x on the full presets), and the gain is V's:
+ *  (b) the method: on a 384-token part of the issue-15 presets
+ *      video-global (values that do not cluster) and video-local-clustered,
+ *      sage8+v2 and vc8+expcast+v2 cut the rel-L2 against exact attention
+ *      to at most 0.75x of one digit's (0.41-0.63x there; 0.49-0.65x on
+ *      the full presets), and the gain is V's:
  *      the decomposition's V term shrinks at least 8x while its Q term
  *      (the same Q codes) stays bit for bit;
  *  (c) parsing, naming and validation: +v2 on sage8 and vc8 only.
@@ -99,7 +100,8 @@ static double run_rel_l2(const char *method, const qva_synthetic_spec *sp, const
 static void test_method(const char *preset) {
     qva_synthetic_spec sp;
     CHECK(qva_synthetic_preset(preset, &sp) == QVA_OK, "%s", preset);
-    sp.grid_t = 2; /* 1,280 tokens: the preset's statistics at half its length */
+    sp.grid_t = 1; /* 384 tokens, a 12 x 32 part of one frame: CI runs this under ASan */
+    sp.grid_h = 12;
     const int64_t n = (int64_t)sp.grid_t * sp.grid_h * sp.grid_w + sp.prefix_tokens;
     const size_t all = (size_t)sp.B * sp.H * n * sp.D;
     float *q = malloc(all * sizeof *q), *k = malloc(all * sizeof *k), *v = malloc(all * sizeof *v);
@@ -138,9 +140,10 @@ static void test_method(const char *preset) {
     CHECK(qva_config_set_method(&c1, "sage8") == QVA_OK && qva_config_set_method(&c2, "sage8+v2") == QVA_OK,
           "configs");
     c1.layer = c2.layer = QVA_LAYER_NONE;
-    const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-    const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-    const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
+    /* head 0 only: the terms cost seven calls each */
+    const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
+    const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
+    const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
     qva_error_terms d1, d2;
     CHECK(qva_error_terms_compute(&c1, &tq, &tk, &tv, &d1) == QVA_OK, "terms of sage8: %s",
           qva_last_error());
