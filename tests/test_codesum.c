@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "internal.h"
+#include "method_option.h"
 
 #define B 1
 #define H 2
@@ -92,27 +93,8 @@ static void test_parse(void) {
     static const char *const bad[] = {"sage8+expcast+codesum", "vc8+codesum+expcast-centred",
                                       "bf16+codesum", "sage4+codesum", "exact+codesum",
                                       "draft@85/0/7.5/7.5+codesum", "sage8+codesum+codesum"};
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; ++i) {
-        qva_config c;
-        qva_config_default(&c);
-        CHECK(qva_config_set_method(&c, ok[i]) == QVA_OK, "%s: %s", ok[i], qva_last_error());
-        CHECK(c.p_sum == QVA_P_SUM_CODES, "%s sets p_sum", ok[i]);
-        char name[96];
-        CHECK(qva_config_method_name(&c, name, sizeof name) == QVA_OK && strstr(name, "+codesum"),
-              "%s names itself %s", ok[i], name);
-        qva_config back;
-        qva_config_default(&back);
-        CHECK(qva_config_set_method(&back, name) == QVA_OK && back.p_sum == QVA_P_SUM_CODES,
-              "%s round trip", name);
-        /* set_method starts from the papers' sum again */
-        CHECK(qva_config_set_method(&c, "sage8") == QVA_OK && c.p_sum == QVA_P_SUM_FP32,
-              "%s then sage8 resets p_sum", ok[i]);
-    }
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
-        qva_config c;
-        qva_config_default(&c);
-        CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "%s refused", bad[i]);
-    }
+    check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
+                        offsetof(qva_config, p_sum), QVA_P_SUM_CODES, QVA_P_SUM_FP32, "+codesum");
     /* the struct field set by hand: validated by the call */
     static float x[(size_t)B * H * 128 * D];
     qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, B, H, 128, D);

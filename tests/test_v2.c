@@ -22,6 +22,7 @@
 
 #include "check.h"
 #include "internal.h"
+#include "method_option.h"
 
 /* (a) ------------------------------------------------------------ digits */
 static void test_digits(void) {
@@ -160,26 +161,8 @@ static void test_parse(void) {
                                      "sage8+codesum+v2", "vc8+qblock+v2"};
     static const char *const bad[] = {"fp8+v2", "bf16+v2", "sage4+v2", "vc4+v2", "exact+v2",
                                       "draft@85/0/7.5/7.5+v2", "sage8+v2+v2", "sage8+v3"};
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; ++i) {
-        qva_config c;
-        qva_config_default(&c);
-        CHECK(qva_config_set_method(&c, ok[i]) == QVA_OK, "%s: %s", ok[i], qva_last_error());
-        CHECK(c.v_code == QVA_V_E4M3X2, "%s sets v_code", ok[i]);
-        char name[96];
-        CHECK(qva_config_method_name(&c, name, sizeof name) == QVA_OK && strstr(name, "+v2"),
-              "%s names itself %s", ok[i], name);
-        qva_config back;
-        qva_config_default(&back);
-        CHECK(qva_config_set_method(&back, name) == QVA_OK && back.v_code == QVA_V_E4M3X2,
-              "%s round trip", name);
-        CHECK(qva_config_set_method(&c, "sage8") == QVA_OK && c.v_code == QVA_V_E4M3,
-              "%s then sage8 resets v_code", ok[i]);
-    }
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
-        qva_config c;
-        qva_config_default(&c);
-        CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "%s refused", bad[i]);
-    }
+    check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
+                        offsetof(qva_config, v_code), QVA_V_E4M3X2, QVA_V_E4M3, "+v2");
     static float x[2 * 128 * 64];
     const qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, 1, 2, 128, 64);
     qva_config c;
