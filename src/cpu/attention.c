@@ -143,14 +143,10 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
         if (!pc[j]) continue;
         float p = lut[pc[j]];
         const uint8_t *vj = V + (size_t)j * d;
-        if (Vlo) { /* both products exact in FP32: 4 x 4 significant bits */
+        for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
+        if (Vlo) { /* then the second digit: per channel hi, lo for each key */
             const uint8_t *wj = Vlo + (size_t)j * d;
-            for (int c = 0; c < d; ++c) {
-                part[c] += p * lut[vj[c]];
-                part[c] += p * lut[wj[c]];
-            }
-        } else {
-            for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
+            for (int c = 0; c < d; ++c) part[c] += p * lut[wj[c]];
         }
     }
     r->l += rowsum;
@@ -495,25 +491,19 @@ static void dequant_i8(const qvi_i8 *x, int n, int d, float *dst) {
                 (float)x->codes[(size_t)i * d + c] * qvi_i8_row_scale(x, i);
 }
 
-/* x[i][c] = e4m3(code) * scale of row i's block, times the channel scale
- * (1 but for the sage8/vc8 value operand). */
-static void dequant_e4m3(const uint8_t *codes, const float *block_scale,
+/* x[i][c] = e4m3(code) (+ e4m3(lo), V's second digit where lo is not
+ * NULL) * scale of row i's block, times the channel scale (1 but for the
+ * sage8/vc8 value operand). */
+static void dequant_e4m3(const uint8_t *codes, const uint8_t *lo, const float *block_scale,
                          const float *chan_scale, int n, int d, float *dst) {
     const float *lut = e4m3_lut();
     for (int i = 0; i < n; ++i)
-        for (int c = 0; c < d; ++c)
-            dst[(size_t)i * d + c] = lut[codes[(size_t)i * d + c]] *
-                                     (block_scale ? block_scale[i / QVI_BLOCK] : 1.0f) *
-                                     (chan_scale ? chan_scale[c] : 1.0f);
-}
-
-/* x[i][c] += e4m3(code) * the channel scale: V's second digit. */
-static void add_dequant_e4m3(const uint8_t *codes, const float *chan_scale, int n, int d,
-                             float *dst) {
-    const float *lut = e4m3_lut();
-    for (int i = 0; i < n; ++i)
-        for (int c = 0; c < d; ++c)
-            dst[(size_t)i * d + c] += lut[codes[(size_t)i * d + c]] * chan_scale[c];
+        for (int c = 0; c < d; ++c) {
+            const size_t at = (size_t)i * d + c;
+            dst[at] = (lo ? lut[codes[at]] + lut[lo[at]] : lut[codes[at]]) *
+                      (block_scale ? block_scale[i / QVI_BLOCK] : 1.0f) *
+                      (chan_scale ? chan_scale[c] : 1.0f);
+        }
 }
 
 static void scale_floats(const float *x, size_t n, float g, float *dst) {
@@ -540,16 +530,14 @@ static void dequantize_masked(head_ops *o) {
     case PATH_I8:
         if (o->mask & QVI_QUANT_Q) dequant_i8(&o->qi, nq, d, o->xq);
         if (o->mask & QVI_QUANT_K) dequant_i8(&o->ki, nk, d, o->xk);
-        if (o->mask & QVI_QUANT_V) {
-            dequant_e4m3(o->v8.codes, NULL, o->v8.chan_scale, nk, d, o->xv);
-            if (o->v8.codes_lo) add_dequant_e4m3(o->v8.codes_lo, o->v8.chan_scale, nk, d, o->xv);
-        }
+        if (o->mask & QVI_QUANT_V)
+            dequant_e4m3(o->v8.codes, o->v8.codes_lo, NULL, o->v8.chan_scale, nk, d, o->xv);
         break;
     case PATH_FP8:
-        if (o->mask & QVI_QUANT_Q) dequant_e4m3(o->q8.codes, o->q8.block_scale, NULL, nq, d, o->xq);
-        if (o->mask & QVI_QUANT_K) dequant_e4m3(o->k8.codes, o->k8.block_scale, NULL, nk, d, o->xk);
+        if (o->mask & QVI_QUANT_Q) dequant_e4m3(o->q8.codes, NULL, o->q8.block_scale, NULL, nq, d, o->xq);
+        if (o->mask & QVI_QUANT_K) dequant_e4m3(o->k8.codes, NULL, o->k8.block_scale, NULL, nk, d, o->xk);
         if (o->mask & QVI_QUANT_V)
-            dequant_e4m3(o->v8b.codes, o->v8b.block_scale, NULL, nk, d, o->xv);
+            dequant_e4m3(o->v8b.codes, NULL, o->v8b.block_scale, NULL, nk, d, o->xv);
         break;
     default: /* PATH_FP4: unscaled reconstructions times the tensor scale */
         if (o->mask & QVI_QUANT_Q) scale_floats(o->qf, qn, o->gq, o->xq);

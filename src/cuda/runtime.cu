@@ -95,8 +95,8 @@ static cuda_state *get_state(qva_context_t *ctx) {
     return (cuda_state *)*slot;
 }
 
-/* The 8-bit operands' buffers; V's second digit (v_t_lo) only once a call
- * asks for it (+v2), kept from then on like the means. */
+/* The 8-bit operands' buffers; V's second digit (v_t_lo) only for a call
+ * that asks for it (+v2), kept while the shape stays. */
 static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int with_mu,
                              int with_v_lo) {
     qvc_ops *o = &s->ops;
@@ -104,7 +104,6 @@ static qva_status ensure_ops(cuda_state *s, int BH, int nq, int nk, int D, int w
         (s->ops_with_mu || !with_mu) && (o->v_t_lo || !with_v_lo)) {
         return QVA_OK;
     }
-    with_v_lo = with_v_lo || (o->q_i8 && o->v_t_lo);
     qvc_ops_free(o);
     s->ops_with_mu = with_mu;
     return qvc_ops_alloc(o, BH, nq, nk, D, with_mu, with_v_lo);

@@ -43,18 +43,16 @@ struct attn8_ws_flags {
     static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
     static constexpr bool VLO = false;            /* V's second digit (below) */
-    static constexpr bool MEANS_FIT = true;       /* room for the restore's tiles */
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
- * stage (v_t_lo), whose PV product adds to the same partial.  Plain steps
- * keep 4 stages (218 KB of shared memory); with the restore's tiles 4
- * would need 230 KB, so V-Smooth steps take 3. */
-template <int S>
+ * stage (v_t_lo), whose PV product adds to the same partial.  Four stages
+ * would need 229 KB of shared memory: three.  (Plain steps alone fit 4 in
+ * 218 KB: in one run each, sage8+v2 1.3% faster, vc8+expcast+v2 no
+ * faster; not kept, bench/NOTES.md.) */
 struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr int STAGES = S;
+    static constexpr int STAGES = 3;
     static constexpr bool VLO = true;
-    static constexpr bool MEANS_FIT = S <= 3;
 };
 
 /* The P path of a call: its codes and where its row sum comes from. */
@@ -80,12 +78,11 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
 
 #include "dense/attn8_restore.cuh" /* its tiles follow the mbarriers */
 
-/* VLO: the lo tiles of the S stages, after the mbarriers, or after the
- * restore's tiles and sums when the call has means. */
-#define A8_VLO_BASE(S, MEANS)                                                                    \
-    ((MEANS) ? ((A8R_PEND_OFF(S) + 256 * 16 + 1023) & ~1023)                                     \
-             : ((A8_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1023) & ~1023))
-#define A8_VLO_SMEM_BYTES(S, MEANS) (A8_VLO_BASE(S, MEANS) + (S) * A8_TILE + 1024)
+/* VLO: the lo tiles of the S stages after the restore's tiles and sums
+ * (laid out whether or not the call has means). */
+#define A8_VLO_BASE(S) ((A8R_PEND_OFF(S) + 256 * 16 + 1023) & ~1023)
+#define A8_VLO_OFF(S, s) (A8_VLO_BASE(S) + (s) * A8_TILE)
+#define A8_VLO_SMEM_BYTES(S) (A8_VLO_BASE(S) + (S) * A8_TILE + 1024)
 
 typedef struct attn8_params {
     qvc_ops ops;
@@ -103,8 +100,7 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                                                       const CUtensorMap &tv, const CUtensorMap &tvl,
                                                       const qvc_ops &ops, uint32_t base,
                                                       attn8_bars b, int bh, int tile,
-                                                      const float *vmu, int mu_smem,
-                                                      uint32_t vlo) {
+                                                      const float *vmu, int mu_smem) {
     mbar_expect_tx(b.q, A8_QB);
     tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
@@ -114,7 +110,8 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
         mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE + (mu_smem ? 512 : 0));
         tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
-        if (F::VLO) tma_load_2d(vlo + s * A8_TILE, &tvl, 0, (bh * ops.nblk + j) * 128, full);
+        if (F::VLO)
+            tma_load_2d(base + A8_VLO_OFF(F::STAGES, s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
         if (mu_smem) bulk_load(base + A8_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
     }
 }
@@ -139,7 +136,7 @@ template <class F, int PMODE, int MEANS>
 static __device__ __forceinline__ void attn8_mainloop_pingpong(
     attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
-    const float *vblk, int cw, int tig, uint32_t vlo) {
+    const float *vblk, int cw, int tig) {
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
     uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
@@ -183,7 +180,7 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
             float part[ONES ? 68 : 64];
             if (F::VLO)
                 issue_pv_digits<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)),
-                                      sw128_desc(vlo + s * A8_TILE));
+                                      sw128_desc(base + A8_VLO_OFF(F::STAGES, s)));
             else
                 issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
             /* Always issued, so that no wgmma sits on a divergent path (ptxas
@@ -313,7 +310,6 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
      * memory (LDS/STS, not generic LD/ST) */
     uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
     const uint32_t base = smem_addr(sm);
-    const uint32_t vlo = base + A8_VLO_BASE(F::STAGES, MEANS); /* used with F::VLO only */
     attn8_bars b;
     b.q = base + A8_BAR_OFF(F::STAGES);
     b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
@@ -344,8 +340,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
-        if (threadIdx.x == 0)
-            attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS, vlo);
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS);
         return;
     }
 
@@ -373,7 +368,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     reg_fence(sacc);
     if constexpr (F::PINGPONG)
         attn8_mainloop_pingpong<F, PMODE, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
-                                                 vblk, cw, tig, vlo);
+                                                 vblk, cw, tig);
     else
         attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk,
                                             tig);
@@ -383,7 +378,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 /* The launch of one flags variant. */
 template <class F, int PMODE, int MEANS>
 static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int smem = F::VLO  ? A8_VLO_SMEM_BYTES(F::STAGES, MEANS)
+    const int smem = F::VLO  ? A8_VLO_SMEM_BYTES(F::STAGES)
                      : MEANS ? A8R_SMEM_BYTES(F::STAGES)
                              : A8_SMEM_BYTES(F::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
@@ -400,10 +395,7 @@ static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, 
 template <class F, int PMODE>
 static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
-    if constexpr (F::PINGPONG && F::MEANS_FIT) return attn8_launch_one<F, PMODE, 1>(m, p, st);
-    if constexpr (F::PINGPONG)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: no shared memory for the means "
-                                             "at %d stages", F::STAGES);
+    if constexpr (F::PINGPONG) return attn8_launch_one<F, PMODE, 1>(m, p, st);
     return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
 }
 

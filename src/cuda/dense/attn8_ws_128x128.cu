@@ -53,8 +53,6 @@ extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt
             return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V's second digit with E4M3 QK");
         return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(maps, &p, st);
     }
-    if (ops->v_t_lo)
-        return ops->v_mu ? attn8_launch<attn8_v2_flags<3>>(maps, &p, st)
-                         : attn8_launch<attn8_v2_flags<4>>(maps, &p, st);
+    if (ops->v_t_lo) return attn8_launch<attn8_v2_flags>(maps, &p, st);
     return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(maps, &p, st);
 }
