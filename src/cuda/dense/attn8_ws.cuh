@@ -43,6 +43,7 @@ struct attn8_ws_flags {
     static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
     static constexpr bool VLO = false;            /* V's second digit (below) */
+    static constexpr int EXP2_FMA = 0;            /* of 4 exp2 scores, on the FMA pipe */
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -167,9 +168,8 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
-                                                                 a.expcast_add, j * WS_KEYS,
-                                                                 ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(
+                    sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
             if (!ONES) {
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);
