@@ -21,9 +21,6 @@
  *         bit-identical to the library kernel, sanitizer-clean, and 3-4%
  *         slower on the reuse step at Wan2.2-720p (bench/NOTES.md): not
  *         promoted.
- *   ws20  exp2 P path (sage8, vc8 without ExpCast): 1 of every 4 scores'
- *   ws21  exp2 by a polynomial on the FMA pipe (ex2_fma), 2 of 4 in ws21,
- *   ws22  3 of 4 in ws22, so that MUFU.EX2 (16/clk/SM) is not the limit.
  */
 #include "dense/attn8_ws.cuh"
 
@@ -159,27 +156,6 @@ static qva_status launch_version(const qvc_ops *ops, qvc_qk_format fmt, const qv
 extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
                                     const qvc_attn_args *a, cudaStream_t st) {
     return launch_version<ws5_flags>(ops, fmt, a, st);
-}
-
-/* ------------------------------------------------------------ ws20-ws22 */
-/* exp2 P path (sage8, vc8 without ExpCast): 1, 2 or 3 of every 4 scores'
- * exp2 on the FMA pipe (ex2_fma), the rest on MUFU. */
-template <int N>
-struct exp2_fma_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr int EXP2_FMA = N;
-};
-
-extern "C" qva_status dev_attn8_ws20(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<exp2_fma_flags<1>>(ops, fmt, a, st);
-}
-extern "C" qva_status dev_attn8_ws21(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<exp2_fma_flags<2>>(ops, fmt, a, st);
-}
-extern "C" qva_status dev_attn8_ws22(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_version<exp2_fma_flags<3>>(ops, fmt, a, st);
 }
 
 /* ------------------------------------------------------------ ws9 */

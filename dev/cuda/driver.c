@@ -32,9 +32,6 @@
 #include "cuda_internal.h"
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws20(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws21(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws22(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_attn8_ws9(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
@@ -50,9 +47,6 @@ static const version VERSIONS[] = {
     {"lib", -1, {NULL, NULL, 0}},
     {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
     {"ws9", 0, {dev_attn8_ws9, NULL, 0}},
-    {"ws20", 0, {dev_attn8_ws20, NULL, 0}},
-    {"ws21", 0, {dev_attn8_ws21, NULL, 0}},
-    {"ws22", 0, {dev_attn8_ws22, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},

@@ -26,7 +26,9 @@
  *   PV of 2 or 4 key blocks accumulated in the wgmma per O update: no
  *   faster on compare.py's data, rel-L2 +11% (ws17, ws18; bench/NOTES.md)
  *   the mean tile copied per batch by cp.async instead of filled per
- *   block: 1% slower with 3% fewer instructions (ws19) */
+ *   block: 1% slower with 3% fewer instructions (ws19)
+ *   1, 2 or 3 of every 4 exp2 scores by a polynomial on the FMA pipe:
+ *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -43,7 +45,6 @@ struct attn8_ws_flags {
     static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
     static constexpr bool VLO = false;            /* V's second digit (below) */
-    static constexpr int EXP2_FMA = 0;            /* of 4 exp2 scores, on the FMA pipe */
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -168,8 +169,9 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(
-                    sacc, f0, f1, r.m[0], r.m[1], a.expcast_add, j * WS_KEYS, ops.nk, tig, rs, pa);
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
             if (!ONES) {
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);
