@@ -6,6 +6,14 @@
 #   bash scripts/fidelity-run.sh train    # the models at once, bf16 only (~520 s on the H200)
 #   bash scripts/fidelity-run.sh sample   # every method from the cache, then --merge (~145 s)
 #   bash scripts/fidelity-run.sh train --tiny --device cpu   # more run.py options after the step
+#   SEEDS=0 bash scripts/fidelity-run.sh sample   # no cache: trains and samples one model in one call
+#
+# The two steps need the same warm machine; a lent machine can go back
+# between calls (the cache goes with it).  One model per call does not:
+# with an empty cache, `sample` trains the seed first (one model alone:
+# 213 s of training and ~250 s in all with 10 methods on the H200,
+# 2026-12-03), and the JSON reports of the calls, unpacked from each
+# fidelity-sample.tar.gz, join with `run.py --merge`.
 #
 # SEEDS (default "0 1 2") picks the models; METHODS (sample; default the
 # harness's list) the methods.  A peer (sage2) runs where its package
@@ -16,7 +24,7 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 STEP=${1:-}
-case "$STEP" in train | sample) ;; *) sed -n '2,17p' "$0"; exit 2 ;; esac
+case "$STEP" in train | sample) ;; *) sed -n '2,25p' "$0"; exit 2 ;; esac
 shift
 SEEDS=${SEEDS:-0 1 2}
 OUT=${OUT:-$ROOT/out}
