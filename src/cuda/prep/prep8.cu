@@ -7,7 +7,6 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/device_util.cuh"
@@ -104,85 +103,7 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
     return QVA_OK;
 }
 
-/* Heads [bh0, bh0 + nbh) of a view, as a view of their own (B = 1, H =
- * nbh).  The range lies in one batch and starts on a tensor head of a
- * grouped view (chunks_of below). */
-static qvc_view view_heads(const qvc_view *v, int bh0, int nbh) {
-    qvc_view s = *v;
-    const int64_t b = bh0 / v->H, h = bh0 % v->H, es = v->dtype == QVA_F32 ? 4 : 2;
-    s.data = (const char *)v->data + (b * v->sb + (h / v->hg) * v->sh) * es;
-    s.B = 1;
-    s.H = nbh;
-    return s;
-}
-
-static float *at_or_null(float *p, int64_t off) { return p ? p + off : NULL; }
-
-/* The K chain over heads [bh0, bh0 + nbh): K' = K[perm], smoothed by its
- * own channel mean (summed in K' order, as the CPU does), then rotated. */
-static qva_status prep_k_heads(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a,
-                               qvc_ops *ops, float *kmean, qvc_block_ext kext, int bh0, int nbh,
-                               cudaStream_t st) {
-    const int D = ops->D, nk = ops->nk, nblk = ops->nblk;
-    const qvc_view qs = view_heads(q, bh0, nbh), ks = view_heads(k, bh0, nbh);
-    qvc_prep_args as = *a;
-    if (a->perm) as.perm = a->perm + (int64_t)bh0 * nk;
-    as.lse_shift = at_or_null(a->lse_shift, (int64_t)bh0 * ops->nq);
-    float *mean = at_or_null(kmean, (int64_t)bh0 * D);
-    const qvc_block_ext ext = {at_or_null(kext.min, (int64_t)bh0 * nblk * D),
-                               at_or_null(kext.max, (int64_t)bh0 * nblk * D)};
-    qva_status s = qvc_prep_ksmooth(&qs, &ks, &as, nk, nbh, mean, ext, st);
-    if (s != QVA_OK) return s;
-    qk_params p;
-    memset(&p, 0, sizeof p);
-    p.signs = a->had_signs;
-    p.hadamard = a->hadamard;
-    p.had_scale = (float)(1.0 / sqrt((double)D));
-    p.fmt = (int)a->qk_format;
-    p.x = ks;
-    p.perm = as.perm;
-    p.mean = mean;
-    p.n = nk;
-    p.n_pad = ops->nk_pad;
-    p.rows_per_scale = QVI_BLOCK;
-    p.codes = ops->k_i8 + (int64_t)bh0 * ops->nk_pad * D;
-    p.scale = ops->k_scale + (int64_t)bh0 * (ops->nk_pad / QVI_BLOCK);
-    p.ext = ext;
-    return qvc_prep_qk8(p, nbh, D, st, "qvc_prep: K quantize");
-}
-
-/* The V chain over heads [bh0, bh0 + nbh): V' = V[perm]. */
-static qva_status prep_v_heads(const qvc_view *v, const qvc_prep_args *a, qvc_ops *ops,
-                               float *bmu, float *bamax, int demean, int bh0, int nbh,
-                               cudaStream_t st) {
-    const int64_t D = ops->D, nblk = ops->nblk, cells = (int64_t)bh0 * nblk * D;
-    const qvc_view vs = view_heads(v, bh0, nbh);
-    qvc_prep_args as = *a;
-    if (a->perm) as.perm = a->perm + (int64_t)bh0 * ops->nk;
-    qvc_ops os = *ops;
-    os.BH = nbh;
-    os.v_t = ops->v_t + cells * QVI_BLOCK;
-    os.v_t_lo = ops->v_t_lo ? ops->v_t_lo + cells * QVI_BLOCK : NULL;
-    os.v_chan = ops->v_chan + (int64_t)bh0 * D;
-    os.v_blk = ops->v_blk + (int64_t)bh0 * nblk;
-    os.v_mu = at_or_null(ops->v_mu, cells);
-    return qvc_prep_v8(&vs, &as, demean, at_or_null(bmu, cells), at_or_null(bamax, cells), &os,
-                       st);
-}
-
-/* Heads per chunk of the K and V chains.  A chain reads its operand twice
- * (statistics, then codes); run a head at a time, the second read can find
- * the head (19 MB at Wan2.2-720p) still in L2.  0: every head at once.
- * QVA_DEV_PREP_CHUNK (development only, while the trial runs). */
-static int prep_chunk_heads(int hg) {
-    const char *e = getenv("QVA_DEV_PREP_CHUNK");
-    const int g = e ? atoi(e) : 0;
-    return g <= 0 ? 0 : (g + hg - 1) / hg * hg;
-}
-
-/* The three chains of the preparation: Q on sts[0]; the K mean, LSE shift
- * and K codes on sts[1]; V on sts[2] (on sts[1] too with
- * QVA_DEV_PREP_SERIAL, so that a chunk's K and V follow each other). */
+/* The three chains of the preparation: Q; the K mean, LSE shift and K; V. */
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
                               float *bamax, qvc_block_ext kext, int demean,
@@ -205,21 +126,24 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     ops->q_rows_per_scale = a->q_rows_per_scale;
     qva_status s = qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
 
-    const int hg = (int)(k->hg > v->hg ? k->hg : v->hg), H = (int)k->H;
-    const int g = prep_chunk_heads(hg);
-    const char *ser = getenv("QVA_DEV_PREP_SERIAL");
-    const cudaStream_t vst = ser && atoi(ser) ? sts[1] : sts[2];
-    if (g == 0 || g >= H || H % hg != 0) {
-        if (s == QVA_OK) s = prep_k_heads(q, k, a, ops, kmean, kext, 0, BH, sts[1]);
-        if (s == QVA_OK) s = prep_v_heads(v, a, ops, bmu, bamax, demean, 0, BH, vst);
-        return s;
+    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
+     * as the CPU does), then rotated. */
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, sts[1]);
+    if (s == QVA_OK) {
+        p.x = *k;
+        p.perm = a->perm;
+        p.mean = kmean;
+        p.n = ops->nk;
+        p.n_pad = ops->nk_pad;
+        p.rows_per_scale = QVI_BLOCK;
+        p.codes = ops->k_i8;
+        p.scale = ops->k_scale;
+        p.ext = kext;
+        s = qvc_prep_qk8(p, BH, D, sts[1], "qvc_prep: K quantize");
     }
-    for (int bh0 = 0; bh0 < BH && s == QVA_OK;) {
-        const int n = g < H - bh0 % H ? g : H - bh0 % H;
-        s = prep_k_heads(q, k, a, ops, kmean, kext, bh0, n, sts[1]);
-        if (s == QVA_OK) s = prep_v_heads(v, a, ops, bmu, bamax, demean, bh0, n, vst);
-        bh0 += n;
-    }
+
+    /* V' = V[perm]. */
+    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, sts[2]);
     return s;
 }
 
