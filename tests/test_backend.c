@@ -129,9 +129,8 @@ static const tcase CASES[] = {
     {2, 2, 256, 256, 64, QVA_F16, 0, 1, 16, 15, 16, 1, 0},  /* B > 1, f16, prefix last  */
     {1, 2, 130, 130, 128, QVA_BF16, 0, 1, 10, 13, 0, 0, 0}, /* one valid key in a block */
     {1, 1, 64, 320, 64, QVA_F32, 1, 0, 0, 0, 0, 0, 0},      /* cross attention Nq < Nk  */
-    /* D 128 (the Hopper 8-bit kernel, whose consumers quantize Q from
-     * 16-bit rows): B > 1 with NHD strides over three query tiles, and
-     * cross attention */
+    /* D 128 dense (the Hopper 8-bit kernel): B > 1 with NHD strides over
+     * three query tiles, and cross attention */
     {2, 3, 300, 300, 128, QVA_F16, 1, 0, 0, 0, 0, 0, 0},
     {1, 2, 200, 333, 128, QVA_BF16, 0, 0, 0, 0, 0, 0, 0},
     /* draft only: more regions (R = 12, 6, 20) */

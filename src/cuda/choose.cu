@@ -8,7 +8,6 @@
 #include <stdlib.h>
 
 #include "draft/plan.h"
-#include "common/device_util.cuh"
 #include "cuda_internal.h"
 
 static const char *kernel_what(qvc_kernel k) {
@@ -124,13 +123,6 @@ extern "C" qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, int64_
     const qvc_kernel k = choose(cfg, d, kv_group, why, len);
     if (k != QVC_KERNEL_NONE) snprintf(why, len, "cuda: %s", kernel_what(k));
     return k;
-}
-
-extern "C" int qvc_q_codes_in_kernel(qvc_kernel k, const qva_config *cfg, const qvc_view *q) {
-    return k == QVC_KERNEL_ATTN8_WS_128X128 &&
-           (cfg->method == QVA_METHOD_SAGE8 || cfg->method == QVA_METHOD_VC8) &&
-           qvi_q_rows_per_scale(cfg) == 1 && q->D == 128 &&
-           (q->dtype == QVA_BF16 || q->dtype == QVA_F16) && qvc_view_vec_ok(q, 8);
 }
 
 /* ---------------------------------------------------------- dev kernels */

@@ -43,21 +43,7 @@ typedef struct qvc_view {
  *   v_chan [BH][D] f32 per-channel scale (sage/vc: amax/2.25; fp8: 1)
  *   v_blk  [BH][nblk] f32 per-block scale (fp8: amax/448; sage/vc: 1)
  *   v_mu   [BH][nblk][D] f32 FP16-rounded mean/scale, or NULL
- *   q_src  where attn8_ws_128x128 makes Q's codes itself (q_src.x.data
- *          set; then qvc_prep leaves q_i8 and q_scale unwritten): the
- *          caller's Q and its rotation, qvc_q_src
  */
-/* Q as the 8-bit kernel's consumers read it to quantize their own tile:
- * the same codes and per-row scales as qvc_prep's (common/int8_rows.cuh),
- * without writing them to memory and reading them back.  Set only where
- * qvc_q_codes_in_kernel() says so. */
-typedef struct qvc_q_src {
-    qvc_view x;          /* x.data NULL: Q's codes come from qvc_prep */
-    int hadamard;        /* rotate along D first                       */
-    float had_scale;     /* 1/sqrt(D)                                  */
-    const float *signs;  /* device [D] +-1, or NULL                    */
-} qvc_q_src;
-
 typedef struct qvc_ops {
     int BH, nq, nk, nq_pad, nk_pad, nblk, D;
     int q_rows_per_scale; /* set by qvc_prep: 1 or QVI_BLOCK */
@@ -70,7 +56,6 @@ typedef struct qvc_ops {
     float *v_chan;
     float *v_blk;
     float *v_mu;
-    qvc_q_src q_src;
 } qvc_ops;
 
 /* Key (0..31) whose value sits in PV-operand slot s (0..31) of a chunk. */
@@ -341,11 +326,6 @@ typedef enum qvc_kernel {
  * head. */
 qvc_kernel qvc_choose_kernel(const qva_config *cfg, int64_t d, int64_t kv_group, char *why,
                              size_t len);
-/* Whether kernel k, when it runs this call, makes Q's INT8 codes itself
- * (qvc_q_src): attn8_ws_128x128 with INT8 QK and one scale per query row,
- * from a 16-bit Q whose rows allow 16-byte loads.  Elsewhere qvc_prep
- * writes them.  Same codes either way. */
-int qvc_q_codes_in_kernel(qvc_kernel k, const qva_config *cfg, const qvc_view *q);
 
 /* ---- kernel versions under trial (dev/cuda) --------------------------- */
 /* The dev driver runs another launcher in place of a library kernel, on

@@ -3,7 +3,6 @@
  * the dispatch of one attention call: [k-means] -> prep -> kernel, all on the
  * context's stream. */
 #include <cuda_runtime.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,14 +49,6 @@ static qva_status attn_8bit(qva_context_t *ctx, qvc_kernel k, const qvc_ops *ops
     const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
     if (dev && dev->attn8_ws) return dev->attn8_ws(ops, fmt, a, st);
     return qvc_attn8_ws_128x128(ops, fmt, a, st);
-}
-
-/* Whether this call's 8-bit kernel makes Q's codes itself: the chooser's
- * answer for the library kernel; a dev/cuda version loads prep's. */
-static int q_codes_in_kernel(qva_context_t *ctx, qvc_kernel k, const qva_config *cfg,
-                             const qvc_view *q) {
-    const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
-    return !(dev && dev->attn8_ws) && qvc_q_codes_in_kernel(k, cfg, q);
 }
 
 /* ---------------------------------------------------------- state */
@@ -324,12 +315,6 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL;
     if (!v2) ops.v_t_lo = NULL;
-    if (q_codes_in_kernel(ctx, kern, cfg, &qv)) {
-        ops.q_src.x = qv;
-        ops.q_src.hadamard = pa.hadamard;
-        ops.q_src.had_scale = (float)(1.0 / sqrt((double)D));
-        ops.q_src.signs = pa.had_signs;
-    }
     if ((r = qvc_fork_ensure(&s->fork)) != QVA_OK) return r;
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, &s->fork, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;

@@ -12,7 +12,6 @@
 
 #include "common/hopper.cuh"
 #include "common/softmax.cuh"
-#include "dense/attn8_q.cuh"
 
 /* ------------------------------------------------------------ flags */
 /* The compile-time shape of the kernel for one QK format; the one place
@@ -29,7 +28,9 @@
  *   the mean tile copied per batch by cp.async instead of filled per
  *   block: 1% slower with 3% fewer instructions (ws19)
  *   1, 2 or 3 of every 4 exp2 scores by a polynomial on the FMA pipe:
- *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22) */
+ *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22)
+ *   Q's INT8 codes made by the consumers from the caller's 16-bit Q: prep
+ *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -104,10 +105,8 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                                                       const qvc_ops &ops, uint32_t base,
                                                       attn8_bars b, int bh, int tile,
                                                       const float *vmu, int mu_smem) {
-    if (!(F::INT8 && ops.q_src.x.data)) { /* else the consumers make the Q tile */
-        mbar_expect_tx(b.q, A8_QB);
-        tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
-    }
+    mbar_expect_tx(b.q, A8_QB);
+    tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
@@ -356,12 +355,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
     const int row0 = tile * F::ROWS + cw * 64 + warp * 16; /* the warp's first row */
     float dq[2];
-    const bool q_here = F::INT8 && ops.q_src.x.data; /* the consumers make Q's codes */
-    if (q_here)
-        attn8_q_tile(ops.q_src, bh, row0, ops.nq, sm + A8_Q_OFF + (row0 - tile * F::ROWS) * 128, cw,
-                     dq);
-    else
-        qvc_q_scales(ops, bh, row0 + g, dq);
+    qvc_q_scales(ops, bh, row0 + g, dq);
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
@@ -371,7 +365,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
     sacc_t sacc[64];
-    if (!q_here) mbar_wait(b.q, 0);
+    mbar_wait(b.q, 0);
     mbar_wait(b.full, 0);
     issue_qk<FMT>(sacc, qd, base + A8_K_OFF(0));
     wg_wait<0>();

@@ -124,8 +124,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     p.codes = ops->q_i8;
     p.scale = ops->q_scale;
     ops->q_rows_per_scale = a->q_rows_per_scale;
-    /* where the kernel makes Q's codes (ops->q_src), this chain is empty */
-    qva_status s = ops->q_src.x.data ? QVA_OK : qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
+    qva_status s = qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
 
     /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
      * as the CPU does), then rotated. */
@@ -171,11 +170,6 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: demean needs ops allocated with_mu");
     if (a->hadamard && (D & (D - 1)) != 0)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: Hadamard needs a power-of-two D, got %d", D);
-    if (ops->q_src.x.data && (a->qk_format != QVC_QK_INT8 || a->q_rows_per_scale != 1 ||
-                              ops->q_src.x.data != q->data || ops->q_src.hadamard != a->hadamard))
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "qvc_prep: the kernel makes Q's codes only for INT8 with per-row scales, "
-                        "from this call's Q and rotation");
     if (a->lse_shift && !a->smooth_k)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: lse_shift needs smooth_k");
 

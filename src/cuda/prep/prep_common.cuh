@@ -40,7 +40,6 @@
 #include <stdint.h>
 
 #include "common/device_util.cuh"
-#include "common/int8_rows.cuh" /* the Hadamard rotation in a lane */
 #include "prep_internal.h"
 
 #define PREP_THREADS 256
@@ -73,6 +72,31 @@ static __device__ float block_max(float x, float *red /* [PREP_WARPS] */) {
     float m = red[0];
     for (int w = 1; w < PREP_WARPS; ++w) m = fmaxf(m, red[w]);
     return m;
+}
+
+/* The pair (a, b) -> (a + b, a - b) of qva_hadamard. */
+static __device__ __forceinline__ void butterfly(float &a, float &b) {
+    float s = __fadd_rn(a, b), d = __fsub_rn(a, b);
+    a = s;
+    b = d;
+}
+
+/* The Hadamard rotation's start within a lane of N adjacent channels: the
+ * seeded signs (valid rows only: a padding row stays +0), then stages
+ * h = 1 .. N/2 in qva_hadamard's order.  The stages across lanes follow in
+ * the caller (qk.cu, qk_plain.cu). */
+template <int N>
+static __device__ __forceinline__ void hadamard_in_lane(float *x, const float *sg, bool valid) {
+    if (valid) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) x[e] = __fmul_rn(x[e], sg[e]);
+    }
+#pragma unroll
+    for (int h = 1; h < N; h <<= 1) {
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (!(e & h)) butterfly(x[e], x[e + h]);
+    }
 }
 
 /* The vectorized kernels (qk.cu, v.cu): a lane holds QK_CPL adjacent

@@ -34,7 +34,32 @@
 #include "prep_common.cuh"
 
 #define QKP_CPL PLAIN_CPL
-static_assert(QKP_CPL == ROW_CPL, "common/int8_rows.cuh's lanes");
+
+/* qva_hadamard of row x (the lane's 8 channels sub*8 + e; +0 past n), in
+ * its order of stages h = 1, 2, ... D/2: the signs (valid rows only, so a
+ * padding row stays +0), strides 1-4 within the lane, strides 8 and up
+ * between lanes sub ^ h/8 (the lane without that bit holds a and gets
+ * a + b, its partner a - b), then the scale.  qk.cu's qk_row4 at 8
+ * channels per lane.  Every lane of the warp calls it (the shuffles). */
+template <int D>
+static __device__ __forceinline__ void qkp_rotate(const qk_params &p, bool valid, const float *sg,
+                                                  float *x) {
+    const int sub = (threadIdx.x & 31) % plain_geom<D>::LPR;
+    hadamard_in_lane<QKP_CPL>(x, sg, valid);
+#pragma unroll
+    for (int hl = 1; hl < plain_geom<D>::LPR; hl <<= 1) {
+        /* o - x or x + o as one rounding of o + (+-1)x: the same value,
+         * zeros' signs included, in one FFMA instead of two FADDs */
+        const float side = (sub & hl) ? -1.0f : 1.0f;
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) {
+            const float o = __shfl_xor_sync(FULL_MASK, x[e], hl);
+            x[e] = __fmaf_rn(side, x[e], o);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e) x[e] = __fmul_rn(x[e], p.had_scale);
+}
 
 /* Row s of the thread's rows as the CPU has it before quantization: +0
  * past n, else loaded, (with mean) smoothed and (ROT) rotated. */
@@ -47,12 +72,25 @@ static __device__ __forceinline__ void qkp_row(const qk_params &p, const uint4 &
 #pragma unroll
         for (int e = 0; e < QKP_CPL; ++e) x[e] = __fsub_rn(x[e], mean[e]);
     }
-    if (ROT) row_rotate<D>(p.had_scale, valid, sg, x);
+    if (ROT) qkp_rotate<D>(p, valid, sg, x);
 }
 
 static __device__ __forceinline__ void qkp_fill(float *x, float v) {
 #pragma unroll
     for (int e = 0; e < QKP_CPL; ++e) x[e] = v;
+}
+
+/* |x| <= the amax that made scale (the row's or the block's own values). */
+static __device__ __forceinline__ uint2 qkp_codes8(const float *x, float scale, float rcp) {
+    return make_uint2(qvc_int8_codes4_bounded(x, scale, rcp), qvc_int8_codes4_bounded(x + 4, scale, rcp));
+}
+
+/* Max over a row's LPR lanes (xor offsets stay inside the row). */
+template <int D>
+static __device__ __forceinline__ float qkp_row_max(float x) {
+#pragma unroll
+    for (int o = plain_geom<D>::LPR / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
 }
 
 /* The lane's share of the block amax from the block's per-channel extremes
@@ -61,7 +99,7 @@ static __device__ __forceinline__ void qkp_fill(float *x, float v) {
  * the row-by-row max skips a NaN value, and a channel with no non-NaN value
  * (min > max) adds nothing, as its NaN values add nothing there.  Padding
  * rows (+0) add nothing either way.  A row's lanes cover every channel, so
- * their max (row_lanes_max) is the block's. */
+ * their max (qkp_row_max) is the block's. */
 static __device__ __forceinline__ float qkp_ext_amax(const qk_params &p, int bh, int blk, int c0,
                                                      const float *mean, bool smooth) {
     const int64_t o = ((int64_t)bh * (p.n_pad / QVI_BLOCK) + blk) * p.x.D + c0;
@@ -92,11 +130,13 @@ static __device__ __forceinline__ void qkp_rows_per_row(const qk_params &p, cons
     float *scales = p.scale + (int64_t)L.bh * p.n_pad + L.r0;
 #pragma unroll
     for (int s = 0; s < G::STEPS; ++s) {
-        float scale;
-        const uint2 c = row_codes_own_scale<DT, D>(raw[s], L.r0 + s * G::RPC < p.n, ROT,
-                                                   p.had_scale, L.sg, &scale);
+        float x[QKP_CPL], amax = 0.0f;
+        qkp_row<DT, D, ROT>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, false, L.sg, x);
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        const float scale = qvc_int8_delta(qkp_row_max<D>(amax));
         if (L.c0 == 0) scales[s * G::RPC] = scale;
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = c;
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, __frcp_rn(scale));
     }
 }
 
@@ -126,7 +166,7 @@ static __device__ __forceinline__ void qkp_block_kept(const qk_params &p, const 
     const float rcp = qkp_block_scale(p, L, block_max(amax, red), &scale);
 #pragma unroll
     for (int s = 0; s < G::STEPS; ++s)
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = row_codes8(x[s], scale, rcp);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
 }
 
 /* Unrotated K: the block max from the extremes where the K mean pass made
@@ -139,7 +179,7 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
     using G = plain_geom<D>;
     float amax = 0.0f;
     if (p.ext.min) {
-        amax = row_lanes_max<D>(qkp_ext_amax(p, L.bh, L.blk, L.c0, L.mean, L.smooth));
+        amax = qkp_row_max<D>(qkp_ext_amax(p, L.bh, L.blk, L.c0, L.mean, L.smooth));
     } else {
 #pragma unroll
         for (int s = 0; s < G::STEPS; ++s) {
@@ -156,7 +196,7 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
     for (int s = 0; s < G::STEPS; ++s) {
         float x[QKP_CPL];
         qkp_row<DT, D, false>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x);
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = row_codes8(x, scale, rcp);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
     }
 }
 
