@@ -387,3 +387,227 @@ extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
     if (r != QVA_OK) return r;
     return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
 }
+
+/* ------------------------------------------------------------ ws24 */
+/* V-Smooth steps: each batch's restore wgmma issued inside the next
+ * batch's first ping-pong turn, in one commit group ahead of that block's
+ * PV, and waited for by the same wg_wait<1> (groups complete in order).
+ * The library issues it at the batch's end and waits for it at once,
+ * outside the turns, behind whatever the other warpgroup has just put in
+ * the tensor pipe.  The pending sums are no longer A registers (there is
+ * no room beside the PV's: ptxas serialized the wgmmas, C7512) but an
+ * m64k16 FP16 tile in shared memory in the canonical K-major layout (the
+ * library's 16 bytes per thread, rearranged; conflict-free for the owner
+ * stores and the rescale), so the restore is an SS wgmma.  The batch's
+ * sums stay pending through the next block's softmax, so a row max that
+ * rises there rescales them too (FP16, as the library rescales the
+ * current batch's): O takes alpha before R, where the library adds R
+ * first.  Not bit-identical, then; the same roundings otherwise.  The
+ * first block of every batch is peeled (FIRST), so that no wgmma sits on
+ * a conditional path; batch 0's R adds zero sums times the zero tile. */
+struct ws24_flags : attn8_ws_flags<QVC_QK_INT8> {};
+
+/* The warpgroup's pending tile: 64 rows x 16 blocks FP16, core matrices
+ * of 8 rows x 16 bytes, 128 bytes apart along k, 256 along the rows (the
+ * library's pending area, 2 KB per warpgroup). */
+static __device__ __forceinline__ uint8_t *ws24_pend_tile(uint8_t *sm, int stages, int cw) {
+    return sm + A8R_PEND_OFF(stages) + cw * 2048;
+}
+
+/* The thread's 4 words of it, in the A fragment's order (a0: row g, k
+ * 2tig..+1; a1: row g + 8; a2, a3: k + 8), as the library's ph[0..3]. */
+static __device__ __forceinline__ uint32_t *ws24_word(uint8_t *pt, int i) {
+    const int ctid = threadIdx.x - 128, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const int row = warp * 16 + (lane >> 2) + 8 * (i & 1), tig = lane & 3;
+    return (uint32_t *)(pt + (row >> 3) * 256 + (i >> 1) * 128 + (row & 7) * 16 + tig * 4);
+}
+
+static __device__ __forceinline__ void ws24_pend_zero(uint8_t *pt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *ws24_word(pt, i) = 0u;
+}
+
+static __device__ __forceinline__ void ws24_pend(uint8_t *pt, const float *rs, int j, int tig) {
+    const int k = j & (A8R_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
+    if (tig != owner) return;
+    ((__half *)ws24_word(pt, 2 * hi))[k & 1] = __float2half_rn(rs[0]);
+    ((__half *)ws24_word(pt, 2 * hi + 1))[k & 1] = __float2half_rn(rs[1]);
+}
+
+static __device__ __forceinline__ void ws24_rescale(uint8_t *pt, const float *alpha) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint32_t *w = ws24_word(pt, i);
+        __half2 h;
+        const uint32_t u = *w;
+        memcpy(&h, &u, sizeof h);
+        const float2 f = __half22float2(h);
+        h = __floats2half2_rn(f.x * alpha[i & 1], f.y * alpha[i & 1]);
+        uint32_t v;
+        memcpy(&v, &h, sizeof v);
+        *w = v;
+    }
+}
+
+/* O (64x128) += R (64x16, the pending tile) M (16x128, the mean tile). */
+static __device__ __forceinline__ void ws24_wgmma(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : F64(d)
+        : "l"(da), "l"(db));
+}
+
+/* One key block of the V-Smooth ping-pong loop; FIRST: the batch's first,
+ * whose turn also issues the previous batch's restore. */
+template <class F, int PMODE, bool FIRST>
+static __device__ __forceinline__ void ws24_block(attn8_acc &r, int (&sacc)[64], const qvc_ops &ops,
+                                                  const qvc_attn_args &a, uint32_t base,
+                                                  uint8_t *sm, attn8_bars b, uint64_t qd,
+                                                  const float (&dq)[2], const float *kscale,
+                                                  const float *vblk, uint8_t *pt, uint8_t *tile,
+                                                  int j, int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+    const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+    const float vb = vblk[j];
+    uint32_t pa[4][4];
+    float rs[2] = {0.0f, 0.0f};
+    float mx[2], alpha[2];
+    int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+    mx[0] = fmaxf(mx[0], r.m[0]);
+    mx[1] = fmaxf(mx[1], r.m[1]);
+    qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+    qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f) ws24_rescale(pt, alpha);
+    if ((j + 1) * WS_KEYS > ops.nk)
+        make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                         a.expcast_add, j * WS_KEYS, ops.nk, tig,
+                                                         rs, pa);
+    else
+        make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                         a.expcast_add, j * WS_KEYS, ops.nk, tig,
+                                                         rs, pa);
+    if (!ONES) {
+        rs[0] = qvc_quad_sum(rs[0]);
+        rs[1] = qvc_quad_sum(rs[1]);
+    }
+    if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+    /* the pending and mean tiles' writes, for the restore's async reads
+     * (ordered across the warpgroup by the turn's barrier) */
+    if (FIRST) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+
+    named_sync(1 + cw, 256);
+    float part[ONES ? 68 : 64];
+    wg_fence();
+    if (FIRST) ws24_wgmma(r.o, a8r_tile_desc(smem_addr(pt)), a8r_tile_desc(smem_addr(tile)));
+    pv_wgmmas<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+    wg_commit();
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+    named_arrive(2 - cw, 256);
+
+    wg_wait<1>(); /* (the restore and) PV of block j; QK of j+1 still running */
+    reg_fence(part);
+    if (FIRST) {
+        reg_fence(r.o);
+        ws24_pend_zero(pt); /* the restore has read the previous batch's */
+    }
+    if (ONES) rs[0] = part[64], rs[1] = part[66];
+    add_part<16>(r.o, part, 0, vb);
+    a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+    ws24_pend(pt, rs, j, tig);
+    mbar_arrive(b.empty + 8 * s);
+    r.l[0] += rs[0];
+    r.l[1] += rs[1];
+    wg_wait<0>();
+    reg_fence(sacc);
+}
+
+template <class F, int PMODE>
+static __device__ __forceinline__ void ws24_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, uint8_t *sm, attn8_bars b,
+                                                     uint64_t qd, const float (&dq)[2],
+                                                     const float *kscale, const float *vblk,
+                                                     int cw, int tig) {
+    uint8_t *pt = ws24_pend_tile(sm, F::STAGES, cw);
+    uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
+    ws24_pend_zero(pt);
+    if (cw == 1) named_arrive(1, 256);
+    for (int j0 = 0; j0 < ops.nblk; j0 += A8R_BATCH) {
+        const int j1 = min(j0 + A8R_BATCH, ops.nblk);
+        ws24_block<F, PMODE, true>(r, sacc, ops, a, base, sm, b, qd, dq, kscale, vblk, pt, tile, j0,
+                                   cw, tig);
+        for (int j = j0 + 1; j < j1; ++j)
+            ws24_block<F, PMODE, false>(r, sacc, ops, a, base, sm, b, qd, dq, kscale, vblk, pt,
+                                        tile, j, cw, tig);
+    }
+    /* the last batch */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_sync(3 + cw, 128);
+    wg_fence();
+    ws24_wgmma(r.o, a8r_tile_desc(smem_addr(pt)), a8r_tile_desc(smem_addr(tile)));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(r.o);
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+template <class F, int PMODE>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws24_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
+           const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    const attn8_bars b = dev_bars_at<F>(base);
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    /* the library frame with means: zero mean tiles (a short last batch
+     * leaves slots unwritten), then the ring */
+    for (int i = threadIdx.x; i < 2 * A8R_TILE / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8R_TILE_OFF(F::STAGES) + 4 * i) = 0u;
+    dev_frame_init<F>(sm, b);
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0)
+            attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile,
+                              ops.v_mu + (size_t)bh * nblk * 128, 1);
+        return;
+    }
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
+    attn8_acc r;
+    int sacc[64];
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws24_mainloop<F, PMODE>(r, sacc, ops, p.a, base, sm, b, c.qd, c.dq,
+                            ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk, c.cw,
+                            c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
+}
+
+template <int PMODE>
+static qva_status ws24_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws24_flags F;
+    const int smem = A8R_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const attn8_params) = ws24_attn8<F, PMODE>;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws24 smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], m[3], *p);
+    return qvc_launch_check("ws24_attn8");
+}
+
+extern "C" qva_status dev_attn8_ws24(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (!ops->v_mu) return launch_version<ws24_flags>(ops, fmt, a, st);
+    CUtensorMap maps[4];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws24_launch_means<A8_P_EXPCAST>(maps, &p, st);
+    if (a->sum_codes) return ws24_launch_means<A8_P_CODESUM>(maps, &p, st);
+    return ws24_launch_means<A8_P_EXP2>(maps, &p, st);
+}
