@@ -611,3 +611,163 @@ extern "C" qva_status dev_attn8_ws24(const qvc_ops *ops, qvc_qk_format fmt,
     if (a->sum_codes) return ws24_launch_means<A8_P_CODESUM>(maps, &p, st);
     return ws24_launch_means<A8_P_EXP2>(maps, &p, st);
 }
+
+/* ------------------------------------------------------------ ws25, ws26 */
+/* Two probes of ws24's loss (both V-Smooth steps only, the library's loop
+ * otherwise):
+ *   ws25  the library's flush and wait at the batch's end, the restore in
+ *         ws24's SS form from the pending tile: is the SS wgmma the cost?
+ *   ws26  the library's RS flush left in flight; every block waits for
+ *         whatever is pending (nothing, except after a flush) after its
+ *         row max, before O's rescale: the restore overlaps the row max. */
+template <class F, int PMODE, int VARIANT>
+static __device__ __forceinline__ void ws25_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, uint8_t *sm, attn8_bars b,
+                                                     uint64_t qd, const float (&dq)[2],
+                                                     const float *kscale, const float *vblk,
+                                                     int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    uint32_t *ph = a8r_pending(sm, F::STAGES);
+    uint8_t *pt = ws24_pend_tile(sm, F::STAGES, cw);
+    if (VARIANT == 25) ws24_pend_zero(pt);
+    uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
+    if (cw == 1) named_arrive(1, 256);
+    for (int j0 = 0; j0 < ops.nblk; j0 += A8R_BATCH) {
+        const int j1 = min(j0 + A8R_BATCH, ops.nblk);
+        for (int j = j0; j < j1; ++j) {
+            const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float mx[2], alpha[2];
+            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], r.m[0]);
+            mx[1] = fmaxf(mx[1], r.m[1]);
+            if (VARIANT == 26) {
+                wg_wait<0>(); /* the batch restore issued before this block, if any */
+                reg_fence(r.o);
+            }
+            qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+            qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+                if (VARIANT == 25) ws24_rescale(pt, alpha);
+                else a8r_rescale(ph, alpha);
+            }
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            if (!ONES) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+            named_sync(1 + cw, 256);
+            float part[ONES ? 68 : 64];
+            issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+            named_arrive(2 - cw, 256);
+
+            wg_wait<1>();
+            reg_fence(part);
+            if (ONES) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
+            a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+            if (VARIANT == 25) ws24_pend(pt, rs, j, tig);
+            else a8r_pend(ph, rs, j, tig);
+            mbar_arrive(b.empty + 8 * s);
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+            wg_wait<0>();
+            reg_fence(sacc);
+        }
+        if (VARIANT == 25) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            named_sync(3 + cw, 128);
+            wg_fence();
+            ws24_wgmma(r.o, a8r_tile_desc(smem_addr(pt)), a8r_tile_desc(smem_addr(tile)));
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(r.o);
+            ws24_pend_zero(pt);
+        } else {
+            a8r_flush(r.o, ph, smem_addr(tile), cw);
+        }
+    }
+    wg_wait<0>();
+    reg_fence(r.o);
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+template <class F, int PMODE, int VARIANT>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws25_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
+           const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    const attn8_bars b = dev_bars_at<F>(base);
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    for (int i = threadIdx.x; i < 2 * A8R_TILE / 4; i += F::THREADS)
+        *(uint32_t *)(sm + A8R_TILE_OFF(F::STAGES) + 4 * i) = 0u;
+    dev_frame_init<F>(sm, b);
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0)
+            attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile,
+                              ops.v_mu + (size_t)bh * nblk * 128, 1);
+        return;
+    }
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
+    attn8_acc r;
+    int sacc[64];
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws25_mainloop<F, PMODE, VARIANT>(r, sacc, ops, p.a, base, sm, b, c.qd, c.dq,
+                                     ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk,
+                                     c.cw, c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
+}
+
+template <int PMODE, int VARIANT>
+static qva_status ws25_launch_means(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws24_flags F;
+    const int smem = A8R_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const attn8_params) = ws25_attn8<F, PMODE, VARIANT>;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws25 smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], m[3], *p);
+    return qvc_launch_check("ws25_attn8");
+}
+
+template <int VARIANT>
+static qva_status ws25_launch(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                              cudaStream_t st) {
+    if (!ops->v_mu) return launch_version<ws24_flags>(ops, fmt, a, st);
+    CUtensorMap maps[4];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws25_launch_means<A8_P_EXPCAST, VARIANT>(maps, &p, st);
+    if (a->sum_codes) return ws25_launch_means<A8_P_CODESUM, VARIANT>(maps, &p, st);
+    return ws25_launch_means<A8_P_EXP2, VARIANT>(maps, &p, st);
+}
+
+extern "C" qva_status dev_attn8_ws25(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return ws25_launch<25>(ops, fmt, a, st);
+}
+extern "C" qva_status dev_attn8_ws26(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return ws25_launch<26>(ops, fmt, a, st);
+}
