@@ -30,7 +30,11 @@
  *   1, 2 or 3 of every 4 exp2 scores by a polynomial on the FMA pipe:
  *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22)
  *   Q's INT8 codes made by the consumers from the caller's 16-bit Q: prep
- *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md) */
+ *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md)
+ *   the restore's wgmma in the next batch's first turn (SS, the pending
+ *   sums as a shared tile; RS there spills: C7512), or SS at the batch's
+ *   end: 5% slower on the reuse step; left in flight across the batch
+ *   loop's back edge, ptxas serializes every wgmma (C7515) (ws24-ws26) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
