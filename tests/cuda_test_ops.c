@@ -833,7 +833,8 @@ static void kmeans_case_d(const char *preset, int dim, qva_dtype dt, int nhd, in
     int32_t *dperm = NULL;
     char tag[128];
     snprintf(tag, sizeof tag, "kmeans %s D=%d%s%s %s %s k=%d iters=%d", preset, D,
-             discrete ? " (discrete)" : "", spice ? " (tiny values)" : "", dtype_name(dt),
+             discrete ? " (discrete)" : "",
+             spice == 1 ? " (tiny values)" : spice == 2 ? " (huge values)" : "", dtype_name(dt),
              nhd ? "NHD" : "HND", k, iters);
     if (!q || !kk || !v || !cent_c || !cent_g || !labels || !perm_c || !perm_g || !hbuf) {
         CHECK(0, "host allocation");
@@ -856,7 +857,10 @@ static void kmeans_case_d(const char *preset, int dim, qva_dtype dt, int nhd, in
                 if (discrete) *x = fminf(2.0f, fmaxf(-2.0f, 0.5f * rintf(*x / (0.5f * 0.5f))));
                 /* tiny values: centroid sums the device cannot certify as
                  * exact, so they take its sequential path */
-                if (spice && rng_unit() < 0.01) *x *= 1e-9f;
+                if (spice == 1 && rng_unit() < 0.01) *x *= 1e-9f;
+                /* huge values: FP32 distances that overflow, so the
+                 * tensor-core assignment must leave them to the exact path */
+                if (spice == 2 && rng_unit() < 0.05) *x *= 3e18f;
                 int64_t o = qvi_offset(&t, bh / H, bh % H, n, c);
                 if (dt == QVA_BF16) {
                     *x = qva_round_bf16(*x);
@@ -934,6 +938,15 @@ static void test_kmeans(cudaStream_t st) {
     kmeans_case("small", QVA_F32, 1, 0, 1, 37, 4, st);
     kmeans_case("small", QVA_F32, 0, 0, 0, 16, 0, st); /* init + one assignment */
     kmeans_case("small", QVA_F32, 0, 1, 0, 16, 2, st); /* many exact ties */
+    /* bf16 with k <= 32: the tensor-core assignment (kmeans_tc.cu), its
+     * certificate failing on exact ties (discrete), subnormal squares (tiny
+     * values) and overflowing sums (huge values) */
+    kmeans_case("small", QVA_BF16, 0, 0, 0, 32, 2, st);
+    kmeans_case("small", QVA_BF16, 0, 1, 0, 32, 2, st);
+    kmeans_case("small", QVA_BF16, 1, 0, 1, 32, 2, st);
+    kmeans_case("small", QVA_BF16, 0, 0, 2, 32, 2, st);
+    kmeans_case("wan-small", QVA_BF16, 1, 0, 0, 32, 3, st);
+    kmeans_case("tiny", QVA_BF16, 0, 0, 0, 1, 2, st); /* k = 1 */
     kmeans_case("tiny", QVA_F32, 0, 0, 0, 16, 3, st);
     kmeans_case("tiny", QVA_BF16, 0, 1, 0, 12, 3, st);
     kmeans_case("tiny", QVA_BF16, 0, 0, 0, 200, 2, st); /* k > N: duplicate centroids */

@@ -121,6 +121,13 @@ void qvc_ops_free(qvc_ops *ops);
 qva_status qvc_kmeans_perm(const qvc_view *v, int k, int iters, int warm,
                            float *centroids, int32_t *perm, cudaStream_t st);
 
+/* The assignment's tensor-core form (src/cuda/kmeans_tc.cu): labels as
+ * sort keys [BH][N] = bh * k + label, equal to qvi_kmeans's, for bf16 V
+ * with 16-bit-aligned rows, D 64 or 128 and k <= 32 (qvc_km_assign_tc_ok). */
+int qvc_km_assign_tc_ok(const qvc_view *v, int k);
+qva_status qvc_km_assign_tc(const qvc_view *v, int BH, int k, const float *cent, uint32_t *keys,
+                            cudaStream_t st);
+
 /* The stable sort of k-means labels (src/cuda/kmeans_sort.cu): keys
  * [BH][n] = bh * k + label -> keys_out / vals_out (token indices) in the
  * CPU's stable order; cnt and start [BH][k] get each label's count and

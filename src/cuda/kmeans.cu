@@ -21,6 +21,10 @@
  *   - an empty cluster keeps its centroid; centroid = (float)(sum/count).
  *   - the N x k distance matrix is never stored.
  *
+ * The assignment of bf16 V with k <= 32 runs on the tensor cores instead
+ * (kmeans_tc.cu): the same labels, certified token by token, the CPU's
+ * sums where the certificate fails.
+ *
  * Per iteration: assign (labels as sort keys) -> sort (label counts,
  * offsets, the stable order) -> update.  After the iterations one more
  * assign + sort writes the permutation straight into perm.
@@ -274,6 +278,8 @@ static km_assign_fn km_assign_pick(const km_state *s) {
 }
 
 static qva_status km_assign(const km_state *s, const float *cent) {
+    if (qvc_km_assign_tc_ok(&s->v, s->k)) /* bf16, k <= 32: certified tensor-core distances */
+        return qvc_km_assign_tc(&s->v, s->BH, s->k, cent, s->keys, s->st);
     const int per_cta = s->use_smem ? KM_CTA_TOKENS : KM_THREADS;
     dim3 grid(qvi_cdiv(s->n, per_cta), s->BH);
     km_assign_pick(s)<<<grid, KM_THREADS, s->smem, s->st>>>(s->v, s->vec, s->k, cent, s->keys);

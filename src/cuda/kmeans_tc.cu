@@ -1,0 +1,253 @@
+/*
+ * The k-means assignment on the tensor cores, certified against the CPU's
+ * distances (qvi_kmeans, src/cpu/kmeans.c: FP32 sums of (x - c)^2 in
+ * channel order, no FMA, ties to the lower index), for bf16 V with k <= 32
+ * centroids and D 64 or 128: the common V-Smooth call.
+ *
+ * Why: the exact assignment (kmeans.cu) is bound by its FP32 adds (3 per
+ * token, centroid and channel); here the tensor cores give every
+ * distance, and the few tokens whose nearest centroid those cannot decide
+ * are redone the CPU's way.
+ *
+ * For a token x (bf16, so exact) and a centroid c (FP32, split c = hi + lo
+ * + r with hi = bf16(c), lo = bf16(c - hi), |r| <= 2^-18 |c|):
+ *   S_k = x . (hi + lo)        mma.sync m16n8k16 bf16, FP32 accumulate
+ *   a_k = |x|^2 + |c_k|^2 - 2 S_k   (FP64; |x|^2, |c_k|^2 exact enough in FP64)
+ * The products are exact; each of the 2D/16 chained MMAs adds its 16
+ * products and the running sum with an error of at most 17 units of 2^-23
+ * of the largest of them, even if the tensor core aligns and truncates, so
+ * the accumulation errs by at most 272 2^-23 (3.3e-5) of the products'
+ * absolute sum at D = 128; with the split's residual (2^-18) that is under
+ * 4e-5 |x||c_k|.  The bound used is 1e-4 (KMT_EPS_S), so
+ *   |a_k - d_k| <= E = 2e-4 |x| max_k|c_k| + 1e-12 (|x|^2 + max_k|c_k|^2)
+ * for the true squared distance d_k.  The CPU's FP32 value d^_k is within
+ * g d_k + s of d_k (g = 1e-5 >= (D + 3) 2^-24 for the subtraction, the
+ * square and D sequential adds of non-negative terms; s = 1e-37 covers
+ * squares that fall into the subnormals).  Let k1 be the least a_k (lowest
+ * index on ties) and a2 the second least.  If
+ *   (1 - g)(a2 - E) - (1 + g)(a_k1 + E) - 2 s > 0,
+ * then d^_k1 < d^_k for every other k (the left side only grows with a_k),
+ * so the CPU's strict-< scan ends at k1 whatever the order.  Otherwise (near
+ * ties, non-finite values, magnitudes near FP32 overflow) the warp computes
+ * the token's k distances exactly as the CPU does, one centroid per lane,
+ * and lane 0 runs the CPU's scan over them.
+ */
+#include <stdint.h>
+
+#include "common/device_util.cuh"
+#include "common/mma_sync.cuh"
+
+#define KMT_THREADS 256 /* 8 warps x 16 tokens */
+#define KMT_TOKENS 128
+#define KMT_K 32        /* centroids the tile holds (4 n-tiles of 8) */
+#define KMT_PAD 8       /* bf16 per centroid row past D: 16 bytes, so the 8 rows a
+                           B-fragment load touches fall in different banks */
+#define KMT_EPS_S 1e-4  /* bound on |S_k - x.c_k| / (|x||c_k|), with room */
+#define KMT_GAMMA 1e-5
+#define KMT_SLOP 1e-37
+
+/* Shared memory: hi and lo [KMT_K][D + KMT_PAD] bf16, |c_k|^2 [KMT_K] f64. */
+template <int D>
+struct kmt_smem {
+    uint16_t hi[KMT_K][D + KMT_PAD], lo[KMT_K][D + KMT_PAD];
+    double c2[KMT_K];
+    float cmax;
+};
+
+static __device__ __forceinline__ uint16_t kmt_bf16(float x) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+static __device__ __forceinline__ float kmt_widen(uint16_t u) {
+    return __uint_as_float((uint32_t)u << 16);
+}
+
+/* The head's centroids split into the tile (zero past k), their squared
+ * norms in FP64 and the largest norm. */
+template <int D>
+static __device__ void kmt_load_centroids(kmt_smem<D> &sm, const float *cg, int k) {
+    for (int e = threadIdx.x; e < KMT_K * D; e += KMT_THREADS) {
+        const int j = e / D, c = e % D;
+        const float x = j < k ? cg[j * D + c] : 0.0f;
+        const uint16_t h = kmt_bf16(x);
+        sm.hi[j][c] = h;
+        sm.lo[j][c] = kmt_bf16(x - kmt_widen(h)); /* x - hi is exact in FP32 */
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < KMT_K; j += KMT_THREADS / 32) {
+        double s = 0.0;
+        for (int c = lane; c < D; c += 32) {
+            const double x = j < k ? (double)cg[j * D + c] : 0.0;
+            s += x * x;
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) sm.c2[j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double m = 0.0;
+        for (int j = 0; j < k; ++j) m = fmax(m, sm.c2[j]); /* NaN norms: fallback below */
+        sm.cmax = (float)sqrt(m);
+    }
+    __syncthreads();
+}
+
+/* The CPU's label of token row (qvi_kmeans's assign_labels): one centroid
+ * per lane, the FP32 sequential sum, then the strict-< scan in index order
+ * on lane 0.  Every lane of the warp calls it. */
+template <int D>
+static __device__ int kmt_exact_label(const uint16_t *x, const float *cg, int k) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    if (lane < k) {
+        const float *c = cg + lane * D;
+        for (int i = 0; i < D; ++i) {
+            const float t = __fsub_rn(kmt_widen(__ldg(x + i)), __ldg(c + i));
+            acc = __fadd_rn(acc, __fmul_rn(t, t));
+        }
+    }
+    int best = 0;
+    float bd = __shfl_sync(0xffffffffu, acc, 0);
+    for (int j = 1; j < k; ++j) {
+        const float d = __shfl_sync(0xffffffffu, acc, j);
+        if (d < bd) { /* strict: ties (and a NaN first distance) keep the lower index */
+            bd = d;
+            best = j;
+        }
+    }
+    return best;
+}
+
+template <int D>
+__global__ void __launch_bounds__(KMT_THREADS)
+km_assign_tc_kernel(qvc_view v, int k, const float *cent, uint32_t *keys) {
+    constexpr int KC = D / 16;
+    __shared__ kmt_smem<D> sm;
+    const int bh = blockIdx.y, n = (int)v.N;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const float *cg = cent + (int64_t)bh * k * D;
+
+    /* ---- the warp's 16 tokens as A fragments, loaded before the centroids
+     * are split so that their latency overlaps it */
+    const int r0 = blockIdx.x * KMT_TOKENS + warp * 16 + g, r1 = r0 + 8;
+    const uint16_t *xb = (const uint16_t *)v.data + qvc_head_base(v, bh);
+    const uint16_t *x0 = xb + (int64_t)min(r0, n - 1) * v.sn, *x1 = xb + (int64_t)min(r1, n - 1) * v.sn;
+    uint32_t a[KC][4];
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+        const int c = 16 * kc + 2 * tig;
+        a[kc][0] = __ldg((const uint32_t *)(x0 + c));
+        a[kc][1] = __ldg((const uint32_t *)(x1 + c));
+        a[kc][2] = __ldg((const uint32_t *)(x0 + c + 8));
+        a[kc][3] = __ldg((const uint32_t *)(x1 + c + 8));
+    }
+    kmt_load_centroids<D>(sm, cg, k);
+
+    /* ---- S = x . (hi + lo) for 4 n-tiles of 8 centroids */
+    float s[4][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        const int j = nt * 8 + g;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc) {
+            const int c = 16 * kc + 2 * tig;
+            qvc_mma_bf16(s[nt], a[kc], *(const uint32_t *)&sm.hi[j][c], *(const uint32_t *)&sm.hi[j][c + 8]);
+            qvc_mma_bf16(s[nt], a[kc], *(const uint32_t *)&sm.lo[j][c], *(const uint32_t *)&sm.lo[j][c + 8]);
+        }
+    }
+
+    /* ---- |x|^2 of rows g and g + 8 (the quad holds each row's channels) */
+    double x2[2] = {0.0, 0.0};
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const double lo = kmt_widen((uint16_t)(a[kc][e] & 0xFFFFu)), hi = kmt_widen((uint16_t)(a[kc][e] >> 16));
+            x2[e & 1] += lo * lo + hi * hi;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        x2[i] += __shfl_xor_sync(0xffffffffu, x2[i], 1);
+        x2[i] += __shfl_xor_sync(0xffffffffu, x2[i], 2);
+    }
+
+    /* ---- per row: the least a (lowest index on ties), the second least,
+     * and whether they decide the CPU's label */
+    const double cmax = sm.cmax;
+    bool sure[2];
+    int best[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        double b1 = INFINITY, b2 = INFINITY;
+        int j1 = KMT_K;
+        bool finite = true;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = nt * 8 + 2 * tig + e;
+                if (j >= k) continue;
+                const double d = x2[i] + sm.c2[j] - 2.0 * (double)s[nt][2 * i + e];
+                finite &= isfinite(d);
+                if (d < b1 || (d == b1 && j < j1)) {
+                    b2 = b1;
+                    b1 = d, j1 = j;
+                } else if (d < b2) {
+                    b2 = d;
+                }
+            }
+        /* the quad's four column pairs */
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            const double ob1 = __shfl_xor_sync(0xffffffffu, b1, o), ob2 = __shfl_xor_sync(0xffffffffu, b2, o);
+            const int oj1 = __shfl_xor_sync(0xffffffffu, j1, o);
+            finite &= __shfl_xor_sync(0xffffffffu, (int)finite, o) != 0;
+            if (ob1 < b1 || (ob1 == b1 && oj1 < j1)) {
+                b2 = fmin(b1, ob2);
+                b1 = ob1, j1 = oj1;
+            } else {
+                b2 = fmin(b2, ob1);
+            }
+        }
+        const double E = 2.0 * KMT_EPS_S * sqrt(x2[i]) * cmax + 1e-12 * (x2[i] + cmax * cmax);
+        const double gap = (1.0 - KMT_GAMMA) * (b2 - E) - (1.0 + KMT_GAMMA) * (b1 + E) - 2.0 * KMT_SLOP;
+        /* a2 past 1e37: the CPU's FP32 sums may overflow; decide exactly */
+        sure[i] = finite && isfinite(E) && b1 < 1e37 && (k == 1 || (gap > 0.0 && b2 < 1e37));
+        best[i] = j1;
+    }
+
+    /* ---- labels: certified rows at once, the others the CPU's way */
+    const int rows[2] = {r0, r1};
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        if (tig == 0 && rows[i] < n && sure[i]) keys[(int64_t)bh * n + rows[i]] = (uint32_t)bh * (uint32_t)k + (uint32_t)best[i];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        unsigned todo = __ballot_sync(0xffffffffu, tig == 0 && rows[i] < n && !sure[i]);
+        while (todo) {
+            const int src = __ffs(todo) - 1;
+            todo &= todo - 1;
+            const int row = __shfl_sync(0xffffffffu, rows[i], src);
+            const int lab = kmt_exact_label<D>(xb + (int64_t)row * v.sn, cg, k);
+            if (lane == 0) keys[(int64_t)bh * n + row] = (uint32_t)bh * (uint32_t)k + (uint32_t)lab;
+        }
+    }
+}
+
+extern "C" int qvc_km_assign_tc_ok(const qvc_view *v, int k) {
+    return v->dtype == QVA_BF16 && k >= 1 && k <= KMT_K && (v->D == 64 || v->D == 128) &&
+           qvc_view_vec_ok(v, 2);
+}
+
+extern "C" qva_status qvc_km_assign_tc(const qvc_view *v, int BH, int k, const float *cent,
+                                       uint32_t *keys, cudaStream_t st) {
+    const dim3 grid((unsigned)qvi_cdiv((int)v->N, KMT_TOKENS), (unsigned)BH);
+    if (v->D == 64)
+        km_assign_tc_kernel<64><<<grid, KMT_THREADS, 0, st>>>(*v, k, cent, keys);
+    else
+        km_assign_tc_kernel<128><<<grid, KMT_THREADS, 0, st>>>(*v, k, cent, keys);
+    return qvc_launch_check("qvc_kmeans_perm: assign (tensor cores)");
+}
