@@ -51,13 +51,18 @@
 #define KMT_GAMMA 1e-5
 #define KMT_SLOP 1e-37
 
-/* Shared memory: the three bf16 parts [3][KMT_K][D + KMT_PAD], |c_k|^2
- * [KMT_K] f64, the largest |c_k|. */
+/* A head's centroids as the assignment reads them, made once per pass by
+ * km_cents_kernel and copied whole into each CTA's shared memory: the
+ * three bf16 parts [3][KMT_K][D + KMT_PAD], the FP32 values for the exact
+ * path (rows padded to D + 1 floats, so that 32 lanes reading one channel
+ * of 32 centroids hit 32 banks), |c_k|^2 in FP64 and the largest |c_k|;
+ * zero past k. */
 template <int D>
-struct kmt_smem {
+struct __align__(16) kmt_cents {
     uint16_t part[3][KMT_K][D + KMT_PAD];
+    float c[KMT_K][D + 1];
     double c2[KMT_K];
-    float cmax;
+    double cmax;
 };
 
 static __device__ __forceinline__ uint16_t kmt_bf16(float x) {
@@ -71,17 +76,23 @@ static __device__ __forceinline__ float kmt_widen(uint16_t u) {
     return __uint_as_float((uint32_t)u << 16);
 }
 
-/* The head's centroids split into the tile (zero past k), their squared
- * norms in FP64 and the largest norm. */
+/* One CTA per head: its centroids split (each remainder exact in FP32),
+ * their squared norms in FP64 and the largest norm (rounded up, so that
+ * the certificate's bound stays a bound). */
 template <int D>
-static __device__ void kmt_load_centroids(kmt_smem<D> &sm, const float *cg, int k) {
+__global__ void __launch_bounds__(KMT_THREADS)
+km_cents_kernel(const float *cent, int k, kmt_cents<D> *out) {
+    kmt_cents<D> &o = out[blockIdx.x];
+    const float *cg = cent + (int64_t)blockIdx.x * k * D;
+    __shared__ double c2[KMT_K];
     for (int e = threadIdx.x; e < KMT_K * D; e += KMT_THREADS) {
         const int j = e / D, c = e % D;
         float x = j < k ? cg[j * D + c] : 0.0f;
+        o.c[j][c] = x;
 #pragma unroll
-        for (int p = 0; p < 3; ++p) { /* each remainder is exact in FP32 */
+        for (int p = 0; p < 3; ++p) {
             const uint16_t h = kmt_bf16(x);
-            sm.part[p][j][c] = h;
+            o.part[p][j][c] = h;
             x = __fsub_rn(x, kmt_widen(h));
         }
     }
@@ -92,30 +103,29 @@ static __device__ void kmt_load_centroids(kmt_smem<D> &sm, const float *cg, int 
             const double x = j < k ? (double)cg[j * D + c] : 0.0;
             s += x * x;
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) sm.c2[j] = s;
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) c2[j] = o.c2[j] = s;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         double m = 0.0;
-        for (int j = 0; j < k; ++j) m = fmax(m, sm.c2[j]); /* NaN norms: fallback below */
-        sm.cmax = (float)sqrt(m);
+        for (int j = 0; j < k; ++j) m = fmax(m, c2[j]); /* a NaN norm: its distances fail below */
+        o.cmax = __dsqrt_ru(m);
     }
-    __syncthreads();
 }
 
 /* The CPU's label of token row (qvi_kmeans's assign_labels): one centroid
  * per lane, the FP32 sequential sum, then the strict-< scan in index order
  * on lane 0.  Every lane of the warp calls it. */
 template <int D>
-static __device__ int kmt_exact_label(const uint16_t *x, const float *cg, int k) {
+static __device__ int kmt_exact_label(const uint16_t *x, const kmt_cents<D> &sm, int k) {
     const int lane = threadIdx.x & 31;
     float acc = 0.0f;
     if (lane < k) {
-        const float *c = cg + lane * D;
+        const float *c = sm.c[lane];
 #pragma unroll 8
         for (int i = 0; i < D; ++i) {
-            const float t = __fsub_rn(kmt_widen(__ldg(x + i)), __ldg(c + i));
+            const float t = __fsub_rn(kmt_widen(__ldg(x + i)), c[i]);
             acc = __fadd_rn(acc, __fmul_rn(t, t));
         }
     }
@@ -133,15 +143,14 @@ static __device__ int kmt_exact_label(const uint16_t *x, const float *cg, int k)
 
 template <int D>
 __global__ void __launch_bounds__(KMT_THREADS)
-km_assign_tc_kernel(qvc_view v, int k, const float *cent, uint32_t *keys) {
+km_assign_tc_kernel(qvc_view v, int k, const kmt_cents<D> *cents, uint32_t *keys) {
     constexpr int KC = D / 16;
-    __shared__ kmt_smem<D> sm;
+    __shared__ kmt_cents<D> sm;
     const int bh = blockIdx.y, n = (int)v.N;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-    const float *cg = cent + (int64_t)bh * k * D;
 
-    /* ---- the warp's 16 tokens as A fragments, loaded before the centroids
-     * are split so that their latency overlaps it */
+    /* ---- the warp's 16 tokens as A fragments, then the head's centroids
+     * (their loads in flight together) */
     const int r0 = blockIdx.x * KMT_TOKENS + warp * 16 + g, r1 = r0 + 8;
     const uint16_t *xb = (const uint16_t *)v.data + qvc_head_base(v, bh);
     const uint16_t *x0 = xb + (int64_t)min(r0, n - 1) * v.sn, *x1 = xb + (int64_t)min(r1, n - 1) * v.sn;
@@ -154,7 +163,12 @@ km_assign_tc_kernel(qvc_view v, int k, const float *cent, uint32_t *keys) {
         a[kc][2] = __ldg((const uint32_t *)(x0 + c + 8));
         a[kc][3] = __ldg((const uint32_t *)(x1 + c + 8));
     }
-    kmt_load_centroids<D>(sm, cg, k);
+    {
+        const uint4 *src = (const uint4 *)(cents + bh);
+        uint4 *dst = (uint4 *)&sm;
+        for (int e = threadIdx.x; e < (int)(sizeof(kmt_cents<D>) / 16); e += KMT_THREADS) dst[e] = __ldg(src + e);
+    }
+    __syncthreads();
 
     /* ---- S = x . (hi + mid + lo) for 4 n-tiles of 8 centroids: per 16
      * channels a chain of three MMAs from zero, added in FP32 */
@@ -247,7 +261,7 @@ km_assign_tc_kernel(qvc_view v, int k, const float *cent, uint32_t *keys) {
             const int src = __ffs(todo) - 1;
             todo &= todo - 1;
             const int row = __shfl_sync(0xffffffffu, rows[i], src);
-            const int lab = kmt_exact_label<D>(xb + (int64_t)row * v.sn, cg, k);
+            const int lab = kmt_exact_label<D>(xb + (int64_t)row * v.sn, sm, k);
             if (lane == 0) keys[(int64_t)bh * n + row] = (uint32_t)bh * (uint32_t)k + (uint32_t)lab;
         }
     }
@@ -258,12 +272,26 @@ extern "C" int qvc_km_assign_tc_ok(const qvc_view *v, int k) {
            qvc_view_vec_ok(v, 2);
 }
 
+template <int D>
+static qva_status kmt_launch(const qvc_view *v, int BH, int k, const float *cent, uint32_t *keys,
+                             cudaStream_t st) {
+    kmt_cents<D> *cents = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&cents, (size_t)BH * sizeof(kmt_cents<D>), st);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_kmeans_perm: cudaMallocAsync");
+    km_cents_kernel<D><<<BH, KMT_THREADS, 0, st>>>(cent, k, cents);
+    qva_status r = qvc_launch_check("qvc_kmeans_perm: centroid parts");
+    if (r == QVA_OK) {
+        const dim3 grid((unsigned)qvi_cdiv((int)v->N, KMT_TOKENS), (unsigned)BH);
+        km_assign_tc_kernel<D><<<grid, KMT_THREADS, 0, st>>>(*v, k, cents, keys);
+        r = qvc_launch_check("qvc_kmeans_perm: assign (tensor cores)");
+    }
+    e = cudaFreeAsync(cents, st); /* stream-ordered: after the kernels */
+    if (e != cudaSuccess && r == QVA_OK) r = qvc_cuda_fail(e, "qvc_kmeans_perm: cudaFreeAsync");
+    return r;
+}
+
 extern "C" qva_status qvc_km_assign_tc(const qvc_view *v, int BH, int k, const float *cent,
                                        uint32_t *keys, cudaStream_t st) {
-    const dim3 grid((unsigned)qvi_cdiv((int)v->N, KMT_TOKENS), (unsigned)BH);
-    if (v->D == 64)
-        km_assign_tc_kernel<64><<<grid, KMT_THREADS, 0, st>>>(*v, k, cent, keys);
-    else
-        km_assign_tc_kernel<128><<<grid, KMT_THREADS, 0, st>>>(*v, k, cent, keys);
-    return qvc_launch_check("qvc_kmeans_perm: assign (tensor cores)");
+    return v->D == 64 ? kmt_launch<64>(v, BH, k, cent, keys, st)
+                      : kmt_launch<128>(v, BH, k, cent, keys, st);
 }
