@@ -163,13 +163,10 @@ km_assign_tc_kernel(qvc_view v, int k, const kmt_cents<D> *cents, uint32_t *keys
         a[kc][2] = __ldg((const uint32_t *)(x0 + c + 8));
         a[kc][3] = __ldg((const uint32_t *)(x1 + c + 8));
     }
-    { /* asynchronous copies, all in flight at once (a load-then-store loop
-       * waited for each round trip in turn) */
+    {
         const uint4 *src = (const uint4 *)(cents + bh);
         uint4 *dst = (uint4 *)&sm;
-        for (int e = threadIdx.x; e < (int)(sizeof(kmt_cents<D>) / 16); e += KMT_THREADS)
-            qvc_cp_async16(dst + e, src + e);
-        qvc_cp_async_wait_all();
+        for (int e = threadIdx.x; e < (int)(sizeof(kmt_cents<D>) / 16); e += KMT_THREADS) dst[e] = __ldg(src + e);
     }
     __syncthreads();
 
