@@ -16,12 +16,17 @@
  *                              three products chained from zero, the 8 (or
  *                              4) partials added in FP32 on the CUDA cores
  *   a_k = |x|^2 + |c_k|^2 - 2 S_k   (FP64; |x|^2, |c_k|^2 exact enough in FP64)
- * The products are exact; an MMA adds its 16 products and its C with an
- * error of at most 17 units of 2^-23 of their absolute sum even if the
- * tensor core aligns and truncates, so a 16-channel chain errs by at most
- * 51 2^-23 (6.1e-6) of its products' absolute sum, the FP32 adds of the
- * partials by 8 2^-24 more, the split by 2^-27: |S_k - x.c_k| is under
- * 7e-6 |x||c_k|.  The bound used is 1e-5 (KMT_EPS_S), so
+ * The products are exact.  Assuming, as for sm_90's BF16 MMA with FP32
+ * accumulation, that an MMA aligns its 16 products and its C to the
+ * largest of them with at least 24 bits and truncates (published models
+ * of the tensor cores; FP8's narrower accumulator is another path), each
+ * addend loses less than 2^-23 of the largest and the final normalisation
+ * another 2^-23 of the sum: at most 18 units of 2^-23 of the addends'
+ * absolute sum per MMA.  A 16-channel chain of three MMAs (C the previous
+ * partial) then errs by at most 54 2^-23 (6.4e-6) of its products'
+ * absolute sum, the FP32 adds of the partials by 8 2^-24 more, the split
+ * by 2^-27: |S_k - x.c_k| is under 7e-6 |x||c_k|.  The bound used is 1e-5
+ * (KMT_EPS_S), so
  *   |a_k - d_k| <= E = 2e-5 |x| max_k|c_k| + 1e-12 (|x|^2 + max_k|c_k|^2) + 1e-30
  * for the true squared distance d_k (the last term: bf16 or FP32 values the
  * tensor core may flush to zero).  The CPU's FP32 value d^_k is within
