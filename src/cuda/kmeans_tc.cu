@@ -70,17 +70,6 @@ struct __align__(16) kmt_cents {
     double cmax;
 };
 
-static __device__ __forceinline__ uint16_t kmt_bf16(float x) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    uint16_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
-
-static __device__ __forceinline__ float kmt_widen(uint16_t u) {
-    return __uint_as_float((uint32_t)u << 16);
-}
-
 /* One CTA per head: its centroids split (each remainder exact in FP32),
  * their squared norms in FP64 and the largest norm (rounded up, so that
  * the certificate's bound stays a bound). */
@@ -96,9 +85,9 @@ km_cents_kernel(const float *cent, int k, kmt_cents<D> *out) {
         o.c[j][c] = x;
 #pragma unroll
         for (int p = 0; p < 3; ++p) {
-            const uint16_t h = kmt_bf16(x);
+            const uint16_t h = __bfloat16_as_ushort(__float2bfloat16_rn(x));
             o.part[p][j][c] = h;
-            x = __fsub_rn(x, kmt_widen(h));
+            x = __fsub_rn(x, qvc_widen16<QVA_BF16>(h));
         }
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -130,7 +119,7 @@ static __device__ int kmt_exact_label(const uint16_t *x, const kmt_cents<D> &sm,
         const float *c = sm.c[lane];
 #pragma unroll 8
         for (int i = 0; i < D; ++i) {
-            const float t = __fsub_rn(kmt_widen(__ldg(x + i)), c[i]);
+            const float t = __fsub_rn(qvc_ld<QVA_BF16>(x, i), c[i]);
             acc = __fadd_rn(acc, __fmul_rn(t, t));
         }
     }
@@ -200,7 +189,8 @@ km_assign_tc_kernel(qvc_view v, int k, const kmt_cents<D> *cents, uint32_t *keys
     for (int kc = 0; kc < KC; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const double lo = kmt_widen((uint16_t)(a[kc][e] & 0xFFFFu)), hi = kmt_widen((uint16_t)(a[kc][e] >> 16));
+            const double lo = qvc_widen16<QVA_BF16>((uint16_t)(a[kc][e] & 0xFFFFu)),
+                         hi = qvc_widen16<QVA_BF16>((uint16_t)(a[kc][e] >> 16));
             x2[e & 1] += lo * lo + hi * hi;
         }
 #pragma unroll
