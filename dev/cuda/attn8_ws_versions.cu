@@ -387,3 +387,163 @@ extern "C" qva_status dev_attn8_ws9(const qvc_ops *ops, qvc_qk_format fmt,
     if (r != QVA_OK) return r;
     return a->expcast ? ws9_launch_means<1>(maps, &p, st) : ws9_launch_means<0>(maps, &p, st);
 }
+
+/* ------------------------------------------------------------ ws27 */
+/* The plain step's ping-pong with each warpgroup's own PV under its next
+ * softmax (FlashAttention-3's intra-warpgroup overlap, in the form that
+ * fits the two-level accumulation): in its turn a warpgroup issues
+ * QK(j+1) and then PV(j); it waits for QK(j+1) alone, computes block
+ * j+1's row max and P codes while PV(j) still runs, and only then waits
+ * for PV(j) and adds its partial into O.  The library waits for PV(j),
+ * then for QK(j+1), before the softmax: its own 272 tensor clocks of PV
+ * sit on its path.  The codes of j+1 go to a second fragment (PV(j) still
+ * reads the first), copied over after the wait.  Same arithmetic in the
+ * same order as the library (O: + part_j, x alpha_{j+1}; l: x alpha_j,
+ * + the row sum of j), so the outputs should be bit-identical.  Plain
+ * steps and one V digit only; the launcher runs the library kernel for
+ * the others. */
+struct ws27_flags : attn8_ws_flags<QVC_QK_INT8> {};
+
+/* Block j's softmax from its INT32 scores: the running max raised (alpha:
+ * the factor of O and of the sums before j; 1 where no max rose), the P
+ * codes into pa; the exp2 path's row sum (no ones rows) added into l here,
+ * as the library does, the ones rows' sums after PV(j) by the caller. */
+template <class F, int PMODE>
+static __device__ __forceinline__ void ws27_softmax(attn8_acc &r, int (&sacc)[64],
+                                                    const qvc_ops &ops, const qvc_attn_args &a,
+                                                    const float (&dq)[2], const float *kscale,
+                                                    int j, int tig, uint32_t (&pa)[4][4],
+                                                    float (&alpha)[2]) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+    float mx[2], rs[2] = {0.0f, 0.0f};
+    int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+    mx[0] = fmaxf(mx[0], r.m[0]);
+    mx[1] = fmaxf(mx[1], r.m[1]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        alpha[i] = qvc_softmax_alpha<QVC_SM_SKIP_UNCHANGED>(r.m[i], mx[i]);
+        if (!ONES) r.l[i] = r.l[i] * alpha[i]; /* the ones rows' l is rescaled with O */
+        r.m[i] = fmaxf(r.m[i], mx[i]);
+    }
+    if ((j + 1) * WS_KEYS > ops.nk)
+        make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                         a.expcast_add, j * WS_KEYS, ops.nk, tig,
+                                                         rs, pa);
+    else
+        make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                         a.expcast_add, j * WS_KEYS, ops.nk, tig,
+                                                         rs, pa);
+    if (!ONES) {
+        r.l[0] += qvc_quad_sum(rs[0]);
+        r.l[1] += qvc_quad_sum(rs[1]);
+    }
+}
+
+template <class F, int PMODE>
+static __device__ __forceinline__ void ws27_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, attn8_bars b, uint64_t qd,
+                                                     const float (&dq)[2], const float *kscale,
+                                                     const float *vblk, int cw, int tig) {
+    constexpr int ONES = PMODE != A8_P_EXP2;
+    uint32_t pa[4][4], pn[4][4];
+    float al[2]; /* block 0's: 1, O and l are still zero */
+    ws27_softmax<F, PMODE>(r, sacc, ops, a, dq, kscale, 0, tig, pa, al);
+    if (cw == 1) named_arrive(1, 256);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+        const float vb = vblk[j];
+        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+
+        named_sync(1 + cw, 256);
+        /* QK first: wait_group 1 then means QK(j+1) is done, PV(j) maybe not.
+         * Always issued (no wgmma on a divergent path); after the last
+         * block it re-reads this block's K tile and the result is dropped. */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+        float part[ONES ? 68 : 64];
+        issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        named_arrive(2 - cw, 256);
+
+        wg_wait<1>();
+        reg_fence(sacc);
+        float alpha[2] = {1.0f, 1.0f};
+        if (more) ws27_softmax<F, PMODE>(r, sacc, ops, a, dq, kscale, j + 1, tig, pn, alpha);
+
+        wg_wait<0>();
+        reg_fence(part);
+        /* pa is read by PV(j) until here: to the compiler the wgmma took it
+         * at issue, and it put pn's codes in pa's registers */
+#pragma unroll
+        for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
+        add_part<16>(r.o, part, 0, vb);
+        if (ONES) { /* l as O: + the sum of j, then x alpha_{j+1}; the library's
+                       x alpha_j, + the sum of j in the same sequence */
+            r.l[0] = (r.l[0] + part[64]) * alpha[0];
+            r.l[1] = (r.l[1] + part[66]) * alpha[1];
+        }
+        qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+        mbar_arrive(b.empty + 8 * s);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) pa[c][i] = pn[c][i];
+    }
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+}
+
+template <class F, int PMODE>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws27_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
+           const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    const attn8_bars b = dev_bars_at<F>(base);
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    const int wg = threadIdx.x >> 7;
+
+    dev_frame_init<F>(sm, b);
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, NULL, 0);
+        return;
+    }
+
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
+    attn8_acc r;
+    int sacc[64];
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    ws27_mainloop<F, PMODE>(r, sacc, ops, p.a, base, b, c.qd, c.dq,
+                            ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk, c.cw,
+                            c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
+}
+
+template <int PMODE>
+static qva_status ws27_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws27_flags F;
+    const int smem = A8_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const attn8_params) = ws27_attn8<F, PMODE>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws27 smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], m[3], *p);
+    return qvc_launch_check("ws27_attn8");
+}
+
+extern "C" qva_status dev_attn8_ws27(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (ops->v_mu || ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+    CUtensorMap maps[4];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws27_launch_p<A8_P_EXPCAST>(maps, &p, st);
+    if (a->sum_codes) return ws27_launch_p<A8_P_CODESUM>(maps, &p, st);
+    return ws27_launch_p<A8_P_EXP2>(maps, &p, st);
+}
