@@ -547,3 +547,303 @@ extern "C" qva_status dev_attn8_ws27(const qvc_ops *ops, qvc_qk_format fmt,
     if (a->sum_codes) return ws27_launch_p<A8_P_CODESUM>(maps, &p, st);
     return ws27_launch_p<A8_P_EXP2>(maps, &p, st);
 }
+
+/* ------------------------------------------------------------ ws28-ws30 */
+/* Diagnostic versions (wrong outputs; `perf` only): the library's plain
+ * ping-pong loop with parts removed, to see which part the tensor pipe
+ * waits for.  DIAG bit 0: no softmax (no row max, the P codes a constant
+ * 1.0); bit 1: no O update (the partial's registers are only fenced). */
+template <class F, int PMODE, int DIAG>
+static __device__ __forceinline__ void diag_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, attn8_bars b, uint64_t qd,
+                                                     const float (&dq)[2], const float *kscale,
+                                                     const float *vblk, int cw, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    if (cw == 1) named_arrive(1, 256);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+        const float vb = vblk[j];
+        uint32_t pa[4][4];
+        float rs[2] = {0.0f, 0.0f};
+        if (DIAG & 1) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) pa[c][i] = 0x38383838u ^ (uint32_t)(sacc[16 * c + i] & 1);
+        } else {
+            float mx[2];
+            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], r.m[0]);
+            mx[1] = fmaxf(mx[1], r.m[1]);
+            qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                             a.expcast_add, j * WS_KEYS, ops.nk,
+                                                             tig, rs, pa);
+            if (!ONES) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+        }
+        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+        named_sync(1 + cw, 256);
+        float part[ONES ? 68 : 64];
+        issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>();
+        reg_fence(part);
+        if (ONES) rs[0] = part[64], rs[1] = part[66];
+        if (DIAG & 2) {
+            r.o[0] += part[0] * vb, r.o[63] += part[63];
+        } else {
+            add_part<16>(r.o, part, 0, vb);
+        }
+        mbar_arrive(b.empty + 8 * s);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        wg_wait<0>();
+        reg_fence(sacc);
+    }
+    if (cw == 0) named_sync(1, 256);
+}
+
+template <class F, int PMODE, int DIAG>
+__global__ void __launch_bounds__(F::THREADS, 1)
+diag_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
+           const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    const attn8_bars b = dev_bars_at<F>(base);
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    dev_frame_init<F>(sm, b);
+    if ((threadIdx.x >> 7) == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, NULL, 0);
+        return;
+    }
+    const dev_place c = dev_consumer_place<F>(ops, base, bh, tile);
+    attn8_acc r;
+    int sacc[64];
+    dev_consumer_start(r, sacc, c.qd, base, b);
+    diag_mainloop<F, PMODE, DIAG>(r, sacc, ops, p.a, base, b, c.qd, c.dq,
+                                  ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk,
+                                  c.cw, c.tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, c.row0, c.g, c.tig);
+}
+
+template <int PMODE, int DIAG>
+static qva_status diag_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
+    typedef ws27_flags F;
+    const int smem = A8_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+              const attn8_params) = diag_attn8<F, PMODE, DIAG>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "diag smem attribute");
+    dim3 grid((unsigned)((p->ops.nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)p->ops.BH);
+    k<<<grid, F::THREADS, smem, st>>>(m[0], m[1], m[2], m[3], *p);
+    return qvc_launch_check("diag_attn8");
+}
+
+template <int DIAG>
+static qva_status diag_launch(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                              cudaStream_t st) {
+    if (ops->v_mu || ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+    CUtensorMap maps[4];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return diag_launch_p<A8_P_EXPCAST, DIAG>(maps, &p, st);
+    if (a->sum_codes) return diag_launch_p<A8_P_CODESUM, DIAG>(maps, &p, st);
+    return diag_launch_p<A8_P_EXP2, DIAG>(maps, &p, st);
+}
+
+extern "C" qva_status dev_attn8_ws28(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return diag_launch<1>(ops, fmt, a, st);
+}
+extern "C" qva_status dev_attn8_ws29(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return diag_launch<2>(ops, fmt, a, st);
+}
+extern "C" qva_status dev_attn8_ws30(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return diag_launch<3>(ops, fmt, a, st);
+}
+
+/* ------------------------------------------------------------ ws31 */
+/* Three consumer warpgroups of 64 query rows (192 per CTA), so that each
+ * scheduler holds three consumer warps: the diagnostic versions above
+ * say the tensor pipe waits for the softmax and the O update, whose
+ * instructions issue at about half the slots a scheduler has
+ * (bench/NOTES.md, "ws27-ws30").  160 registers per consumer thread: a
+ * warpgroup no longer has QK(j+1) in flight while PV(j)'s partial is live
+ * (the library's 64 + 68 + 64 + 16), it issues PV(j), adds the partial,
+ * then issues QK(j+1): at most O 64 + the partial 68 + the P fragment 16.
+ * No turns: three warpgroups keep the tensor queue fed.  Plain steps, one V
+ * digit; the library kernel runs the others. */
+struct ws31_flags : attn8_ws_flags<QVC_QK_INT8> {
+    static constexpr int CONSUMERS = 3;
+    static constexpr int ROWS = 64 * CONSUMERS;
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int CONSUMER_REGS = 160; /* (64K - 128 x 24) / 384, in multiples of 8 */
+    static constexpr int PRODUCER_REGS = 24;
+};
+
+#define W31_QB (192 * 128)
+#define W31_V_OFF(s) (W31_QB + (s) * A8_STAGE_BYTES)
+#define W31_ONES_OFF(s) (W31_V_OFF(s) + A8_TILE)
+#define W31_K_OFF(s) (W31_ONES_OFF(s) + A8_ONES)
+#define W31_BAR_OFF(S) (W31_QB + (S) * A8_STAGE_BYTES)
+#define W31_SMEM_BYTES(S) (W31_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
+
+template <class F>
+static __device__ __forceinline__ void ws31_producer(const CUtensorMap &tq, const CUtensorMap &tk,
+                                                     const CUtensorMap &tv, const qvc_ops &ops,
+                                                     uint32_t base, attn8_bars b, int bh,
+                                                     int tile) {
+    mbar_expect_tx(b.q, W31_QB);
+    tma_load_2d(base, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES;
+        const uint32_t full = b.full + 8 * s;
+        mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
+        mbar_expect_tx(full, 2 * A8_TILE);
+        tma_load_2d(base + W31_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+        tma_load_2d(base + W31_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+    }
+}
+
+template <class F, int PMODE>
+static __device__ __forceinline__ void ws31_mainloop(attn8_acc &r, int (&sacc)[64],
+                                                     const qvc_ops &ops, const qvc_attn_args &a,
+                                                     uint32_t base, attn8_bars b, uint64_t qd,
+                                                     const float (&dq)[2], const float *kscale,
+                                                     const float *vblk, int tig) {
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
+        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+        uint32_t pa[4][4];
+        float rs[2] = {0.0f, 0.0f};
+        float mx[2];
+        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+        mx[0] = fmaxf(mx[0], r.m[0]);
+        mx[1] = fmaxf(mx[1], r.m[1]);
+        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+        if ((j + 1) * WS_KEYS > ops.nk)
+            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                             a.expcast_add, j * WS_KEYS, ops.nk,
+                                                             tig, rs, pa);
+        else
+            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                             a.expcast_add, j * WS_KEYS, ops.nk,
+                                                             tig, rs, pa);
+        if (!ONES) {
+            rs[0] = qvc_quad_sum(rs[0]);
+            rs[1] = qvc_quad_sum(rs[1]);
+        }
+        float part[ONES ? 68 : 64];
+        issue_pv<ONES>(part, pa, sw128_desc(base + W31_V_OFF(s)));
+        wg_wait<0>();
+        reg_fence(part);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
+        if (ONES) rs[0] = part[64], rs[1] = part[66];
+        add_part<16>(r.o, part, 0, vblk[j]);
+        r.l[0] += rs[0];
+        r.l[1] += rs[1];
+        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
+        /* always issued (no wgmma on a divergent path); after the last
+         * block it re-reads this block's K tile, released only below */
+        issue_qk<QVC_QK_INT8>(sacc, qd, base + W31_K_OFF(more ? sn : s));
+        wg_wait<0>();
+        reg_fence(sacc);
+        mbar_arrive(b.empty + 8 * s);
+    }
+}
+
+template <class F, int PMODE>
+__global__ void __launch_bounds__(F::THREADS, 1)
+ws31_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+           const __grid_constant__ CUtensorMap tv, const attn8_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = dev_smem(smem_raw);
+    const uint32_t base = smem_addr(sm);
+    attn8_bars b;
+    b.q = base + W31_BAR_OFF(F::STAGES);
+    b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    const qvc_ops &ops = p.ops;
+    const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
+    for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
+        *(uint32_t *)(sm + W31_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (threadIdx.x == 0) {
+        mbar_init(b.q, 1);
+        for (int s = 0; s < F::STAGES; ++s) {
+            mbar_init(b.full + 8 * s, 1);
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if ((threadIdx.x >> 7) == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
+        if (threadIdx.x == 0) ws31_producer<F>(tq, tk, tv, ops, base, b, bh, tile);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const uint64_t qd = sw128_desc(base + cw * 64 * 128);
+    const int row0 = tile * F::ROWS + cw * 64 + warp * 16;
+    float dq[2];
+    qvc_q_scales(ops, bh, row0 + g, dq);
+    attn8_acc r;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    r.m[0] = r.m[1] = -INFINITY;
+    r.l[0] = r.l[1] = 0.0f;
+    int sacc[64];
+    mbar_wait(b.q, 0);
+    mbar_wait(b.full, 0);
+    issue_qk<QVC_QK_INT8>(sacc, qd, base + W31_K_OFF(0));
+    wg_wait<0>();
+    reg_fence(sacc);
+    ws31_mainloop<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, ops.k_scale + (size_t)bh * nblk,
+                            ops.v_blk + (size_t)bh * nblk, tig);
+    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+}
+
+template <int PMODE>
+static qva_status ws31_launch_p(const qvc_ops *ops, const CUtensorMap *m, const attn8_params *p,
+                                cudaStream_t st) {
+    typedef ws31_flags F;
+    CUtensorMap tq; /* Q in boxes of 192 rows */
+    qva_status r = make_map(&tq, ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, F::ROWS);
+    if (r != QVA_OK) return r;
+    const int smem = W31_SMEM_BYTES(F::STAGES);
+    void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
+        ws31_attn8<F, PMODE>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "ws31 smem attribute");
+    dim3 grid((unsigned)((ops->nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)ops->BH);
+    k<<<grid, F::THREADS, smem, st>>>(tq, m[1], m[2], *p);
+    return qvc_launch_check("ws31_attn8");
+}
+
+extern "C" qva_status dev_attn8_ws31(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (ops->v_mu || ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+    CUtensorMap maps[4];
+    attn8_params p;
+    const qva_status r = version_args(ops, fmt, a, maps, &p);
+    if (r != QVA_OK) return r;
+    if (a->expcast) return ws31_launch_p<A8_P_EXPCAST>(ops, maps, &p, st);
+    if (a->sum_codes) return ws31_launch_p<A8_P_CODESUM>(ops, maps, &p, st);
+    return ws31_launch_p<A8_P_EXP2>(ops, maps, &p, st);
+}
