@@ -698,6 +698,7 @@ struct ws31_flags : attn8_ws_flags<QVC_QK_INT8> {
 #define W31_V_OFF(s) (W31_QB + (s) * A8_STAGE_BYTES)
 #define W31_ONES_OFF(s) (W31_V_OFF(s) + A8_TILE)
 #define W31_K_OFF(s) (W31_ONES_OFF(s) + A8_ONES)
+#define W31_MU_OFF(s) (W31_K_OFF(s) + A8_TILE)
 #define W31_BAR_OFF(S) (W31_QB + (S) * A8_STAGE_BYTES)
 #define W31_SMEM_BYTES(S) (W31_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
 
@@ -705,69 +706,124 @@ template <class F>
 static __device__ __forceinline__ void ws31_producer(const CUtensorMap &tq, const CUtensorMap &tk,
                                                      const CUtensorMap &tv, const qvc_ops &ops,
                                                      uint32_t base, attn8_bars b, int bh,
-                                                     int tile) {
+                                                     int tile, const float *vmu) {
     mbar_expect_tx(b.q, W31_QB);
     tma_load_2d(base, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        mbar_expect_tx(full, 2 * A8_TILE);
+        mbar_expect_tx(full, 2 * A8_TILE + (vmu ? 512 : 0));
         tma_load_2d(base + W31_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + W31_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+        if (vmu) bulk_load(base + W31_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
     }
 }
 
-template <class F, int PMODE>
-static __device__ __forceinline__ void ws31_mainloop(attn8_acc &r, int (&sacc)[64],
-                                                     const qvc_ops &ops, const qvc_attn_args &a,
-                                                     uint32_t base, attn8_bars b, uint64_t qd,
+/* The V-Smooth restore's shared memory after the ring's mbarriers: one
+ * mean tile per consumer warpgroup, then 16 bytes of pending sums per
+ * consumer thread (attn8_restore.cuh). */
+#define W32_TILE_OFF(S) ((W31_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1023) & ~1023)
+#define W32_PEND_OFF(S) (W32_TILE_OFF(S) + 3 * A8R_TILE)
+#define W32_SMEM_BYTES(S) (W32_PEND_OFF(S) + 384 * 16 + 1024)
+
+template <class F, int PMODE, int MEANS>
+static __device__ __forceinline__ void ws31_mainloop(attn8_acc &r, const qvc_ops &ops,
+                                                     const qvc_attn_args &a, uint32_t base,
+                                                     uint8_t *sm, attn8_bars b, uint64_t qd,
                                                      const float (&dq)[2], const float *kscale,
-                                                     const float *vblk, int tig) {
+                                                     const float *vblk, int cw, int tig) {
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
-    for (int j = 0; j < ops.nblk; ++j) {
-        const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-        const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
-        uint32_t pa[4][4];
-        float rs[2] = {0.0f, 0.0f};
-        float mx[2];
-        int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
-        mx[0] = fmaxf(mx[0], r.m[0]);
-        mx[1] = fmaxf(mx[1], r.m[1]);
-        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-        if ((j + 1) * WS_KEYS > ops.nk)
-            make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
-                                                             a.expcast_add, j * WS_KEYS, ops.nk,
-                                                             tig, rs, pa);
-        else
-            make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
-                                                             a.expcast_add, j * WS_KEYS, ops.nk,
-                                                             tig, rs, pa);
-        if (!ONES) {
-            rs[0] = qvc_quad_sum(rs[0]);
-            rs[1] = qvc_quad_sum(rs[1]);
-        }
-        float part[ONES ? 68 : 64];
-        issue_pv<ONES>(part, pa, sw128_desc(base + W31_V_OFF(s)));
-        wg_wait<0>();
-        reg_fence(part);
+    uint32_t *ph = NULL;
+    if (MEANS) {
+        ph = (uint32_t *)(sm + W32_PEND_OFF(F::STAGES) + 16 * (threadIdx.x - 128));
+        *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+    }
+    uint8_t *tile = sm + W32_TILE_OFF(F::STAGES) + cw * A8R_TILE;
+    const int batch = MEANS ? A8R_BATCH : ops.nblk;
+    /* Per block, in one warpgroup: QK(j), the softmax, PV(j), the partial
+     * into O; the batch's restore after its last block, when only O is
+     * live (the restore accumulates into O: ptxas keeps it in one block
+     * of 64 registers beside the 68 that S and the partial share). */
+    for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
+        const int j1 = min(j0 + batch, ops.nblk);
+        for (int j = j0; j < j1; ++j) {
+            const int s = j % F::STAGES;
+            int sacc[64];
+            mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + W31_K_OFF(s));
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
+                        f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const float vb = vblk[j];
+            wg_wait<0>();
+            reg_fence(sacc);
+            uint32_t pa[4][4];
+            float rs[2] = {0.0f, 0.0f};
+            float mx[2];
+            int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            mx[0] = fmaxf(mx[0], r.m[0]);
+            mx[1] = fmaxf(mx[1], r.m[1]);
+            if (MEANS) { /* the pending row sums are rescaled as O is */
+                float alpha[2];
+                qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+                qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
+                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale(ph, alpha);
+            } else {
+                qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
+            }
+            if ((j + 1) * WS_KEYS > ops.nk)
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            else
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                 a.expcast_add, j * WS_KEYS,
+                                                                 ops.nk, tig, rs, pa);
+            if (!ONES) {
+                rs[0] = qvc_quad_sum(rs[0]);
+                rs[1] = qvc_quad_sum(rs[1]);
+            }
+            float part[ONES ? 68 : 64];
+            issue_pv<ONES>(part, pa, sw128_desc(base + W31_V_OFF(s)));
+            wg_wait<0>();
+            reg_fence(part);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
-        if (ONES) rs[0] = part[64], rs[1] = part[66];
-        add_part<16>(r.o, part, 0, vblk[j]);
-        r.l[0] += rs[0];
-        r.l[1] += rs[1];
-        if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
-        /* always issued (no wgmma on a divergent path); after the last
-         * block it re-reads this block's K tile, released only below */
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + W31_K_OFF(more ? sn : s));
-        wg_wait<0>();
-        reg_fence(sacc);
-        mbar_arrive(b.empty + 8 * s);
+            for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
+            if (ONES) rs[0] = part[64], rs[1] = part[66];
+            add_part<16>(r.o, part, 0, vb);
+            if (MEANS) {
+                a8r_fill(tile, (const float *)(sm + W31_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+                a8r_pend(ph, rs, j, tig);
+            }
+            r.l[0] += rs[0];
+            r.l[1] += rs[1];
+            mbar_arrive(b.empty + 8 * s);
+        }
+        if (MEANS) { /* into a fresh accumulator, then added: O needs no fixed registers */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            named_sync(3 + cw, 128);
+            const uint4 v = *(const uint4 *)ph;
+            const uint32_t pend[4] = {v.x, v.y, v.z, v.w};
+            float rst[64];
+            wg_fence();
+            asm volatile(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64
+                ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                : F64(rst)
+                : "r"(pend[0]), "r"(pend[1]), "r"(pend[2]), "r"(pend[3]),
+                  "l"(a8r_tile_desc(smem_addr(tile))));
+            wg_commit();
+            *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+            wg_wait<0>();
+            reg_fence(rst);
+#pragma unroll
+            for (int i = 0; i < 64; ++i) r.o[i] += rst[i];
+        }
     }
 }
 
-template <class F, int PMODE>
+template <class F, int PMODE, int MEANS>
 __global__ void __launch_bounds__(F::THREADS, 1)
 ws31_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
            const __grid_constant__ CUtensorMap tv, const attn8_params p) {
@@ -781,6 +837,9 @@ ws31_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUten
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + W31_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+    if (MEANS) /* a short last batch's unwritten slots meet zero sums: keep them finite */
+        for (int i = threadIdx.x; i < 3 * A8R_TILE / 4; i += F::THREADS)
+            *(uint32_t *)(sm + W32_TILE_OFF(F::STAGES) + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
@@ -793,7 +852,9 @@ ws31_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUten
     __syncthreads();
     if ((threadIdx.x >> 7) == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
-        if (threadIdx.x == 0) ws31_producer<F>(tq, tk, tv, ops, base, b, bh, tile);
+        if (threadIdx.x == 0)
+            ws31_producer<F>(tq, tk, tv, ops, base, b, bh, tile,
+                             MEANS ? ops.v_mu + (size_t)bh * nblk * 128 : NULL);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
@@ -808,27 +869,23 @@ ws31_attn8(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUten
     for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
-    int sacc[64];
     mbar_wait(b.q, 0);
-    mbar_wait(b.full, 0);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + W31_K_OFF(0));
-    wg_wait<0>();
-    reg_fence(sacc);
-    ws31_mainloop<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, ops.k_scale + (size_t)bh * nblk,
-                            ops.v_blk + (size_t)bh * nblk, tig);
+    ws31_mainloop<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq,
+                                   ops.k_scale + (size_t)bh * nblk, ops.v_blk + (size_t)bh * nblk,
+                                   cw, tig);
     attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
 }
 
-template <int PMODE>
+template <int PMODE, int MEANS>
 static qva_status ws31_launch_p(const qvc_ops *ops, const CUtensorMap *m, const attn8_params *p,
                                 cudaStream_t st) {
     typedef ws31_flags F;
     CUtensorMap tq; /* Q in boxes of 192 rows */
     qva_status r = make_map(&tq, ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, F::ROWS);
     if (r != QVA_OK) return r;
-    const int smem = W31_SMEM_BYTES(F::STAGES);
+    const int smem = MEANS ? W32_SMEM_BYTES(F::STAGES) : W31_SMEM_BYTES(F::STAGES);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const attn8_params) =
-        ws31_attn8<F, PMODE>;
+        ws31_attn8<F, PMODE, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "ws31 smem attribute");
     dim3 grid((unsigned)((ops->nq_pad + F::ROWS - 1) / F::ROWS), (unsigned)ops->BH);
@@ -836,14 +893,27 @@ static qva_status ws31_launch_p(const qvc_ops *ops, const CUtensorMap *m, const 
     return qvc_launch_check("ws31_attn8");
 }
 
-extern "C" qva_status dev_attn8_ws31(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (ops->v_mu || ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+template <int MEANS>
+static qva_status ws31_launch(const qvc_ops *ops, qvc_qk_format fmt, const qvc_attn_args *a,
+                              cudaStream_t st) {
     CUtensorMap maps[4];
     attn8_params p;
     const qva_status r = version_args(ops, fmt, a, maps, &p);
     if (r != QVA_OK) return r;
-    if (a->expcast) return ws31_launch_p<A8_P_EXPCAST>(ops, maps, &p, st);
-    if (a->sum_codes) return ws31_launch_p<A8_P_CODESUM>(ops, maps, &p, st);
-    return ws31_launch_p<A8_P_EXP2>(ops, maps, &p, st);
+    if (a->expcast) return ws31_launch_p<A8_P_EXPCAST, MEANS>(ops, maps, &p, st);
+    if (a->sum_codes) return ws31_launch_p<A8_P_CODESUM, MEANS>(ops, maps, &p, st);
+    return ws31_launch_p<A8_P_EXP2, MEANS>(ops, maps, &p, st);
+}
+
+/* ws31: plain steps (the library kernel on V-Smooth steps); ws32: ws31
+ * with the V-Smooth steps too, the restore batched as the library's. */
+extern "C" qva_status dev_attn8_ws31(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (ops->v_mu || ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+    return ws31_launch<0>(ops, fmt, a, st);
+}
+extern "C" qva_status dev_attn8_ws32(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (ops->v_t_lo) return launch_version<ws27_flags>(ops, fmt, a, st);
+    return ops->v_mu ? ws31_launch<1>(ops, fmt, a, st) : ws31_launch<0>(ops, fmt, a, st);
 }

@@ -38,6 +38,7 @@ qva_status dev_attn8_ws28(const qvc_ops *, qvc_qk_format, const qvc_attn_args *,
 qva_status dev_attn8_ws29(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_attn8_ws30(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_attn8_ws31(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+qva_status dev_attn8_ws32(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
@@ -57,6 +58,7 @@ static const version VERSIONS[] = {
     {"ws29", 0, {dev_attn8_ws29, NULL, 0}},
     {"ws30", 0, {dev_attn8_ws30, NULL, 0}},
     {"ws31", 0, {dev_attn8_ws31, NULL, 0}},
+    {"ws32", 0, {dev_attn8_ws32, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
