@@ -805,6 +805,8 @@ static __device__ __forceinline__ void ws31_mainloop(attn8_acc &r, const qvc_ops
             const uint4 v = *(const uint4 *)ph;
             const uint32_t pend[4] = {v.x, v.y, v.z, v.w};
             float rst[64];
+#pragma unroll
+            for (int i = 0; i < 64; ++i) rst[i] = 0.0f; /* not read: the wgmma's scale-d is 0 */
             wg_fence();
             asm volatile(
                 "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
