@@ -16,7 +16,7 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, ws9 (8-bit methods), dw10, dw11, dw16,
+ * Kernels: lib (the library's), ws5 (8-bit methods), dw10, dw11, dw16,
  * serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
@@ -32,13 +32,6 @@
 #include "cuda_internal.h"
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws9(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws27(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws28(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws29(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws30(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws31(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws32(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
@@ -52,13 +45,6 @@ typedef struct version {
 static const version VERSIONS[] = {
     {"lib", -1, {NULL, NULL, 0}},
     {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
-    {"ws9", 0, {dev_attn8_ws9, NULL, 0}},
-    {"ws27", 0, {dev_attn8_ws27, NULL, 0}},
-    {"ws28", 0, {dev_attn8_ws28, NULL, 0}},
-    {"ws29", 0, {dev_attn8_ws29, NULL, 0}},
-    {"ws30", 0, {dev_attn8_ws30, NULL, 0}},
-    {"ws31", 0, {dev_attn8_ws31, NULL, 0}},
-    {"ws32", 0, {dev_attn8_ws32, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},

@@ -16,8 +16,12 @@
 /* ------------------------------------------------------------ flags */
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
- *   QK(j+1) issued before the softmax of j in one warpgroup: spills (ws1, ws3)
- *   three consumer warpgroups of 64 rows: spills at 160 registers (ws7)
+ *   two INT8 consumer warpgroups in ping-pong, one issuing PV(j) and
+ *   QK(j+1) while the other made its P codes: 9-10% slower on plain steps
+ *   than three warpgroups that each run QK, softmax, PV in turn (ws31, ws32)
+ *   in that ping-pong, QK(j+1) issued before the softmax of j: spills (ws1,
+ *   ws3); or QK(j+1) then PV(j), the codes of j+1 made under PV(j): 5%
+ *   slower (ws27: the O update moves onto the path)
  *   the float-score softmax for INT8: I2F/F2I share the MUFU pipe (ws0)
  *   block j+1's K and V scales loaded during block j: 1.5% slower (ws11)
  *   the turn's wgmma descriptors made before its barrier: no change (ws13)
@@ -31,33 +35,31 @@
  *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22)
  *   Q's INT8 codes made by the consumers from the caller's 16-bit Q: prep
  *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md)
- *   the restore's wgmma in the next batch's first turn (SS, the pending
- *   sums as a shared tile; RS there spills: C7512), or SS at the batch's
- *   end: 5% slower on the reuse step; left in flight across the batch
+ *   the restore's wgmma in the next batch's first turn or at the batch's
+ *   end (SS): 5% slower on the reuse step; left in flight across the batch
  *   loop's back edge, ptxas serializes every wgmma (C7515) (ws24-ws26) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
     static constexpr bool INT8 = FMT == QVC_QK_INT8;
     static constexpr int STAGES = INT8 ? 4 : 2;   /* K/V ring depth */
-    static constexpr bool PINGPONG = INT8;        /* consumer warpgroups take turns;
-                                                     with means: the batched restore */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
-    static constexpr int CONSUMERS = 2;           /* warpgroups of 64 query rows */
+    /* INT8: three warpgroups of 64 query rows, each running QK, softmax and
+     * PV of a block in turn, so that every scheduler holds three consumer
+     * warps (bench/NOTES.md, "Three consumer warpgroups"); E4M3: two. */
+    static constexpr int CONSUMERS = INT8 ? 3 : 2;
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     /* registers per consumer thread after setmaxnreg: the file (64K)
      * minus the producer's 128 x 24, in multiples of 8 */
-    static constexpr int CONSUMER_REGS = 240;
     static constexpr int PRODUCER_REGS = 24;
+    static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
- * stage (v_t_lo), whose PV product adds to the same partial.  Four stages
- * would need 229 KB of shared memory: three.  (Plain steps alone fit 4 in
- * 218 KB: in one run each, sage8+v2 1.3% faster, vc8+expcast+v2 no
- * faster; not kept, bench/NOTES.md.) */
+ * stage (v_t_lo), whose PV product adds to the same partial; three
+ * stages. */
 struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr int STAGES = 3;
     static constexpr bool VLO = true;
@@ -73,24 +75,33 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
 #define A8_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
 #define A8_STAGE_BYTES (2 * A8_TILE + A8_ONES + A8_MU)
+
+#include "dense/attn8_restore.cuh"
+
 /* Shared memory from a 1024-byte aligned base:
- *   Q (128 rows) | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers */
-#define A8_Q_OFF 0
-#define A8_QB (128 * 128)
-#define A8_V_OFF(s) (A8_QB + (s) * A8_STAGE_BYTES)
-#define A8_ONES_OFF(s) (A8_V_OFF(s) + A8_TILE)
-#define A8_K_OFF(s) (A8_ONES_OFF(s) + A8_ONES)
-#define A8_MU_OFF(s) (A8_K_OFF(s) + A8_TILE)
-#define A8_BAR_OFF(S) (A8_QB + (S) * A8_STAGE_BYTES)
-#define A8_SMEM_BYTES(S) (A8_BAR_OFF(S) + 8 * (1 + 2 * (S)) + 1024)
-
-#include "dense/attn8_restore.cuh" /* its tiles follow the mbarriers */
-
-/* VLO: the lo tiles of the S stages after the restore's tiles and sums
- * (laid out whether or not the call has means). */
-#define A8_VLO_BASE(S) ((A8R_PEND_OFF(S) + 256 * 16 + 1023) & ~1023)
-#define A8_VLO_OFF(S, s) (A8_VLO_BASE(S) + (s) * A8_TILE)
-#define A8_VLO_SMEM_BYTES(S) (A8_VLO_BASE(S) + (S) * A8_TILE + 1024)
+ *   Q (ROWS rows) | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers
+ *   | V-Smooth: one mean tile per consumer warpgroup, pending sums
+ *   | +v2: the lo tiles of the stages */
+template <class F>
+struct attn8_layout {
+    static constexpr int Q = 0;
+    static constexpr int QB = F::ROWS * 128;
+    static constexpr int v(int s) { return QB + s * A8_STAGE_BYTES; }
+    static constexpr int ones(int s) { return v(s) + A8_TILE; }
+    static constexpr int k(int s) { return ones(s) + A8_ONES; }
+    static constexpr int mu(int s) { return k(s) + A8_TILE; }
+    static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
+    static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES);
+    static constexpr int TILES = (BARS_END + 1023) & ~1023;
+    static constexpr int PEND = TILES + F::CONSUMERS * A8R_TILE;
+    static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
+    static constexpr int VLO = (PEND_END + 1023) & ~1023;
+    static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
+    /* dynamic shared memory, with 1024 bytes for the alignment */
+    static constexpr int bytes(bool means) {
+        return (F::VLO ? VLO + F::STAGES * A8_TILE : means ? PEND_END : BARS_END) + 1024;
+    }
+};
 
 typedef struct attn8_params {
     qvc_ops ops;
@@ -109,18 +120,18 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                                                       const qvc_ops &ops, uint32_t base,
                                                       attn8_bars b, int bh, int tile,
                                                       const float *vmu, int mu_smem) {
-    mbar_expect_tx(b.q, A8_QB);
-    tma_load_2d(base + A8_Q_OFF, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
+    typedef attn8_layout<F> L;
+    mbar_expect_tx(b.q, L::QB);
+    tma_load_2d(base + L::Q, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
         mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE + (mu_smem ? 512 : 0));
-        tma_load_2d(base + A8_K_OFF(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
-        tma_load_2d(base + A8_V_OFF(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
-        if (F::VLO)
-            tma_load_2d(base + A8_VLO_OFF(F::STAGES, s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
-        if (mu_smem) bulk_load(base + A8_MU_OFF(s), vmu + (size_t)j * 128, 512, full);
+        tma_load_2d(base + L::k(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
+        tma_load_2d(base + L::v(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
+        if (F::VLO) tma_load_2d(base + L::vlo(s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
+        if (mu_smem) bulk_load(base + L::mu(s), vmu + (size_t)j * 128, 512, full);
     }
 }
 
@@ -132,30 +143,39 @@ typedef struct attn8_acc {
     float m[2], l[2];
 } attn8_acc;
 
-/* INT8 QK, consumer warpgroups in ping-pong: warpgroup cw issues its
- * GEMMs after named barrier 1 + cw and then lets the other go (2 - cw);
- * the O update of block j runs under QK(j+1).  sacc holds QK(0).
+/* INT8 QK: each consumer warpgroup runs a block's QK, softmax, PV and O
+ * update in turn, waiting for each GEMM (three warpgroups keep the tensor
+ * pipe fed; at 160 registers a warpgroup holds O, then S or the partial,
+ * and the P fragment, never two accumulators in flight).
  * MEANS (V-Smooth's demeaned steps): the restore O += r_j mu_j^T is
  * batched, one FP16 wgmma per A8R_BATCH blocks (attn8_restore.cuh); the
  * batches are the outer loop, so that the restore's wgmma sits on every
  * path through it (ptxas serializes wgmmas it finds on a conditional one).
  * Without MEANS one batch holds every block. */
 template <class F, int PMODE, int MEANS>
-static __device__ __forceinline__ void attn8_mainloop_pingpong(
-    attn8_acc &r, int (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
-    uint8_t *sm, attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale,
-    const float *vblk, int cw, int tig) {
+static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const qvc_ops &ops,
+                                                           const qvc_attn_args &a, uint32_t base,
+                                                           uint8_t *sm, attn8_bars b, uint64_t qd,
+                                                           const float (&dq)[2],
+                                                           const float *kscale, const float *vblk,
+                                                           int cw, int tig) {
+    typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
-    uint32_t *ph = MEANS ? a8r_pending(sm, F::STAGES) : NULL;
-    uint8_t *tile = sm + A8R_TILE_OFF(F::STAGES) + cw * A8R_TILE;
+    uint32_t *ph = MEANS ? a8r_pending(sm, L::PEND) : NULL;
+    uint8_t *tile = sm + L::TILES + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
-    if (cw == 1) named_arrive(1, 256);
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
-            const int s = j % F::STAGES, sn = (j + 1) % F::STAGES, more = j + 1 < ops.nblk;
-            const float f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+            const int s = j % F::STAGES;
+            int sacc[64];
+            mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
+            issue_qk<QVC_QK_INT8>(sacc, qd, base + L::k(s));
+            const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
+                        f1 = (dq[1] * kscale[j]) * a.scale_log2;
             const float vb = vblk[j];
+            wg_wait<0>();
+            reg_fence(sacc);
             uint32_t pa[4][4];
             float rs[2] = {0.0f, 0.0f};
             float mx[2];
@@ -182,42 +202,30 @@ static __device__ __forceinline__ void attn8_mainloop_pingpong(
                 rs[0] = qvc_quad_sum(rs[0]);
                 rs[1] = qvc_quad_sum(rs[1]);
             }
-            if (more) mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
-
-            named_sync(1 + cw, 256);
             float part[ONES ? 68 : 64];
             if (F::VLO)
-                issue_pv_digits<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)),
-                                      sw128_desc(base + A8_VLO_OFF(F::STAGES, s)));
+                issue_pv_digits<ONES>(part, pa, sw128_desc(base + L::v(s)),
+                                      sw128_desc(base + L::vlo(s)));
             else
-                issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
-            /* Always issued, so that no wgmma sits on a divergent path (ptxas
-             * would serialize them); after the last block it re-reads this
-             * block's K tile and the result is dropped. */
-            issue_qk<QVC_QK_INT8>(sacc, qd, base + A8_K_OFF(more ? sn : s));
-            named_arrive(2 - cw, 256);
-
-            wg_wait<1>(); /* PV of block j; QK of j+1 still running */
+                issue_pv<ONES>(part, pa, sw128_desc(base + L::v(s)));
+            wg_wait<0>();
             reg_fence(part);
+            /* the wgmma reads pa until the wait; to the compiler it took
+             * pa at issue, so this use keeps pa's registers from reuse */
+#pragma unroll
+            for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
             if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
-                a8r_fill(tile, (const float *)(sm + A8_MU_OFF(s)), j, (threadIdx.x - 128) & 127);
+                a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
-            mbar_arrive(b.empty + 8 * s);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
-            wg_wait<0>();
-            reg_fence(sacc);
+            mbar_arrive(b.empty + 8 * s);
         }
-        if (MEANS) {
-            a8r_flush(r.o, ph, smem_addr(tile), cw);
-            wg_wait<0>();
-            reg_fence(r.o);
-        }
+        if (MEANS) a8r_flush(r.o, ph, smem_addr(tile), cw);
     }
-    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }
 
 /* E4M3 QK (fp8, which has no V-Smooth means): per block QK, float-score
@@ -227,6 +235,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
     attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale, const float *vblk,
     int tig) {
+    typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES, sn = (j + 1) % F::STAGES;
@@ -247,7 +256,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
             rs[1] = qvc_quad_sum(rs[1]);
         }
         float part[ONES ? 68 : 64];
-        issue_pv<ONES>(part, pa, sw128_desc(base + A8_V_OFF(s)));
+        issue_pv<ONES>(part, pa, sw128_desc(base + L::v(s)));
         wg_wait<0>();
         reg_fence(part);
         if (ONES) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
@@ -263,7 +272,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
         r.l[1] += rs[1];
         if (j + 1 < ops.nblk) {
             mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
-            issue_qk<QVC_QK_E4M3>(sacc, qd, base + A8_K_OFF(sn));
+            issue_qk<QVC_QK_E4M3>(sacc, qd, base + L::k(sn));
             wg_wait<0>();
             reg_fence(sacc);
         }
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(F::THREADS, 1)
 attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tvl,
                  const attn8_params p) {
-    constexpr int FMT = F::FMT;
+    typedef attn8_layout<F> L;
     extern __shared__ uint8_t smem_raw[];
     /* 1024-byte aligned, as an offset from smem_raw rather than an integer
      * cast, so that the compiler knows every access through sm is shared
@@ -319,22 +328,22 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     uint8_t *sm = smem_raw + ((1024u - ((uint32_t)(uintptr_t)smem_raw & 1023u)) & 1023u);
     const uint32_t base = smem_addr(sm);
     attn8_bars b;
-    b.q = base + A8_BAR_OFF(F::STAGES);
+    b.q = base + L::BARS;
     b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
-    static_assert(!MEANS || F::PINGPONG, "means ride with the INT8 ping-pong path only");
+    static_assert(!MEANS || F::INT8, "means ride with the INT8 path only");
     const float *vmu = MEANS ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
-        *(uint32_t *)(sm + A8_ONES_OFF(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+        *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
     /* Zero mean tiles: the slots a short last batch leaves unwritten meet
      * zero pending sums, and 0 x (stale garbage) could be NaN. */
     if (MEANS)
-        for (int i = threadIdx.x; i < 2 * A8R_TILE / 4; i += F::THREADS)
-            *(uint32_t *)(sm + A8R_TILE_OFF(F::STAGES) + 4 * i) = 0u;
+        for (int i = threadIdx.x; i < F::CONSUMERS * A8R_TILE / 4; i += F::THREADS)
+            *(uint32_t *)(sm + L::TILES + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
@@ -353,13 +362,15 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(F::CONSUMER_REGS));
-    typedef typename std::conditional<F::INT8, int, float>::type sacc_t;
     const int ctid = threadIdx.x - 128, cw = ctid >> 7; /* consumer warpgroup */
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    const uint64_t qd = sw128_desc(base + A8_Q_OFF + cw * 64 * 128);
+    const uint64_t qd = sw128_desc(base + L::Q + cw * 64 * 128);
     const int row0 = tile * F::ROWS + cw * 64 + warp * 16; /* the warp's first row */
     float dq[2];
-    qvc_q_scales(ops, bh, row0 + g, dq);
+    /* A tile of 192 rows can end past the head's padded rows (nq_pad is a
+     * multiple of 128): those rows are never stored, and their scales are
+     * read at the head's last rows instead of past the array. */
+    qvc_q_scales(ops, bh, min(row0, ops.nq_pad - 16) + g, dq);
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
@@ -368,27 +379,41 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
-    sacc_t sacc[64];
     mbar_wait(b.q, 0);
-    mbar_wait(b.full, 0);
-    issue_qk<FMT>(sacc, qd, base + A8_K_OFF(0));
-    wg_wait<0>();
-    reg_fence(sacc);
-    if constexpr (F::PINGPONG)
-        attn8_mainloop_pingpong<F, PMODE, MEANS>(r, sacc, ops, p.a, base, sm, b, qd, dq, kscale,
-                                                 vblk, cw, tig);
-    else
-        attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk,
-                                            tig);
+    if constexpr (F::INT8) {
+        attn8_mainloop_int8<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq, kscale, vblk, cw,
+                                             tig);
+    } else {
+        float sacc[64];
+        mbar_wait(b.full, 0);
+        issue_qk<QVC_QK_E4M3>(sacc, qd, base + L::k(0));
+        wg_wait<0>();
+        reg_fence(sacc);
+        attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, tig);
+    }
     attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+}
+
+/* The tensor maps of the operands: Q (in boxes of the kernel's rows), K,
+ * V^T and V^T's second digit (V^T again where the call has none, so that
+ * the parameter is a valid map). */
+static qva_status attn8_maps(const qvc_ops *ops, int q_rows, CUtensorMap (&maps)[4]) {
+    if (ops->D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (128 only)", ops->D);
+    qva_status r;
+    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, q_rows)) != QVA_OK ||
+        (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
+        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK ||
+        (r = make_map(&maps[3], ops->v_t_lo ? ops->v_t_lo : ops->v_t,
+                      (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
+        return r;
+    return QVA_OK;
 }
 
 /* The launch of one flags variant. */
 template <class F, int PMODE, int MEANS>
 static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    const int smem = F::VLO  ? A8_VLO_SMEM_BYTES(F::STAGES)
-                     : MEANS ? A8R_SMEM_BYTES(F::STAGES)
-                             : A8_SMEM_BYTES(F::STAGES);
+    const int smem = attn8_layout<F>::bytes(MEANS);
     void (*k)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
               const attn8_params) = attn8_ws_128x128<F, PMODE, MEANS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -403,31 +428,23 @@ static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, 
 template <class F, int PMODE>
 static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
-    if constexpr (F::PINGPONG) return attn8_launch_one<F, PMODE, 1>(m, p, st);
+    if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
     return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
 }
 
-/* ... and its P path: ExpCast, exp2 with the codes' sum, or exp2. */
+/* ... its P path (ExpCast, exp2 with the codes' sum, or exp2), with the
+ * operands' tensor maps. */
 template <class F>
-static qva_status attn8_launch(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
-    if (p->a.expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, p, st);
-    if (p->a.sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, p, st);
-    return attn8_launch_p<F, A8_P_EXP2>(m, p, st);
-}
-
-/* The tensor maps of the operands: Q, K, V^T and V^T's second digit (V^T
- * again where the call has none, so that the parameter is a valid map). */
-static qva_status attn8_maps(const qvc_ops *ops, CUtensorMap (&maps)[4]) {
-    if (ops->D != 128)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (128 only)", ops->D);
-    qva_status r;
-    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, 128)) != QVA_OK ||
-        (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
-        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK ||
-        (r = make_map(&maps[3], ops->v_t_lo ? ops->v_t_lo : ops->v_t,
-                      (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
-        return r;
-    return QVA_OK;
+static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaStream_t st) {
+    CUtensorMap m[4];
+    const qva_status r = attn8_maps(ops, F::ROWS, m);
+    if (r != QVA_OK) return r;
+    attn8_params p;
+    p.ops = *ops;
+    p.a = *a;
+    if (a->expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, &p, st);
+    if (a->sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, &p, st);
+    return attn8_launch_p<F, A8_P_EXP2>(m, &p, st);
 }
 
 #endif

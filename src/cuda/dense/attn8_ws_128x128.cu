@@ -10,7 +10,7 @@
  *   producer   warpgroup 0: one thread TMA-loads the Q tile and a ring of
  *              K / V^T (/ V-Smooth means) stages, each completing on an
  *              mbarrier; its registers go to the consumers (setmaxnreg)
- *   mainloop   warpgroups 1, 2, 64 query rows each:
+ *   mainloop   warpgroups 1-3 (INT8; 1, 2 for E4M3), 64 query rows each:
  *                S = Q K^T   wgmma m64n128k32, A and B from shared memory
  *                P codes     built in registers (S accumulator layout)
  *                O_j = P V   wgmma m64n128k32 (n136 with ExpCast: eight
@@ -32,27 +32,22 @@
  * code can differ by one step from the reference's three-rounding form.
  * ExpCast's FMA computes t/128 saturated to [0, 1], which is the clamp
  * (qvi_expcast_ts: the same codes, one instruction per score fewer).
- * Its two consumer warpgroups take turns (named barriers): one issues PV(j)
- * and QK(j+1) while the other makes its P codes.  The fp8 path scales
- * float scores and runs QK, softmax, PV in sequence.  Other schedules were
- * tried in dev/cuda (its README says what each taught).
+ * Each of its three consumer warpgroups runs QK, softmax, PV and the O
+ * update of a block in turn; the tensor pipe stays fed from the other two.
+ * The fp8 path scales float scores and runs QK, softmax, PV in sequence
+ * with two warpgroups.  Other schedules were tried in dev/cuda (its README
+ * says what each taught).
  */
 #include "dense/attn8_ws.cuh"
 
 /* ------------------------------------------------------------ host */
 extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
                                            const qvc_attn_args *a, cudaStream_t st) {
-    CUtensorMap maps[4];
-    const qva_status r = attn8_maps(ops, maps);
-    if (r != QVA_OK) return r;
-    attn8_params p;
-    p.ops = *ops;
-    p.a = *a;
     if (fmt == QVC_QK_E4M3) {
         if (ops->v_t_lo)
             return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V's second digit with E4M3 QK");
-        return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(maps, &p, st);
+        return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(ops, a, st);
     }
-    if (ops->v_t_lo) return attn8_launch<attn8_v2_flags>(maps, &p, st);
-    return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(maps, &p, st);
+    if (ops->v_t_lo) return attn8_launch<attn8_v2_flags>(ops, a, st);
+    return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(ops, a, st);
 }
