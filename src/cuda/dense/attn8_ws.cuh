@@ -55,6 +55,13 @@ struct attn8_ws_flags {
     static constexpr int PRODUCER_REGS = 24;
     static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
+    /* the shared-memory base and Q's descriptor carried through the loop
+     * rather than rebuilt from special registers every block */
+    static constexpr bool CARRY = true;
+    /* V-Smooth steps: one mean tile per batch, shared by the consumer
+     * warpgroups and filled by a warp of the producer warpgroup (a 2-slot
+     * ring), instead of one per warpgroup filled by its own threads */
+    static constexpr bool SHARED_TILE = false;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -91,9 +98,12 @@ struct attn8_layout {
     static constexpr int k(int s) { return ones(s) + A8_ONES; }
     static constexpr int mu(int s) { return k(s) + A8_TILE; }
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
-    static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES);
+    /* Q, full[S], empty[S]; with SHARED_TILE the tile ring's full[2], empty[2] */
+    static constexpr int TBARS = BARS + 8 * (1 + 2 * F::STAGES);
+    static constexpr int BARS_END = TBARS + (F::SHARED_TILE ? 32 : 0);
     static constexpr int TILES = (BARS_END + 1023) & ~1023;
-    static constexpr int PEND = TILES + F::CONSUMERS * A8R_TILE;
+    static constexpr int NTILES = F::SHARED_TILE ? 2 : F::CONSUMERS;
+    static constexpr int PEND = TILES + NTILES * A8R_TILE;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
@@ -162,15 +172,23 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     uint32_t *ph = MEANS ? a8r_pending(sm, L::PEND) : NULL;
-    uint8_t *tile = sm + L::TILES + cw * A8R_TILE;
+    uint8_t *tile = sm + L::TILES + (F::SHARED_TILE ? 0 : cw * A8R_TILE);
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
+    /* The shared-memory base and Q's descriptor (its high word is a
+     * constant) carried through the loop as values the compiler cannot
+     * recompute: at 160 registers it otherwise rebuilt both from the
+     * special registers every block (about 30 instructions). */
+    uint32_t base_c = base, qd_lo = (uint32_t)qd;
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
+            if (F::CARRY) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
+            const uint32_t base = base_c;
+            const uint64_t qdj = (qd & 0xFFFFFFFF00000000ull) | qd_lo;
             const int s = j % F::STAGES;
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
-            issue_qk<QVC_QK_INT8>(sacc, qd, base + L::k(s));
+            issue_qk<QVC_QK_INT8>(sacc, qdj, base + L::k(s));
             const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
                         f1 = (dq[1] * kscale[j]) * a.scale_log2;
             const float vb = vblk[j];
@@ -217,14 +235,56 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
-                a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
+                if (!F::SHARED_TILE)
+                    a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
-        if (MEANS) a8r_flush(r.o, ph, smem_addr(tile), cw);
+        if (MEANS && F::SHARED_TILE) {
+            const int t = j0 / A8R_BATCH, slot = t & 1;
+            mbar_wait(base + L::TBARS + 8 * slot, (t >> 1) & 1);
+            a8r_restore(r.o, ph, smem_addr(tile) + slot * A8R_TILE);
+            mbar_arrive(base + L::TBARS + 16 + 8 * slot);
+        } else if (MEANS) {
+            a8r_flush(r.o, ph, smem_addr(tile), cw);
+        }
+    }
+}
+
+/* SHARED_TILE's filler, warp 1 of the producer warpgroup: block j's 128
+ * FP32 means from its stage into slot j mod 16 of the batch's FP16 tile,
+ * 4 channels per lane (exact: v_mu holds FP16 values); the last batch's
+ * slots past the last block are zeroed (they meet zero pending sums, and
+ * 0 x stale data could be NaN).  The stage is released with an arrive on
+ * its empty barrier (counted with the consumers'), the tile with a fence
+ * to the async proxy (the wgmma reads it) and an arrive on its full one. */
+template <class F>
+static __device__ __forceinline__ void attn8_tile_filler(const qvc_ops &ops, uint8_t *sm,
+                                                         uint32_t base, attn8_bars b) {
+    typedef attn8_layout<F> L;
+    const int lane = threadIdx.x & 31;
+    for (int j = 0; j < ops.nblk; ++j) {
+        const int s = j % F::STAGES, t = j / A8R_BATCH, k = j % A8R_BATCH, slot = t & 1;
+        uint8_t *tile = sm + L::TILES + slot * A8R_TILE;
+        if (k == 0) mbar_wait(base + L::TBARS + 16 + 8 * slot, ((t >> 1) & 1) ^ 1);
+        mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
+        const float4 m = *(const float4 *)(sm + L::mu(s) + 16 * lane);
+        mbar_arrive(b.empty + 8 * s);
+        const float mv[4] = {m.x, m.y, m.z, m.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            *(__half *)(tile + a8r_tile_at(4 * lane + i, k)) = __float2half_rn(mv[i]);
+        if (k == A8R_BATCH - 1 || j == ops.nblk - 1) {
+            for (int kz = k + 1; kz < A8R_BATCH; ++kz)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    *(__half *)(tile + a8r_tile_at(4 * lane + i, kz)) = __float2half_rn(0.0f);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            mbar_arrive(base + L::TBARS + 8 * slot);
+        }
     }
 }
 
@@ -342,14 +402,20 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     /* Zero mean tiles: the slots a short last batch leaves unwritten meet
      * zero pending sums, and 0 x (stale garbage) could be NaN. */
     if (MEANS)
-        for (int i = threadIdx.x; i < F::CONSUMERS * A8R_TILE / 4; i += F::THREADS)
+        for (int i = threadIdx.x; i < L::NTILES * A8R_TILE / 4; i += F::THREADS)
             *(uint32_t *)(sm + L::TILES + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
             mbar_init(b.full + 8 * s, 1);
-            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128); /* every consumer thread */
+            /* every consumer thread, and the tile filler's warp */
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128 + (MEANS && F::SHARED_TILE ? 32 : 0));
         }
+        if (MEANS && F::SHARED_TILE)
+            for (int i = 0; i < 2; ++i) {
+                mbar_init(base + L::TBARS + 8 * i, 32);                   /* full  */
+                mbar_init(base + L::TBARS + 16 + 8 * i, F::CONSUMERS * 128); /* empty */
+            }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -358,6 +424,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
         if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS);
+        if (MEANS && F::SHARED_TILE && (threadIdx.x >> 5) == 1) attn8_tile_filler<F>(ops, sm, base, b);
         return;
     }
 
