@@ -9,17 +9,14 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
- *   ws33  V-Smooth steps with one shared mean tile per batch, filled by a
- *         warp of the producer warpgroup (SHARED_TILE)
- *   ws34  the library kernel rebuilding its base address and Q descriptor
- *         every block (CARRY off), to measure what carrying them gains
  *
  * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
  * loops without the softmax or the O update; ws31, ws32: three consumer
  * warpgroups, promoted) and ws9 (the restore's tiles from global memory)
  * are at commit 560527d, with the two-warpgroup ping-pong kernel they were
- * measured against.  bench/NOTES.md has what each measured.
+ * measured against; ws33 (one shared mean tile per batch) and ws34 (the
+ * loop without CARRY) at 0c7dcb4.  bench/NOTES.md has what each measured.
  */
 #include "dense/attn8_ws.cuh"
 
@@ -35,25 +32,4 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return attn8_launch<ws5_flags>(ops, a, st);
-}
-
-/* ------------------------------------------------------------ ws33, ws34 */
-struct ws33_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool SHARED_TILE = true;
-};
-struct ws34_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr bool CARRY = false;
-};
-
-extern "C" qva_status dev_attn8_ws33(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK, one V digit");
-    return attn8_launch<ws33_flags>(ops, a, st);
-}
-extern "C" qva_status dev_attn8_ws34(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK, one V digit");
-    return attn8_launch<ws34_flags>(ops, a, st);
 }

@@ -102,10 +102,12 @@ static __device__ __forceinline__ void a8r_fill(uint8_t *tile, const float *mu, 
     *(__half *)(tile + a8r_tile_at(t, j & (A8R_BATCH - 1))) = __float2half_rn(mu[t]);
 }
 
-/* The batch's restore from a complete tile, O += R M, and the pending
- * sums cleared. */
-static __device__ __forceinline__ void a8r_restore(float (&o)[64], uint32_t *ph,
-                                                   uint32_t tile_addr) {
+/* The batch's restore, O += R M, and the pending sums cleared.  Named
+ * barrier 1 + cw: the warpgroup's tile writes are all in. */
+static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
+                                                 int cw) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_sync(1 + cw, 128);
     const uint4 v = *(const uint4 *)ph;
     const uint32_t a[4] = {v.x, v.y, v.z, v.w};
     float d[64];
@@ -119,13 +121,5 @@ static __device__ __forceinline__ void a8r_restore(float (&o)[64], uint32_t *ph,
     for (int i = 0; i < 64; ++i) o[i] += d[i];
 }
 
-/* ... from the warpgroup's own tile: named barrier 1 + cw, the
- * warpgroup's tile writes are all in. */
-static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
-                                                 int cw) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_sync(1 + cw, 128);
-    a8r_restore(o, ph, tile_addr);
-}
 
 #endif

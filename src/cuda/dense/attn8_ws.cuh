@@ -14,6 +14,12 @@
 #include "common/softmax.cuh"
 
 /* ------------------------------------------------------------ flags */
+/* The P path of a call: its codes and where its row sum comes from. */
+#define A8_P_EXP2 0    /* exp2 codes, FP32 row sum (DA2 C.3)                    */
+#define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
+#define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
+                          (QVA_P_SUM_CODES)                                     */
+
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
  *   two INT8 consumer warpgroups in ping-pong, one issuing PV(j) and
@@ -37,7 +43,10 @@
  *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md)
  *   the restore's wgmma in the next batch's first turn or at the batch's
  *   end (SS): 5% slower on the reuse step; left in flight across the batch
- *   loop's back edge, ptxas serializes every wgmma (C7515) (ws24-ws26) */
+ *   loop's back edge, ptxas serializes every wgmma (C7515) (ws24-ws26)
+ *   one mean tile per batch shared by the three warpgroups, filled by a
+ *   producer warp: 30 instructions per block fewer, 0.5% faster on the
+ *   reuse step (ws33, at 0c7dcb4) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -55,13 +64,11 @@ struct attn8_ws_flags {
     static constexpr int PRODUCER_REGS = 24;
     static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
-    /* the shared-memory base and Q's descriptor carried through the loop
-     * rather than rebuilt from special registers every block */
-    static constexpr bool CARRY = true;
-    /* V-Smooth steps: one mean tile per batch, shared by the consumer
-     * warpgroups and filled by a warp of the producer warpgroup (a 2-slot
-     * ring), instead of one per warpgroup filled by its own threads */
-    static constexpr bool SHARED_TILE = false;
+    /* the P paths (bits 1 << A8_P_*) whose INT8 loop carries the
+     * shared-memory base and Q's descriptor from block to block instead of
+     * rebuilding them from special registers: ExpCast's plain step 2.4%
+     * faster, the exp2 path's 1% slower (bench/NOTES.md, ws34) */
+    static constexpr int CARRY_PMODES = (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM);
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -72,11 +79,6 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr bool VLO = true;
 };
 
-/* The P path of a call: its codes and where its row sum comes from. */
-#define A8_P_EXP2 0    /* exp2 codes, FP32 row sum (DA2 C.3)                    */
-#define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
-#define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
-                          (QVA_P_SUM_CODES)                                     */
 
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
@@ -98,12 +100,9 @@ struct attn8_layout {
     static constexpr int k(int s) { return ones(s) + A8_ONES; }
     static constexpr int mu(int s) { return k(s) + A8_TILE; }
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
-    /* Q, full[S], empty[S]; with SHARED_TILE the tile ring's full[2], empty[2] */
-    static constexpr int TBARS = BARS + 8 * (1 + 2 * F::STAGES);
-    static constexpr int BARS_END = TBARS + (F::SHARED_TILE ? 32 : 0);
+    static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES); /* Q, full[S], empty[S] */
     static constexpr int TILES = (BARS_END + 1023) & ~1023;
-    static constexpr int NTILES = F::SHARED_TILE ? 2 : F::CONSUMERS;
-    static constexpr int PEND = TILES + NTILES * A8R_TILE;
+    static constexpr int PEND = TILES + F::CONSUMERS * A8R_TILE;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
@@ -172,7 +171,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     uint32_t *ph = MEANS ? a8r_pending(sm, L::PEND) : NULL;
-    uint8_t *tile = sm + L::TILES + (F::SHARED_TILE ? 0 : cw * A8R_TILE);
+    uint8_t *tile = sm + L::TILES + cw * A8R_TILE;
     const int batch = MEANS ? A8R_BATCH : ops.nblk;
     /* The shared-memory base and Q's descriptor (its high word is a
      * constant) carried through the loop as values the compiler cannot
@@ -182,7 +181,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
-            if (F::CARRY) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
+            if ((F::CARRY_PMODES >> PMODE) & 1) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
             const uint32_t base = base_c;
             const uint64_t qdj = (qd & 0xFFFFFFFF00000000ull) | qd_lo;
             const int s = j % F::STAGES;
@@ -235,56 +234,14 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
             if (MEANS) {
-                if (!F::SHARED_TILE)
-                    a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
+                a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
                 a8r_pend(ph, rs, j, tig);
             }
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
-        if (MEANS && F::SHARED_TILE) {
-            const int t = j0 / A8R_BATCH, slot = t & 1;
-            mbar_wait(base + L::TBARS + 8 * slot, (t >> 1) & 1);
-            a8r_restore(r.o, ph, smem_addr(tile) + slot * A8R_TILE);
-            mbar_arrive(base + L::TBARS + 16 + 8 * slot);
-        } else if (MEANS) {
-            a8r_flush(r.o, ph, smem_addr(tile), cw);
-        }
-    }
-}
-
-/* SHARED_TILE's filler, warp 1 of the producer warpgroup: block j's 128
- * FP32 means from its stage into slot j mod 16 of the batch's FP16 tile,
- * 4 channels per lane (exact: v_mu holds FP16 values); the last batch's
- * slots past the last block are zeroed (they meet zero pending sums, and
- * 0 x stale data could be NaN).  The stage is released with an arrive on
- * its empty barrier (counted with the consumers'), the tile with a fence
- * to the async proxy (the wgmma reads it) and an arrive on its full one. */
-template <class F>
-static __device__ __forceinline__ void attn8_tile_filler(const qvc_ops &ops, uint8_t *sm,
-                                                         uint32_t base, attn8_bars b) {
-    typedef attn8_layout<F> L;
-    const int lane = threadIdx.x & 31;
-    for (int j = 0; j < ops.nblk; ++j) {
-        const int s = j % F::STAGES, t = j / A8R_BATCH, k = j % A8R_BATCH, slot = t & 1;
-        uint8_t *tile = sm + L::TILES + slot * A8R_TILE;
-        if (k == 0) mbar_wait(base + L::TBARS + 16 + 8 * slot, ((t >> 1) & 1) ^ 1);
-        mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
-        const float4 m = *(const float4 *)(sm + L::mu(s) + 16 * lane);
-        mbar_arrive(b.empty + 8 * s);
-        const float mv[4] = {m.x, m.y, m.z, m.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            *(__half *)(tile + a8r_tile_at(4 * lane + i, k)) = __float2half_rn(mv[i]);
-        if (k == A8R_BATCH - 1 || j == ops.nblk - 1) {
-            for (int kz = k + 1; kz < A8R_BATCH; ++kz)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    *(__half *)(tile + a8r_tile_at(4 * lane + i, kz)) = __float2half_rn(0.0f);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            mbar_arrive(base + L::TBARS + 8 * slot);
-        }
+        if (MEANS) a8r_flush(r.o, ph, smem_addr(tile), cw);
     }
 }
 
@@ -402,20 +359,14 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     /* Zero mean tiles: the slots a short last batch leaves unwritten meet
      * zero pending sums, and 0 x (stale garbage) could be NaN. */
     if (MEANS)
-        for (int i = threadIdx.x; i < L::NTILES * A8R_TILE / 4; i += F::THREADS)
+        for (int i = threadIdx.x; i < F::CONSUMERS * A8R_TILE / 4; i += F::THREADS)
             *(uint32_t *)(sm + L::TILES + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
             mbar_init(b.full + 8 * s, 1);
-            /* every consumer thread, and the tile filler's warp */
-            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128 + (MEANS && F::SHARED_TILE ? 32 : 0));
+            mbar_init(b.empty + 8 * s, F::CONSUMERS * 128); /* every consumer thread */
         }
-        if (MEANS && F::SHARED_TILE)
-            for (int i = 0; i < 2; ++i) {
-                mbar_init(base + L::TBARS + 8 * i, 32);                   /* full  */
-                mbar_init(base + L::TBARS + 16 + 8 * i, F::CONSUMERS * 128); /* empty */
-            }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -424,7 +375,6 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
         if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS);
-        if (MEANS && F::SHARED_TILE && (threadIdx.x >> 5) == 1) attn8_tile_filler<F>(ops, sm, base, b);
         return;
     }
 
