@@ -8,8 +8,6 @@
 #ifndef QVATTN_ATTN8_WS_CUH
 #define QVATTN_ATTN8_WS_CUH
 
-#include <type_traits>
-
 #include "common/hopper.cuh"
 #include "common/softmax.cuh"
 
