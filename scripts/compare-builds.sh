@@ -32,6 +32,10 @@
 # (in that order: in `OUT=/tmp/cb PACK_TO=$OUT` bash expands $OUT after
 # the first assignment, so both name /tmp/cb and nothing comes back).
 # Carrying BASE_SRC again replaces the machine's copy, its build with it.
+# PREBUILT=1 skips both builds: the binaries the steps use (libqvattn.so*,
+# test_backend, qvattn and, for checks, cuda_test_*) are already in
+# BASE_SRC/build-gpu and build-gpu, e.g. built off the device with the same
+# flags and unpacked there, so the lent machine spends no time compiling.
 # Exit status non-zero if the hashes differ or a check fails.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,6 +61,10 @@ has() { # does WHAT include step $1
 build() { # src dir, name, extra targets...
     local src=$1 name=$2
     shift 2
+    if [ -n "${PREBUILT:-}" ]; then
+        [ -x "$src/build-gpu/test_backend" ] || { echo "compare-builds: PREBUILT, but no $src/build-gpu/test_backend"; return 1; }
+        return 0
+    fi
     cmake -S "$src" -B "$src/build-gpu" -DCMAKE_BUILD_TYPE=Release -DQVA_CUDA=ON >"$OUT/build-$name.log" 2>&1 &&
         cmake --build "$src/build-gpu" -j "$JOBS" --target qvattn_shared test_backend qvattn "$@" \
             >>"$OUT/build-$name.log" 2>&1
