@@ -19,10 +19,11 @@
  * the batch's term into a fresh FP32 accumulator, added into O by the
  * thread (accumulating into O itself would pin O to one block of 64
  * registers, which the three consumer warpgroups' 160 cannot spare:
- * ptxas serialized the wgmmas, C7512).  FP16 holds any r_j: at most 128 keys x 448 (exp2 with the
- * 8.807 offset; ExpCast's codes stop at 256) = 57,344 < 65,504, and the
- * rescales only shrink it.  The roundings of r_j change the restore term by about
- * 2^-11 relative per rounding (docs/NUMERICS.md §6).
+ * ptxas serialized the wgmmas, C7512).  FP16 holds any r_j: at most 128
+ * keys x 448 (exp2 with the 8.807 offset; ExpCast's codes stop at 256) =
+ * 57,344 < 65,504, and the rescales only shrink it.  The roundings of r_j
+ * change the restore term by about 2^-11 relative per rounding
+ * (docs/NUMERICS.md §6).
  */
 #ifndef QVATTN_ATTN8_RESTORE_CUH
 #define QVATTN_ATTN8_RESTORE_CUH
@@ -120,6 +121,5 @@ static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, u
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] += d[i];
 }
-
 
 #endif

@@ -77,7 +77,6 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr bool VLO = true;
 };
 
-
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
 #define A8_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
@@ -180,12 +179,12 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             if ((F::CARRY_PMODES >> PMODE) & 1) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
-            const uint32_t base = base_c;
+            const uint32_t sb = base_c; /* the shared-memory base, as carried */
             const uint64_t qdj = (qd & 0xFFFFFFFF00000000ull) | qd_lo;
             const int s = j % F::STAGES;
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
-            issue_qk<QVC_QK_INT8>(sacc, qdj, base + L::k(s));
+            issue_qk<QVC_QK_INT8>(sacc, qdj, sb + L::k(s));
             const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
                         f1 = (dq[1] * kscale[j]) * a.scale_log2;
             const float vb = vblk[j];
@@ -219,10 +218,10 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             }
             float part[ONES ? 68 : 64];
             if (F::VLO)
-                issue_pv_digits<ONES>(part, pa, sw128_desc(base + L::v(s)),
-                                      sw128_desc(base + L::vlo(s)));
+                issue_pv_digits<ONES>(part, pa, sw128_desc(sb + L::v(s)),
+                                      sw128_desc(sb + L::vlo(s)));
             else
-                issue_pv<ONES>(part, pa, sw128_desc(base + L::v(s)));
+                issue_pv<ONES>(part, pa, sw128_desc(sb + L::v(s)));
             wg_wait<0>();
             reg_fence(part);
             /* the wgmma reads pa until the wait; to the compiler it took
