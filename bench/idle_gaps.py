@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """GPU idle time inside back-to-back qvattn calls (torch profiler trace).
 
-  python3 bench/idle_gaps.py METHOD[,METHOD...] [--timeline]
+  python3 bench/idle_gaps.py METHOD[,METHOD...] [--timeline] [--step S]
 
-For each method: four calls at Wan2.2-720p (bf16, layer 0, step 20 of 40,
+For each method: four calls at Wan2.2-720p (bf16, layer 0, step S of 40,
+default 20: a plain step of V-Smooth's schedule; 1 is a reuse step;
 draft methods on the 21x45x80 grid) after three warm-up calls, profiled
 with CPU and CUDA activities.  Prints the calls' window on the GPU, the
 time some kernel, copy or memset ran, the idle gaps between them (by
@@ -26,8 +27,16 @@ import torch  # noqa: E402
 import qvattn  # noqa: E402
 from torch.profiler import profile, ProfilerActivity  # noqa: E402
 
-args = [a for a in sys.argv[1:] if a != "--timeline"]
-timeline = "--timeline" in sys.argv[1:]
+argv = sys.argv[1:]
+step = 20
+if "--step" in argv:
+    i = argv.index("--step")
+    if i + 1 >= len(argv) or not argv[i + 1].isdigit():
+        sys.exit(__doc__)
+    step = int(argv[i + 1])
+    del argv[i:i + 2]
+args = [a for a in argv if a != "--timeline"]
+timeline = "--timeline" in argv
 if len(args) != 1:
     sys.exit(__doc__)
 B, H, N, D = 1, 40, 75600, 128
@@ -37,7 +46,7 @@ v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
 methods = args[0].split(",")
 for m in methods:
     kw = dict(grid=(21, 45, 80)) if m.startswith("draft") else {}
-    call = lambda: qvattn.attention(q, k, v, method=m, layer=0, step=20, num_steps=40, **kw)
+    call = lambda: qvattn.attention(q, k, v, method=m, layer=0, step=step, num_steps=40, **kw)
     for _ in range(3): call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -60,7 +69,7 @@ for m in methods:
         if f > busy_end:
             busy += f - max(s, busy_end); busy_end = f; prev = e
     tot = sum(x[0] for x in gaps)
-    print(f"== {m}: window {(t1 - t0) / 4000:.3f} ms/call, busy {busy / 4000:.3f}, gaps {tot / 4000:.3f} ms/call, {len(gaps) / 4:.0f} gaps/call")
+    print(f"== {m} (step {step}): window {(t1 - t0) / 4000:.3f} ms/call, busy {busy / 4000:.3f}, gaps {tot / 4000:.3f} ms/call, {len(gaps) / 4:.0f} gaps/call")
     agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for gl, a, b, late, ln in gaps:
         key = (a, b); agg[key][0] += 1; agg[key][1] += gl; agg[key][2] += late if late == late else 0

@@ -164,11 +164,34 @@ typedef struct host_ops {
     int8_t *q, *k;
     float *qs, *ks, *vchan, *vblk, *vmu;
     uint8_t *vt;
+    uint16_t *vmut; /* ops.v_mu_tile, or NULL */
 } host_ops;
 
 static void host_ops_free(host_ops *h) {
     free(h->q), free(h->k), free(h->qs), free(h->ks);
-    free(h->vchan), free(h->vblk), free(h->vmu), free(h->vt);
+    free(h->vchan), free(h->vblk), free(h->vmu), free(h->vt), free(h->vmut);
+}
+
+/* The restore tiles of one bh against its v_mu: every block's FP16 code
+ * decodes to v_mu's value (already FP16-rounded), and the slots past the
+ * last block of the last tile hold +0.  Returns the mismatches. */
+static long check_mu_tile(const char *tag, int bh, int nblk, const host_ops *g) {
+    const int nbatch = qvi_cdiv(nblk, QVC_MU_BATCH), d = 128;
+    const uint16_t *t0 = g->vmut + (size_t)bh * nbatch * (QVC_MU_TILE_BYTES / 2);
+    long bad = 0;
+    for (int j = 0; j < nbatch * QVC_MU_BATCH; ++j)
+        for (int c = 0; c < d; ++c) {
+            const uint16_t h = t0[(size_t)(j / QVC_MU_BATCH) * (QVC_MU_TILE_BYTES / 2) +
+                                  qvc_mu_tile_at(c, j % QVC_MU_BATCH) / 2];
+            const int ok = j < nblk ? same_bits(qvi_f16_bits_to_float(h),
+                                                g->vmu[((size_t)bh * nblk + j) * d + c])
+                                    : h == 0;
+            if (ok) continue;
+            if (bad < 5)
+                fprintf(stderr, "  [%s] v_mu_tile bh %d blk %d ch %d: 0x%04x\n", tag, bh, j, c, h);
+            ++bad;
+        }
+    return bad;
 }
 
 static int fetch_ops(const qvc_ops *o, host_ops *h) {
@@ -183,8 +206,10 @@ static int fetch_ops(const qvc_ops *o, host_ops *h) {
     h->vblk = malloc(bh * nkb * 4);
     h->vt = malloc(bh * nkb * d * QVI_BLOCK);
     h->vmu = o->v_mu ? malloc(bh * nkb * d * 4) : NULL;
+    const size_t tile_b = bh * (size_t)qvi_cdiv(o->nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES;
+    h->vmut = o->v_mu_tile ? malloc(tile_b) : NULL;
     if (!h->q || !h->k || !h->qs || !h->ks || !h->vchan || !h->vblk || !h->vt ||
-        (o->v_mu && !h->vmu)) {
+        (o->v_mu && !h->vmu) || (o->v_mu_tile && !h->vmut)) {
         CHECK(0, "host allocation");
         return 0;
     }
@@ -198,6 +223,8 @@ static int fetch_ops(const qvc_ops *o, host_ops *h) {
     ok &= cuda_ok(cudaMemcpy(h->vt, o->v_t, bh * nkb * d * QVI_BLOCK, cudaMemcpyDeviceToHost), "D2H vt");
     if (o->v_mu)
         ok &= cuda_ok(cudaMemcpy(h->vmu, o->v_mu, bh * nkb * d * 4, cudaMemcpyDeviceToHost), "D2H vmu");
+    if (o->v_mu_tile)
+        ok &= cuda_ok(cudaMemcpy(h->vmut, o->v_mu_tile, tile_b, cudaMemcpyDeviceToHost), "D2H vmut");
     return ok;
 }
 
@@ -372,6 +399,8 @@ static void check_head(const variant *va, const shape *sh, const char *tag, cons
             ++bm;
         }
         CHECK(bm == 0, "[%s] bh %d: %ld v_mu mismatches", tag, bh, bm);
+        CHECK(!g->vmut == (d != 128), "[%s] v_mu_tile %s at D=%d", tag, g->vmut ? "set" : "missing", d);
+        if (g->vmut) CHECK(check_mu_tile(tag, bh, nblk, g) == 0, "[%s] bh %d: v_mu_tile", tag, bh);
     } else {
         CHECK(!va->demean, "[%s] demean without v_mu", tag);
     }
@@ -440,6 +469,10 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         cuda_ok(cudaMemset(ops.q_scale, 0xFF, (size_t)BH * ops.nq_pad * 4), "poison");
         cuda_ok(cudaMemset(ops.k_scale, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
         if (ops.v_mu) cuda_ok(cudaMemset(ops.v_mu, 0xFF, (size_t)BH * ops.nblk * d * 4), "poison");
+        if (ops.v_mu_tile)
+            cuda_ok(cudaMemset(ops.v_mu_tile, 0xFF,
+                               (size_t)BH * qvi_cdiv(ops.nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES),
+                    "poison");
 
         qvc_prep_args a;
         memset(&a, 0, sizeof a);

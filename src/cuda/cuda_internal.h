@@ -43,6 +43,10 @@ typedef struct qvc_view {
  *   v_chan [BH][D] f32 per-channel scale (sage/vc: amax/2.25; fp8: 1)
  *   v_blk  [BH][nblk] f32 per-block scale (fp8: amax/448; sage/vc: 1)
  *   v_mu   [BH][nblk][D] f32 FP16-rounded mean/scale, or NULL
+ *   v_mu_tile [BH][nbatch][QVC_MU_TILE_BYTES] the same values as FP16 in
+ *          the 8-bit kernel's restore tiles (D 128 only, else NULL): 16
+ *          blocks a tile (qvc_mu_tile_at), slots past nblk zero, so that
+ *          the kernel's producer copies a batch's tile as it is
  */
 typedef struct qvc_ops {
     int BH, nq, nk, nq_pad, nk_pad, nblk, D;
@@ -56,7 +60,23 @@ typedef struct qvc_ops {
     float *v_chan;
     float *v_blk;
     float *v_mu;
+    uint16_t *v_mu_tile;
 } qvc_ops;
+
+/* The V-Smooth restore's batches (dense/attn8_restore.cuh): QVC_MU_BATCH
+ * key blocks per FP16 wgmma, whose B operand is a tile of their means at
+ * D = 128: K-major without swizzle, 8 x 16-byte core matrices 128 B apart
+ * along k (the block slot) and 256 B along n (the channel). */
+#define QVC_MU_BATCH 16
+#define QVC_MU_TILE_BYTES (QVC_MU_BATCH * 128 * 2)
+#ifdef __CUDACC__
+static inline __host__ __device__
+#else
+static inline
+#endif
+int qvc_mu_tile_at(int n, int k) { /* byte offset of (channel n, slot k) */
+    return (((n >> 3) * 2 + (k >> 3)) * 128) + (n & 7) * 16 + (k & 7) * 2;
+}
 
 /* Key (0..31) whose value sits in PV-operand slot s (0..31) of a chunk. */
 #ifdef __CUDACC__

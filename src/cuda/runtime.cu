@@ -313,7 +313,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);
     qvc_ops ops = s->ops;
-    if (!demean) ops.v_mu = NULL;
+    if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;
     if ((r = qvc_fork_ensure(&s->fork)) != QVA_OK) return r;
     if ((r = qvc_prep(&qv, &kv, &vv, &pa, &ops, &s->fork, st)) != QVA_OK) return r;

@@ -1,20 +1,25 @@
 /*
  * The V-Smooth mean restore of attn8_ws_128x128's INT8 path, O += r_j mu_j^T
- * for every key block j, as one FP16 wgmma per 16 blocks instead of 64
- * FFMAs and 16 shared loads per block and thread (bench/NOTES.md, "The
- * V-Smooth restore as one FP16 wgmma per 16 blocks").
+ * for every key block j, as one FP16 wgmma per QVC_MU_BATCH (16) blocks
+ * instead of 64 FFMAs and 16 shared loads per block and thread (bench/NOTES.md,
+ * "The V-Smooth restore as one FP16 wgmma per 16 blocks").
  *
- * Each consumer warpgroup keeps
- *   - the pending row sums r_j as the m64k16 FP16 A fragment (rows g, g + 8
- *     at k = 2tig, 2tig+1, 2tig+8, 2tig+9; block j at k = j mod 16), in 16
- *     bytes of shared memory private to the thread: kept in registers they
- *     made ptxas serialize the ExpCast kernel's wgmmas (C7512).  r_j is
- *     rounded to FP16 when stored and again after each rescale (in FP32)
- *     when a row max rises, as O is rescaled;
- *   - its 16 x 128 FP16 tile of the batch's means, K-major without swizzle
- *     (8 x 16-byte core matrices: 128 B apart along k, 256 B along the
- *     channels), filled one block at a time from the stage's FP32 means
- *     (already FP16 values: v_mu = fp16(mu / s)).
+ * The B operand, a batch's 16 x 128 FP16 tile of means, comes ready from
+ * the preparation (ops.v_mu_tile, laid out by qvc_mu_tile_at: K-major
+ * without swizzle, 8 x 16-byte core matrices 128 B apart along k and 256 B
+ * along the channels; slots past the last block +0); the producer copies
+ * each batch's tile into one of two buffers that the three consumer
+ * warpgroups share (full and empty mbarriers per buffer).  Filling the tile
+ * in the consumers cost each thread a conversion, a 4-way conflicted
+ * 2-byte store and its addressing every block.
+ *
+ * Each consumer thread keeps the pending row sums r_j as its m64k16 FP16 A
+ * fragment (rows g, g + 8 at k = 2tig, 2tig+1, 2tig+8, 2tig+9; block j at
+ * k = j mod 16) in four words of shared memory, word i of consumer thread
+ * t at PEND + 4 (i NT + t) so that a warp's accesses to one word fall in 32
+ * banks (kept in registers they made ptxas serialize the ExpCast kernel's
+ * wgmmas, C7512).  r_j is rounded to FP16 when stored and again after each
+ * rescale (in FP32) when a row max rises, as O is rescaled.
  * After every 16 blocks and after the last, one wgmma.m64n128k16 computes
  * the batch's term into a fresh FP32 accumulator, added into O by the
  * thread (accumulating into O itself would pin O to one block of 64
@@ -32,21 +37,10 @@
 
 #include "common/hopper.cuh"
 
-#define A8R_BATCH 16      /* key blocks per restore wgmma (its k)        */
-#define A8R_TILE 4096     /* 16 blocks x 128 channels x 2 bytes          */
-/* The kernel's layout (attn8_layout) puts one tile per consumer warpgroup
- * after the ring's mbarriers, then 16 bytes of pending sums per consumer
- * thread. */
-
 /* No-swizzle K-major descriptor of a mean tile: LBO (k) 128 B, SBO (n) 256 B. */
 static __device__ __forceinline__ uint64_t a8r_tile_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) |
            ((uint64_t)(256 >> 4) << 32);
-}
-
-/* Byte offset of (channel n, block slot k) in a tile. */
-static __device__ __forceinline__ uint32_t a8r_tile_at(int n, int k) {
-    return (uint32_t)((((n >> 3) * 2 + (k >> 3)) * 128) + (n & 7) * 16 + (k & 7) * 2);
 }
 
 #define W8(d, i)                                                                          \
@@ -64,60 +58,63 @@ static __device__ __forceinline__ void a8r_wgmma(float (&d)[64], const uint32_t 
 }
 #undef W8
 
-/* This thread's 16 bytes of pending sums (at pend_off, 16 bytes per
- * consumer thread); zeroed. */
+/* This thread's pending sums: word i at ph[i * NT] (NT consumer threads),
+ * zeroed. */
+template <int NT>
 static __device__ __forceinline__ uint32_t *a8r_pending(uint8_t *sm, int pend_off) {
-    uint32_t *ph = (uint32_t *)(sm + pend_off + 16 * (threadIdx.x - 128));
-    *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+    uint32_t *ph = (uint32_t *)(sm + pend_off) + (threadIdx.x - 128);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ph[i * NT] = 0u;
     return ph;
 }
 
 /* Block j's row sums into the pending fragment (the owning thread only):
- * ph[2 hi + row] (A registers a0..a3: hi = k >= 8, row 0 = g, 1 = g + 8)
- * holds k = 2tig (+8) in its low half, 2tig + 1 (+8) in its high half. */
+ * word 2 hi + row (A register a[2 hi + row]: hi = k >= 8, row 0 = g,
+ * 1 = g + 8) holds k = 2tig (+8) in its low half, 2tig + 1 (+8) in its
+ * high half. */
+template <int NT>
 static __device__ __forceinline__ void a8r_pend(uint32_t *ph, const float *rs, int j, int tig) {
-    const int k = j & (A8R_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
+    const int k = j & (QVC_MU_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
     if (tig != owner) return;
-    __half *h = (__half *)(ph + 2 * hi) + (k & 1);
-    h[0] = __float2half_rn(rs[0]);
-    h[2] = __float2half_rn(rs[1]);
+    ((__half *)(ph + 2 * hi * NT))[k & 1] = __float2half_rn(rs[0]);
+    ((__half *)(ph + (2 * hi + 1) * NT))[k & 1] = __float2half_rn(rs[1]);
 }
 
 /* A row max rose: the pending sums of row r take alpha[r], as O does. */
+template <int NT>
 static __device__ __forceinline__ void a8r_rescale(uint32_t *ph, const float *alpha) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         __half2 h;
-        const uint32_t u = ph[i];
+        const uint32_t u = ph[i * NT];
         memcpy(&h, &u, sizeof h);
         const float2 f = __half22float2(h);
         h = __floats2half2_rn(f.x * alpha[i & 1], f.y * alpha[i & 1]);
         uint32_t w;
         memcpy(&w, &h, sizeof w);
-        ph[i] = w;
+        ph[i * NT] = w;
     }
 }
 
-/* Channel t of block j's means (the stage's FP32 copy) into the tile. */
-static __device__ __forceinline__ void a8r_fill(uint8_t *tile, const float *mu, int j, int t) {
-    *(__half *)(tile + a8r_tile_at(t, j & (A8R_BATCH - 1))) = __float2half_rn(mu[t]);
-}
-
-/* The batch's restore, O += R M, and the pending sums cleared.  Named
- * barrier 1 + cw: the warpgroup's tile writes are all in. */
+/* The batch's restore, O += R M, from the mean tile at tile_addr once its
+ * copy has landed (full, phase parity); the pending sums cleared, and the
+ * tile's buffer released (empty) when the wgmma has read it. */
+template <int NT>
 static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
-                                                 int cw) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_sync(1 + cw, 128);
-    const uint4 v = *(const uint4 *)ph;
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
+                                                 uint32_t full, uint32_t parity, uint32_t empty) {
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = ph[i * NT];
+    mbar_wait(full, parity);
     float d[64];
     wg_fence();
     a8r_wgmma(d, a, a8r_tile_desc(tile_addr));
     wg_commit();
-    *(uint4 *)ph = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ph[i * NT] = 0u;
     wg_wait<0>();
     reg_fence(d);
+    mbar_arrive(empty);
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] += d[i];
 }

@@ -44,7 +44,8 @@
  *   loop's back edge, ptxas serializes every wgmma (C7515) (ws24-ws26)
  *   one mean tile per batch shared by the three warpgroups, filled by a
  *   producer warp: 30 instructions per block fewer, 0.5% faster on the
- *   reuse step (ws33, at 0c7dcb4) */
+ *   reuse step (ws33, at 0c7dcb4); the tiles now come ready-made from the
+ *   preparation instead (attn8_restore.cuh) */
 template <int QK_FMT>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
@@ -79,14 +80,13 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
 
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
 #define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
-#define A8_MU 1024    /* the block's V-Smooth means, 128 f32 (512 B used) */
-#define A8_STAGE_BYTES (2 * A8_TILE + A8_ONES + A8_MU)
+#define A8_STAGE_BYTES (2 * A8_TILE + A8_ONES)
 
 #include "dense/attn8_restore.cuh"
 
 /* Shared memory from a 1024-byte aligned base:
- *   Q (ROWS rows) | stage 0: V^T, ones, K, mu | stage 1 ... | mbarriers
- *   | V-Smooth: one mean tile per consumer warpgroup, pending sums
+ *   Q (ROWS rows) | stage 0: V^T, ones, K | stage 1 ... | mbarriers
+ *   | V-Smooth: two mean tiles (attn8_restore.cuh), pending sums
  *   | +v2: the lo tiles of the stages */
 template <class F>
 struct attn8_layout {
@@ -95,11 +95,11 @@ struct attn8_layout {
     static constexpr int v(int s) { return QB + s * A8_STAGE_BYTES; }
     static constexpr int ones(int s) { return v(s) + A8_TILE; }
     static constexpr int k(int s) { return ones(s) + A8_ONES; }
-    static constexpr int mu(int s) { return k(s) + A8_TILE; }
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
-    static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES); /* Q, full[S], empty[S] */
+    /* Q, full[S], empty[S], the mean tiles' full[2] and empty[2] */
+    static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES + 4);
     static constexpr int TILES = (BARS_END + 1023) & ~1023;
-    static constexpr int PEND = TILES + F::CONSUMERS * A8R_TILE;
+    static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
@@ -114,9 +114,10 @@ typedef struct attn8_params {
     qvc_attn_args a;
 } attn8_params;
 
-/* The mbarriers of the ring: Q, then full[s], then empty[s]. */
+/* The mbarriers: Q, the ring's full[s] and empty[s], the mean tiles'
+ * mt_full[2] and mt_empty[2]. */
 typedef struct attn8_bars {
-    uint32_t q, full, empty;
+    uint32_t q, full, empty, mt_full, mt_empty;
 } attn8_bars;
 
 /* ------------------------------------------------------------ producer */
@@ -125,19 +126,26 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                                                       const CUtensorMap &tv, const CUtensorMap &tvl,
                                                       const qvc_ops &ops, uint32_t base,
                                                       attn8_bars b, int bh, int tile,
-                                                      const float *vmu, int mu_smem) {
+                                                      const uint16_t *mtiles) {
     typedef attn8_layout<F> L;
     mbar_expect_tx(b.q, L::QB);
     tma_load_2d(base + L::Q, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
+        if (mtiles && j % QVC_MU_BATCH == 0) { /* batch t's mean tile into buffer t mod 2 */
+            const int t = j / QVC_MU_BATCH, u = t & 1;
+            mbar_wait(b.mt_empty + 8 * u, ((t >> 1) & 1) ^ 1);
+            mbar_expect_tx(b.mt_full + 8 * u, QVC_MU_TILE_BYTES);
+            bulk_load(base + L::TILES + u * QVC_MU_TILE_BYTES,
+                      mtiles + (size_t)t * (QVC_MU_TILE_BYTES / 2), QVC_MU_TILE_BYTES,
+                      b.mt_full + 8 * u);
+        }
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE + (mu_smem ? 512 : 0));
+        mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE);
         tma_load_2d(base + L::k(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + L::v(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
         if (F::VLO) tma_load_2d(base + L::vlo(s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
-        if (mu_smem) bulk_load(base + L::mu(s), vmu + (size_t)j * 128, 512, full);
     }
 }
 
@@ -154,7 +162,7 @@ typedef struct attn8_acc {
  * pipe fed; at 160 registers a warpgroup holds O, then S or the partial,
  * and the P fragment, never two accumulators in flight).
  * MEANS (V-Smooth's demeaned steps): the restore O += r_j mu_j^T is
- * batched, one FP16 wgmma per A8R_BATCH blocks (attn8_restore.cuh); the
+ * batched, one FP16 wgmma per QVC_MU_BATCH blocks (attn8_restore.cuh); the
  * batches are the outer loop, so that the restore's wgmma sits on every
  * path through it (ptxas serializes wgmmas it finds on a conditional one).
  * Without MEANS one batch holds every block. */
@@ -167,9 +175,9 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                                                            int cw, int tig) {
     typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
-    uint32_t *ph = MEANS ? a8r_pending(sm, L::PEND) : NULL;
-    uint8_t *tile = sm + L::TILES + cw * A8R_TILE;
-    const int batch = MEANS ? A8R_BATCH : ops.nblk;
+    constexpr int NT = F::CONSUMERS * 128;
+    uint32_t *ph = MEANS ? a8r_pending<NT>(sm, L::PEND) : NULL;
+    const int batch = MEANS ? QVC_MU_BATCH : ops.nblk;
     /* The shared-memory base and Q's descriptor (its high word is a
      * constant) carried through the loop as values the compiler cannot
      * recompute: at 160 registers it otherwise rebuilt both from the
@@ -200,7 +208,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                 float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
                 qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
-                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale(ph, alpha);
+                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale<NT>(ph, alpha);
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
@@ -230,15 +238,16 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
             if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
-            if (MEANS) {
-                a8r_fill(tile, (const float *)(sm + L::mu(s)), j, (threadIdx.x - 128) & 127);
-                a8r_pend(ph, rs, j, tig);
-            }
+            if (MEANS) a8r_pend<NT>(ph, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
-        if (MEANS) a8r_flush(r.o, ph, smem_addr(tile), cw);
+        if (MEANS) {
+            const int t = j0 / QVC_MU_BATCH, u = t & 1;
+            a8r_flush<NT>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES, b.mt_full + 8 * u,
+                          (t >> 1) & 1, b.mt_empty + 8 * u);
+        }
     }
 }
 
@@ -344,25 +353,28 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     attn8_bars b;
     b.q = base + L::BARS;
     b.full = b.q + 8, b.empty = b.q + 8 + 8 * F::STAGES;
+    b.mt_full = b.empty + 8 * F::STAGES, b.mt_empty = b.mt_full + 16;
     const qvc_ops &ops = p.ops;
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
     static_assert(!MEANS || F::INT8, "means ride with the INT8 path only");
-    const float *vmu = MEANS ? ops.v_mu + (size_t)bh * nblk * 128 : NULL;
+    const uint16_t *mtiles =
+        MEANS ? ops.v_mu_tile + (size_t)bh * ((nblk + QVC_MU_BATCH - 1) / QVC_MU_BATCH) *
+                                    (QVC_MU_TILE_BYTES / 2)
+              : NULL;
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
-    /* Zero mean tiles: the slots a short last batch leaves unwritten meet
-     * zero pending sums, and 0 x (stale garbage) could be NaN. */
-    if (MEANS)
-        for (int i = threadIdx.x; i < F::CONSUMERS * A8R_TILE / 4; i += F::THREADS)
-            *(uint32_t *)(sm + L::TILES + 4 * i) = 0u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
             mbar_init(b.full + 8 * s, 1);
             mbar_init(b.empty + 8 * s, F::CONSUMERS * 128); /* every consumer thread */
+        }
+        for (int u = 0; u < 2; ++u) {
+            mbar_init(b.mt_full + 8 * u, 1);
+            mbar_init(b.mt_empty + 8 * u, F::CONSUMERS * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -371,7 +383,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(F::PRODUCER_REGS));
-        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, vmu, MEANS);
+        if (threadIdx.x == 0) attn8_producer<F>(tq, tk, tv, tvl, ops, base, b, bh, tile, mtiles);
         return;
     }
 
@@ -442,6 +454,8 @@ static qva_status attn8_launch_one(const CUtensorMap *m, const attn8_params *p, 
 template <class F, int PMODE>
 static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cudaStream_t st) {
     if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
+    if (!p->ops.v_mu_tile)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn8_ws_128x128: V-Smooth means without their tiles");
     if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
     return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
 }

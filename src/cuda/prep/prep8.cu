@@ -73,6 +73,8 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
         {(void **)&ops->v_chan, bh * d * sizeof(float)},
         {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
         {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
+        {(void **)&ops->v_mu_tile,
+         with_mu && D == 128 ? bh * (size_t)qvi_cdiv(ops->nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES : 0},
     };
     qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_ops_alloc: cudaMalloc");
     if (st != QVA_OK) qvc_ops_free(ops);
@@ -82,7 +84,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
 extern "C" void qvc_ops_free(qvc_ops *ops) {
     if (!ops) return;
     void *ptrs[] = {ops->q_i8, ops->q_scale, ops->k_i8, ops->k_scale,
-                    ops->v_t, ops->v_t_lo, ops->v_chan, ops->v_blk, ops->v_mu};
+                    ops->v_t, ops->v_t_lo, ops->v_chan, ops->v_blk, ops->v_mu, ops->v_mu_tile};
     qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(ops, 0, sizeof *ops);
 }

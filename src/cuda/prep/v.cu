@@ -70,7 +70,9 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
     for (int e = 0; e < QK_CPL; ++e) bmu[o + e] = m[e], bamax[o + e] = amax[e];
 }
 
-/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B).  A CTA takes
+/* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B), as floats
+ * into v_mu and (v_mu_tile, D 128) as FP16 into the 8-bit kernel's restore
+ * tiles, whose slots past the last block get +0.  A CTA takes
  * VS_CH channels of one bh, VS_JL threads per channel striding over the
  * blocks (a thread per channel looping over all nblk blocks left the GPU
  * idle: 40 CTAs at Wan).  Maxima are order-independent, so this is the
@@ -79,7 +81,7 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
 #define VS_JL 8
 __global__ void __launch_bounds__(VS_CH * VS_JL)
 v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax, float *v_chan,
-               float *v_mu) {
+               float *v_mu, uint16_t *v_mu_tile) {
     __shared__ float red[2][VS_JL][VS_CH];
     __shared__ float scale[VS_CH];
     const int cl = threadIdx.x % VS_CH, jl = threadIdx.x / VS_CH, bh = blockIdx.y;
@@ -105,9 +107,16 @@ v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax
     }
     __syncthreads();
     const float s = scale[cl];
-    if (v_mu)
-        for (int j = jl; j < nblk; j += VS_JL)
-            v_mu[o0 + (int64_t)j * D] = demean ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
+    if (!v_mu) return;
+    const int nbatch = (nblk + QVC_MU_BATCH - 1) / QVC_MU_BATCH;
+    uint16_t *tile = v_mu_tile ? v_mu_tile + (int64_t)bh * nbatch * (QVC_MU_TILE_BYTES / 2) : NULL;
+    for (int j = jl; j < (tile ? nbatch * QVC_MU_BATCH : nblk); j += VS_JL) {
+        const float m = demean && j < nblk ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
+        if (j < nblk) v_mu[o0 + (int64_t)j * D] = m;
+        if (tile)
+            tile[(int64_t)(j / QVC_MU_BATCH) * (QVC_MU_TILE_BYTES / 2) +
+                 qvc_mu_tile_at(c, j % QVC_MU_BATCH) / 2] = __half_as_ushort(__float2half_rn(m));
+    }
 }
 
 typedef struct v_params {
@@ -250,11 +259,14 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         }
         if (s == QVA_OK) {
             v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
-                D, nblk, demean, bmu, bamax, ops->v_chan, ops->v_mu);
+                D, nblk, demean, bmu, bamax, ops->v_chan, ops->v_mu, ops->v_mu_tile);
             s = qvc_launch_check("qvc_prep: V scale");
         }
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
-        const cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
+        cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
+        if (e == cudaSuccess && ops->v_mu_tile)
+            e = cudaMemsetAsync(ops->v_mu_tile, 0,
+                                (size_t)BH * qvi_cdiv(nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES, st);
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
