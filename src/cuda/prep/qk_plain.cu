@@ -149,24 +149,36 @@ static __device__ __forceinline__ float qkp_block_scale(const qk_params &p, cons
 }
 
 /* Rotated K: the rotated rows kept as floats, so the rotation runs once
- * (the extremes say nothing of rotated rows). */
+ * (the extremes say nothing of rotated rows), in shared memory (rot: the
+ * block's [128][D] floats; each thread reads back only what it wrote):
+ * kept in registers they held the kernel to two CTAs an SM (118
+ * registers), which left DRAM a third busy. */
 template <int DT, int D>
 static __device__ __forceinline__ void qkp_block_kept(const qk_params &p, const qkp_lane &L,
                                                       const uint4 (&raw)[plain_geom<D>::STEPS],
-                                                      float *red, int8_t *codes) {
+                                                      float *red, float *rot, int8_t *codes) {
     using G = plain_geom<D>;
-    float x[G::STEPS][QKP_CPL], amax = 0.0f;
+    const int row0 = L.r0 - L.blk * QVI_BLOCK; /* the thread's first row in the block */
+    float amax = 0.0f;
 #pragma unroll
     for (int s = 0; s < G::STEPS; ++s) {
-        qkp_row<DT, D, true>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x[s]);
+        float x[QKP_CPL];
+        qkp_row<DT, D, true>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x);
 #pragma unroll
-        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        float4 *t = (float4 *)(rot + (row0 + s * G::RPC) * D + L.c0);
+        t[0] = make_float4(x[0], x[1], x[2], x[3]);
+        t[1] = make_float4(x[4], x[5], x[6], x[7]);
     }
     float scale;
     const float rcp = qkp_block_scale(p, L, block_max(amax, red), &scale);
 #pragma unroll
-    for (int s = 0; s < G::STEPS; ++s)
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
+    for (int s = 0; s < G::STEPS; ++s) {
+        const float4 *t = (const float4 *)(rot + (row0 + s * G::RPC) * D + L.c0);
+        const float4 a = t[0], b = t[1];
+        const float x[QKP_CPL] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
+    }
 }
 
 /* Unrotated K: the block max from the extremes where the K mean pass made
@@ -200,11 +212,16 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
     }
 }
 
+/* Shared memory of rotated K's rows (dynamic: 64 KB at D 128). */
+template <int D>
+static constexpr int qkp_rot_bytes() { return QVI_BLOCK * D * (int)sizeof(float); }
+
 template <int DT, int D, bool ROWS, bool ROT>
-__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : ROT ? 2 : 4) /* rotated K keeps its rows */
+__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : ROT ? 3 : 4) /* 3: rotated K's 64 KB */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
     __shared__ float red[PREP_WARPS];
+    extern __shared__ __align__(16) float qkp_rot[]; /* rotated K only */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     qkp_lane L;
     L.blk = blockIdx.x, L.bh = blockIdx.y;
@@ -232,17 +249,25 @@ qk_plain_kernel(qk_params p) {
     if constexpr (ROWS)
         qkp_rows_per_row<DT, D, ROT>(p, L, raw, codes);
     else if constexpr (ROT)
-        qkp_block_kept<DT, D>(p, L, raw, red, codes);
+        qkp_block_kept<DT, D>(p, L, raw, red, qkp_rot, codes);
     else
         qkp_block_redo<DT, D>(p, L, raw, red, codes);
 }
 
 template <int DT, int D, bool ROT>
 static void launch_qk_plain_r(const qk_params &p, dim3 grid, cudaStream_t st) {
-    if (p.rows_per_scale == 1)
+    if (p.rows_per_scale == 1) {
         qk_plain_kernel<DT, D, true, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
-    else
+    } else if (ROT) {
+        /* the attribute is per function and idempotent; its failure shows
+         * as the launch's (qvc_launch_check) */
+        constexpr int smem = qkp_rot_bytes<D>();
+        cudaFuncSetAttribute(qk_plain_kernel<DT, D, false, ROT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        qk_plain_kernel<DT, D, false, ROT><<<grid, PREP_THREADS, smem, st>>>(p);
+    } else {
         qk_plain_kernel<DT, D, false, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
+    }
 }
 
 template <int DT, int D>
