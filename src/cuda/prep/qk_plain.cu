@@ -19,7 +19,8 @@
  *                        by the permutation): the block max from the K
  *                        mean pass's block extremes (qvc_block_ext) where
  *                        it made them (unrotated K), else from the
- *                        registers; then the codes, one read of K.
+ *                        rows (rotated K: rotated once, kept in shared
+ *                        memory); then the codes, one read of K.
  *
  * Why: qk.cu's lane of 4 channels pays a row's fixed work (the shuffles of
  * its max, the IEEE division and reciprocal of its scale, the addresses)
