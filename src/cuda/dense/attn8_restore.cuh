@@ -68,16 +68,23 @@ static __device__ __forceinline__ uint32_t *a8r_pending(uint8_t *sm, int pend_of
     return ph;
 }
 
-/* Block j's row sums into the pending fragment (the owning thread only):
- * word 2 hi + row (A register a[2 hi + row]: hi = k >= 8, row 0 = g,
- * 1 = g + 8) holds k = 2tig (+8) in its low half, 2tig + 1 (+8) in its
- * high half. */
+/* Block j's row sums into the pending fragment, stored by the owning
+ * thread of each quad (tig == (k mod 8) / 2): word 2 hi + row (A register
+ * a[2 hi + row]: hi = k >= 8, row 0 = g, 1 = g + 8) holds k = 2tig (+8) in
+ * its low half, 2tig + 1 (+8) in its high half.  ph_s: the shared address
+ * of ph.  Predicated stores, not a branch: every quad has an owner, so a
+ * branch only added its reconvergence to every block. */
 template <int NT>
-static __device__ __forceinline__ void a8r_pend(uint32_t *ph, const float *rs, int j, int tig) {
+static __device__ __forceinline__ void a8r_pend(uint32_t ph_s, const float *rs, int j, int tig) {
     const int k = j & (QVC_MU_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
-    if (tig != owner) return;
-    ((__half *)(ph + 2 * hi * NT))[k & 1] = __float2half_rn(rs[0]);
-    ((__half *)(ph + (2 * hi + 1) * NT))[k & 1] = __float2half_rn(rs[1]);
+    const uint32_t a0 = ph_s + 4u * (uint32_t)(2 * hi * NT) + 2u * (uint32_t)(k & 1);
+    const unsigned short h0 = __half_as_ushort(__float2half_rn(rs[0]));
+    const unsigned short h1 = __half_as_ushort(__float2half_rn(rs[1]));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.s32 p, %0, %1;\n"
+        "@p st.shared.b16 [%2], %3;\n@p st.shared.b16 [%4], %5;\n}\n" ::"r"(tig),
+        "r"(owner), "r"(a0), "h"(h0), "r"(a0 + 4u * NT), "h"(h1)
+        : "memory");
 }
 
 /* A row max rose: the pending sums of row r take alpha[r], as O does. */

@@ -177,6 +177,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     constexpr int NT = F::CONSUMERS * 128;
     uint32_t *ph = MEANS ? a8r_pending<NT>(sm, L::PEND) : NULL;
+    const uint32_t ph_s = MEANS ? smem_addr(ph) : 0u;
     const int batch = MEANS ? QVC_MU_BATCH : ops.nblk;
     /* The shared-memory base and Q's descriptor (its high word is a
      * constant) carried through the loop as values the compiler cannot
@@ -204,11 +205,14 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
             mx[0] = fmaxf(mx[0], r.m[0]);
             mx[1] = fmaxf(mx[1], r.m[1]);
-            if (MEANS) { /* the pending row sums are rescaled as O is */
+            if (MEANS) { /* the pending row sums are rescaled as O is, both
+                          * where some row of the warp rose (x 1 is exact) */
                 float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-                qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
-                if (alpha[0] != 1.0f || alpha[1] != 1.0f) a8r_rescale<NT>(ph, alpha);
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                    qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
+                    a8r_rescale<NT>(ph, alpha);
+                }
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
@@ -238,7 +242,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
             if (ONES) rs[0] = part[64], rs[1] = part[66];
             add_part<16>(r.o, part, 0, vb);
-            if (MEANS) a8r_pend<NT>(ph, rs, j, tig);
+            if (MEANS) a8r_pend<NT>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
