@@ -71,29 +71,11 @@ template <int DT, int D, bool EXT>
 __global__ void __launch_bounds__(PREP_THREADS)
 kmean_plain_kernel(qvc_view k, const int32_t *perm, int n, int nblk, double *partial,
                    qvc_block_ext kext) {
-    using G = plain_geom<D>;
     __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
-    const int blk = blockIdx.x, bh = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
-    {
-        uint4 raw[G::STEPS];
-        plain_load_rows<D>(k, perm, bh, n, qvc_head_base(k, bh), blk * QVI_BLOCK + key0, c0, raw);
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&tile[(key0 + s * G::RPC) * D + c0] = raw[s];
-    }
-    __syncthreads();
-    const int c = threadIdx.x;
-    if (c >= D) return;
-    const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
-    double sum = 0.0;
-    float mn = INFINITY, mx = -INFINITY;
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        const float x = qvc_widen16<DT>(tile[i * D + c]);
-        sum = __dadd_rn(sum, (double)x);
-        if (EXT) mn = fminf(mn, x), mx = fmaxf(mx, x);
-    }
+    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
+    double sum;
+    float mn, mx;
+    if (!plain_block_colsum<DT, D, EXT>(k, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
     partial[o] = sum;
     if (EXT) kext.min[o] = mn, kext.max[o] = mx;

@@ -330,6 +330,46 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
+/* One 128-row block of X[perm] as loaded (16-bit values, rows [0, 128) of
+ * the block, +0 past n) into a shared [128][D] tile, then, for the threads
+ * c < D, channel c's FP64 sum over the block's `len` valid rows in row
+ * order and (EXT) their least and greatest value: block_colsum4's bits
+ * (one thread per channel walks the tile in order).  Every thread of the
+ * CTA (PREP_THREADS) calls it; returns whether this thread has a channel.
+ * The K mean's block sums (kmean.cu) and V's demeaned statistics
+ * (v_plain.cu) both read their blocks this way: 8 channels a lane, every
+ * load in flight, where block_colsum4's 4-channel lanes spent about 14
+ * instructions a value on addressing and waits. */
+template <int DT, int D, bool EXT>
+static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, const int32_t *perm,
+                                                          int bh, int n, int blk, uint16_t *tile,
+                                                          double *sum, float *mn, float *mx) {
+    using G = plain_geom<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
+    {
+        uint4 raw[G::STEPS];
+        plain_load_rows<D>(x, perm, bh, n, qvc_head_base(x, bh), blk * QVI_BLOCK + key0, c0, raw);
+#pragma unroll
+        for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&tile[(key0 + s * G::RPC) * D + c0] = raw[s];
+    }
+    __syncthreads();
+    const int c = threadIdx.x;
+    if (c >= D) return false;
+    const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
+    double s = 0.0;
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll 8
+    for (int i = 0; i < len; ++i) {
+        const float v = qvc_widen16<DT>(tile[i * D + c]);
+        s = __dadd_rn(s, (double)v);
+        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+    }
+    *sum = s;
+    if (EXT) *mn = lo, *mx = hi;
+    return true;
+}
+
 /* 8 floats from a 32-byte aligned address (the plain kernels' per-channel
  * constants: c0 is a multiple of 8 and the arrays are cudaMalloc'd), as two
  * 16-byte loads issued together. */

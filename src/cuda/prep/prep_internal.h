@@ -99,6 +99,11 @@ void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st);
 void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
                              float *bamax, cudaStream_t st);
 
+/* qvc_prep_v_stats with demeaning for the inputs qvc_v_plain_ok takes:
+ * the raw block means into bmu and the residual amax into bamax. */
+void qvc_v_stats_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
+                              float *bmu, float *bamax, cudaStream_t st);
+
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0
  * unless demean) into bmu and the residual amax into bamax, [BH][nblk][D]. */

@@ -254,6 +254,9 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         if (!demean && qvc_v_plain_ok(v, 0)) {
             qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);
             s = qvc_launch_check("qvc_prep: V amax");
+        } else if (qvc_v_plain_ok(v, 0)) {
+            qvc_v_stats_plain_launch(*v, a->perm, nk, nblk, BH, bmu, bamax, st);
+            s = qvc_launch_check("qvc_prep: V stats");
         } else {
             s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
         }

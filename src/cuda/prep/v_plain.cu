@@ -15,6 +15,9 @@
  *   v_amax_plain_kernel<DT,D>  the same geometry: the per-block channel
  *                         amax of undemeaned V, the max kept packed.
  *
+ *   v_stats_plain_kernel<DT,D>  demeaned V's block means and residual
+ *                         amax, from the block's rows in a shared tile.
+ *
  * Why: v_encode_kernel's lane of 4 channels reloaded its scales and
  * reciprocals per 4 values and issued one load at a time; it ran at
  * 35-40% of DRAM bandwidth with 75-80% of the issue slots busy.
@@ -149,6 +152,44 @@ v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bam
     float4 *dst = (float4 *)(bamax + ((int64_t)bh * nblk + blk) * D + threadIdx.x * VP_CPL);
     dst[0] = make_float4(a[0], a[1], a[2], a[3]);
     dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+}
+
+/*
+ * v_stats_kernel's demeaned case (v.cu) for the inputs v_plain_kernel
+ * takes: per channel of one 128-key block, the raw mean (the FP64 sum in
+ * row order over the valid rows, divided by their count, rounded to float)
+ * and the residual amax from the block's least and greatest value (x ->
+ * fl(x - m) is monotone), the same expressions on the same sums
+ * (plain_block_colsum).  Why: v_stats_kernel's 4-channel lanes were the
+ * longest kernel of the reuse and grouping steps' V chain (305 us at Wan
+ * beside the other chains, against 226 us for the K mean's block sums
+ * read this way).
+ */
+template <int DT, int D>
+__global__ void __launch_bounds__(PREP_THREADS)
+v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bmu, float *bamax) {
+    __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
+    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
+    double sum;
+    float mn, mx;
+    if (!plain_block_colsum<DT, D, true>(v, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
+    const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
+    const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
+    const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
+    bmu[o] = m;
+    bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx, m))), fabsf(__fsub_rn(mn, m)));
+}
+
+void qvc_v_stats_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
+                              float *bmu, float *bamax, cudaStream_t st) {
+    const dim3 grid((unsigned)nblk, (unsigned)BH);
+    if (v.dtype == QVA_BF16) {
+        if (v.D == 64) v_stats_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+        else v_stats_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+    } else {
+        if (v.D == 64) v_stats_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+        else v_stats_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+    }
 }
 
 void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
