@@ -176,8 +176,9 @@ static void host_ops_free(host_ops *h) {
  * decodes to v_mu's value (already FP16-rounded), and the slots past the
  * last block of the last tile hold +0.  Returns the mismatches. */
 static long check_mu_tile(const char *tag, int bh, int nblk, const host_ops *g) {
-    const int nbatch = qvi_cdiv(nblk, QVC_MU_BATCH), d = 128;
-    const uint16_t *t0 = g->vmut + (size_t)bh * nbatch * (QVC_MU_TILE_BYTES / 2);
+    const size_t head = qvc_mu_head_bytes(nblk);
+    const int nbatch = (int)(head / QVC_MU_TILE_BYTES), d = 128;
+    const uint16_t *t0 = g->vmut + (size_t)bh * (head / 2);
     long bad = 0;
     for (int j = 0; j < nbatch * QVC_MU_BATCH; ++j)
         for (int c = 0; c < d; ++c) {
@@ -206,7 +207,7 @@ static int fetch_ops(const qvc_ops *o, host_ops *h) {
     h->vblk = malloc(bh * nkb * 4);
     h->vt = malloc(bh * nkb * d * QVI_BLOCK);
     h->vmu = o->v_mu ? malloc(bh * nkb * d * 4) : NULL;
-    const size_t tile_b = bh * (size_t)qvi_cdiv(o->nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES;
+    const size_t tile_b = bh * qvc_mu_head_bytes(o->nblk);
     h->vmut = o->v_mu_tile ? malloc(tile_b) : NULL;
     if (!h->q || !h->k || !h->qs || !h->ks || !h->vchan || !h->vblk || !h->vt ||
         (o->v_mu && !h->vmu) || (o->v_mu_tile && !h->vmut)) {
@@ -470,8 +471,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         cuda_ok(cudaMemset(ops.k_scale, 0xFF, (size_t)BH * ops.nblk * 4), "poison");
         if (ops.v_mu) cuda_ok(cudaMemset(ops.v_mu, 0xFF, (size_t)BH * ops.nblk * d * 4), "poison");
         if (ops.v_mu_tile)
-            cuda_ok(cudaMemset(ops.v_mu_tile, 0xFF,
-                               (size_t)BH * qvi_cdiv(ops.nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES),
+            cuda_ok(cudaMemset(ops.v_mu_tile, 0xFF, (size_t)BH * qvc_mu_head_bytes(ops.nblk)),
                     "poison");
 
         qvc_prep_args a;

@@ -77,6 +77,14 @@ static inline
 int qvc_mu_tile_at(int n, int k) { /* byte offset of (channel n, slot k) */
     return (((n >> 3) * 2 + (k >> 3)) * 128) + (n & 7) * 16 + (k & 7) * 2;
 }
+#ifdef __CUDACC__
+static inline __host__ __device__
+#else
+static inline
+#endif
+size_t qvc_mu_head_bytes(int nblk) { /* one head's tiles: whole batches */
+    return (size_t)((nblk + QVC_MU_BATCH - 1) / QVC_MU_BATCH) * QVC_MU_TILE_BYTES;
+}
 
 /* Key (0..31) whose value sits in PV-operand slot s (0..31) of a chunk. */
 #ifdef __CUDACC__

@@ -172,7 +172,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                                                            uint8_t *sm, attn8_bars b, uint64_t qd,
                                                            const float (&dq)[2],
                                                            const float *kscale, const float *vblk,
-                                                           int cw, int tig) {
+                                                           int tig) {
     typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
     constexpr int NT = F::CONSUMERS * 128;
@@ -362,10 +362,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const int bh = blockIdx.y, tile = blockIdx.x, nblk = ops.nblk;
     const int wg = threadIdx.x >> 7;
     static_assert(!MEANS || F::INT8, "means ride with the INT8 path only");
-    const uint16_t *mtiles =
-        MEANS ? ops.v_mu_tile + (size_t)bh * ((nblk + QVC_MU_BATCH - 1) / QVC_MU_BATCH) *
-                                    (QVC_MU_TILE_BYTES / 2)
-              : NULL;
+    const uint16_t *mtiles = MEANS ? ops.v_mu_tile + bh * (qvc_mu_head_bytes(nblk) / 2) : NULL;
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
@@ -411,7 +408,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     r.l[0] = r.l[1] = 0.0f;
     mbar_wait(b.q, 0);
     if constexpr (F::INT8) {
-        attn8_mainloop_int8<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq, kscale, vblk, cw,
+        attn8_mainloop_int8<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq, kscale, vblk,
                                              tig);
     } else {
         float sacc[64];

@@ -108,9 +108,10 @@ v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax
     __syncthreads();
     const float s = scale[cl];
     if (!v_mu) return;
-    const int nbatch = (nblk + QVC_MU_BATCH - 1) / QVC_MU_BATCH;
-    uint16_t *tile = v_mu_tile ? v_mu_tile + (int64_t)bh * nbatch * (QVC_MU_TILE_BYTES / 2) : NULL;
-    for (int j = jl; j < (tile ? nbatch * QVC_MU_BATCH : nblk); j += VS_JL) {
+    const size_t head = qvc_mu_head_bytes(nblk);
+    uint16_t *tile = v_mu_tile ? v_mu_tile + bh * (head / 2) : NULL;
+    const int slots = (int)(head / QVC_MU_TILE_BYTES) * QVC_MU_BATCH;
+    for (int j = jl; j < (tile ? slots : nblk); j += VS_JL) {
         const float m = demean && j < nblk ? round_f16(__fdiv_rn(bmu[o0 + (int64_t)j * D], s)) : 0.0f;
         if (j < nblk) v_mu[o0 + (int64_t)j * D] = m;
         if (tile)
@@ -268,8 +269,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
         cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
         if (e == cudaSuccess && ops->v_mu_tile)
-            e = cudaMemsetAsync(ops->v_mu_tile, 0,
-                                (size_t)BH * qvi_cdiv(nblk, QVC_MU_BATCH) * QVC_MU_TILE_BYTES, st);
+            e = cudaMemsetAsync(ops->v_mu_tile, 0, (size_t)BH * qvc_mu_head_bytes(nblk), st);
         if (e != cudaSuccess) s = qvc_cuda_fail(e, "qvc_prep: cudaMemsetAsync");
     }
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
