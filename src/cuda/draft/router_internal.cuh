@@ -22,7 +22,8 @@
 #define DR_FULL 0xffffffffu
 #define DR_ROWS_PER_CTA 8       /* warps (= query-region rows) of the list kernels */
 #define DR_HIST_THREADS 256
-#define DR_HIST_ITEMS 16        /* entries per thread and selection pass */
+#define DR_HIST_ITEMS 16        /* entries per thread and pass of the MASS select */
+#define DR_SEL_THREADS 1024     /* threads of each CTA of the count select */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
 #define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials): at 164

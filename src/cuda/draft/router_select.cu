@@ -5,7 +5,11 @@
  * head's K, quotas and boundaries on the device.  Bit for bit the CPU's
  * ranking (src/draft/router.c, src/draft/budget.h).
  */
+#include <cooperative_groups.h>
+
 #include "router_internal.cuh"
+
+namespace cg = cooperative_groups;
 
 /* ------------------------------------------------------------ radix select */
 
@@ -24,8 +28,8 @@ __global__ void dr_sel_init_kernel(dr_sel *sel, int BH, unsigned long long e0,
 /* Bit j: open boundary j (j >= 1) is in the very state of open boundary
  * j - 1, same prefix and same rank left (equal cumulative quotas, as e_1 =
  * e_2 without an NVFP4 quota): its search is j - 1's, step for step, so
- * it is not counted but copied (dr_select_kernel).  Both kernels of a pass
- * read it from the state as the pass found it. */
+ * it is not counted but copied (dr_count_select_kernel).  Both the count
+ * and the step of a pass read it from the state as the pass found it. */
 static __device__ __forceinline__ int dr_sel_alias(const dr_sel &s, int open) {
     int alias = 0;
     for (int j = 1; j < 3; ++j)
@@ -43,114 +47,308 @@ static __device__ __forceinline__ int dr_sel_open(const dr_sel &s, int findmask)
     return open;
 }
 
+/* The bit shifts of one count select's digits, most significant first. */
+typedef struct dr_shifts {
+    int n, s[8];
+} dr_shifts;
+
+/* x >> n for n in [0, 32]. */
+static __device__ __forceinline__ uint32_t dr_shr32(uint32_t x, int n) {
+    return n >= 32 ? 0u : x >> n;
+}
+
+/* What one digit pass compares, set up once per pass: the rows to count
+ * (one per distinct prefix among the boundaries still searched: equal
+ * prefixes select the same keys, hence the same counts), the value bits
+ * above the digit (value digits, shift >= 32) or the whole value and the
+ * index bits above the digit (index digits). */
+typedef struct dr_sel_pass {
+    int rows, vs, hs;   /* rows counted; the digit's shift and the bits above it,
+                           within the value word or within the index word */
+    uint32_t hi[3];     /* per row: the selected bits above the digit, >> hs */
+    uint32_t val[3];    /* per row, index digits: the selected value */
+} dr_sel_pass;
+
+/* h[addr] += v where p, addr a shared-window address: no branch around
+ * the add, and no address made from the generic one at each add. */
+static __device__ __forceinline__ void dr_red_shared(uint32_t addr, unsigned v, bool p) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t"
+                 "@q red.shared::cta.add.u32 [%0], %1;\n\t}\n" ::"r"(addr),
+                 "r"(v), "r"((int)p)
+                 : "memory");
+}
+
+/* Where one pass of a CTA counts: the rows (h[ROWS][256] as a shared-window
+ * address) and, in the pass that lists the candidates, the list. */
+typedef struct dr_sel_out {
+    uint32_t hs;
+    uint2 *cand;   /* (value word, index word) of each listed key */
+    int *ncand;
+    int cap;
+} dr_sel_out;
+
 /*
- * Histogram of the 8-bit digit at `shift` of the keys that match each
- * open boundary's selected prefix (the bits above the digit), in shared
- * memory, then one global atomic per non-empty bin.  The match is shared
- * by boundaries whose prefixes are equal (all of them in the first pass);
- * an aliased boundary (dr_sel_alias) is not counted at all.
- * A head whose boundaries are all settled leaves at once.  AGG (the first
- * digit, which nearly every key shares: the map's values lie in [0, 1], so
- * their top bits vary little): the lanes of one digit add as a group, one
- * shared atomic per group (__match_any_sync), skipped where no lane
- * matches.  The later digits spread over the bins, where the groups are
- * one or two lanes: each matching lane adds its own 1 (NOTES: 173 -> 75
- * µs for the second digit at Wan).
+ * One key of a pass: its value word v (dr_order_key) and index word x
+ * (M - 1 - i) of the 64-bit key.  Counts the 8-bit digit (of x for INDEX,
+ * else of v) into each row whose prefix the key matches, in 32-bit
+ * arithmetic.  FIRST (the first digit, which nearly every key shares: the
+ * map's values lie in [0, 1], so their top bits vary little, and every key
+ * matches): the lanes that share lane 0's digit add as one, the others one
+ * each; a warp-wide call.  LIST: a key that matches a row is listed.
  */
-template <bool AGG>
-__global__ void __launch_bounds__(DR_HIST_THREADS)
-dr_hist_kernel(const float *A, long long M, int shift, int findmask, const dr_sel *sel,
-               unsigned int *hist /* [BH][3][256] */) {
-    __shared__ unsigned int h[3][256];
-    const int bh = blockIdx.y, lane = threadIdx.x & 31;
-    const dr_sel st = sel[bh];
-    unsigned long long pre[3];
-    const int open = dr_sel_open(st, findmask), alias = dr_sel_alias(st, open);
-    int same = 0; /* per head, so uniform over the CTA */
-#pragma unroll
-    for (int j = 0; j < 3; ++j) {
-        pre[j] = st.prefix[j];
-        if (j && ((open >> (j - 1)) & 1) && ((open >> j) & 1) && pre[j] == pre[j - 1])
-            same |= 1 << j;
+template <int ROWS, bool FIRST, bool INDEX, bool LIST>
+static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool in,
+                                                  const dr_sel_pass &ps, const dr_sel_out &o) {
+    const uint32_t w = INDEX ? x : v; /* the word of the digit */
+    const uint32_t dig = (w >> ps.vs) & 255u;
+    if (FIRST) {
+        const uint32_t lead = __shfl_sync(DR_FULL, dig, 0);
+        const unsigned with = __ballot_sync(DR_FULL, in && dig == lead);
+        dr_red_shared(o.hs + 4u * lead, (unsigned)__popc(with), (threadIdx.x & 31) == 0 && with);
+        dr_red_shared(o.hs + 4u * dig, 1u, in && dig != lead);
+        return;
     }
-    if (!open) return; /* before any barrier */
-    for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) (&h[0][0])[i] = 0u;
-    __syncthreads();
-    const uint64_t high = shift >= 56 ? 0ull : ~0ull << (shift + 8);
-    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
-    const long long i0 = (long long)blockIdx.x * DR_HIST_THREADS * DR_HIST_ITEMS;
-#pragma unroll 4
-    for (int it = 0; it < DR_HIST_ITEMS; ++it) {
-        const long long i = i0 + (long long)it * DR_HIST_THREADS + threadIdx.x;
-        const bool in = i < M;
-        const uint64_t c = in ? dr_comp(__ldg(Ab + i), (uint64_t)i, (uint64_t)M) : 0ull;
-        const int dig = (int)((c >> shift) & 255u);
-        int val = -1;
-        unsigned peers = 0u;
+    const uint32_t above = dr_shr32(w, ps.hs);
+    bool any = false;
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            if (!((open >> j) & 1) || ((alias >> j) & 1)) continue; /* uniform */
-            if (!((same >> j) & 1)) {         /* uniform; else boundary j-1's */
-                val = in && (c & high) == pre[j] ? dig : -1;
-                if (AGG)
-                    peers = __any_sync(DR_FULL, val >= 0) ? __match_any_sync(DR_FULL, val) : 0u;
-            }
-            if (!AGG && val >= 0)
-                atomicAdd(&h[j][val], 1u);
-            else if (AGG && val >= 0 && lane == __ffs(peers) - 1)
-                atomicAdd(&h[j][val], (unsigned)__popc(peers));
-        }
+    for (int r = 0; r < ROWS; ++r) {
+        const bool m = in && above == ps.hi[r] && (!INDEX || v == ps.val[r]);
+        dr_red_shared(o.hs + 1024u * r + 4u * dig, 1u, m);
+        any |= m;
     }
-    __syncthreads();
-    unsigned int *g = hist + (int64_t)bh * 3 * 256;
-    for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) {
-        const unsigned v = (&h[0][0])[i];
-        if (v) atomicAdd(g + i, v);
+    if (LIST && any) {
+        const int k = atomicAdd(o.ncand, 1);
+        if (k < o.cap) o.cand[k] = make_uint2(v, x);
     }
 }
 
 /*
- * Picks each open boundary's digit (descending: from bin 255 down) and
- * clears the histogram for the next pass; an aliased boundary takes the
- * state of the one before it.  One warp per head; the bins are
- * first copied to shared memory with coalesced loads, so the scan does not
- * wait on one global load per bin.  If the boundary is the last (smallest)
- * of the keys that share its bits so far, every one of them is kept: tau
- * may then keep zeros below, since c >= prefix selects exactly those keys
- * and the ones above, and the search of that boundary ends.
+ * A pass over the keys [lo, hi) of one head in global memory: 16-byte loads
+ * from the first 16-byte boundary on (4 per thread in flight), the few
+ * keys before it and after the last whole vector in one more round.  Every
+ * lane runs the same trip count, as FIRST needs.
  */
-__global__ void dr_select_kernel(unsigned int *hist, dr_sel *sel, int shift, int findmask) {
-    __shared__ unsigned int h[3 * 256];
-    const int bh = blockIdx.x, lane = threadIdx.x;
-    unsigned int *g = hist + (int64_t)bh * 3 * 256;
-    for (int i = lane; i < 3 * 256; i += 32) {
-        h[i] = g[i];
-        g[i] = 0u;
-    }
-    const dr_sel old = sel[bh];
-    const int open = dr_sel_open(old, findmask), alias = dr_sel_alias(old, open);
-    __syncwarp();
-    if (lane < 3 && ((open >> lane) & 1) && !((alias >> lane) & 1)) {
-        const unsigned int *hj = h + lane * 256;
-        unsigned long long r = sel[bh].rank[lane];
-        int d = 255;
-        for (; d > 0; --d) {
-            const unsigned long long cnt = hj[d];
-            if (r < cnt) break;
-            r -= cnt;
+template <int ROWS, bool FIRST, bool INDEX, bool LIST>
+static __device__ __forceinline__ void dr_sel_scan(const uint32_t *Ab, int lo, int hi, int M,
+                                                   const dr_sel_pass &ps, const dr_sel_out &o) {
+    constexpr int U = 4;
+    const int tid = (int)threadIdx.x;
+    const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
+    const int nv = (hi - a0) / 4, a1 = a0 + 4 * nv;
+    const uint4 *Av = (const uint4 *)(Ab + a0);
+    for (int b = 0; b < nv; b += U * DR_SEL_THREADS) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * DR_SEL_THREADS + tid;
+            q[u] = j < nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
         }
-        sel[bh].prefix[lane] |= (unsigned long long)d << shift;
-        sel[bh].rank[lane] = r;
-        if (r + 1 == (unsigned long long)hj[d]) sel[bh].done[lane] = 1;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * DR_SEL_THREADS + tid, i = a0 + 4 * j;
+            const bool in = j < nv;
+            const uint32_t e[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(e[c]), (uint32_t)(M - 1 - i - c),
+                                                     in, ps, o);
+        }
     }
-    __syncwarp();
-    if (lane == 0)
-        for (int j = 1; j < 3; ++j)
-            if ((alias >> j) & 1) {
-                sel[bh].prefix[j] = sel[bh].prefix[j - 1];
-                sel[bh].rank[j] = sel[bh].rank[j - 1];
-                sel[bh].done[j] = sel[bh].done[j - 1];
+    const int head = a0 - lo, tail = hi - a1; /* each below 4 */
+    const int i = tid < head ? lo + tid : a1 + tid - head;
+    const bool in = tid < head + tail;
+    dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(in ? __ldg(Ab + i) : 0u),
+                                         (uint32_t)(M - 1 - i), in, ps, o);
+}
+
+/* A pass over the CTA's listed keys (n of them). */
+template <int ROWS, bool INDEX>
+static __device__ __forceinline__ void dr_sel_scan_list(const uint2 *cand, int n,
+                                                        const dr_sel_pass &ps, const dr_sel_out &o) {
+    for (int k = (int)threadIdx.x; k < n; k += DR_SEL_THREADS) {
+        const uint2 c = cand[k];
+        dr_sel_key<ROWS, false, INDEX, false>(c.x, c.y, true, ps, o);
+    }
+}
+
+/* Where a later pass reads its keys: every key of the share, the share
+ * while listing the matching ones, or the list. */
+enum { DR_SRC_ALL = 0, DR_SRC_LISTING = 1, DR_SRC_LIST = 2 };
+
+template <int ROWS, bool INDEX>
+static __device__ __forceinline__ void dr_sel_pass_rows(int src, const uint32_t *Ab, int lo, int hi,
+                                                        int M, const dr_sel_pass &ps,
+                                                        const dr_sel_out &o, int n) {
+    if (src == DR_SRC_LIST)
+        dr_sel_scan_list<ROWS, INDEX>(o.cand, n, ps, o);
+    else if (src == DR_SRC_LISTING)
+        dr_sel_scan<ROWS, false, INDEX, true>(Ab, lo, hi, M, ps, o);
+    else
+        dr_sel_scan<ROWS, false, INDEX, false>(Ab, lo, hi, M, ps, o);
+}
+
+/* A pass after the first, for ps.rows rows (1 to 3). */
+template <bool INDEX>
+static __device__ __forceinline__ void dr_sel_pass_any(int src, const uint32_t *Ab, int lo, int hi,
+                                                       int M, const dr_sel_pass &ps,
+                                                       const dr_sel_out &o, int n) {
+    if (ps.rows == 1)
+        dr_sel_pass_rows<1, INDEX>(src, Ab, lo, hi, M, ps, o, n);
+    else if (ps.rows == 2)
+        dr_sel_pass_rows<2, INDEX>(src, Ab, lo, hi, M, ps, o, n);
+    else
+        dr_sel_pass_rows<3, INDEX>(src, Ab, lo, hi, M, ps, o, n);
+}
+
+/*
+ * One boundary's digit from the cluster's counts hj (a warp): descending
+ * from bin 255, the bin where the rank left falls.  Lane l holds bins
+ * 255 - 8l down to 248 - 8l; a scan of the lanes' sums finds the lane, which
+ * walks its bins.  Bin 0 is taken without a test when the bins above do
+ * not hold the rank (as the sequential walk from 255 down to 1 does).  If
+ * the boundary is the last (smallest) of the keys that share its bits so
+ * far, every one of them is kept: tau may then keep zeros below, since c
+ * >= prefix selects exactly those keys and the ones above, and the search
+ * of that boundary ends.
+ */
+static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int shift, dr_sel &st,
+                                                   int j) {
+    const int lane = threadIdx.x & 31;
+    const unsigned long long r = st.rank[j];
+    unsigned c[8];
+    unsigned long long own = 0ull;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        c[u] = hj[255 - 8 * lane - u];
+        own += c[u];
+    }
+    unsigned long long incl = own;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(DR_FULL, incl, o);
+        if (lane >= o) incl += t;
+    }
+    const unsigned hit = __ballot_sync(DR_FULL, r < incl);
+    const int L = hit ? __ffs(hit) - 1 : 31;
+    if (lane != L) return;
+    unsigned long long rr = r - (incl - own);
+    int d = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        d = 255 - 8 * lane - u;
+        if (d == 0 || rr < c[u]) break;
+        rr -= c[u];
+    }
+    st.prefix[j] |= (unsigned long long)d << shift;
+    st.rank[j] = rr;
+    if (rr + 1 == (unsigned long long)hj[d]) st.done[j] = 1;
+}
+
+/*
+ * The whole count select of one head (its state in sel[bh], initialised),
+ * by a cluster of CTAs that each count a contiguous share of the head's
+ * keys.  Per digit: every CTA counts its share into its own bins; after a
+ * cluster barrier every CTA adds the cluster's bins (distributed shared
+ * memory) and takes the same step on its own copy of the state, so the
+ * copies stay equal and the loop ends in every CTA at once, when no
+ * boundary is open.  An aliased boundary takes the state of the one
+ * before it.  The second barrier keeps the bins until every CTA has read
+ * them.  Once a CTA's own bins say that the keys matching the next
+ * prefixes fit its list (dynamic shared memory, `cap` keys), it lists them
+ * during the next pass and reads only the list after that: the later
+ * digits, index digits included, then cost no pass over the map.  One
+ * launch replaces a histogram and a digit launch per pass (NOTES, "The
+ * select in one launch").
+ */
+__global__ void __launch_bounds__(DR_SEL_THREADS, 1)
+dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, int cap,
+                       dr_sel *sel) {
+    __shared__ unsigned int h[3][256], tot[3][256];
+    __shared__ dr_sel st;
+    __shared__ int ncand, src;
+    extern __shared__ uint2 dr_cand[];
+    cg::cluster_group cl = cg::this_cluster();
+    const int bh = blockIdx.y, warp = threadIdx.x >> 5, m = (int)M;
+    const unsigned nc = cl.num_blocks(), rank = cl.block_rank();
+    const int share = (int)((M + nc - 1) / nc);
+    const int lo = min(m, (int)rank * share), hi = min(m, lo + share);
+    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
+    dr_sel_out o;
+    o.hs = (uint32_t)__cvta_generic_to_shared(&h[0][0]);
+    o.cand = dr_cand;
+    o.ncand = &ncand;
+    o.cap = cap;
+    if (threadIdx.x == 0) {
+        st = sel[bh];
+        ncand = 0;
+        src = DR_SRC_ALL;
+    }
+    __syncthreads();
+    for (int p = 0; p < sh.n; ++p) {
+        const int shift = sh.s[p];
+        const int open = dr_sel_open(st, findmask), alias = dr_sel_alias(st, open);
+        if (!open) break; /* the same in every CTA of the cluster */
+        /* the row each searched boundary counts into: the first searched
+         * boundary with its prefix */
+        dr_sel_pass ps;
+        int row[3] = {-1, -1, -1};
+        ps.rows = 0;
+        ps.vs = shift & 31;
+        ps.hs = ps.vs + 8;
+        for (int j = 0; j < 3; ++j) {
+            if (!((open >> j) & 1) || ((alias >> j) & 1)) continue;
+            for (int q = 0; q < j; ++q)
+                if (row[q] >= 0 && st.prefix[q] == st.prefix[j]) row[j] = row[q];
+            if (row[j] >= 0) continue;
+            row[j] = ps.rows;
+            ps.hi[ps.rows] = dr_shr32(shift >= 32 ? (uint32_t)(st.prefix[j] >> 32)
+                                                  : (uint32_t)st.prefix[j], ps.hs);
+            ps.val[ps.rows] = (uint32_t)(st.prefix[j] >> 32);
+            ++ps.rows;
+        }
+        const int from = src, listed = ncand;
+        for (int i = threadIdx.x; i < ps.rows * 256; i += DR_SEL_THREADS) (&h[0][0])[i] = 0u;
+        __syncthreads();
+        if (p == 0 && ps.rows == 1) /* every prefix is 0 */
+            dr_sel_scan<1, true, false, false>(Ab, lo, hi, m, ps, o);
+        else if (shift >= 32)
+            dr_sel_pass_any<false>(from, Ab, lo, hi, m, ps, o, listed);
+        else
+            dr_sel_pass_any<true>(from, Ab, lo, hi, m, ps, o, listed);
+        cl.sync();
+        for (int i = threadIdx.x; i < ps.rows * 256; i += DR_SEL_THREADS) {
+            unsigned v = 0u;
+            for (unsigned r = 0; r < nc; ++r) v += cl.map_shared_rank(&h[0][0], r)[i];
+            (&tot[0][0])[i] = v;
+        }
+        __syncthreads();
+        if (warp < 3 && row[warp] >= 0) dr_sel_pick(tot[row[warp]], shift, st, warp);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int j = 1; j < 3; ++j)
+                if ((alias >> j) & 1) {
+                    st.prefix[j] = st.prefix[j - 1];
+                    st.rank[j] = st.rank[j - 1];
+                    st.done[j] = st.done[j - 1];
+                }
+            /* The next source.  The keys that match a boundary's new
+             * prefix are, in this CTA, the count of its chosen bin. */
+            if (from == DR_SRC_LISTING)
+                src = ncand <= cap ? DR_SRC_LIST : DR_SRC_ALL;
+            else if (from == DR_SRC_ALL) {
+                long long want = 0;
+                for (int j = 0; j < 3; ++j)
+                    if (row[j] >= 0 && !st.done[j])
+                        want += h[row[j]][(st.prefix[j] >> shift) & 255u];
+                if (want <= cap) {
+                    src = DR_SRC_LISTING;
+                    ncand = 0;
+                }
             }
+        }
+        cl.sync(); /* the bins are read everywhere; the state is settled */
+    }
+    if (rank == 0 && threadIdx.x == 0) sel[bh] = st;
 }
 
 /* ------------------------------------------------------------ MASS budget */
@@ -166,8 +364,9 @@ static __device__ __forceinline__ unsigned dr_peer_sum(unsigned peers, unsigned 
  * (56, 48, 40, 32) over the keys whose higher value bits match the head's
  * prefix; the first pass (56) takes every key.  The weight is a function
  * of the value bits, so only the 32 value bits of the composite key are
- * read.  Warp-aggregated as dr_hist_kernel: the lanes of one digit add
- * their weights by two 32-bit warp reductions (w < 2^40 split at bit 20),
+ * read.  Warp-aggregated as the count select's first digit: the lanes of
+ * one digit add their weights by two 32-bit warp reductions (w < 2^40
+ * split at bit 20),
  * then one shared atomic per digit; integer sums, so the order of the
  * atomics changes nothing.  Counts go to bin set 0 of hist.
  */
@@ -271,31 +470,78 @@ __global__ void dr_wselect_kernel(unsigned int *hist, unsigned long long *whist,
 
 /* ------------------------------------------------------------ host side */
 
+/* Listed keys per CTA of the count select: 96 KB of shared memory. */
+#define DR_SEL_CAP 12288
+
+/* The largest cluster (up to 8 CTAs, the portable size) whose BH clusters
+ * are all resident at once, from the occupancy calculator; cached per
+ * device and size.  1 (no cluster to speak of) when even that is not. */
+static int dr_sel_cluster(int BH, cudaStream_t st, int *nc_out) {
+    static int cache[16][9]; /* 0: unknown, else max active clusters + 1 */
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return (int)e;
+    for (int nc = 8; nc >= 2; --nc) {
+        int act = dev < 16 ? __atomic_load_n(&cache[dev][nc], __ATOMIC_RELAXED) - 1 : -1;
+        if (act < 0) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)nc, 1);
+            cfg.blockDim = dim3(DR_SEL_THREADS);
+            cfg.dynamicSmemBytes = DR_SEL_CAP * sizeof(uint2);
+            cfg.stream = st;
+            cudaLaunchAttribute attr = {};
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = (unsigned)nc;
+            attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            if ((e = cudaOccupancyMaxActiveClusters(&act, dr_count_select_kernel, &cfg)) !=
+                cudaSuccess)
+                return (int)e;
+            if (dev < 16) __atomic_store_n(&cache[dev][nc], act + 1, __ATOMIC_RELAXED);
+        }
+        if (act >= BH) {
+            *nc_out = nc;
+            return 0;
+        }
+    }
+    *nc_out = 1;
+    return 0;
+}
+
 /* The count select of the boundaries in findmask (sel initialised): a
- * histogram and a digit pass per 8 bits, the 32 value bits, then the index
- * bits that M - 1 uses.  hist must be zero; it is zero again after. */
+ * digit per 8 bits, the 32 value bits, then the index bits that M - 1
+ * uses, in one cluster launch (dr_count_select_kernel). */
 static qva_status dr_count_select(const float *A, long long M, int BH, int findmask, dr_sel *sel,
-                                  unsigned int *hist, cudaStream_t st) {
-    qva_status s;
-    int shifts[8], np = 0;
-    for (int sh = 56; sh >= 32; sh -= 8) shifts[np++] = sh;
+                                  cudaStream_t st) {
+    dr_shifts sh;
+    sh.n = 0;
+    for (int s = 56; s >= 32; s -= 8) sh.s[sh.n++] = s;
     int ibits = 0;
     while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits) != 0ull) ++ibits;
-    for (int sh = ((ibits + 7) / 8 - 1) * 8; sh >= 0; sh -= 8) shifts[np++] = sh;
-    const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
-    const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
-    for (int i = 0; i < np; ++i) {
-        if (i == 0)
-            dr_hist_kernel<true><<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask, sel,
-                                                                     hist);
-        else
-            dr_hist_kernel<false><<<hgrid, DR_HIST_THREADS, 0, st>>>(A, M, shifts[i], findmask,
-                                                                      sel, hist);
-        if ((s = qvc_launch_check("qvc_draft_route: select histogram")) != QVA_OK) return s;
-        dr_select_kernel<<<(unsigned)BH, 32, 0, st>>>(hist, sel, shifts[i], findmask);
-        if ((s = qvc_launch_check("qvc_draft_route: select digit")) != QVA_OK) return s;
-    }
-    return QVA_OK;
+    for (int s = ((ibits + 7) / 8 - 1) * 8; s >= 0; s -= 8) sh.s[sh.n++] = s;
+    const size_t smem = DR_SEL_CAP * sizeof(uint2);
+    cudaError_t e = cudaFuncSetAttribute(dr_count_select_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: select shared memory");
+    int nc = 1;
+    if ((e = (cudaError_t)dr_sel_cluster(BH, st, &nc)) != cudaSuccess)
+        return qvc_cuda_fail(e, "qvc_draft_route: select cluster size");
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)nc, (unsigned)BH);
+    cfg.blockDim = dim3(DR_SEL_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)nc;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if ((e = cudaLaunchKernelEx(&cfg, dr_count_select_kernel, A, M, sh, findmask,
+                                (int)DR_SEL_CAP, sel)) != cudaSuccess)
+        return qvc_cuda_fail(e, "qvc_draft_route: select launch");
+    return qvc_launch_check("qvc_draft_route: select");
 }
 
 qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3],
@@ -312,9 +558,7 @@ qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3
         sc->sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
     if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
     if (!findmask) return QVA_OK;
-    const cudaError_t ce = cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st);
-    if (ce != cudaSuccess) return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
-    return dr_count_select(b->A, M, BH, findmask, sc->sel, sc->hist, st);
+    return dr_count_select(b->A, M, BH, findmask, sc->sel, st);
 }
 
 /* c1: the weighted select, four value digits (dr_whist_kernel,
@@ -344,5 +588,5 @@ qva_status qvc_dr_select_mass(const qvc_draft_route_buf *b, const dr_mass_params
         if ((s = qvc_launch_check("qvc_draft_route: mass digit")) != QVA_OK) return s;
     }
     bd->mode[0] = bd->mode[1] = bd->mode[2] = DR_SEL_FIND;
-    return dr_count_select(b->A, M, BH, 7, sc->sel, sc->hist, st);
+    return dr_count_select(b->A, M, BH, 7, sc->sel, st);
 }
