@@ -53,6 +53,10 @@
  *     e_0 = T16, e_1 = T16 + T8, e_2 = T16 + T8 + T4.  A pair's precision
  *     is then 16 if comp >= tau_0, else 8 if comp >= tau_1, else 4 if
  *     comp >= tau_2, else 0: the CPU's assignment of sorted positions.
+ *     One launch does every digit of every head (dr_count_select_kernel:
+ *     a cluster of CTAs per head, the bins added over distributed shared
+ *     memory, the later digits read from a shared-memory list of the keys
+ *     still in play).
  *     A boundary whose pair is the last of the keys that share its digits
  *     so far keeps all of them, so its search ends there with zeros below
  *     (c >= tau selects the same pairs); the index digits are then only
@@ -89,8 +93,9 @@
  *     contiguous and a row's end is the next row's start, as the phased
  *     kernels read them.
  *   Extra work per call: 4 histogram and 4 walk launches, one list-start
- *   launch and one more memset than QUOTA; memory per head: 2 KB of w-sum
- *   buckets, 40 B of select state and list start, 32 B of quotas.
+ *   launch and two memsets (the count and w-sum bins) more than QUOTA;
+ *   memory per head: 3 KB of count bins, 2 KB of w-sum buckets, 40 B of
+ *   select state and list start, 32 B of quotas.
  */
 #include <math.h>
 #include <string.h>
