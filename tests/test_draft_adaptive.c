@@ -452,8 +452,8 @@ static void test_port_split(void) {
 }
 
 /* The router's weighted select on the host: per value digit the counts
- * and w-sums of the group's keys (what dr_whist_kernel accumulates), the
- * walk, then the count.  Returns K_mass. */
+ * and w-sums of the group's keys (what dr_mass_select_kernel accumulates),
+ * the walk, then the count.  Returns K_mass. */
 static int64_t port_keep(const float *A, int64_t M, int64_t ppm) {
     qvi_budget_sel s = {0, 0, 0, 0}; /* qvi_budget_start sets it at shift 56 */
     for (int shift = 56; shift >= 32; shift -= 8) {

@@ -72,9 +72,9 @@
  * host):
  *   - weighted select: w = floor(A * 2^40) depends only on the value half
  *     of the key and grows with it.  Four passes over the value digits
- *     (dr_whist_kernel: per digit bucket the count and the uint64 w-sum of
- *     the candidate keys, integer atomics, so order-free; dr_wselect_kernel:
- *     one walk per head).  The first pass also gives S = sum(w) and the
+ *     (dr_mass_select_kernel: per digit bucket the count and the uint64
+ *     w-sum of the candidate keys, integer atomics, so order-free; then one
+ *     walk per head).  The first pass also gives S = sum(w) and the
  *     target T = ceil(mass_ppm * S / 10^6).  From bucket 255 down, the
  *     bucket whose w-sum reaches what is left of T holds the boundary; the
  *     ones above are kept whole (their count added, their weight taken
@@ -92,10 +92,10 @@
  *     heads before it (dr_head_base_kernel, one CTA), so the lists stay
  *     contiguous and a row's end is the next row's start, as the phased
  *     kernels read them.
- *   Extra work per call: 4 histogram and 4 walk launches, one list-start
- *   launch and two memsets (the count and w-sum bins) more than QUOTA;
- *   memory per head: 3 KB of count bins, 2 KB of w-sum buckets, 40 B of
- *   select state and list start, 32 B of quotas.
+ *   Extra work per call: the weighted select's launch (a cluster of CTAs
+ *   per head, as the count select, dr_mass_select_kernel) and one
+ *   list-start launch more than QUOTA; memory per head: 40 B of select
+ *   state and list start, 32 B of quotas.
  */
 #include <math.h>
 #include <string.h>
@@ -165,31 +165,21 @@ extern "C" void qvc_draft_layout_free(qvc_draft_layout *l) {
 static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Scratch sizes, in the order of dr_scratch (router_internal.cuh). */
-static size_t dr_scratch_hist(int BH) { return dr_align((size_t)BH * 3 * 256 * sizeof(unsigned)); }
 static size_t dr_scratch_sel(int BH) { return dr_align((size_t)BH * sizeof(dr_sel)); }
 static size_t dr_scratch_cnt(int BH, int R) { return dr_align((size_t)BH * R * 3 * sizeof(int32_t)); }
-static size_t dr_scratch_whist(int BH) { return dr_align((size_t)BH * 256 * sizeof(unsigned long long)); }
-static size_t dr_scratch_mass(int BH) { return dr_align((size_t)BH * sizeof(dr_mass)); }
 static size_t dr_scratch_base(int BH) { return dr_align((size_t)BH * sizeof(int64_t)); }
 
 static size_t dr_scratch_bytes(int BH, int R) {
-    return dr_scratch_hist(BH) + dr_scratch_sel(BH) + dr_scratch_cnt(BH, R) +
-           dr_scratch_whist(BH) + dr_scratch_mass(BH) + dr_scratch_base(BH);
+    return dr_scratch_sel(BH) + dr_scratch_cnt(BH, R) + dr_scratch_base(BH);
 }
 
 static dr_scratch dr_scratch_of(void *scratch, int BH, int R) {
     char *p = (char *)scratch;
     dr_scratch x;
-    x.hist = (unsigned int *)p;
-    p += dr_scratch_hist(BH);
     x.sel = (dr_sel *)p;
     p += dr_scratch_sel(BH);
     x.cnt = (int32_t *)p;
     p += dr_scratch_cnt(BH, R);
-    x.whist = (unsigned long long *)p;
-    p += dr_scratch_whist(BH);
-    x.mass = (dr_mass *)p;
-    p += dr_scratch_mass(BH);
     x.base = (int64_t *)p;
     return x;
 }

@@ -21,8 +21,6 @@
 #define DR_MAX_D 128
 #define DR_FULL 0xffffffffu
 #define DR_ROWS_PER_CTA 8       /* warps (= query-region rows) of the list kernels */
-#define DR_HIST_THREADS 256
-#define DR_HIST_ITEMS 16        /* entries per thread and pass of the MASS select */
 #define DR_SEL_THREADS 1024     /* threads of each CTA of the count select */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
@@ -91,16 +89,12 @@ typedef struct dr_mass_params {
 /* Per head, the weighted select over the value digits (budget.h). */
 typedef qvi_budget_sel dr_mass;
 
-/* The scratch regions of one call (router.cu carves them): histograms
- * [BH][3][256] u32, selection state [BH], row counts [BH][R][3] i32; for
- * the MASS budget the w-sum bins [BH][256] u64, the weighted-select state
- * [BH] and the heads' list starts [BH] i64. */
+/* The scratch regions of one call (router.cu carves them): selection
+ * state [BH], row counts [BH][R][3] i32; for the MASS budget the heads'
+ * list starts [BH] i64. */
 typedef struct dr_scratch {
-    unsigned int *hist;
     dr_sel *sel;
     int32_t *cnt;
-    unsigned long long *whist;
-    dr_mass *mass;
     int64_t *base;
 } dr_scratch;
 

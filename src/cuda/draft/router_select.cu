@@ -353,62 +353,6 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
 
 /* ------------------------------------------------------------ MASS budget */
 
-/* Sum of v over the lanes of `peers` (v < 2^20 and at most 32 lanes: no
- * overflow of the 32-bit warp reduction). */
-static __device__ __forceinline__ unsigned dr_peer_sum(unsigned peers, unsigned v) {
-    return __reduce_add_sync(peers, v);
-}
-
-/*
- * Per head: the count and the w-sum of each 8-bit value digit at `shift`
- * (56, 48, 40, 32) over the keys whose higher value bits match the head's
- * prefix; the first pass (56) takes every key.  The weight is a function
- * of the value bits, so only the 32 value bits of the composite key are
- * read.  Warp-aggregated as the count select's first digit: the lanes of
- * one digit add their weights by two 32-bit warp reductions (w < 2^40
- * split at bit 20),
- * then one shared atomic per digit; integer sums, so the order of the
- * atomics changes nothing.  Counts go to bin set 0 of hist.
- */
-__global__ void __launch_bounds__(DR_HIST_THREADS)
-dr_whist_kernel(const float *A, long long M, int shift, const dr_mass *ms, unsigned int *hist,
-                unsigned long long *whist /* [BH][256] */) {
-    __shared__ unsigned int h[256];
-    __shared__ unsigned long long w[256];
-    const int bh = blockIdx.y, lane = threadIdx.x & 31;
-    const bool first = shift == 56;
-    if (!first && ms[bh].done) return; /* per head: before any barrier */
-    const unsigned long long pre = first ? 0ull : ms[bh].prefix;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) h[i] = 0u, w[i] = 0ull;
-    __syncthreads();
-    const uint64_t high = first ? 0ull : ~0ull << (shift + 8);
-    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
-    const long long i0 = (long long)blockIdx.x * DR_HIST_THREADS * DR_HIST_ITEMS;
-#pragma unroll 4
-    for (int it = 0; it < DR_HIST_ITEMS; ++it) {
-        const long long i = i0 + (long long)it * DR_HIST_THREADS + threadIdx.x;
-        const uint32_t bits = i < M ? __ldg(Ab + i) : 0u;
-        const uint64_t v = (uint64_t)dr_order_key(bits) << 32;
-        const int val = i < M && (v & high) == pre ? (int)((v >> shift) & 255u) : -1;
-        if (!__any_sync(DR_FULL, val >= 0)) continue; /* uniform */
-        const unsigned peers = __match_any_sync(DR_FULL, val);
-        const uint64_t wt = val >= 0 ? qvi_budget_weight(bits) : 0ull;
-        const unsigned lo = dr_peer_sum(peers, (unsigned)(wt & 0xfffffu));
-        const unsigned hi = dr_peer_sum(peers, (unsigned)(wt >> 20));
-        if (val >= 0 && lane == __ffs(peers) - 1) {
-            atomicAdd(&h[val], (unsigned)__popc(peers));
-            atomicAdd(&w[val], ((unsigned long long)hi << 20) + lo);
-        }
-    }
-    __syncthreads();
-    unsigned int *g = hist + (int64_t)bh * 3 * 256;
-    unsigned long long *gw = whist + (int64_t)bh * 256;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-        if (h[i]) atomicAdd(g + i, h[i]);
-        if (w[i]) atomicAdd(gw + i, w[i]);
-    }
-}
-
 /* The count-select state of one head for its cumulative boundaries e[j]:
  * e = 0 keeps nothing (tau above every key: the largest key is
  * 0xff800000 << 32 | index, +inf's), e >= M everything (tau = 0); both
@@ -421,51 +365,155 @@ static __device__ void dr_sel_set(dr_sel *s, const long long e[3], long long M) 
     }
 }
 
+/* A 64-bit sum kept as two u32 words in shared memory (lo at lo_addr, hi at
+ * lo_addr + 1024): += v where p.  Hopper has no native 64-bit shared add
+ * (the compiler's is a compare-and-swap loop, which stalls on a crowded
+ * bin), so the low word takes a native add and the carry out of it (seen
+ * in the value the add returns, exact whatever order the adds land in)
+ * goes to the high word with v's high half. */
+static __device__ __forceinline__ void dr_add64_shared(uint32_t lo_addr, unsigned long long v,
+                                                       bool p) {
+    if (!p) return;
+    const unsigned vl = (unsigned)v;
+    unsigned old;
+    asm volatile("atom.shared::cta.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(lo_addr), "r"(vl)
+                 : "memory");
+    const unsigned h = (unsigned)(v >> 32) + (old + vl < old ? 1u : 0u);
+    dr_red_shared(lo_addr + 1024u, h, h != 0u);
+}
+
 /*
- * One digit of the weighted select, a warp per head: the bins are copied
- * to shared memory and cleared for the next pass, and lane 0 takes the
- * step of src/draft/budget.h (tested there against the CPU's rule).  The
- * first pass (56) sums every bin, S = sum(w) (below 2^56: the map's rows
- * each sum to about 1 and R < 2^16, so no overflow check is needed), and
- * sets T.  The last pass (32) finds K_mass with no index digit, clamps it,
- * splits it (qvi_budget_split = qvi_draft_quotas) and writes the head's
- * quotas and the count-select state of its boundaries e_0..e_2.
+ * One key of a weighted pass: its f32 bits, the count and the w-sum of its
+ * value digit (at vs in the value word) into the bins at hs (counts, 256
+ * u32) and ws (w-sums, dr_add64_shared) if its value bits above the digit
+ * are `above_want` (every key in the first pass).  The lanes that share
+ * lane 0's digit add as one (their weights by two 32-bit reductions, w <
+ * 2^40 split at bit 20; integer sums, so the order of the adds changes
+ * nothing), the others one each; a warp-wide call.
  */
-__global__ void dr_wselect_kernel(unsigned int *hist, unsigned long long *whist, dr_mass *ms,
-                                  int shift, dr_mass_params mp, dr_sel *sel,
-                                  int64_t *head_quota /* [BH][4] */) {
-    __shared__ unsigned int h[256];
-    __shared__ uint64_t w[256];
-    const int bh = blockIdx.x, lane = threadIdx.x;
-    unsigned int *g = hist + (int64_t)bh * 3 * 256;
-    unsigned long long *gw = whist + (int64_t)bh * 256;
-    for (int i = lane; i < 256; i += 32) {
-        h[i] = g[i], w[i] = gw[i];
-        g[i] = 0u, gw[i] = 0ull;
+template <bool FIRST>
+static __device__ __forceinline__ void dr_mass_key(uint32_t bits, bool in, int vs,
+                                                   uint32_t above_want, uint32_t hs, uint32_t ws) {
+    const uint32_t v = dr_order_key(bits), dig = (v >> vs) & 255u;
+    const bool match = in && (FIRST || dr_shr32(v, vs + 8) == above_want);
+    const unsigned long long wt = match ? qvi_budget_weight(bits) : 0ull;
+    const uint32_t lead = __shfl_sync(DR_FULL, match ? dig : 256u, 0);
+    const unsigned with = __ballot_sync(DR_FULL, match && dig == lead);
+    if (match && dig == lead) {
+        const unsigned lo = __reduce_add_sync(with, (unsigned)(wt & 0xfffffu));
+        const unsigned hi = __reduce_add_sync(with, (unsigned)(wt >> 20));
+        const bool first = (int)(threadIdx.x & 31) == __ffs(with) - 1;
+        dr_red_shared(hs + 4u * lead, (unsigned)__popc(with), first);
+        dr_add64_shared(ws + 4u * lead, ((unsigned long long)hi << 20) + lo, first);
     }
-    __syncwarp();
-    if (lane) return;
-    dr_mass m;
-    if (shift == 56) {
-        uint64_t S = 0;
-        for (int d = 0; d < 256; ++d) S += w[d];
-        qvi_budget_start(&m, S, mp.mass_ppm);
-    } else {
-        m = ms[bh];
+    dr_red_shared(hs + 4u * dig, 1u, match && dig != lead);
+    dr_add64_shared(ws + 4u * dig, wt, match && dig != lead);
+}
+
+/* A weighted pass over the keys [lo, hi) of one head, read as dr_sel_scan
+ * reads them. */
+template <bool FIRST>
+static __device__ __forceinline__ void dr_mass_scan(const uint32_t *Ab, int lo, int hi, int vs,
+                                                    uint32_t above_want, uint32_t hs, uint32_t ws) {
+    constexpr int U = 4;
+    const int tid = (int)threadIdx.x;
+    const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
+    const int nv = (hi - a0) / 4, a1 = a0 + 4 * nv;
+    const uint4 *Av = (const uint4 *)(Ab + a0);
+    for (int b = 0; b < nv; b += U * DR_SEL_THREADS) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * DR_SEL_THREADS + tid;
+            q[u] = j < nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const bool in = b + u * DR_SEL_THREADS + tid < nv;
+            dr_mass_key<FIRST>(q[u].x, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].y, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].z, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].w, in, vs, above_want, hs, ws);
+        }
     }
-    qvi_budget_digit(&m, h, w, shift);
-    if (shift != 32) {
-        ms[bh] = m;
-        return;
+    const int head = a0 - lo, tail = hi - a1;
+    const int i = tid < head ? lo + tid : a1 + tid - head;
+    const bool in = tid < head + tail;
+    dr_mass_key<FIRST>(in ? __ldg(Ab + i) : 0u, in, vs, above_want, hs, ws);
+}
+
+/*
+ * The weighted select of every head (src/draft/budget.h's rule, tested
+ * there against the CPU's), one cluster of CTAs per head as the count
+ * select: four passes over the value digits (56, 48, 40, 32), each CTA
+ * counting its share, then the cluster's bins added over distributed
+ * shared memory and the same step taken in every CTA.  The first pass
+ * also gives S = sum(w) (below 2^56: the map's rows each sum to about 1
+ * and R < 2^16) and sets T.  After the last, rank 0 finds K_mass with no
+ * index digit, clamps it, splits it (qvi_budget_split = qvi_draft_quotas)
+ * and writes the head's quotas and the count-select state of its
+ * boundaries e_0..e_2.
+ */
+__global__ void __launch_bounds__(DR_SEL_THREADS, 1)
+dr_mass_select_kernel(const float *A, long long M, dr_mass_params mp, dr_sel *sel,
+                      int64_t *head_quota /* [BH][4] */) {
+    __shared__ unsigned int h[256], htot[256], w[2][256]; /* w: low, high words */
+    __shared__ unsigned long long wtot[256];
+    __shared__ dr_mass ms;
+    cg::cluster_group cl = cg::this_cluster();
+    const int bh = blockIdx.y, m = (int)M;
+    const unsigned nc = cl.num_blocks(), rank = cl.block_rank();
+    const int share = (int)((M + nc - 1) / nc);
+    const int lo = min(m, (int)rank * share), hi = min(m, lo + share);
+    const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
+    const uint32_t hs = (uint32_t)__cvta_generic_to_shared(h);
+    const uint32_t ws = (uint32_t)__cvta_generic_to_shared(&w[0][0]);
+    for (int shift = 56; shift >= 32; shift -= 8) {
+        const bool first = shift == 56;
+        for (int i = threadIdx.x; i < 256; i += DR_SEL_THREADS) h[i] = w[0][i] = w[1][i] = 0u;
+        __syncthreads();
+        const int vs = shift - 32;
+        if (first)
+            dr_mass_scan<true>(Ab, lo, hi, vs, 0u, hs, ws);
+        else if (!ms.done) /* the same in every CTA of the cluster */
+            dr_mass_scan<false>(Ab, lo, hi, vs, dr_shr32((uint32_t)(ms.prefix >> 32), vs + 8),
+                                hs, ws);
+        cl.sync();
+        for (int i = threadIdx.x; i < 256; i += DR_SEL_THREADS) {
+            unsigned c = 0u;
+            unsigned long long s = 0ull;
+            for (unsigned r = 0; r < nc; ++r) {
+                const unsigned(*wr)[256] = cl.map_shared_rank(w, r);
+                c += cl.map_shared_rank(h, r)[i];
+                s += ((unsigned long long)wr[1][i] << 32) + wr[0][i];
+            }
+            htot[i] = c, wtot[i] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            dr_mass st;
+            if (first) {
+                uint64_t S = 0;
+                for (int d = 0; d < 256; ++d) S += wtot[d];
+                qvi_budget_start(&st, S, mp.mass_ppm);
+            } else {
+                st = ms;
+            }
+            qvi_budget_digit(&st, htot, (const uint64_t *)wtot, shift);
+            ms = st;
+            if (shift == 32 && rank == 0) {
+                const int64_t k = qvi_budget_clamp(qvi_budget_count(&st), mp.keep_min, mp.keep_max);
+                int64_t q[4];
+                const int64_t u[4] = {mp.u[0], mp.u[1], mp.u[2], mp.u[3]};
+                qvi_budget_split(u, k, q);
+                q[QVI_Q_SKIP] = mp.M - k;
+                for (int j = 0; j < 4; ++j) head_quota[(int64_t)bh * 4 + j] = q[j];
+                const long long e[3] = {q[QVI_Q_16], q[QVI_Q_16] + q[QVI_Q_8], k};
+                dr_sel_set(&sel[bh], e, mp.M);
+            }
+        }
+        cl.sync(); /* the bins are read everywhere; the state is settled */
     }
-    const int64_t k = qvi_budget_clamp(qvi_budget_count(&m), mp.keep_min, mp.keep_max);
-    int64_t q[4];
-    const int64_t u[4] = {mp.u[0], mp.u[1], mp.u[2], mp.u[3]};
-    qvi_budget_split(u, k, q);
-    q[QVI_Q_SKIP] = mp.M - k;
-    for (int j = 0; j < 4; ++j) head_quota[(int64_t)bh * 4 + j] = q[j];
-    const long long e[3] = {q[QVI_Q_16], q[QVI_Q_16] + q[QVI_Q_8], k};
-    dr_sel_set(&sel[bh], e, mp.M);
 }
 
 /* ------------------------------------------------------------ host side */
@@ -473,21 +521,24 @@ __global__ void dr_wselect_kernel(unsigned int *hist, unsigned long long *whist,
 /* Listed keys per CTA of the count select: 96 KB of shared memory. */
 #define DR_SEL_CAP 12288
 
-/* The largest cluster (up to 8 CTAs, the portable size) whose BH clusters
- * are all resident at once, from the occupancy calculator; cached per
- * device and size.  1 (no cluster to speak of) when even that is not. */
-static int dr_sel_cluster(int BH, cudaStream_t st, int *nc_out) {
-    static int cache[16][9]; /* 0: unknown, else max active clusters + 1 */
+/* The largest cluster (up to 8 CTAs, the portable size) of `kernel`
+ * (DR_SEL_THREADS threads, smem bytes of dynamic shared memory) whose BH
+ * clusters are all resident at once, from the occupancy calculator; cached
+ * per kernel slot, device and size.  1 (no cluster to speak of) when even
+ * that is not. */
+static int dr_sel_cluster(const void *kernel, int slot, size_t smem, int BH, cudaStream_t st,
+                          int *nc_out) {
+    static int cache[2][16][9]; /* 0: unknown, else max active clusters + 1 */
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
     for (int nc = 8; nc >= 2; --nc) {
-        int act = dev < 16 ? __atomic_load_n(&cache[dev][nc], __ATOMIC_RELAXED) - 1 : -1;
+        int act = dev < 16 ? __atomic_load_n(&cache[slot][dev][nc], __ATOMIC_RELAXED) - 1 : -1;
         if (act < 0) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3((unsigned)nc, 1);
             cfg.blockDim = dim3(DR_SEL_THREADS);
-            cfg.dynamicSmemBytes = DR_SEL_CAP * sizeof(uint2);
+            cfg.dynamicSmemBytes = smem;
             cfg.stream = st;
             cudaLaunchAttribute attr = {};
             attr.id = cudaLaunchAttributeClusterDimension;
@@ -495,10 +546,9 @@ static int dr_sel_cluster(int BH, cudaStream_t st, int *nc_out) {
             attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
             cfg.attrs = &attr;
             cfg.numAttrs = 1;
-            if ((e = cudaOccupancyMaxActiveClusters(&act, dr_count_select_kernel, &cfg)) !=
-                cudaSuccess)
+            if ((e = cudaOccupancyMaxActiveClusters(&act, kernel, &cfg)) != cudaSuccess)
                 return (int)e;
-            if (dev < 16) __atomic_store_n(&cache[dev][nc], act + 1, __ATOMIC_RELAXED);
+            if (dev < 16) __atomic_store_n(&cache[slot][dev][nc], act + 1, __ATOMIC_RELAXED);
         }
         if (act >= BH) {
             *nc_out = nc;
@@ -507,6 +557,23 @@ static int dr_sel_cluster(int BH, cudaStream_t st, int *nc_out) {
     }
     *nc_out = 1;
     return 0;
+}
+
+/* A launch of grid (nc, BH) in clusters of nc CTAs. */
+static cudaLaunchConfig_t dr_cluster_cfg(int nc, int BH, size_t smem, cudaStream_t st,
+                                         cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)nc, (unsigned)BH);
+    cfg.blockDim = dim3(DR_SEL_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    *attr = cudaLaunchAttribute{};
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)nc;
+    attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
 }
 
 /* The count select of the boundaries in findmask (sel initialised): a
@@ -525,19 +592,11 @@ static qva_status dr_count_select(const float *A, long long M, int BH, int findm
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: select shared memory");
     int nc = 1;
-    if ((e = (cudaError_t)dr_sel_cluster(BH, st, &nc)) != cudaSuccess)
+    if ((e = (cudaError_t)dr_sel_cluster((const void *)dr_count_select_kernel, 0, smem, BH, st,
+                                         &nc)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: select cluster size");
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)nc, (unsigned)BH);
-    cfg.blockDim = dim3(DR_SEL_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = (unsigned)nc;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = dr_cluster_cfg(nc, BH, smem, st, &attr);
     if ((e = cudaLaunchKernelEx(&cfg, dr_count_select_kernel, A, M, sh, findmask,
                                 (int)DR_SEL_CAP, sel)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: select launch");
@@ -561,8 +620,8 @@ qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3
     return dr_count_select(b->A, M, BH, findmask, sc->sel, st);
 }
 
-/* c1: the weighted select, four value digits (dr_whist_kernel,
- * dr_wselect_kernel), whose last pass writes the head's quotas and its
+/* c1: the weighted select, four value digits in one cluster launch
+ * (dr_mass_select_kernel), which writes each head's quotas and its
  * count-select state; c2: the count select of every boundary a head still
  * has to find.  Settled boundaries hold tau 0 or above every key, so all
  * three compare as FIND. */
@@ -570,23 +629,18 @@ qva_status qvc_dr_select_mass(const qvc_draft_route_buf *b, const dr_mass_params
                               const dr_scratch *sc, dr_bounds *bd, cudaStream_t st) {
     const int BH = b->BH;
     const long long M = (long long)b->R * b->R;
-    qva_status s;
-    cudaError_t ce;
-    if ((ce = cudaMemsetAsync(sc->hist, 0, (size_t)BH * 3 * 256 * sizeof(unsigned), st)) !=
-            cudaSuccess ||
-        (ce = cudaMemsetAsync(sc->whist, 0, (size_t)BH * 256 * sizeof(unsigned long long),
-                              st)) != cudaSuccess)
-        return qvc_cuda_fail(ce, "qvc_draft_route: cudaMemsetAsync");
-    const long long per_cta = (long long)DR_HIST_THREADS * DR_HIST_ITEMS;
-    const dim3 hgrid((unsigned)((M + per_cta - 1) / per_cta), (unsigned)BH);
-    for (int sh = 56; sh >= 32; sh -= 8) {
-        dr_whist_kernel<<<hgrid, DR_HIST_THREADS, 0, st>>>(b->A, M, sh, sc->mass, sc->hist,
-                                                            sc->whist);
-        if ((s = qvc_launch_check("qvc_draft_route: mass histogram")) != QVA_OK) return s;
-        dr_wselect_kernel<<<(unsigned)BH, 32, 0, st>>>(sc->hist, sc->whist, sc->mass, sh, *mp,
-                                                        sc->sel, b->head_quota);
-        if ((s = qvc_launch_check("qvc_draft_route: mass digit")) != QVA_OK) return s;
-    }
+    cudaError_t e;
+    int nc = 1;
+    if ((e = (cudaError_t)dr_sel_cluster((const void *)dr_mass_select_kernel, 1, 0, BH, st,
+                                         &nc)) != cudaSuccess)
+        return qvc_cuda_fail(e, "qvc_draft_route: mass select cluster size");
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = dr_cluster_cfg(nc, BH, 0, st, &attr);
+    if ((e = cudaLaunchKernelEx(&cfg, dr_mass_select_kernel, b->A, M, *mp, sc->sel,
+                                b->head_quota)) != cudaSuccess)
+        return qvc_cuda_fail(e, "qvc_draft_route: mass select launch");
+    qva_status s = qvc_launch_check("qvc_draft_route: mass select");
+    if (s != QVA_OK) return s;
     bd->mode[0] = bd->mode[1] = bd->mode[2] = DR_SEL_FIND;
     return dr_count_select(b->A, M, BH, 7, sc->sel, st);
 }
