@@ -123,14 +123,14 @@ static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool i
 }
 
 /*
- * f(bits, i, in) for every key i in [lo, hi) of one head in global memory
- * (bits: its f32 bits): 16-byte loads from the first 16-byte boundary on
- * (4 per thread in flight), the few keys before it and after the last
- * whole vector in one more round.  Every lane makes the same number of
- * calls, so f may be warp-wide; `in` is false on the calls past the end.
+ * A pass over the keys [lo, hi) of one head in global memory: 16-byte loads
+ * from the first 16-byte boundary on (4 per thread in flight), the few
+ * keys before it and after the last whole vector in one more round.  Every
+ * lane runs the same trip count, as FIRST needs.
  */
-template <class F>
-static __device__ __forceinline__ void dr_scan_share(const uint32_t *Ab, int lo, int hi, F &&f) {
+template <int ROWS, bool FIRST, bool INDEX, bool LIST>
+static __device__ __forceinline__ void dr_sel_scan(const uint32_t *Ab, int lo, int hi, int M,
+                                                   const dr_sel_pass &ps, const dr_sel_out &o) {
     constexpr int U = 4;
     const int tid = (int)threadIdx.x;
     const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
@@ -147,25 +147,18 @@ static __device__ __forceinline__ void dr_scan_share(const uint32_t *Ab, int lo,
         for (int u = 0; u < U; ++u) {
             const int j = b + u * DR_SEL_THREADS + tid, i = a0 + 4 * j;
             const bool in = j < nv;
-            f(q[u].x, i, in);
-            f(q[u].y, i + 1, in);
-            f(q[u].z, i + 2, in);
-            f(q[u].w, i + 3, in);
+            const uint32_t e[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(e[c]), (uint32_t)(M - 1 - i - c),
+                                                     in, ps, o);
         }
     }
     const int head = a0 - lo, tail = hi - a1; /* each below 4 */
     const int i = tid < head ? lo + tid : a1 + tid - head;
     const bool in = tid < head + tail;
-    f(in ? __ldg(Ab + i) : 0u, i, in);
-}
-
-/* A pass of the count select over the keys [lo, hi) of one head. */
-template <int ROWS, bool FIRST, bool INDEX, bool LIST>
-static __device__ __forceinline__ void dr_sel_scan(const uint32_t *Ab, int lo, int hi, int M,
-                                                   const dr_sel_pass &ps, const dr_sel_out &o) {
-    dr_scan_share(Ab, lo, hi, [&](uint32_t bits, int i, bool in) {
-        dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(bits), (uint32_t)(M - 1 - i), in, ps, o);
-    });
+    dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(in ? __ldg(Ab + i) : 0u),
+                                         (uint32_t)(M - 1 - i), in, ps, o);
 }
 
 /* A pass over the CTA's listed keys (n of them). */
@@ -417,13 +410,36 @@ static __device__ __forceinline__ void dr_mass_key(uint32_t bits, bool in, int v
     dr_add64_shared(ws + 4u * dig, wt, match && dig != lead);
 }
 
-/* A weighted pass over the keys [lo, hi) of one head. */
+/* A weighted pass over the keys [lo, hi) of one head, read as dr_sel_scan
+ * reads them. */
 template <bool FIRST>
 static __device__ __forceinline__ void dr_mass_scan(const uint32_t *Ab, int lo, int hi, int vs,
                                                     uint32_t above_want, uint32_t hs, uint32_t ws) {
-    dr_scan_share(Ab, lo, hi, [&](uint32_t bits, int, bool in) {
-        dr_mass_key<FIRST>(bits, in, vs, above_want, hs, ws);
-    });
+    constexpr int U = 4;
+    const int tid = (int)threadIdx.x;
+    const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
+    const int nv = (hi - a0) / 4, a1 = a0 + 4 * nv;
+    const uint4 *Av = (const uint4 *)(Ab + a0);
+    for (int b = 0; b < nv; b += U * DR_SEL_THREADS) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = b + u * DR_SEL_THREADS + tid;
+            q[u] = j < nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const bool in = b + u * DR_SEL_THREADS + tid < nv;
+            dr_mass_key<FIRST>(q[u].x, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].y, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].z, in, vs, above_want, hs, ws);
+            dr_mass_key<FIRST>(q[u].w, in, vs, above_want, hs, ws);
+        }
+    }
+    const int head = a0 - lo, tail = hi - a1;
+    const int i = tid < head ? lo + tid : a1 + tid - head;
+    const bool in = tid < head + tail;
+    dr_mass_key<FIRST>(in ? __ldg(Ab + i) : 0u, in, vs, above_want, hs, ws);
 }
 
 /*
