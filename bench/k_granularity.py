@@ -22,8 +22,9 @@ subtracted before the INT8 rows are quantized and added back exactly
 block pair in a kernel).
 
 pooled over heads, beside the library's own K term (qvattn.error_terms,
-sage8, "k"), which "k block" must reproduce: the check that this model is
-the reference's quantizer.  It also estimates sage8's whole error with
+sage8 in SageAttention2's form, "k"), which "k block" must reproduce: the
+check that this model is the reference's quantizer (it does not rotate, so
+the library's sage8 is run without its default rotation and code sum).  It also estimates sage8's whole error with
 per-key K scales, replacing the library's K term by k token / k block of
 it and adding the terms in quadrature (NUMERICS §7: full² ≈ Σ term²),
 and with both changes, replacing qk block by qs token in that sum.
@@ -42,6 +43,7 @@ from benchutil import use_checkout_package  # noqa: E402
 
 DEFAULT_PRESETS = "video-global,video-global-d64,video-local-clustered,video-mixed,wan-small"
 BLOCK = 128
+SAGE8_UNROTATED = "sage8+nohadamard+fp32sum"  # the quantizers this model rebuilds
 
 
 def bf16(x):
@@ -153,7 +155,7 @@ def main(argv=None):
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
-        lib = qvattn.error_terms(q, k, v, method="sage8")
+        lib = qvattn.error_terms(q, k, v, method=SAGE8_UNROTATED)
         t = terms(q, k, v)
         k_new = lib["k"] * t["k token"] / t["k block"]
         est = np.sqrt(lib["full"] ** 2 - lib["k"] ** 2 + k_new ** 2)

@@ -257,7 +257,14 @@ void qva_config_default(qva_config *cfg);
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
  * query scale per 128 rows instead of one per row) and "+codesum" (fp8,
  * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES) and "+v2"
- * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2), each at most once.  Strict: no blanks, case folding or trailing text;
+ * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2), each setting at most once.
+ * The name sets every one of these fields: to the option given, else to
+ * the method's default, which is zero except for sage8: "sage8" rotates
+ * (hadamard = 1) and, without ExpCast, sums P's codes (p_sum =
+ * QVA_P_SUM_CODES); "+nohadamard" and "+fp32sum" turn those off
+ * ("sage8+nohadamard+fp32sum+qblock" is the papers' form).  A config whose
+ * fields are set by hand keeps them (qva_config_method_name names them).
+ * Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an
  * optional fraction and exponent: "85", "7.5"; no sign, blank or hex) and
  * the four sum to 100.  draft@pM selects the MASS budget (draft.budget):

@@ -136,7 +136,7 @@ print("library:", _ffi.lib_path)
 print("build:  ", info)
 print("cuda available:", _ffi.cuda_available())
 print("profiling (kernel-alone timings):", _ffi.Context.has_profiling())
-for m in ["bf16", "fp8", "fp8+expcast", "sage8", "sage8+hadamard", "vc8",
+for m in ["bf16", "fp8", "fp8+expcast", "sage8", "sage8+nohadamard+fp32sum", "vc8",
           "vc8+expcast", "sage4", "vc4", "draft@85/0/7.5/7.5"]:
     ok, why = _ffi.supports(_ffi.QVA_DEVICE_CUDA, _ffi.make_config(m), _ffi.QVA_BF16, 128)
     print("  %-22s %-3s %s" % (m, "yes" if ok else "no", why))

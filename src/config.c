@@ -201,7 +201,8 @@ static qva_status parse_draft_mass(const char *s, qva_draft_params *dp,
     return QVA_OK;
 }
 
-/* The method options: name, the config field it sets, and the value. */
+/* The method options: name, the config field it sets, and the value.
+ * Options of one field are exclusive: a name may set it once. */
 typedef struct method_option {
     const char *name;
     size_t field; /* offsetof(qva_config, ...), an int */
@@ -212,36 +213,79 @@ static const method_option method_options[] = {
     {"expcast", offsetof(qva_config, expcast), QVA_EXPCAST_PAPER},
     {"expcast-centred", offsetof(qva_config, expcast), QVA_EXPCAST_CENTRED},
     {"hadamard", offsetof(qva_config, hadamard), 1},
+    {"nohadamard", offsetof(qva_config, hadamard), 0},
     {"qblock", offsetof(qva_config, q_granularity), QVA_Q_PER_BLOCK},
     {"codesum", offsetof(qva_config, p_sum), QVA_P_SUM_CODES},
+    {"fp32sum", offsetof(qva_config, p_sum), QVA_P_SUM_FP32},
     {"v2", offsetof(qva_config, v_code), QVA_V_E4M3X2},
 };
+#define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
-static qva_status parse_suffixes(const char *s, qva_config *c) {
+/* The fields the suffixes of a name set, as offsets (at most one option
+ * of each field). */
+typedef struct option_fields {
+    size_t field[METHOD_OPTION_COUNT];
+    int n;
+} option_fields;
+
+static int option_field_set(const option_fields *f, size_t field) {
+    for (int i = 0; i < f->n; ++i)
+        if (f->field[i] == field) return 1;
+    return 0;
+}
+
+static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *set) {
+    set->n = 0;
     while (*s == '+') {
         ++s;
         size_t len = strcspn(s, "+");
         const method_option *opt = NULL;
-        for (size_t i = 0; i < sizeof method_options / sizeof method_options[0]; ++i)
+        for (size_t i = 0; i < METHOD_OPTION_COUNT; ++i)
             if (strlen(method_options[i].name) == len && !strncmp(s, method_options[i].name, len))
                 opt = &method_options[i];
         if (!opt)
             return qvi_fail(QVA_ERR_PARSE,
-                            "unknown method option '+%.*s' (expected "
-                            "+expcast, +expcast-centred, +hadamard, +qblock, +codesum or +v2)",
+                            "unknown method option '+%.*s' (expected +expcast, "
+                            "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
+                            "+fp32sum or +v2)",
                             (int)len, s);
-        int *field = (int *)((char *)c + opt->field);
-        if (*field)
+        if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
                             "method option '+%.*s' given twice (or with another "
                             "option of the same setting)",
                             (int)len, s);
-        *field = opt->value;
+        set->field[set->n++] = opt->field;
+        *(int *)((char *)c + opt->field) = opt->value;
         s += len;
     }
     if (*s)
         return qvi_fail(QVA_ERR_PARSE, "unexpected text '%s' in method", s);
     return QVA_OK;
+}
+
+/* The defaults a method name sets where no suffix does.  sage8 rotates Q
+ * and K (+hadamard) and sums P's codes (+codesum, without ExpCast): each
+ * removes an error term SageAttention2's form keeps, together at the same
+ * speed (docs/NUMERICS.md §3, "sage8's defaults"); +nohadamard and
+ * +fp32sum give that form back. */
+static void method_defaults(qva_config *c, const option_fields *set) {
+    const int sage8 = c->method == QVA_METHOD_SAGE8;
+    if (!option_field_set(set, offsetof(qva_config, hadamard))) c->hadamard = sage8;
+    if (!option_field_set(set, offsetof(qva_config, p_sum)))
+        c->p_sum = sage8 && qvi_p_sum_applies(c) ? QVA_P_SUM_CODES : QVA_P_SUM_FP32;
+}
+
+void qvi_method_defaults(qva_config *cfg) {
+    const option_fields none = {{0}, 0};
+    method_defaults(cfg, &none);
+}
+
+/* Whether the method's name spells setting `field` at its zero value
+ * (+nohadamard, +fp32sum): where the method's default is not zero. */
+static int names_zero(const qva_config *c, size_t field) {
+    qva_config d = *c;
+    qvi_method_defaults(&d);
+    return *(const int *)((const char *)&d + field) != 0;
 }
 
 qva_status qva_config_set_method(qva_config *cfg, const char *name) {
@@ -261,7 +305,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
-                        "+expcast, +expcast-centred, +hadamard, +qblock, +codesum, +v2)",
+                        "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
+                        "+codesum, +fp32sum, +v2)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -277,7 +322,19 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     } else if (*rest == '@') {
         return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
     }
-    if ((st = parse_suffixes(rest, &c)) != QVA_OK) return st;
+    option_fields set;
+    if ((st = parse_suffixes(rest, &c, &set)) != QVA_OK) return st;
+    if (!c.hadamard && option_field_set(&set, offsetof(qva_config, hadamard)) &&
+        !qvi_method_is_quantized(c.method))
+        return qvi_fail(QVA_ERR_PARSE, "+nohadamard applies to quantized methods, not %s",
+                        method_names[c.method]);
+    if (c.p_sum == QVA_P_SUM_FP32 && option_field_set(&set, offsetof(qva_config, p_sum)) &&
+        !qvi_p_sum_applies(&c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+fp32sum applies to the exp2 P of fp8, sage8 and vc8 "
+                        "(ExpCast already sums its codes), not %s%s",
+                        method_names[c.method], c.expcast ? " with +expcast" : "");
+    method_defaults(&c, &set);
     if (c.expcast && !(qvi_method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
         return qvi_fail(QVA_ERR_PARSE,
                         "+expcast applies to the 8-bit methods (fp8, sage8, "
@@ -327,12 +384,15 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     if (n >= 0 && (size_t)n < len && cfg->expcast)
         n += snprintf(buf + n, len - (size_t)n,
                       cfg->expcast == QVA_EXPCAST_CENTRED ? "+expcast-centred" : "+expcast");
-    if (n >= 0 && (size_t)n < len && cfg->hadamard)
-        n += snprintf(buf + n, len - (size_t)n, "+hadamard");
+    const int zero_h = names_zero(cfg, offsetof(qva_config, hadamard));
+    const int zero_p = names_zero(cfg, offsetof(qva_config, p_sum));
+    if (n >= 0 && (size_t)n < len && (zero_h ? !cfg->hadamard : cfg->hadamard))
+        n += snprintf(buf + n, len - (size_t)n, zero_h ? "+nohadamard" : "+hadamard");
     if (n >= 0 && (size_t)n < len && cfg->q_granularity == QVA_Q_PER_BLOCK)
         n += snprintf(buf + n, len - (size_t)n, "+qblock");
-    if (n >= 0 && (size_t)n < len && cfg->p_sum == QVA_P_SUM_CODES)
-        n += snprintf(buf + n, len - (size_t)n, "+codesum");
+    if (n >= 0 && (size_t)n < len &&
+        (zero_p ? cfg->p_sum == QVA_P_SUM_FP32 : cfg->p_sum == QVA_P_SUM_CODES))
+        n += snprintf(buf + n, len - (size_t)n, zero_p ? "+fp32sum" : "+codesum");
     if (n >= 0 && (size_t)n < len && cfg->v_code == QVA_V_E4M3X2)
         n += snprintf(buf + n, len - (size_t)n, "+v2");
     return (n < 0 || (size_t)n >= len)

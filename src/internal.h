@@ -95,6 +95,10 @@ int qvi_method_has_int8_q(qva_method m);
 int qvi_p_sum_applies(const qva_config *cfg);
 /* cfg->v_code = QVA_V_E4M3X2 is meaningful: sage8, vc8. */
 int qvi_v_code_applies(qva_method m);
+/* The fields a method name sets unless a suffix does (hadamard, p_sum),
+ * at cfg->method's defaults: qva_config_set_method's, and a draft warm-up
+ * step's (the warm-up method by its plain name). */
+void qvi_method_defaults(qva_config *cfg);
 int qvi_context_profiling(const qva_context_t *ctx);
 void qvi_context_set_timings(qva_context_t *ctx, const qva_timings *t);
 /* Timings a backend can only read later (the CUDA phases' events, which

@@ -50,7 +50,8 @@ int main(void) {
         {"draft@85/0/7.5/7.5+expcast-centred", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"sage8", 96, NULL, QVC_KERNEL_NONE, "zero-pad"},
         /* the row sum of the decoded P codes: the ones row, as ExpCast's */
-        {"sage8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
+        {"sage8", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL}, /* sums its codes by default */
+        {"sage8+fp32sum", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
         {"vc8+codesum", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"fp8+codesum", 64, NULL, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
         /* V in two E4M3 digits: the Hopper kernel (head dim 128) only */

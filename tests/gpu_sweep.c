@@ -528,7 +528,7 @@ static double cmp_rel_l2(const cmpres *r) { return sqrt(r->num / (r->den > 0 ? r
 
 static const char *const METHODS[] = {
     "bf16",  "fp8",           "fp8+expcast", "fp8+hadamard", "fp8+expcast+hadamard",
-    "sage8", "sage8+expcast", "sage8+hadamard", "sage8+expcast+hadamard",
+    "sage8", "sage8+expcast", "sage8+nohadamard+fp32sum", "sage8+expcast+nohadamard",
     "vc8",   "vc8+expcast",   "vc8+hadamard", "vc8+expcast+hadamard",
     "sage4", "sage4+hadamard", "vc4",         "vc4+hadamard",
     "draft", "draft",         "draft",        "draft",        "draft"};
@@ -1469,7 +1469,7 @@ static int small_list(scase *cs) {
     int n = 0;
     small_case(&cs[n], n, "bf16", 1, 2, 200, 200, 64, QVA_F32, LAY_HND, 1), ++n;
     small_case(&cs[n], n, "fp8+expcast", 1, 1, 130, 130, 128, QVA_BF16, LAY_NHD, 1), ++n;
-    small_case(&cs[n], n, "sage8+hadamard", 2, 1, 257, 257, 64, QVA_F16, LAY_HND_PAD, 1);
+    small_case(&cs[n], n, "sage8+nohadamard+fp32sum", 2, 1, 257, 257, 64, QVA_F16, LAY_HND_PAD, 1);
     cs[n].cfg.hadamard_signs = 1, ++n;
     small_case(&cs[n], n, "sage8", 1, 2, 300, 300, 128, QVA_BF16, LAY_HND, 1), ++n;
     small_case(&cs[n], n, "vc8+expcast", 1, 2, 300, 300, 128, QVA_BF16, LAY_HND, 1);
@@ -1685,7 +1685,7 @@ static const cspec WORK_B[] = {
     {"vc4", 1, 4, 4000, 0, 64, QVA_F16, 1, 1, 1, 1, 8, 0, 0, 0, 0, 0, 0, 0, 0},
     {"vc8", 2, 4, 3000, 0, 128, QVA_F32, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"draft@0/40/30/30+expcast", 1, 2, 0, 0, 64, QVA_BF16, 1, 1, 0, 0, 0, 0, 2, 24, 40, 77, 1, 0, 0},
-    {"sage8+hadamard", 1, 16, 4500, 0, 64, QVA_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+    {"sage8+nohadamard+fp32sum", 1, 16, 4500, 0, 64, QVA_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
     {"bf16", 1, 8, 8000, 0, 128, QVA_BF16, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 #define NWA (int)(sizeof WORK_A / sizeof *WORK_A)
@@ -1955,7 +1955,7 @@ typedef struct gcase {
 } gcase;
 
 static const char *const GRAPH_METHODS[] = {
-    "bf16",  "fp8",  "fp8+expcast", "fp8+hadamard", "sage8", "sage8+expcast", "sage8+hadamard",
+    "bf16",  "fp8",  "fp8+expcast", "fp8+hadamard", "sage8", "sage8+expcast", "sage8+nohadamard+fp32sum",
     "sage8+expcast+hadamard", "sage4", "sage4+hadamard", "vc8", "vc8+expcast", "vc8+hadamard",
     "vc8+expcast+hadamard", "vc4", "vc4+hadamard", "draft@0/0/0/100", "draft@85/0/0/15",
     "draft@85/0/7.5/7.5", "draft@85/0/7.5/7.5+expcast", "draft@0/40/30/30", "draft@50/20/15/15"};

@@ -74,7 +74,8 @@ static void test_constant_values(void) {
             for (int i = 0; i < N; ++i) v[((size_t)h * N + i) * D + c] = vc;
         }
     static const char *const pairs[][2] = {
-        {"sage8", "sage8+codesum"}, {"fp8", "fp8+codesum"}, {"sage8+hadamard", "sage8+hadamard+codesum"}};
+        {"sage8+nohadamard+fp32sum", "sage8+nohadamard"}, {"fp8", "fp8+codesum"},
+        {"sage8+fp32sum", "sage8"}};
     for (size_t t = 0; t < sizeof pairs / sizeof *pairs; ++t) {
         const double plain = spread_of(pairs[t][0], q, k, v);
         const double codes = spread_of(pairs[t][1], q, k, v);
@@ -88,8 +89,9 @@ static void test_constant_values(void) {
 }
 
 static void test_parse(void) {
-    static const char *const ok[] = {"sage8+codesum", "vc8+codesum", "fp8+codesum",
-                                     "sage8+hadamard+qblock+codesum"};
+    /* (sage8 sums its codes by default: test_core's test_sage8_defaults) */
+    static const char *const ok[] = {"vc8+codesum", "fp8+codesum", "vc8+hadamard+qblock+codesum",
+                                     "fp8+codesum+hadamard"};
     static const char *const bad[] = {"sage8+expcast+codesum", "vc8+codesum+expcast-centred",
                                       "bf16+codesum", "sage4+codesum", "exact+codesum",
                                       "draft@85/0/7.5/7.5+codesum", "sage8+codesum+codesum"};

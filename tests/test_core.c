@@ -15,7 +15,9 @@ static void test_method_names(void) {
     qva_config c;
     qva_config_default(&c);
     const char *good[] = {"exact", "bf16", "fp8", "sage8", "vc8", "vc8+expcast",
-                          "sage8+hadamard", "vc8+expcast+hadamard", "sage4", "vc4",
+                          "sage8+nohadamard", "sage8+fp32sum", "sage8+expcast",
+                          "sage8+nohadamard+qblock+fp32sum", "fp8+hadamard+codesum",
+                          "vc8+expcast+hadamard", "sage4", "vc4",
                           "draft@85/0/7.5/7.5", "draft@85/0/0/15", "fp8+expcast",
                           "vc8+expcast-centred", "draft@85/0/7.5/7.5+expcast-centred"};
     for (size_t i = 0; i < sizeof good / sizeof *good; ++i) {
@@ -36,13 +38,54 @@ static void test_method_names(void) {
                          "vc8+turbo", "sage8@1/2/3/4", "draft@85/0/7.5/7.5x",
                          "vc4+expcast", "vc8+expcast+expcast-centred",
                          "sage8+expcast-centred+expcast", "bf16+expcast-centred",
-                         "vc8+expcast-centre"};
+                         "vc8+expcast-centre", "bf16+nohadamard", "draft@85/0/0/15+nohadamard",
+                         "sage8+hadamard+nohadamard", "sage8+codesum+fp32sum",
+                         "sage8+expcast+fp32sum", "vc8+expcast+fp32sum"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         qva_config before = c;
         CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "'%s' accepted", bad[i]);
         CHECK(strlen(qva_last_error()) > 0, "'%s' gave no message", bad[i]);
         CHECK(!memcmp(&before, &c, sizeof c), "'%s' modified cfg on error", bad[i]);
     }
+}
+
+/* sage8's defaults (docs/NUMERICS.md §3): the name sets the rotation and
+ * the code sum unless a suffix says otherwise; other methods default to
+ * neither; a config set by hand is named by its fields. */
+static void test_sage8_defaults(void) {
+    static const struct {
+        const char *name, *canonical;
+        int hadamard, p_sum;
+    } C[] = {
+        {"sage8", "sage8", 1, QVA_P_SUM_CODES},
+        {"sage8+hadamard+codesum", "sage8", 1, QVA_P_SUM_CODES},
+        {"sage8+nohadamard", "sage8+nohadamard", 0, QVA_P_SUM_CODES},
+        {"sage8+fp32sum", "sage8+fp32sum", 1, QVA_P_SUM_FP32},
+        {"sage8+expcast", "sage8+expcast", 1, QVA_P_SUM_FP32},
+        {"sage8+fp32sum+nohadamard+qblock", "sage8+nohadamard+qblock+fp32sum", 0, QVA_P_SUM_FP32},
+        {"vc8", "vc8", 0, QVA_P_SUM_FP32},
+        {"vc8+nohadamard+fp32sum", "vc8", 0, QVA_P_SUM_FP32},
+        {"fp8+codesum", "fp8+codesum", 0, QVA_P_SUM_CODES},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
+        qva_config c;
+        qva_config_default(&c);
+        c.hadamard = 1 - C[i].hadamard; /* the name overrides what was there */
+        char buf[64] = "";
+        CHECK(qva_config_set_method(&c, C[i].name) == QVA_OK, "%s: %s", C[i].name,
+              qva_last_error());
+        CHECK(c.hadamard == C[i].hadamard && c.p_sum == C[i].p_sum,
+              "%s: hadamard %d p_sum %d", C[i].name, c.hadamard, c.p_sum);
+        CHECK(qva_config_method_name(&c, buf, sizeof buf) == QVA_OK &&
+                  !strcmp(buf, C[i].canonical), "%s named %s", C[i].name, buf);
+    }
+    qva_config c;
+    qva_config_default(&c);
+    c.method = QVA_METHOD_SAGE8; /* by hand: the struct's zeros */
+    c.expcast = 0;
+    char buf[64] = "";
+    CHECK(qva_config_method_name(&c, buf, sizeof buf) == QVA_OK &&
+              !strcmp(buf, "sage8+nohadamard+fp32sum"), "sage8 by hand named %s", buf);
 }
 
 /* VC App. A: window ceil(n/4), refresh every 4 steps inside it. */
@@ -99,7 +142,8 @@ static void test_bad_inputs(qva_context_t *ctx) {
     io_bufs b = make_io(1, 2, 40, 64);
     qva_config c;
     qva_config_default(&c);
-    qva_config_set_method(&c, "sage8");
+    /* the cases below set other methods by hand: fields every method takes */
+    qva_config_set_method(&c, "sage8+nohadamard+fp32sum");
     qva_tensor q = qva_tensor_hnd(b.q, QVA_F32, QVA_DEVICE_CPU, 1, 2, 40, 64);
     qva_tensor k = q, v = q, o = q, lse;
     k.data = b.k, v.data = b.v, o.data = b.o;
@@ -372,7 +416,8 @@ static void test_lse(qva_context_t *ctx) {
     io_bufs a = make_io(1, 2, N, D);
     for (size_t i = 0; i < (size_t)2 * N * D; ++i) a.k[i] += 1.5f; /* common K */
     float ref[400], got[400];
-    const char *methods[] = {"bf16", "fp8", "sage8", "vc8+expcast", "sage8+hadamard", "sage4"};
+    const char *methods[] = {"bf16", "fp8", "sage8", "vc8+expcast", "sage8+nohadamard+fp32sum",
+                             "sage4"};
     const double tol[] = {0.02, 0.25, 0.05, 0.05, 0.05, 0.2};
     for (int m = -1; m < 6; ++m) {
         qva_config c;
@@ -436,6 +481,7 @@ int main(void) {
     qva_context_t *ctx = NULL;
     if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return 1;
     test_method_names();
+    test_sage8_defaults();
     test_schedule();
     test_bad_inputs(ctx);
     test_permutation_invariance(ctx);

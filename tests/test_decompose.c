@@ -258,8 +258,10 @@ static void attention64(const float *q, const float *k, const float *v, double s
 
 /* One block's P codes as the method makes them: ExpCast (VC Eq. 7) or
  * exp2 with the 8.807 offset cast to E4M3 (DA2 C.3).  w: decoded weights;
- * returns what enters l (decoded codes, or the FP32 amplified exp2). */
-static double block_codes(const float *s, int nk, float m, int expcast, double *w) {
+ * returns what enters l (decoded codes: ExpCast, +codesum; else the FP32
+ * amplified exp2). */
+static double block_codes(const float *s, int nk, float m, int expcast, int codesum,
+                          double *w) {
     double l = 0.0;
     for (int t = 0; t < nk; ++t) {
         if (expcast) {
@@ -268,7 +270,7 @@ static double block_codes(const float *s, int nk, float m, int expcast, double *
         } else {
             float p = exp2f((s[t] - m) + QVI_SAGE_P_OFFSET);
             w[t] = qva_e4m3_decode(qva_e4m3_encode(p));
-            l += p;
+            l += codesum ? w[t] : (double)p;
         }
     }
     return l;
@@ -298,7 +300,8 @@ static void p_term_ref(const qva_config *c, const float *q, const float *k, floa
                 m = s[t] > m ? s[t] : m;
             }
             const double alpha = m_prev == -INFINITY ? 1.0 : exp2((double)m_prev - m);
-            const double lj = block_codes(s, nk, m, c->expcast, w);
+            const double lj =
+                block_codes(s, nk, m, c->expcast, c->p_sum == QVA_P_SUM_CODES, w);
             den = den * alpha + lj;
             for (int ch = 0; ch < HD; ++ch) {
                 double part = lj * mu[j0 / QVI_BLOCK * HD + ch];
@@ -449,8 +452,8 @@ static void test_errors(void) {
 
 int main(void) {
     static const char *const all_on[] = {"sage8", "sage8+qblock", "vc8", "vc8+expcast",
-                                         "fp8", "fp8+expcast", "sage8+hadamard", "sage4",
-                                         "vc4"};
+                                         "fp8", "fp8+expcast", "sage8+nohadamard+fp32sum",
+                                         "sage4", "vc4"};
     g_x = make_data(HEADS, HEADS, NTOK, HD);
     qva_config ce = cfg_of("exact");
     g_exact = run_attention(&ce, &g_x);
@@ -458,12 +461,12 @@ int main(void) {
     for (size_t i = 0; i < sizeof all_on / sizeof *all_on; ++i) test_all_on(all_on[i]);
     printf("2. single terms against references\n");
     static const char *const qk[] = {"sage8", "sage8+qblock", "vc8", "fp8",
-                                     "sage8+hadamard", "sage4"};
+                                     "sage8+nohadamard", "sage4"};
     for (size_t i = 0; i < sizeof qk / sizeof *qk; ++i) {
         check_term(qk[i], REF_Q);
         check_term(qk[i], REF_K);
     }
-    static const char *const pv[] = {"sage8", "sage8+expcast", "vc8", "fp8"};
+    static const char *const pv[] = {"sage8", "sage8+fp32sum", "sage8+expcast", "vc8", "fp8"};
     for (size_t i = 0; i < sizeof pv / sizeof *pv; ++i) {
         check_term(pv[i], REF_P);
         check_term(pv[i], REF_V);

@@ -104,7 +104,8 @@ METHODS = [
     "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
     # ExpCast at the centred beta: the Python layer's default method
     "vc8+expcast-centred",
-    "sage8+hadamard", "vc8+hadamard",
+    # sage8 in SageAttention2's form (sage8 rotates and sums its codes)
+    "sage8+nohadamard+fp32sum", "vc8+hadamard",
     # the most faithful option with the default's P path: a candidate default
     "vc8+hadamard+expcast-centred",
     "fp8", "sage4", "vc4",

@@ -158,11 +158,15 @@ def test_config_default_roundtrip():
     assert cfg.method == _ffi.QVA_METHOD_VC8 and cfg.expcast == 1
     assert cfg.vsmooth.block == 128 and cfg.draft.capacity == 128
     assert abs(cfg.draft.lambda_ - 0.2) < 1e-7 and cfg.check_finite == 1
-    for name in ["exact", "bf16", "fp8", "sage8+hadamard", "vc8+expcast",
+    for name in ["exact", "bf16", "fp8", "sage8", "sage8+nohadamard+fp32sum", "vc8+expcast",
                  "sage4", "vc4", "draft@85/0/7.5/7.5", "draft@p95",
                  "draft@p99.5/0/50/50", "draft@p90+expcast", "vc8+expcast-centred"]:
         _ffi.config_set_method(cfg, name)
         assert _ffi.config_method_name(cfg) == name
+    _ffi.config_set_method(cfg, "sage8")  # rotates and sums its codes by default
+    assert cfg.hadamard == 1 and cfg.p_sum == 1
+    _ffi.config_set_method(cfg, "sage8+hadamard+codesum")
+    assert _ffi.config_method_name(cfg) == "sage8"
     _ffi.config_set_method(cfg, "draft@p95/0/0/100")  # the short form is canonical
     assert _ffi.config_method_name(cfg) == "draft@p95"
     assert cfg.draft.budget == 1 and abs(cfg.draft.mass - 0.95) < 1e-7
@@ -209,7 +213,7 @@ def rel_l2(a, ref):
 
 
 BOUNDS = {"exact": 1e-6, "bf16": 1e-2, "sage8": 6e-2, "vc8": 6e-2,
-          "vc8+expcast": 6e-2, "sage8+hadamard": 6e-2}
+          "vc8+expcast": 6e-2, "sage8+nohadamard+fp32sum": 6e-2}
 
 
 @pytest.mark.parametrize("D", [64, 128])

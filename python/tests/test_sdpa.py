@@ -193,7 +193,7 @@ def test_head_dims_by_zero_padding(D, Dv, lib_calls):
     torch.testing.assert_close(out, torch_sdpa(q, k, v, scale=0.3), **EXACT)
 
 
-@pytest.mark.parametrize("method", METHODS + ["sage8+hadamard"])
+@pytest.mark.parametrize("method", METHODS + ["sage8+nohadamard+fp32sum"])
 def test_padding_in_python_is_the_librarys(method):
     """The torch layer pads (for the CUDA kernels, which take 64/128 only);
     the CPU library pads itself (numpy path).  Same bits: the one definition

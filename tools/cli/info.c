@@ -16,7 +16,7 @@ static const opt_spec INFO_OPTS[] = {OS("json", OPT_FLAG, json),
 
 static const char *const INFO_METHODS[] = {
     "exact", "bf16", "fp8", "fp8+expcast", "sage8", "sage8+expcast",
-    "sage8+hadamard", "vc8", "vc8+expcast", "sage4", "vc4",
+    "sage8+nohadamard+fp32sum", "vc8", "vc8+expcast", "sage4", "vc4",
     "draft@85/0/0/15", "draft@85/0/7.5/7.5"};
 #define N_INFO_METHODS (int)(sizeof INFO_METHODS / sizeof INFO_METHODS[0])
 
