@@ -148,9 +148,11 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               vc4 | draft@S0/S4/S8/S16 | draft@pM[/S4/S8/S16] (the adaptive
               budget: per head the region pairs holding M% of the draft
               map, options draft.min_keep / draft.max_keep), with
-              +expcast / +expcast-centred / +hadamard / +qblock / +codesum /
-              +v2 options (docs/CLI.md says what each does; +v2, V in two
-              E4M3 digits, runs on CUDA at head dim 128 only).
+              +expcast / +expcast-centred / +hadamard / +nohadamard /
+              +qblock / +codesum / +fp32sum / +v2 options (docs/CLI.md says
+              what each does; sage8 rotates and sums its codes unless
+              +nohadamard / +fp32sum; +v2, V in two E4M3 digits, runs on
+              CUDA at head dim 128 only).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).
