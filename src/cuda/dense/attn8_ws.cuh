@@ -63,6 +63,7 @@ struct attn8_ws_flags {
     static constexpr int PRODUCER_REGS = 24;
     static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
+    static constexpr int EXP2_FMA = 0;            /* exp2 path: groups of 4 on the FMA pipe */
     /* the P paths (bits 1 << A8_P_*) whose INT8 loop carries the
      * shared-memory base and Q's descriptor from block to block instead of
      * rebuilding them from special registers: ExpCast's plain step 2.4%
@@ -217,11 +218,11 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(sacc, f0, f1, r.m[0], r.m[1],
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(sacc, f0, f1, r.m[0], r.m[1],
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             if (!ONES) {
