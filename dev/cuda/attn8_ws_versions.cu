@@ -9,11 +9,6 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
- *   ws35  the library kernel with 1 of every 4 exp2 column groups on the
- *         FMA pipe (ex2_fma), ws36 with 2 of 4: ws20/ws21 of the
- *         two-warpgroup kernel (6% and 14% slower on sage8's FP32 row sum,
- *         3% faster on +codesum), on the three-warpgroup kernel, where
- *         sage8 sums its codes
  *
  * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
@@ -21,7 +16,9 @@
  * warpgroups, promoted) and ws9 (the restore's tiles from global memory)
  * are at commit 560527d, with the two-warpgroup ping-pong kernel they were
  * measured against; ws33 (one shared mean tile per batch) and ws34 (the
- * loop without CARRY) at 0c7dcb4.  bench/NOTES.md has what each measured.
+ * loop without CARRY) at 0c7dcb4; ws35, ws36 (a share of the exp2 path
+ * on the FMA pipe, three warpgroups) at 40cc920.  bench/NOTES.md has what
+ * each measured.
  */
 #include "dense/attn8_ws.cuh"
 
@@ -30,35 +27,11 @@ struct ws5_flags : attn8_ws_flags<QVC_QK_INT8> {
     static constexpr bool SHORT_CHAINS = false;
 };
 
-/* ------------------------------------------------------------ ws35, ws36 */
-template <int N>
-struct exp2_fma_flags : attn8_ws_flags<QVC_QK_INT8> {
-    static constexpr int EXP2_FMA = N;
-};
-
-/* What every version here runs on: INT8 QK, one V digit. */
-static qva_status dev_attn8_check(const qvc_ops *ops, qvc_qk_format fmt) {
+extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
+                                    const qvc_attn_args *a, cudaStream_t st) {
     if (fmt != QVC_QK_INT8)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: INT8 QK only (sage8, vc8)");
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return QVA_OK;
-}
-
-extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
-                                    const qvc_attn_args *a, cudaStream_t st) {
-    const qva_status s = dev_attn8_check(ops, fmt);
-    return s != QVA_OK ? s : attn8_launch<ws5_flags>(ops, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws35(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    const qva_status s = dev_attn8_check(ops, fmt);
-    return s != QVA_OK ? s : attn8_launch<exp2_fma_flags<1>>(ops, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws36(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    const qva_status s = dev_attn8_check(ops, fmt);
-    return s != QVA_OK ? s : attn8_launch<exp2_fma_flags<2>>(ops, a, st);
+    return attn8_launch<ws5_flags>(ops, a, st);
 }

@@ -305,9 +305,8 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
  * saturation is the clamp; the fused form's codes with one instruction
  * fewer, dev/cuda ws10).  The INT32 scores become floats by I2FP.F32.S32
  * (exact: |x| < 2^24), one instruction where the 1.5 * 2^23 magic add took
- * two (dev/cuda ws12).  FMA_EXP: the exp2 of the first FMA_EXP of every 4
- * column groups on the FMA pipe (ex2_fma; dev/cuda versions only). */
-template <int EXPCAST, int MASK, int SPLIT_SUM, int SUM = 1, int FROM = 0, int FMA_EXP = 0>
+ * two (dev/cuda ws12). */
+template <int EXPCAST, int MASK, int SPLIT_SUM, int SUM = 1, int FROM = 0>
 static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float f0, float f1,
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
@@ -340,8 +339,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    t[i][e] = i < FMA_EXP ? ex2_fma(t[i][e]) : ex2_ftz(t[i][e]);
+                for (int e = 0; e < 4; ++e) t[i][e] = ex2_ftz(t[i][e]);
             if (SUM && SPLIT_SUM) { /* 4 independent adds per row, then 2 levels */
 #pragma unroll
                 for (int r = 0; r < 2; ++r)

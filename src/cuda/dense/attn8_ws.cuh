@@ -36,7 +36,9 @@
  *   the mean tile copied per batch by cp.async instead of filled per
  *   block: 1% slower with 3% fewer instructions (ws19)
  *   1, 2 or 3 of every 4 exp2 scores by a polynomial on the FMA pipe:
- *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22)
+ *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22);
+ *   on the three-warpgroup kernel 1 of 4: the code sum's path as fast, the
+ *   FP32 sum's 9% slower; 2 of 4: 12% slower (ws35, ws36 at 40cc920)
  *   Q's INT8 codes made by the consumers from the caller's 16-bit Q: prep
  *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md)
  *   the restore's wgmma in the next batch's first turn or at the batch's
@@ -63,7 +65,6 @@ struct attn8_ws_flags {
     static constexpr int PRODUCER_REGS = 24;
     static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
-    static constexpr int EXP2_FMA = 0;            /* exp2 path: groups of 4 on the FMA pipe */
     /* the P paths (bits 1 << A8_P_*) whose INT8 loop carries the
      * shared-memory base and Q's descriptor from block to block instead of
      * rebuilding them from special registers: ExpCast's plain step 2.4%
@@ -218,11 +219,11 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
             if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(sacc, f0, f1, r.m[0], r.m[1],
+                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES, 0, F::EXP2_FMA>(sacc, f0, f1, r.m[0], r.m[1],
+                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
                                                                  a.expcast_add, j * WS_KEYS,
                                                                  ops.nk, tig, rs, pa);
             if (!ONES) {
