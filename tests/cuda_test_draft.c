@@ -316,18 +316,31 @@ static long cmp_i32(const char *tag, const char *what, const int32_t *gpu, const
 /* ------------------------------------------------------------ one case */
 
 /* qvc_draft_pool16 of x into host out[0, rd) (avg) and out[rd, 2 rd) (max). */
+/* The rows of K's pooled descriptors [BH*R][D] back in channel order
+ * (qvc_dr_kslot is its own inverse). */
+static void unslot_k(float *x, size_t rows, int D) {
+    float row[128];
+    for (size_t r = 0; r < rows; ++r) {
+        float *p = x + r * (size_t)D;
+        for (int c = 0; c < D; ++c) row[c] = p[qvc_dr_kslot(c, D)];
+        memcpy(p, row, (size_t)D * sizeof(float));
+    }
+}
+
+/* qvc_draft_pool16 of x into out (avg, then max), K's (kslots) back in
+ * channel order. */
 static int pool16_of(const qvc_view *x, const qvc_draft_layout *dl, int BH, int R, int D,
-                     float *out, size_t rd, cudaStream_t st) {
+                     int kslots, float *out, size_t rd, cudaStream_t st) {
     float *dev = NULL;
     int ok = cuda_ok(cudaMalloc((void **)&dev, 2 * rd * 4), "cudaMalloc pool16");
     if (ok) {
-        const qva_status s = qvc_draft_pool16(x, dl, BH, dev, dev + rd, st);
+        const qva_status s = qvc_draft_pool16(x, dl, BH, dev, dev + rd, kslots, st);
         CHECK(s == QVA_OK, "qvc_draft_pool16: %s", qva_last_error());
         ok = s == QVA_OK && cuda_ok(cudaStreamSynchronize(st), "pool16 sync") &&
              cuda_ok(cudaMemcpy(out, dev, 2 * rd * 4, cudaMemcpyDeviceToHost), "D2H pool16");
     }
     cudaFree(dev);
-    (void)R, (void)D;
+    if (ok && kslots) unslot_k(out, 2 * (size_t)BH * R, D);
     return ok;
 }
 
@@ -376,7 +389,7 @@ static void test_pool_order(cudaStream_t st) {
     CHECK(avg[5] == 0.0f && mx[6] == 0.0f && signbit(mx[6]),
           "pool order: the crafted channels (path-order avg %g, max %g)", (double)avg[5],
           (double)mx[6]);
-    if (pool16_of(&q.view, &dl, 1, R, D, got, rd, st)) {
+    if (pool16_of(&q.view, &dl, 1, R, D, 0, got, rd, st)) {
         const long b1 = cmp_f32("pool order", "avg", got, avg, 1, R, D);
         const long b2 = cmp_f32("pool order", "max", got + rd, mx, 1, R, D);
         CHECK(b1 == 0 && b2 == 0, "pool order: avg %ld, max %ld differ from the CPU's", b1, b2);
@@ -499,6 +512,7 @@ static void run_case(const dcase *cs, cudaStream_t st) {
     for (int i = 0; i < 4; ++i) {
         if (!cuda_ok(cudaMemcpy(g_f, pooled[i].dev, rd * 4, cudaMemcpyDeviceToHost), "D2H pooled"))
             goto done;
+        if (i >= 2) unslot_k(g_f, (size_t)BH * R, D); /* K's slot order */
         long bad = cmp_f32(tag, pooled[i].name, g_f, pooled[i].cpu, BH, R, D);
         CHECK(bad == 0, "[%s] %s: %ld of %zu differ", tag, pooled[i].name, bad, rd);
     }
@@ -507,7 +521,7 @@ static void run_case(const dcase *cs, cudaStream_t st) {
         const float *want[2][2] = {{ref.qavg, ref.qmax}, {ref.kavg, ref.kmax}};
         for (int w = 0; w < 2; ++w) {
             long b1 = -1, b2 = -1;
-            if (pool16_of(&x[w]->view, &dl, BH, R, D, g_f, rd, st)) {
+            if (pool16_of(&x[w]->view, &dl, BH, R, D, w, g_f, rd, st)) {
                 b1 = cmp_f32(tag, w ? "pool16 avg(K)" : "pool16 avg(Q)", g_f, want[w][0], BH, R, D);
                 b2 = cmp_f32(tag, w ? "pool16 max(K)" : "pool16 max(Q)", g_f + rd, want[w][1], BH,
                              R, D);
@@ -644,15 +658,15 @@ static void test_errors(cudaStream_t st) {
         qvc_view bad = q.view;
         bad.N = N + 1;
         CHECK(qvc_draft_route(&bad, &bad, &cfg, &dl, &buf, st) == QVA_ERR_SHAPE, "N mismatch");
-        CHECK(qvc_draft_pool16(&bad, &dl, 1, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+        CHECK(qvc_draft_pool16(&bad, &dl, 1, buf.qavg, buf.qmax, 0, st) == QVA_ERR_SHAPE,
               "pool16: N mismatch");
-        CHECK(qvc_draft_pool16(&q.view, &dl, 2, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+        CHECK(qvc_draft_pool16(&q.view, &dl, 2, buf.qavg, buf.qmax, 0, st) == QVA_ERR_SHAPE,
               "pool16: B*H mismatch");
-        CHECK(qvc_draft_pool16(&q.view, &dl, 1, NULL, buf.qmax, st) == QVA_ERR_INVALID_ARGUMENT,
+        CHECK(qvc_draft_pool16(&q.view, &dl, 1, NULL, buf.qmax, 0, st) == QVA_ERR_INVALID_ARGUMENT,
               "pool16: NULL avg");
         qvc_view d96 = q.view;
         d96.D = 96;
-        CHECK(qvc_draft_pool16(&d96, &dl, 1, buf.qavg, buf.qmax, st) == QVA_ERR_SHAPE,
+        CHECK(qvc_draft_pool16(&d96, &dl, 1, buf.qavg, buf.qmax, 0, st) == QVA_ERR_SHAPE,
               "pool16: D 96");
         qvc_draft_route_free(&buf);
         CHECK(qvc_draft_route_alloc(&buf, 1, 1, 129) == QVA_ERR_SHAPE, "D 129");

@@ -200,7 +200,7 @@ typedef struct qvc_draft_route_buf {
     int64_t quota[4];   /* host: skip,4,8,16 of the last call (QUOTA; all 0
                            under MASS: head_quota has them)                  */
     int64_t retained;   /* host: T = R^2 - skip (QUOTA; -1 under MASS)      */
-    float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D] */
+    float *qavg, *qmax, *kavg, *kmax; /* [BH][R][D]; K's rows in qvc_dr_kslot order */
     float *A;           /* [BH][R][R] */
     uint8_t *prec;      /* [BH][R][R] */
     int32_t *offsets;   /* [BH*R*3+1] */
@@ -217,11 +217,26 @@ qva_status qvc_draft_route(const qvc_view *q, const qvc_view *k, const qva_confi
 qva_status qvc_draft_route_pooled(const qvc_view *q, const qvc_view *k, const qva_config *cfg,
                                   const qvc_draft_layout *lay, qvc_draft_route_buf *b,
                                   cudaStream_t st);
+/* Where the router keeps channel c of a row of K's pooled descriptors
+ * (kavg, kmax): at D 64 and 128, within each 16 channels, channel
+ * 16s + 4j + t at 16s + 4t + j, so that a lane of the map's FP64 mma loads
+ * the four channels it takes of a k16 step (t, t + 4, t + 8, t + 12) as one
+ * 16-byte vector; other D: c.  Its own inverse. */
+#ifdef __CUDACC__
+static inline __host__ __device__
+#else
+static inline
+#endif
+int qvc_dr_kslot(int c, int D) {
+    return D == 64 || D == 128 ? (c & ~15) | ((c & 3) << 2) | ((c >> 2) & 3) : c;
+}
+
 /* The router's pooling of x (Q or K) into avg, max [BH][R][D], bit for bit
  * the CPU's, as the draft prep computes it beside its 16-bit pack
- * (src/cuda/draft/prep_qk.cu): D 64 or 128, region capacity 128. */
+ * (src/cuda/draft/prep_qk.cu): D 64 or 128, region capacity 128; kslots:
+ * the channels in qvc_dr_kslot order (K's), else in order. */
 qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *lay, int BH, float *avg,
-                            float *max, cudaStream_t st);
+                            float *max, int kslots, cudaStream_t st);
 
 /* ---- attention (src/cuda/attn_*.cu) ------------------------------------ */
 typedef struct qvc_attn_args {

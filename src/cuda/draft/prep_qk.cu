@@ -28,6 +28,7 @@
  * DRAM busy meanwhile. */
 typedef struct dg_pool_out {
     float *avg, *max; /* [BH][R][D]; NULL: no pooling */
+    int kslots;       /* channels in qvc_dr_kslot order (K's descriptors) */
 } dg_pool_out;
 
 /* The INT8 codes (DA2's 8-bit Q and K: draft_internal.h) are those of
@@ -188,9 +189,10 @@ static __device__ __forceinline__ void dg_pool_walk(int n, int t, double &sum, f
     }
 }
 
-/* The pooled avg and max of this CTA's region (n rows) from the tile. */
+/* The pooled avg and max of this CTA's region (n rows) from the tile, at
+ * the channel's slot (kslots: qvc_dr_kslot's). */
 template <int DT>
-static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
+static __device__ void dg_pool_store(int D, int n, float *avg, float *mx, int kslots) {
     __syncthreads();
     const int t = (int)threadIdx.x;
     if (t >= D) return;
@@ -200,8 +202,9 @@ static __device__ void dg_pool_store(int D, int n, float *avg, float *mx) {
         dg_pool_walk<DT, 128>(n, t, sum, m);
     else
         dg_pool_walk<DT, 64>(n, t, sum, m);
-    avg[t] = __double2float_rn(__ddiv_rn(sum, (double)n));
-    mx[t] = m;
+    const int at = kslots ? qvc_dr_kslot(t, D) : t;
+    avg[at] = __double2float_rn(__ddiv_rn(sum, (double)n));
+    mx[at] = m;
 }
 
 /* Whether the pack's 16-bit rows are the input's own bits: a 16-bit input
@@ -323,7 +326,7 @@ dg_pack16_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_t 
         if (store_amax && (int)threadIdx.x < D) amax[vb * D + threadIdx.x] = a;
         if (block_delta) dg_int8_block<DT>(a, D, n, c, r0, i8.delta + vb, q8);
     }
-    if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D);
+    if (pooling) dg_pool_store<DT>(D, n, pool.avg + vb * D, pool.max + vb * D, pool.kslots);
 }
 
 /* ================================================================ launchers */
@@ -383,7 +386,7 @@ static void dg_launch_pool16(const qvc_view &x, const qvc_draft_layout *L, int B
 }
 
 extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *L, int BH,
-                                       float *avg, float *max, cudaStream_t st) {
+                                       float *avg, float *max, int kslots, cudaStream_t st) {
     if (!x || !L || !L->pack_to_orig || !L->count || !avg || !max)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_draft_pool16: NULL argument");
     if ((x->D != 64 && x->D != 128) || L->c != DG_KEYS || L->prefix_pad % DG_KEYS != 0 ||
@@ -393,7 +396,7 @@ extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout
                         "N %lld (layout %lld), B*H %lld (%d)",
                         (long long)x->D, L->c, DG_KEYS, (long long)x->N, (long long)L->n,
                         (long long)(x->B * x->H), BH);
-    const dg_pool_out pool = {avg, max};
+    const dg_pool_out pool = {avg, max, kslots};
     QVC_DISPATCH_DTYPE(x->dtype, dg_launch_pool16<DT_>(*x, L, BH, pool, st));
     return qvc_launch_check("qvc_draft_pool16");
 }
@@ -422,9 +425,9 @@ qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const
     /* Q's and K's region amax feed only the NVFP4 tensor scales
      * (dg_scale_kernel); V's channel scales come from V's own. */
     float *amax = pl->with4 ? o->amax : NULL;
-    const dg_pool_out none = {NULL, NULL};
-    const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax} : none;
-    const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax} : none;
+    const dg_pool_out none = {NULL, NULL, 0};
+    const dg_pool_out pq = pool ? dg_pool_out{pool->qavg, pool->qmax, 0} : none;
+    const dg_pool_out pk = pool ? dg_pool_out{pool->kavg, pool->kmax, 1} : none;
     const dg_int8_out no8 = {NULL, NULL, 0};
     o->q_rows_per_scale = pl->q_rows_per_scale;
     const dg_int8_out q8 = pl->with8 ? dg_int8_out{o->q8, o->q8s, o->q_rows_per_scale} : no8;

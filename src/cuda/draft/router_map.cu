@@ -68,7 +68,7 @@ dr_pool_kernel(dr_pool_params p) {
         s = __dadd_rn(s, (double)v);
         m = v > m ? v : m;
     }
-    const int64_t o = ((int64_t)bh * p.R + r) * D + ch;
+    const int64_t o = ((int64_t)bh * p.R + r) * D + (which ? qvc_dr_kslot(ch, D) : ch);
     float *avg = which ? p.kavg : p.qavg, *mx = which ? p.kmax : p.qmax;
     avg[o] = __double2float_rn(__ddiv_rn(s, (double)n));
     mx[o] = m;
@@ -127,15 +127,25 @@ static size_t dr_map_smem(int rows, int R, int D) {
 
 /* The f32 key values of one lane's A fragment for channels c0 .. c0+15:
  * keys k0 + g + 8 h (row offsets krow[h]), channels c0 + t + 4 j; channels
- * past D are 0 (DC: D at compile time, a multiple of 16, or 0). */
+ * past D are 0 (DC: D at compile time, 64 or 128, or 0).  With DC the rows
+ * are in qvc_dr_kslot order, so channels c0 + t + 4 j, j = 0..3, are the
+ * 16-byte vector at c0 + 4 t: two loads a lane, not eight. */
 template <int DC>
 static __device__ __forceinline__ void dr_map_ld_keys(const float *kx, const int64_t (&krow)[2],
                                                       int c0, int t, int D, float (&f)[8]) {
+    if constexpr (DC != 0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int c = c0 + t + 4 * j;
+        for (int h = 0; h < 2; ++h) {
+            const float4 v = __ldg((const float4 *)(kx + krow[h] + c0 + 4 * t));
+            f[h] = v.x, f[2 + h] = v.y, f[4 + h] = v.z, f[6 + h] = v.w;
+        }
+    } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) f[2 * j + h] = DC || c < D ? __ldg(kx + krow[h] + c) : 0.0f;
+        for (int j = 0; j < 4; ++j) {
+            const int c = c0 + t + 4 * j;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) f[2 * j + h] = c < D ? __ldg(kx + krow[h] + c) : 0.0f;
+        }
     }
 }
 
