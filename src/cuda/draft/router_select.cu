@@ -123,30 +123,58 @@ static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool i
 }
 
 /*
- * A pass over the keys [lo, hi) of one head in global memory: 16-byte loads
- * from the first 16-byte boundary on (4 per thread in flight), the few
- * keys before it and after the last whole vector in one more round.  Every
- * lane runs the same trip count, as FIRST needs.
+ * How a pass reads the keys [lo, hi) of one head in global memory: 16-byte
+ * loads from the first 16-byte boundary a0 on (nv vectors, DR_SPAN_U per
+ * thread in flight), the few keys before a0 and from a1 on in one more
+ * round.  Every lane runs the same trip count, as the first passes' warp
+ * votes need.  Both the count and the weighted passes read this way.
  */
+#define DR_SPAN_U 4
+typedef struct dr_span {
+    const uint32_t *Ab;
+    int lo, hi, a0, nv, a1;
+} dr_span;
+
+static __device__ __forceinline__ dr_span dr_span_of(const uint32_t *Ab, int lo, int hi) {
+    dr_span sp;
+    sp.Ab = Ab, sp.lo = lo, sp.hi = hi;
+    sp.a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
+    sp.nv = (hi - sp.a0) / 4, sp.a1 = sp.a0 + 4 * sp.nv;
+    return sp;
+}
+
+/* The thread's DR_SPAN_U vectors of the round at vector b (zeros past nv). */
+static __device__ __forceinline__ void dr_span_load(const dr_span &sp, int b,
+                                                    uint4 (&q)[DR_SPAN_U]) {
+    const uint4 *Av = (const uint4 *)(sp.Ab + sp.a0);
+#pragma unroll
+    for (int u = 0; u < DR_SPAN_U; ++u) {
+        const int j = b + u * DR_SEL_THREADS + (int)threadIdx.x;
+        q[u] = j < sp.nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* The thread's key of the last round (before a0 or from a1 on, each fewer
+ * than 4): its index into *i, its bits (0 where none, *in false). */
+static __device__ __forceinline__ uint32_t dr_span_rest(const dr_span &sp, int *i, bool *in) {
+    const int tid = (int)threadIdx.x, head = sp.a0 - sp.lo, tail = sp.hi - sp.a1;
+    *i = tid < head ? sp.lo + tid : sp.a1 + tid - head;
+    *in = tid < head + tail;
+    return *in ? __ldg(sp.Ab + *i) : 0u;
+}
+
+/* A pass of the count select over the keys [lo, hi) of one head. */
 template <int ROWS, bool FIRST, bool INDEX, bool LIST>
 static __device__ __forceinline__ void dr_sel_scan(const uint32_t *Ab, int lo, int hi, int M,
                                                    const dr_sel_pass &ps, const dr_sel_out &o) {
-    constexpr int U = 4;
-    const int tid = (int)threadIdx.x;
-    const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
-    const int nv = (hi - a0) / 4, a1 = a0 + 4 * nv;
-    const uint4 *Av = (const uint4 *)(Ab + a0);
-    for (int b = 0; b < nv; b += U * DR_SEL_THREADS) {
-        uint4 q[U];
+    const dr_span sp = dr_span_of(Ab, lo, hi);
+    for (int b = 0; b < sp.nv; b += DR_SPAN_U * DR_SEL_THREADS) {
+        uint4 q[DR_SPAN_U];
+        dr_span_load(sp, b, q);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = b + u * DR_SEL_THREADS + tid;
-            q[u] = j < nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = b + u * DR_SEL_THREADS + tid, i = a0 + 4 * j;
-            const bool in = j < nv;
+        for (int u = 0; u < DR_SPAN_U; ++u) {
+            const int j = b + u * DR_SEL_THREADS + (int)threadIdx.x, i = sp.a0 + 4 * j;
+            const bool in = j < sp.nv;
             const uint32_t e[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
 #pragma unroll
             for (int c = 0; c < 4; ++c)
@@ -154,11 +182,10 @@ static __device__ __forceinline__ void dr_sel_scan(const uint32_t *Ab, int lo, i
                                                      in, ps, o);
         }
     }
-    const int head = a0 - lo, tail = hi - a1; /* each below 4 */
-    const int i = tid < head ? lo + tid : a1 + tid - head;
-    const bool in = tid < head + tail;
-    dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(in ? __ldg(Ab + i) : 0u),
-                                         (uint32_t)(M - 1 - i), in, ps, o);
+    int i;
+    bool in;
+    const uint32_t bits = dr_span_rest(sp, &i, &in);
+    dr_sel_key<ROWS, FIRST, INDEX, LIST>(dr_order_key(bits), (uint32_t)(M - 1 - i), in, ps, o);
 }
 
 /* A pass over the CTA's listed keys (n of them). */
@@ -410,36 +437,27 @@ static __device__ __forceinline__ void dr_mass_key(uint32_t bits, bool in, int v
     dr_add64_shared(ws + 4u * dig, wt, match && dig != lead);
 }
 
-/* A weighted pass over the keys [lo, hi) of one head, read as dr_sel_scan
- * reads them. */
+/* A weighted pass over the keys [lo, hi) of one head (dr_span's reads). */
 template <bool FIRST>
 static __device__ __forceinline__ void dr_mass_scan(const uint32_t *Ab, int lo, int hi, int vs,
                                                     uint32_t above_want, uint32_t hs, uint32_t ws) {
-    constexpr int U = 4;
-    const int tid = (int)threadIdx.x;
-    const int a0 = min(hi, lo + (int)((16u - ((uintptr_t)(Ab + lo) & 15u)) & 15u) / 4);
-    const int nv = (hi - a0) / 4, a1 = a0 + 4 * nv;
-    const uint4 *Av = (const uint4 *)(Ab + a0);
-    for (int b = 0; b < nv; b += U * DR_SEL_THREADS) {
-        uint4 q[U];
+    const dr_span sp = dr_span_of(Ab, lo, hi);
+    for (int b = 0; b < sp.nv; b += DR_SPAN_U * DR_SEL_THREADS) {
+        uint4 q[DR_SPAN_U];
+        dr_span_load(sp, b, q);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = b + u * DR_SEL_THREADS + tid;
-            q[u] = j < nv ? __ldg(Av + j) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const bool in = b + u * DR_SEL_THREADS + tid < nv;
+        for (int u = 0; u < DR_SPAN_U; ++u) {
+            const bool in = b + u * DR_SEL_THREADS + (int)threadIdx.x < sp.nv;
             dr_mass_key<FIRST>(q[u].x, in, vs, above_want, hs, ws);
             dr_mass_key<FIRST>(q[u].y, in, vs, above_want, hs, ws);
             dr_mass_key<FIRST>(q[u].z, in, vs, above_want, hs, ws);
             dr_mass_key<FIRST>(q[u].w, in, vs, above_want, hs, ws);
         }
     }
-    const int head = a0 - lo, tail = hi - a1;
-    const int i = tid < head ? lo + tid : a1 + tid - head;
-    const bool in = tid < head + tail;
-    dr_mass_key<FIRST>(in ? __ldg(Ab + i) : 0u, in, vs, above_want, hs, ws);
+    int i;
+    bool in;
+    const uint32_t bits = dr_span_rest(sp, &i, &in);
+    dr_mass_key<FIRST>(bits, in, vs, above_want, hs, ws);
 }
 
 /*
