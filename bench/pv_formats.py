@@ -119,7 +119,7 @@ def main(argv=None):
     import qvattn
     cols = ["v e4m3", "v int8", "v diffused", "p e4m3", "p u8", "fp8 PV", "int8 PV"]
     print("| preset | lib full | lib v | " + " | ".join(cols) + " | lib p | u8 zeros |")
-    print("|---|" + "--:|" * (len(cols) + 5))
+    print("|---|" + "--:|" * (len(cols) + 4))
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
