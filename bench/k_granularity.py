@@ -55,14 +55,17 @@ def bf16(x):
     return x
 
 
+def int8_round(y):
+    """INT8 code of y: round half away from zero, clamp to ±127."""
+    return np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127)
+
+
 def int8_dequant(x, rows):
     """code * scale with one scale per `rows` rows (1 = per row)."""
     n, d = x.shape
     g = np.abs(x.reshape(-1, rows, d) if n % rows == 0 else x).reshape(-1, rows * d)
     scale = (g.max(axis=1) / 127.0 + 1e-7).repeat(rows)[:, None]
-    y = x / scale
-    code = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127)
-    return code * scale
+    return int8_round(x / scale) * scale
 
 
 def int8_dequant_pow2(x):
@@ -76,8 +79,7 @@ def int8_dequant_pow2(x):
         key = np.maximum(np.abs(blk).max(axis=1), 1e-30)
         e = np.clip(np.floor(np.log2(np.maximum(amax / key, 1.0))), 0, 15)
         scale = ((amax / 127.0 + 1e-7) / 2.0 ** e)[:, None]
-        y = blk / scale
-        out[b:b + BLOCK] = np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127) * scale
+        out[b:b + BLOCK] = int8_round(blk / scale) * scale
     return out
 
 

@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchutil import use_checkout_package  # noqa: E402
-from k_granularity import bf16  # noqa: E402
+from k_granularity import bf16, int8_round  # noqa: E402
 
 DEFAULT_PRESETS = "video-global,video-global-d64,video-local-clustered,video-mixed,wan-small"
 BLOCK = 128
@@ -53,11 +53,6 @@ def e4m3(x):
     e = np.maximum(np.floor(np.log2(np.maximum(a, 1e-300))), -6.0)
     step = 2.0 ** (e - 3)
     return np.sign(x) * np.minimum(np.round(a / step) * step, 448.0)
-
-
-def int8_round(y):
-    """Round half away from zero, clamp to ±127 (NUMERICS §1)."""
-    return np.clip(np.sign(y) * np.floor(np.abs(y) + 0.5), -127, 127)
 
 
 def e4m3_diffused(y):
