@@ -131,11 +131,21 @@ typedef enum qva_p_sum {
 typedef enum qva_v_code {
     QVA_V_E4M3 = 0,  /* one E4M3 code per value, per-channel scale (the
                         papers, SageAttention2): the default              */
-    QVA_V_E4M3X2 = 1 /* "+v2": a second E4M3 code for the first one's
+    QVA_V_E4M3X2 = 1, /* "+v2": a second E4M3 code for the first one's
                         residual, same scale; the PV product runs twice
                         (hi and lo) on the same P codes, and V's share of
                         the error nearly vanishes (CUDA: head dim 128,
                         about 16-19% slower than one digit)               */
+    QVA_V_INT8_PV = 2 /* "+i8pv": the PV product in integers: V in INT8
+                        with one scale per channel (amax/127), P as
+                        unsigned 8-bit codes round(255 exp2(s - m_b)) of
+                        each key block's own row max m_b, exact integer
+                        sums, the block's weight exp2(m_b - m) applied to
+                        its partial; l sums the codes.  About half the
+                        PV product's error of the E4M3 forms
+                        (docs/NUMERICS.md §3, "The PV product in
+                        integers").  CPU reference only so far; not with
+                        ExpCast, whose codes are E4M3                     */
 } qva_v_code;
 
 typedef enum qva_q_granularity {

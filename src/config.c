@@ -40,10 +40,11 @@ static const char *const method_names[QVA_METHOD_COUNT_] = {
 
 /* +codesum: the dense 8-bit methods' exp2 P (ExpCast sums its codes). */
 int qvi_p_sum_applies(const qva_config *cfg) {
-    return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF;
+    return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF &&
+           cfg->v_code != QVA_V_INT8_PV; /* +i8pv always sums its codes */
 }
 
-/* +v2: the INT8-QK dense methods' E4M3 V. */
+/* +v2, +i8pv: the INT8-QK dense methods' V (and, for +i8pv, P). */
 int qvi_v_code_applies(qva_method m) {
     return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -218,6 +219,7 @@ static const method_option method_options[] = {
     {"codesum", offsetof(qva_config, p_sum), QVA_P_SUM_CODES},
     {"fp32sum", offsetof(qva_config, p_sum), QVA_P_SUM_FP32},
     {"v2", offsetof(qva_config, v_code), QVA_V_E4M3X2},
+    {"i8pv", offsetof(qva_config, v_code), QVA_V_INT8_PV},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -247,7 +249,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
-                            "+fp32sum or +v2)",
+                            "+fp32sum, +v2 or +i8pv)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -306,7 +308,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
-                        "+codesum, +fp32sum, +v2)",
+                        "+codesum, +fp32sum, +v2, +i8pv)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -332,8 +334,9 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         !qvi_p_sum_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "+fp32sum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast already sums its codes), not %s%s",
-                        method_names[c.method], c.expcast ? " with +expcast" : "");
+                        "(ExpCast and +i8pv always sum their codes), not %s%s",
+                        method_names[c.method],
+                        c.expcast ? " with +expcast" : c.v_code == QVA_V_INT8_PV ? " with +i8pv" : "");
     method_defaults(&c, &set);
     if (c.expcast && !(qvi_method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
         return qvi_fail(QVA_ERR_PARSE,
@@ -352,11 +355,16 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (c.p_sum && !qvi_p_sum_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast already sums its codes), not %s%s",
-                        method_names[c.method], c.expcast ? " with +expcast" : "");
+                        "(ExpCast and +i8pv always sum their codes), not %s%s",
+                        method_names[c.method],
+                        c.expcast ? " with +expcast" : c.v_code == QVA_V_INT8_PV ? " with +i8pv" : "");
     if (c.v_code && !qvi_v_code_applies(c.method))
-        return qvi_fail(QVA_ERR_PARSE, "+v2 applies to the E4M3 V of sage8 and vc8, not %s",
-                        method_names[c.method]);
+        return qvi_fail(QVA_ERR_PARSE, "%s applies to the V of sage8 and vc8, not %s",
+                        c.v_code == QVA_V_INT8_PV ? "+i8pv" : "+v2", method_names[c.method]);
+    if (c.v_code == QVA_V_INT8_PV && c.expcast)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
+                        "E4M3 (drop +expcast or +i8pv)");
     *cfg = c;
     return QVA_OK;
 }
@@ -395,6 +403,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, zero_p ? "+fp32sum" : "+codesum");
     if (n >= 0 && (size_t)n < len && cfg->v_code == QVA_V_E4M3X2)
         n += snprintf(buf + n, len - (size_t)n, "+v2");
+    if (n >= 0 && (size_t)n < len && cfg->v_code == QVA_V_INT8_PV)
+        n += snprintf(buf + n, len - (size_t)n, "+i8pv");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

@@ -19,6 +19,9 @@ extern "C" {
 #define QVI_SAGE_P_OFFSET 8.807f   /* exp2 offset: P max ~ 448 (DA2 C.3)    */
 #define QVI_SAGE_ETA 0.0022326917f /* 2^-8.807, P dequant scale (DA2 C.3)   */
 #define QVI_EXPCAST_LOG2_AMP 8.0f  /* ExpCast puts the row max at 2^8       */
+/* +i8pv: a block's u8 codes put its row max at 255, and the block weight
+ * exp2(m_b - m) keeps the row's max at 255: log2(255) */
+#define QVI_U8_LOG2_AMP 7.99435343685885793f
 #define QVI_V_E4M3_RANGE 2.25f     /* per-channel V scale amax/2.25 (C.3)   */
 
 /* ExpCast's beta for a qva_expcast_mode other than off (the paper's, or
@@ -187,19 +190,21 @@ float qvi_quant_nvfp4_cols(const float *x, int n_pad, int d, float *out);
  * The 8-bit value operand of sage8/vc8 (VC §3.2, App. B): rows gathered by
  * perm (NULL: identity), block means over the valid rows of each block of
  * QVI_BLOCK (if demean), residual coded E4M3 with per-channel scale
- * amax/2.25, means stored FP16 and divided by that scale.
+ * amax/2.25 (QVA_V_INT8_PV: INT8, amax/127), means stored FP16 and divided
+ * by that scale.
  */
 typedef struct qvi_v8 {
     int n, n_pad, d, nblk;
-    uint8_t *codes;   /* n_pad*d                       */
+    uint8_t *codes;   /* n_pad*d (QVA_V_INT8_PV: int8_t bits) */
     uint8_t *codes_lo;/* n_pad*d: the second digit (QVA_V_E4M3X2), else NULL */
     float *chan_scale;/* d                             */
     float *mu_hat;    /* nblk*d, NULL without demeaning */
 } qvi_v8;
-/* digits: 1, or 2 for QVA_V_E4M3X2: codes_lo = e4m3(x - dec(codes)), x the
- * scaled (demeaned) value codes encodes. */
+/* code: QVA_V_E4M3; QVA_V_E4M3X2 adds codes_lo = e4m3(x - dec(codes)), x
+ * the scaled (demeaned) value codes encodes; QVA_V_INT8_PV codes
+ * x = value / scale as rint(x) in [-127, 127]. */
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
-                          int demean, int digits, qvi_v8 *out);
+                          int demean, qva_v_code code, qvi_v8 *out);
 void qvi_v8_free(qvi_v8 *x);
 
 /* ------------------------------------------------------------ row engine */
@@ -251,6 +256,16 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
                  int fp16_partial);
+/* PV in integers (QVA_V_INT8_PV, docs/NUMERICS.md §3): m_b = the block's
+ * largest score (keys with s = -inf are out), u_k = rint(255 * exp2(s_k -
+ * m_b)) as u8, partial_c = sum_k u_k V_kc exact in int32 (V: int8 codes),
+ * w = exp2(m_b - m); l += (float)sum_k u_k * w, acc += (float)partial * w,
+ * mu (may be NULL): acc += ((float)sum_k u_k * w) * mu.  acc and l carry
+ * the factor 255 (QVI_U8_LOG2_AMP).  Returns that block's code sum. */
+int qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk);
+/* The u8 codes of one block (qvi_pv_u8i8's) into u; returns w = exp2(m_b
+ * - m), 0 if the block has no key. */
+float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u);
 /* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
  * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */

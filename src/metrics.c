@@ -134,7 +134,7 @@ static qva_status quant_rel_mse(const float *v, int n, int d,
                                 const int32_t *perm, int demean,
                                 double *rel) {
     qvi_v8 x;
-    qva_status st = qvi_v8_prepare(v, n, d, perm, demean, 1, &x);
+    qva_status st = qvi_v8_prepare(v, n, d, perm, demean, QVA_V_E4M3, &x);
     if (st != QVA_OK) return st;
     double err = 0.0, energy = 0.0;
     for (int i = 0; i < n; ++i) {

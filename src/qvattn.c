@@ -208,12 +208,19 @@ static qva_status check_config(const qva_config *cfg) {
                         "p_sum = %d (QVA_P_SUM_FP32 or QVA_P_SUM_CODES)", cfg->p_sum);
     if (cfg->p_sum == QVA_P_SUM_CODES && !qvi_p_sum_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "p_sum QVA_P_SUM_CODES applies to fp8, sage8 and vc8 without expcast");
-    if (cfg->v_code != QVA_V_E4M3 && cfg->v_code != QVA_V_E4M3X2)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "v_code = %d (QVA_V_E4M3 or QVA_V_E4M3X2)",
-                        cfg->v_code);
-    if (cfg->v_code == QVA_V_E4M3X2 && !qvi_v_code_applies(cfg->method))
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "v_code QVA_V_E4M3X2 applies to sage8 and vc8");
+                        "p_sum QVA_P_SUM_CODES applies to fp8, sage8 and vc8 without expcast "
+                        "or v_code QVA_V_INT8_PV (both always sum their codes: leave p_sum "
+                        "QVA_P_SUM_FP32)");
+    if (cfg->v_code != QVA_V_E4M3 && cfg->v_code != QVA_V_E4M3X2 &&
+        cfg->v_code != QVA_V_INT8_PV)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "v_code = %d (QVA_V_E4M3, QVA_V_E4M3X2 or QVA_V_INT8_PV)", cfg->v_code);
+    if (cfg->v_code != QVA_V_E4M3 && !qvi_v_code_applies(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "v_code %s applies to sage8 and vc8",
+                        cfg->v_code == QVA_V_INT8_PV ? "QVA_V_INT8_PV" : "QVA_V_E4M3X2");
+    if (cfg->v_code == QVA_V_INT8_PV && cfg->expcast)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "v_code QVA_V_INT8_PV codes P from exp2: not with expcast");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

@@ -345,7 +345,7 @@ static void check_head(const variant *va, const shape *sh, const char *tag, cons
     memset(&v8, 0, sizeof v8);
     memset(&f8, 0, sizeof f8);
     if (va->v_mode == 0) {
-        if (qvi_v8_prepare(raw_v, nk, d, perm, va->demean, 1, &v8) != QVA_OK) {
+        if (qvi_v8_prepare(raw_v, nk, d, perm, va->demean, QVA_V_E4M3, &v8) != QVA_OK) {
             CHECK(0, "qvi_v8_prepare failed");
             goto done;
         }

@@ -60,6 +60,9 @@ static const tol TOLS[] = {
     {"sage8+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+expcast+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+hadamard+expcast-centred+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    /* the PV product in integers (CPU reference only so far) */
+    {"sage8+i8pv", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"vc8+i8pv", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"sage4+hadamard", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"vc4", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},

@@ -262,7 +262,7 @@ static void test_demean_restore(void) {
             }
         }
     qvi_v8 x;
-    CHECK(qvi_v8_prepare(v, N, D, NULL, 1, 1, &x) == QVA_OK, "prepare");
+    CHECK(qvi_v8_prepare(v, N, D, NULL, 1, QVA_V_E4M3, &x) == QVA_OK, "prepare");
     double worst = 0;
     for (int i = 0; i < N; ++i)
         for (int c = 0; c < D; ++c) {

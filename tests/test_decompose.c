@@ -223,7 +223,7 @@ static void dequant_v(const qva_config *c, float *v, int quant_v, int quant_mu) 
     const int vc = is_vc(c);
     float mu[NPAD / QVI_BLOCK * HD] = {0};
     qvi_v8 v8;
-    CHECK(qvi_v8_prepare(v, NTOK, HD, NULL, vc, 1, &v8) == QVA_OK, "v8");
+    CHECK(qvi_v8_prepare(v, NTOK, HD, NULL, vc, QVA_V_E4M3, &v8) == QVA_OK, "v8");
     if (vc) split_means(v, mu);
     for (int i = 0; i < NTOK; ++i)
         for (int ch = 0; ch < HD; ++ch) {

@@ -165,7 +165,7 @@ static int ops_build(const dcase *c, int h, head_ops *H) {
     /* the low-bit operands come from the f32 packed video part */
     qvi_quant_i8(H->q16 + off, nv, d, 1, &H->q8);
     qvi_quant_i8(H->k16 + off, nv, d, QVI_BLOCK, &H->k8);
-    st = qvi_v8_prepare(H->v16 + off, nv, d, NULL, 0, 1, &H->v8);
+    st = qvi_v8_prepare(H->v16 + off, nv, d, NULL, 0, QVA_V_E4M3, &H->v8);
     H->gq = qvi_quant_nvfp4_rows(H->q16 + off, nv, d, H->q4);
     H->gk = qvi_quant_nvfp4_rows(H->k16 + off, nv, d, H->k4);
     H->gv = qvi_quant_nvfp4_cols(H->v16 + off, nv, d, H->v4);

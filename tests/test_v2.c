@@ -36,8 +36,8 @@ static void test_digits(void) {
     }
     for (int demean = 0; demean < 2; ++demean) {
         qvi_v8 one, two;
-        CHECK(qvi_v8_prepare(v, N, D, NULL, demean, 1, &one) == QVA_OK, "one digit");
-        CHECK(qvi_v8_prepare(v, N, D, NULL, demean, 2, &two) == QVA_OK, "two digits");
+        CHECK(qvi_v8_prepare(v, N, D, NULL, demean, QVA_V_E4M3, &one) == QVA_OK, "one digit");
+        CHECK(qvi_v8_prepare(v, N, D, NULL, demean, QVA_V_E4M3X2, &two) == QVA_OK, "two digits");
         CHECK(one.codes_lo == NULL && two.codes_lo != NULL, "codes_lo only with two digits");
         CHECK(!memcmp(one.codes, two.codes, (size_t)N * D), "the first digit is one digit's code");
         int worst_bad = 0;
@@ -170,9 +170,9 @@ static void test_parse(void) {
     c.v_code = QVA_V_E4M3X2; /* vc8+expcast, the C default: accepted */
     CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_OK, "vc8 + v_code: %s",
           qva_last_error());
-    c.v_code = 2;
+    c.v_code = 3;
     CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "v_code = 2 refused");
+          "v_code = 3 refused");
     CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
     c.v_code = QVA_V_E4M3X2;
     CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,

@@ -157,6 +157,41 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     }
 }
 
+float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u) {
+    float mb = -INFINITY;
+    for (int j = 0; j < nk; ++j)
+        if (s[j] > mb) mb = s[j]; /* as fmaxf: a NaN score is not the max */
+    for (int j = 0; j < nk; ++j) {
+        const float e = exp2f(s[j] - mb) * 255.0f; /* in [0, 255]; NaN for a
+                                                     non-finite score */
+        u[j] = e >= 0.5f ? (uint8_t)rintf(e) : 0;
+    }
+    return mb == -INFINITY ? 0.0f : exp2f(mb - m);
+}
+
+int qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk) {
+    if (r->m == -INFINITY) return 0;
+    const int d = r->d;
+    uint8_t u[QVI_BLOCK];
+    int32_t part[128] = {0};
+    int32_t usum = 0;
+    const float w = qvi_probs_u8(s, r->m, nk, u);
+    for (int j = 0; j < nk; ++j) {
+        if (!u[j]) continue;
+        usum += u[j];
+        const int8_t *vj = (const int8_t *)V + (size_t)j * d;
+        for (int c = 0; c < d; ++c) part[c] += (int32_t)u[j] * vj[c];
+    }
+    /* |partial| <= 128 * 255 * 127 < 2^24: exact in FP32 */
+    const float rowsum = (float)usum * w;
+    r->l += rowsum;
+    for (int c = 0; c < d; ++c) {
+        r->acc[c] += (float)part[c] * w;
+        if (mu) r->acc[c] += rowsum * mu[c]; /* VC Eq. 6 */
+    }
+    return usum;
+}
+
 void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
                   const float *mu, int nk) {
     if (r->m == -INFINITY) return;
@@ -228,19 +263,28 @@ static void block_demean(float *x, int n, int d, int nblk, float *mu) {
     }
 }
 
-/* Per-channel scale amax/2.25 (DA2 C.3), raised where needed so that the
- * stored mean/scale fits FP16 with margin; 1 for an all-zero channel. */
+/* Per-channel scale amax/range (DA2 C.3: 2.25 for E4M3; 127 for INT8),
+ * raised where needed so that the stored mean/scale fits FP16 with
+ * margin; 1 for an all-zero channel. */
 static float v_channel_scale(const float *x, int n, int d, int c,
-                             const float *mu, int nblk) {
+                             const float *mu, int nblk, float range) {
     float amax = 0.0f, mmax = 0.0f;
     for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
     for (int j = 0; mu && j < nblk; ++j) mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
-    float s = fmaxf(amax / QVI_V_E4M3_RANGE, mmax / 32768.0f);
+    float s = fmaxf(amax / range, mmax / 32768.0f);
     return s > 0.0f ? s : 1.0f;
 }
 
+/* INT8 code of x = value / scale, |x| <= 127 by the scale's choice. */
+static uint8_t v_int8_code(float x) {
+    float r = rintf(x);
+    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+    return (uint8_t)(int8_t)r;
+}
+
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
-                          int demean, int digits, qvi_v8 *out) {
+                          int demean, qva_v_code code, qvi_v8 *out) {
+    const int digits = code == QVA_V_E4M3X2 ? 2 : 1, int8 = code == QVA_V_INT8_PV;
     memset(out, 0, sizeof *out);
     out->n = n;
     out->d = d;
@@ -260,11 +304,12 @@ qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
     gather_rows(v, n, d, perm, x);
     if (demean) block_demean(x, n, d, out->nblk, out->mu_hat);
     for (int c = 0; c < d; ++c) {
-        float sc = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk);
+        float sc = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk,
+                                   int8 ? 127.0f : QVI_V_E4M3_RANGE);
         out->chan_scale[c] = sc;
         for (int i = 0; i < n; ++i) {
             const float xs = x[(size_t)i * d + c] / sc;
-            const uint8_t hi = qva_e4m3_encode(xs);
+            const uint8_t hi = int8 ? v_int8_code(xs) : qva_e4m3_encode(xs);
             out->codes[(size_t)i * d + c] = hi;
             /* the residual in the same units: |xs - hi| <= half of hi's step */
             if (out->codes_lo)
@@ -290,7 +335,7 @@ typedef struct head_ops {
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
     int sum_codes;         /* cfg->p_sum == QVA_P_SUM_CODES              */
-    int v_digits;          /* PATH_I8: V's E4M3 digits, 1 or 2 (cfg->v_code) */
+    qva_v_code v_code;     /* PATH_I8: V's code (cfg->v_code)            */
     int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
     int strict;            /* check_finite: a NaN/+inf score fails the row */
     float scale_log2;
@@ -452,7 +497,7 @@ static qva_status quantize_codes(float *q, float *k, float *v, int demean,
         qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
         return (!o->qi.codes || !o->ki.codes)
                    ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
-                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, o->v_digits, &o->v8);
+                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, o->v_code, &o->v8);
     }
     return quantize_fp4(q, k, v, demean, o);
 }
@@ -506,6 +551,14 @@ static void dequant_e4m3(const uint8_t *codes, const uint8_t *lo, const float *b
         }
 }
 
+/* x[i][c] = int8 code * channel scale (QVA_V_INT8_PV). */
+static void dequant_v_int8(const uint8_t *codes, const float *chan_scale, int n, int d,
+                           float *dst) {
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c)
+            dst[(size_t)i * d + c] = (float)(int8_t)codes[(size_t)i * d + c] * chan_scale[c];
+}
+
 static void scale_floats(const float *x, size_t n, float g, float *dst) {
     for (size_t i = 0; i < n; ++i) dst[i] = x[i] * g;
 }
@@ -530,7 +583,9 @@ static void dequantize_masked(head_ops *o) {
     case PATH_I8:
         if (o->mask & QVI_QUANT_Q) dequant_i8(&o->qi, nq, d, o->xq);
         if (o->mask & QVI_QUANT_K) dequant_i8(&o->ki, nk, d, o->xk);
-        if (o->mask & QVI_QUANT_V)
+        if ((o->mask & QVI_QUANT_V) && o->v_code == QVA_V_INT8_PV)
+            dequant_v_int8(o->v8.codes, o->v8.chan_scale, nk, d, o->xv);
+        else if (o->mask & QVI_QUANT_V)
             dequant_e4m3(o->v8.codes, o->v8.codes_lo, NULL, o->v8.chan_scale, nk, d, o->xv);
         break;
     case PATH_FP8:
@@ -605,7 +660,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
     o->sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
-    o->v_digits = cfg->v_code == QVA_V_E4M3X2 ? 2 : 1;
+    o->v_code = cfg->v_code;
     o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
     o->strict = cfg->check_finite != 0;
@@ -674,6 +729,16 @@ static void block_scores(const head_ops *o, int i, int j, float *s) {
  * qvi_pv_nvfp4); otherwise FP32 exp2(s - m) and their FP32 sum. */
 static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     const int quant = (o->mask & QVI_QUANT_P) != 0;
+    if (quant && o->codes_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) {
+        uint8_t u[QVI_BLOCK];
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u);
+        int32_t usum = 0;
+        for (int j = 0; j < QVI_BLOCK; ++j) {
+            p[j] = (float)u[j] * w;
+            usum += u[j];
+        }
+        return (float)usum * w;
+    }
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
         const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc);
@@ -715,9 +780,13 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
                      o->mu4 ? o->mu4 + (size_t)j * o->d : NULL, QVI_BLOCK);
         break;
     case PATH_I8:
-        qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL, 1.0f,
-                    o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
-                    QVI_BLOCK, o->expcast, o->sum_codes, 0);
+        if (o->v_code == QVA_V_INT8_PV)
+            qvi_pv_u8i8(r, s, o->v8.codes + vo,
+                        o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL, QVI_BLOCK);
+        else
+            qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL,
+                        1.0f, o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
+                        QVI_BLOCK, o->expcast, o->sum_codes, 0);
         break;
     case PATH_FP8:
         qvi_pv_e4m3(r, s, o->v8b.codes + vo, NULL, o->v8b.block_scale[j], NULL,
@@ -730,6 +799,7 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
 static float path_log2_amp(const head_ops *o) {
     const path_kind p_kind = o->kind == PATH_F32 && (o->mask & QVI_QUANT_P) ? o->codes_kind
                                                                               : o->kind;
+    if (p_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) return QVI_U8_LOG2_AMP;
     if (p_kind == PATH_I8 || p_kind == PATH_FP8)
         return o->expcast ? QVI_EXPCAST_LOG2_AMP : QVI_SAGE_P_OFFSET;
     return 0.0f;

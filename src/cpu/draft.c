@@ -314,7 +314,7 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
         qvi_quant_i8(H->kp + off, nv, d, QVI_BLOCK, &H->k8);
         if (!H->q8.codes || !H->k8.codes)
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: int8 operands");
-        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, 1, &H->v8);
+        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, QVA_V_E4M3, &H->v8);
         if (st != QVA_OK)
             return st;
         for (int c = 0; c < d; ++c) /* all-zero channel: codes 0, scale 1 */

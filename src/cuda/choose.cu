@@ -89,6 +89,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
+    if (cfg->v_code == QVA_V_INT8_PV) {
+        snprintf(why, len, "+i8pv (the PV product in integers) runs on the CPU reference only "
+                           "so far: no CUDA kernel takes u8 P and INT8 V yet");
+        return QVC_KERNEL_NONE;
+    }
     if (cfg->v_code == QVA_V_E4M3X2 && d != 128) {
         snprintf(why, len, "+v2 (V in two E4M3 digits) runs on CUDA at head dim 128 only "
                            "(attn8_ws_128x128); head dim %lld",

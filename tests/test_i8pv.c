@@ -1,0 +1,247 @@
+/*
+ * cfg.v_code = QVA_V_INT8_PV ("+i8pv", docs/NUMERICS.md §3, "The PV
+ * product in integers") on the CPU reference:
+ *  (a) V's codes: INT8 per channel at amax/127, each within half a step
+ *      of the scaled (demeaned) value, the channel's amax at +-127;
+ *  (b) P's codes: u = rint(255 exp2(s - m_b)) with m_b the block's own
+ *      row max, so the block's largest key codes 255 whatever the running
+ *      max, each weight u w / 255 within half a code step (times w) of
+ *      exp2(s - m); masked and non-finite scores code 0; and one block's
+ *      update of acc and l against a float64 evaluation of the same codes;
+ *  (c) the method: on 384-token parts of the issue-15 presets
+ *      video-global and video-local-clustered, sage8+i8pv and vc8+i8pv
+ *      rel-L2 against exact attention at most 0.8x of sage8's and vc8's,
+ *      with the decomposition's V term at most half of the E4M3 one and
+ *      the Q term bit for bit the same;
+ *  (d) parsing, naming and validation: sage8 and vc8 only, not with
+ *      +expcast, +v2, +codesum or +fp32sum.
+ * CUDA refuses +i8pv (cuda_test_choose.c); test_backend runs it on the CPU.
+ */
+#define TEST_RNG_SEED 0x18B7C0DE5EEDull
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "internal.h"
+#include "method_option.h"
+
+/* (a) ------------------------------------------------------------ V */
+static void test_v_codes(void) {
+    enum { N = 300, D = 32 };
+    float *v = malloc((size_t)N * D * sizeof *v);
+    for (size_t i = 0; i < (size_t)N * D; ++i)
+        v[i] = (float)((i % D) * 0.05 + (2.0 * rng_unit() - 1.0) * exp(-4.0 * rng_unit()));
+    for (int demean = 0; demean < 2; ++demean) {
+        qvi_v8 x;
+        CHECK(qvi_v8_prepare(v, N, D, NULL, demean, QVA_V_INT8_PV, &x) == QVA_OK, "prepare");
+        CHECK(x.codes_lo == NULL, "one code per value");
+        int off = 0, wide = 0;
+        for (int c = 0; c < D; ++c) {
+            int top = 0;
+            for (int i = 0; i < N; ++i) {
+                const size_t at = (size_t)i * D + c;
+                double m = 0.0;
+                if (demean) { /* the FP64 block mean, rounded to float, as block_demean */
+                    const int j = i / QVI_BLOCK, r0 = j * QVI_BLOCK;
+                    const int r1 = r0 + QVI_BLOCK < N ? r0 + QVI_BLOCK : N;
+                    double acc = 0.0;
+                    for (int r = r0; r < r1; ++r) acc += v[(size_t)r * D + c];
+                    m = (float)(acc / (r1 - r0));
+                }
+                const float xs = (float)((double)(float)(v[at] - (float)m)) / x.chan_scale[c];
+                const int code = (int8_t)x.codes[at];
+                if (fabs((double)xs - code) > 0.5 + 1e-6) ++off;
+                if (code < -127 || code > 127) ++wide;
+                if (abs(code) == 127) top = 1;
+            }
+            CHECK(top, "demean %d, channel %d: the amax codes +-127", demean, c);
+        }
+        CHECK(off == 0 && wide == 0, "demean %d: %d codes off by more than half a step, %d "
+              "outside [-127, 127]", demean, off, wide);
+        qvi_v8_free(&x);
+    }
+    free(v);
+}
+
+/* (b) ------------------------------------------------------------ P */
+static void test_p_codes(void) {
+    float s[QVI_BLOCK];
+    uint8_t u[QVI_BLOCK];
+    for (int trial = 0; trial < 50; ++trial) {
+        const float m = 3.0f + 10.0f * (float)rng_unit(); /* the running max, above the block's */
+        for (int j = 0; j < QVI_BLOCK; ++j)
+            s[j] = j % 17 == 5 ? -INFINITY : (float)(m - 1.0 - 12.0 * rng_unit());
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u);
+        float mb = -INFINITY;
+        for (int j = 0; j < QVI_BLOCK; ++j) mb = s[j] > mb ? s[j] : mb;
+        CHECK(w == exp2f(mb - m), "trial %d: the block weight", trial);
+        int top = 0, bad = 0;
+        for (int j = 0; j < QVI_BLOCK; ++j) {
+            if (s[j] == -INFINITY) {
+                bad += u[j] != 0;
+                continue;
+            }
+            top += s[j] == mb && u[j] == 255;
+            const double exact = exp2((double)s[j] - m), coded = (double)u[j] * w / 255.0;
+            /* half a step, and the FP32 rounding of exp2f and of the product
+             * (a few 1e-5 of a step where the value sits on a tie) */
+            if (fabs(coded - exact) > w * ((0.5 + 1e-3) / 255.0)) ++bad;
+        }
+        CHECK(top >= 1 && bad == 0, "trial %d: max coded 255 (%d), %d codes off", trial, top, bad);
+    }
+    for (int j = 0; j < QVI_BLOCK; ++j) s[j] = -INFINITY;
+    CHECK(qvi_probs_u8(s, 0.0f, QVI_BLOCK, u) == 0.0f && u[0] == 0 && u[QVI_BLOCK - 1] == 0,
+          "a block without keys");
+    s[0] = NAN, s[1] = 0.0f;
+    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, u);
+    CHECK(u[0] == 0 && u[1] == 255, "a NaN score codes 0");
+
+    /* one block's update against float64 sums of the same codes */
+    enum { D = 64 };
+    int8_t V[QVI_BLOCK * D];
+    for (int i = 0; i < QVI_BLOCK * D; ++i) V[i] = (int8_t)(rng_unit() * 254.0 - 127.0);
+    for (int j = 0; j < QVI_BLOCK; ++j) s[j] = (float)(-6.0 * rng_unit());
+    float acc[D], mu[D];
+    for (int c = 0; c < D; ++c) mu[c] = (float)(rng_unit() - 0.5);
+    qvi_row r;
+    qvi_row_init(&r, acc, D);
+    qvi_row_raise_max(&r, s, QVI_BLOCK);
+    r.m += 1.5f; /* a running max above this block's */
+    (void)qvi_pv_u8i8(&r, s, (const uint8_t *)V, mu, QVI_BLOCK);
+    const float w = qvi_probs_u8(s, r.m, QVI_BLOCK, u);
+    double usum = 0.0;
+    for (int j = 0; j < QVI_BLOCK; ++j) usum += u[j];
+    CHECK(fabs(r.l - usum * w) <= 1e-6 * usum * w, "l %.8g against %.8g", r.l, usum * w);
+    int bad = 0;
+    for (int c = 0; c < D; ++c) {
+        double part = 0.0;
+        for (int j = 0; j < QVI_BLOCK; ++j) part += (double)u[j] * V[j * D + c];
+        const double want = part * w + usum * w * mu[c];
+        if (fabs(acc[c] - want) > 1e-5 * (fabs(part * w) + fabs(usum * w * mu[c]))) ++bad;
+    }
+    CHECK(bad == 0, "%d channels of acc off", bad);
+}
+
+/* (c) ------------------------------------------------------------ method */
+static double run_rel_l2(const char *method, const qva_synthetic_spec *sp, const float *q,
+                         const float *k, const float *v, const float *ref, int64_t n) {
+    qva_config cfg;
+    qva_config_default(&cfg);
+    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s: %s", method, qva_last_error());
+    cfg.layer = QVA_LAYER_NONE;
+    const size_t all = (size_t)sp->B * sp->H * n * sp->D;
+    float *o = calloc(all, sizeof *o);
+    qva_context_t *ctx = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
+    const qva_tensor tq = qva_tensor_hnd((void *)q, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor tk = qva_tensor_hnd((void *)k, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor tv = qva_tensor_hnd((void *)v, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor to = qva_tensor_hnd(o, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_status st = qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL);
+    CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
+    qva_error_metrics m;
+    qva_compare(o, ref, all, &m);
+    qva_context_free(ctx);
+    free(o);
+    return st == QVA_OK ? m.rel_l2 : 1.0;
+}
+
+static void exact_reference(const qva_synthetic_spec *sp, const float *q, const float *k,
+                            const float *v, float *ref, int64_t n) {
+    qva_config cfg;
+    qva_config_default(&cfg);
+    CHECK(qva_config_set_method(&cfg, "exact") == QVA_OK, "exact");
+    qva_context_t *ctx = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
+    const qva_tensor tq = qva_tensor_hnd((void *)q, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor tk = qva_tensor_hnd((void *)k, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor tv = qva_tensor_hnd((void *)v, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    const qva_tensor to = qva_tensor_hnd(ref, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
+    CHECK(qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL) == QVA_OK, "exact: %s",
+          qva_last_error());
+    qva_context_free(ctx);
+}
+
+static void test_method(const char *preset) {
+    qva_synthetic_spec sp;
+    CHECK(qva_synthetic_preset(preset, &sp) == QVA_OK, "%s", preset);
+    sp.grid_t = 1; /* 384 tokens, a 12 x 32 part of one frame: CI runs this under ASan */
+    sp.grid_h = 12;
+    const int64_t n = (int64_t)sp.grid_t * sp.grid_h * sp.grid_w + sp.prefix_tokens;
+    const size_t all = (size_t)sp.B * sp.H * n * sp.D;
+    float *q = malloc(all * sizeof *q), *k = malloc(all * sizeof *k), *v = malloc(all * sizeof *v);
+    float *ref = calloc(all, sizeof *ref);
+    CHECK(qva_synthetic_generate(&sp, q, k, v) == QVA_OK, "%s", qva_last_error());
+    exact_reference(&sp, q, k, v, ref, n);
+    static const char *const pairs[][2] = {{"sage8", "sage8+i8pv"}, {"vc8", "vc8+i8pv"}};
+    for (size_t t = 0; t < sizeof pairs / sizeof *pairs; ++t) {
+        const double e4m3 = run_rel_l2(pairs[t][0], &sp, q, k, v, ref, n);
+        const double ints = run_rel_l2(pairs[t][1], &sp, q, k, v, ref, n);
+        printf("  %s: %s %.5f, %s %.5f (%.2fx)\n", preset, pairs[t][0], e4m3, pairs[t][1], ints,
+               ints / e4m3);
+        CHECK(ints <= 0.8 * e4m3, "%s: %s rel-L2 %.5f against %s %.5f", preset, pairs[t][1], ints,
+              pairs[t][0], e4m3);
+    }
+    /* where the gain comes from: the V term; the Q codes are the same */
+    qva_config c1, c2;
+    qva_config_default(&c1);
+    qva_config_default(&c2);
+    CHECK(qva_config_set_method(&c1, "vc8") == QVA_OK && qva_config_set_method(&c2, "vc8+i8pv") == QVA_OK,
+          "configs");
+    c1.layer = c2.layer = QVA_LAYER_NONE;
+    const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
+    const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
+    const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
+    qva_error_terms d1, d2;
+    CHECK(qva_error_terms_compute(&c1, &tq, &tk, &tv, &d1) == QVA_OK, "terms of vc8: %s",
+          qva_last_error());
+    CHECK(qva_error_terms_compute(&c2, &tq, &tk, &tv, &d2) == QVA_OK, "terms of vc8+i8pv: %s",
+          qva_last_error());
+    printf("  %s head 0 terms: v %.5f -> %.5f, p %.5f -> %.5f\n", preset, d1.v, d2.v, d1.p, d2.p);
+    CHECK(d2.v <= d1.v / 2.0, "%s: V term %.5f with +i8pv against %.5f", preset, d2.v, d1.v);
+    CHECK(d2.q == d1.q, "%s: the Q term moved (%.6f, %.6f)", preset, d1.q, d2.q);
+    free(q), free(k), free(v), free(ref);
+}
+
+/* (d) ------------------------------------------------------------ parsing */
+static void test_parse(void) {
+    static const char *const ok[] = {"sage8+i8pv", "vc8+i8pv", "vc8+hadamard+i8pv",
+                                     "vc8+qblock+i8pv", "sage8+nohadamard+i8pv"};
+    static const char *const bad[] = {"fp8+i8pv", "bf16+i8pv", "sage4+i8pv", "vc4+i8pv",
+                                      "exact+i8pv", "draft@85/0/7.5/7.5+i8pv",
+                                      "vc8+expcast+i8pv", "vc8+i8pv+expcast-centred",
+                                      "sage8+v2+i8pv", "sage8+codesum+i8pv",
+                                      "sage8+fp32sum+i8pv", "sage8+i8pv+i8pv"};
+    check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
+                        offsetof(qva_config, v_code), QVA_V_INT8_PV, QVA_V_E4M3, "+i8pv");
+    qva_config c;
+    qva_config_default(&c);
+    CHECK(qva_config_set_method(&c, "sage8+i8pv") == QVA_OK && c.p_sum == QVA_P_SUM_FP32,
+          "sage8+i8pv leaves p_sum at its zero (the codes are always summed)");
+    static float x[2 * 128 * 64];
+    const qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, 1, 2, 128, 64);
+    CHECK(qva_config_set_method(&c, "vc8") == QVA_OK, "vc8");
+    c.v_code = QVA_V_INT8_PV;
+    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_OK,
+          "vc8 + QVA_V_INT8_PV: %s", qva_last_error());
+    c.expcast = QVA_EXPCAST_PAPER;
+    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
+          "with expcast refused");
+    c.expcast = QVA_EXPCAST_OFF;
+    c.p_sum = QVA_P_SUM_CODES;
+    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
+          "with p_sum QVA_P_SUM_CODES refused");
+    CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
+    c.v_code = QVA_V_INT8_PV;
+    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
+          "fp8 with QVA_V_INT8_PV refused");
+}
+
+int main(void) {
+    test_v_codes();
+    test_p_codes();
+    test_parse();
+    test_method("video-global");
+    test_method("video-local-clustered");
+    return check_summary("test_i8pv");
+}
