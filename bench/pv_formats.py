@@ -19,9 +19,13 @@ rel-L2 against exact attention of
                 default; "lib p" is the FP32-sum form's, for scale)
     p u8        P as round(255 p), the unsigned INT8 code an INT8 PV
                 product would take (P is 1 at the row max, so no scale)
+    p u8 blk    P as round(255 p / p_b) * p_b / 255, p_b the row's largest
+                p in each 128-key block (the library's +i8pv codes)
     fp8 PV      both E4M3 (the library's form, without Q and K error)
     int8 PV     u8 P and INT8 V (the integer tensor cores' form)
+    i8pv        u8 P per block max and INT8 V (+i8pv's product)
     u8 zeros    the share of P's entries that round(255 p) sends to 0
+    blk zeros   the same for the per-block codes
 
 The row max is the exact one (the kernels' running max gives the same
 codes once a row's max is reached), so "p e4m3" sits near the library's
@@ -69,6 +73,16 @@ def e4m3_diffused(y):
     return out
 
 
+def u8_block(p):
+    """P coded as +i8pv codes it: u8 of each 128-key block's row max."""
+    out = np.empty_like(p)
+    for b0 in range(0, p.shape[1], BLOCK):
+        pb = p[:, b0:b0 + BLOCK]
+        mb = pb.max(axis=1, keepdims=True)
+        out[:, b0:b0 + BLOCK] = np.rint(pb / mb * 255.0) * mb / 255.0
+    return out
+
+
 def head_forms(Q, K, V):
     """{form: (P used, V used, weights of the row sum)} and the reference."""
     s = Q @ K.T / np.sqrt(Q.shape[1])
@@ -82,10 +96,11 @@ def head_forms(Q, K, V):
     vd = e4m3_diffused(V / sc8) * sc8
     p8 = e4m3(p * P_SHIFT) / P_SHIFT
     pu = np.floor(p * 255.0 + 0.5) / 255.0
+    pb = u8_block(p)
     forms = {"v e4m3": (p, v8, p), "v int8": (p, vi, p), "v diffused": (p, vd, p),
-             "p e4m3": (p8, V, p8), "p u8": (pu, V, pu),
-             "fp8 PV": (p8, v8, p8), "int8 PV": (pu, vi, pu)}
-    return forms, ref, float((pu == 0).mean())
+             "p e4m3": (p8, V, p8), "p u8": (pu, V, pu), "p u8 blk": (pb, V, pb),
+             "fp8 PV": (p8, v8, p8), "int8 PV": (pu, vi, pu), "i8pv": (pb, vi, pb)}
+    return forms, ref, (float((pu == 0).mean()), float((pb == 0).mean()))
 
 
 def preset_terms(q, k, v):
@@ -102,7 +117,8 @@ def preset_terms(q, k, v):
                 acc[0] += float((e * e).sum())
                 acc[1] += float((ref * ref).sum())
     out = {name: np.sqrt(a / r) for name, (a, r) in sums.items()}
-    out["u8 zeros"] = float(np.mean(zeros))
+    out["u8 zeros"] = float(np.mean([z[0] for z in zeros]))
+    out["blk zeros"] = float(np.mean([z[1] for z in zeros]))
     return out
 
 
@@ -112,9 +128,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     use_checkout_package()
     import qvattn
-    cols = ["v e4m3", "v int8", "v diffused", "p e4m3", "p u8", "fp8 PV", "int8 PV"]
-    print("| preset | lib full | lib v | " + " | ".join(cols) + " | lib p | u8 zeros |")
-    print("|---|" + "--:|" * (len(cols) + 4))
+    cols = ["v e4m3", "v int8", "v diffused", "p e4m3", "p u8", "p u8 blk", "fp8 PV", "int8 PV",
+            "i8pv"]
+    print("| preset | lib full | lib v | " + " | ".join(cols) +
+          " | lib p | u8 zeros | blk zeros |")
+    print("|---|" + "--:|" * (len(cols) + 5))
     for name in args.presets.split(","):
         d = qvattn.synthetic(name)
         q, k, v = (bf16(d[x]) for x in "qkv")
@@ -122,7 +140,8 @@ def main(argv=None):
         t = preset_terms(q, k, v)
         print(f"| {name} | {lib['full']:.3e} | {lib['v']:.3e} | "
               + " | ".join(f"{t[c]:.3e}" for c in cols)
-              + f" | {lib['p']:.3e} | {100 * t['u8 zeros']:.0f}% |", flush=True)
+              + f" | {lib['p']:.3e} | {100 * t['u8 zeros']:.0f}% | {100 * t['blk zeros']:.0f}% |",
+              flush=True)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""bench/pv_formats.py models the reference's E4M3 V quantizer: its V term
-must equal the library's own (qvattn.error_terms), and its E4M3 rounding
-must be the format's."""
+"""bench/pv_formats.py models the reference's E4M3 V quantizer and +i8pv's
+codes: their V and P terms must equal the library's own
+(qvattn.error_terms), and its E4M3 rounding must be the format's."""
 import os
 import sys
 
@@ -21,6 +21,16 @@ def test_model_matches_library_v_term():
     t = pf.preset_terms(q, k, v)
     assert abs(t["v e4m3"] - lib["v"]) <= 1e-3 * lib["v"], (t, lib)
     assert t["v int8"] < t["v e4m3"]
+
+
+def test_model_matches_library_i8pv_terms():
+    d = qvattn.synthetic("video-global")
+    q, k, v = (np.ascontiguousarray(pf.bf16(d[x])[:, :1, :1000]) for x in "qkv")
+    lib = qvattn.error_terms(q, k, v, method="sage8+nohadamard+i8pv")
+    t = pf.preset_terms(q, k, v)
+    assert abs(t["v int8"] - lib["v"]) <= 1e-3 * lib["v"], (t, lib)
+    assert abs(t["p u8 blk"] - lib["p"]) <= 1e-2 * lib["p"], (t, lib)
+    assert t["i8pv"] < t["fp8 PV"] and t["blk zeros"] < t["u8 zeros"]
 
 
 def test_e4m3_rounding():
