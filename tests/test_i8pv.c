@@ -24,6 +24,7 @@
 #include "check.h"
 #include "internal.h"
 #include "method_option.h"
+#include "preset_rel_l2.h"
 
 /* (a) ------------------------------------------------------------ V */
 static void test_v_codes(void) {
@@ -123,84 +124,25 @@ static void test_p_codes(void) {
 }
 
 /* (c) ------------------------------------------------------------ method */
-static double run_rel_l2(const char *method, const qva_synthetic_spec *sp, const float *q,
-                         const float *k, const float *v, const float *ref, int64_t n) {
-    qva_config cfg;
-    qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s: %s", method, qva_last_error());
-    cfg.layer = QVA_LAYER_NONE;
-    const size_t all = (size_t)sp->B * sp->H * n * sp->D;
-    float *o = calloc(all, sizeof *o);
-    qva_context_t *ctx = NULL;
-    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
-    const qva_tensor tq = qva_tensor_hnd((void *)q, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tk = qva_tensor_hnd((void *)k, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tv = qva_tensor_hnd((void *)v, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor to = qva_tensor_hnd(o, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_status st = qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL);
-    CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
-    qva_error_metrics m;
-    qva_compare(o, ref, all, &m);
-    qva_context_free(ctx);
-    free(o);
-    return st == QVA_OK ? m.rel_l2 : 1.0;
-}
-
-static void exact_reference(const qva_synthetic_spec *sp, const float *q, const float *k,
-                            const float *v, float *ref, int64_t n) {
-    qva_config cfg;
-    qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, "exact") == QVA_OK, "exact");
-    qva_context_t *ctx = NULL;
-    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
-    const qva_tensor tq = qva_tensor_hnd((void *)q, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tk = qva_tensor_hnd((void *)k, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tv = qva_tensor_hnd((void *)v, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor to = qva_tensor_hnd(ref, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    CHECK(qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL) == QVA_OK, "exact: %s",
-          qva_last_error());
-    qva_context_free(ctx);
-}
-
 static void test_method(const char *preset) {
-    qva_synthetic_spec sp;
-    CHECK(qva_synthetic_preset(preset, &sp) == QVA_OK, "%s", preset);
-    sp.grid_t = 1; /* 384 tokens, a 12 x 32 part of one frame: CI runs this under ASan */
-    sp.grid_h = 12;
-    const int64_t n = (int64_t)sp.grid_t * sp.grid_h * sp.grid_w + sp.prefix_tokens;
-    const size_t all = (size_t)sp.B * sp.H * n * sp.D;
-    float *q = malloc(all * sizeof *q), *k = malloc(all * sizeof *k), *v = malloc(all * sizeof *v);
-    float *ref = calloc(all, sizeof *ref);
-    CHECK(qva_synthetic_generate(&sp, q, k, v) == QVA_OK, "%s", qva_last_error());
-    exact_reference(&sp, q, k, v, ref, n);
+    preset_case c;
+    preset_case_make(preset, &c);
     static const char *const pairs[][2] = {{"sage8", "sage8+i8pv"}, {"vc8", "vc8+i8pv"}};
     for (size_t t = 0; t < sizeof pairs / sizeof *pairs; ++t) {
-        const double e4m3 = run_rel_l2(pairs[t][0], &sp, q, k, v, ref, n);
-        const double ints = run_rel_l2(pairs[t][1], &sp, q, k, v, ref, n);
+        const double e4m3 = case_rel_l2(pairs[t][0], &c), ints = case_rel_l2(pairs[t][1], &c);
         printf("  %s: %s %.5f, %s %.5f (%.2fx)\n", preset, pairs[t][0], e4m3, pairs[t][1], ints,
                ints / e4m3);
         CHECK(ints <= 0.8 * e4m3, "%s: %s rel-L2 %.5f against %s %.5f", preset, pairs[t][1], ints,
               pairs[t][0], e4m3);
     }
     /* where the gain comes from: the V term; the Q codes are the same */
-    qva_config c1, c2;
-    qva_config_default(&c1);
-    qva_config_default(&c2);
-    CHECK(qva_config_set_method(&c1, "vc8") == QVA_OK && qva_config_set_method(&c2, "vc8+i8pv") == QVA_OK,
-          "configs");
-    c1.layer = c2.layer = QVA_LAYER_NONE;
-    const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
-    const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
-    const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
     qva_error_terms d1, d2;
-    CHECK(qva_error_terms_compute(&c1, &tq, &tk, &tv, &d1) == QVA_OK, "terms of vc8: %s",
-          qva_last_error());
-    CHECK(qva_error_terms_compute(&c2, &tq, &tk, &tv, &d2) == QVA_OK, "terms of vc8+i8pv: %s",
-          qva_last_error());
+    case_terms("vc8", &c, &d1);
+    case_terms("vc8+i8pv", &c, &d2);
     printf("  %s head 0 terms: v %.5f -> %.5f, p %.5f -> %.5f\n", preset, d1.v, d2.v, d1.p, d2.p);
     CHECK(d2.v <= d1.v / 2.0, "%s: V term %.5f with +i8pv against %.5f", preset, d2.v, d1.v);
     CHECK(d2.q == d1.q, "%s: the Q term moved (%.6f, %.6f)", preset, d1.q, d2.q);
-    free(q), free(k), free(v), free(ref);
+    preset_case_free(&c);
 }
 
 /* (d) ------------------------------------------------------------ parsing */

@@ -23,6 +23,7 @@
 #include "check.h"
 #include "internal.h"
 #include "method_option.h"
+#include "preset_rel_l2.h"
 
 /* (a) ------------------------------------------------------------ digits */
 static void test_digits(void) {
@@ -75,84 +76,25 @@ static void test_digits(void) {
 }
 
 /* (b) ------------------------------------------------------------ method */
-static double run_rel_l2(const char *method, const qva_synthetic_spec *sp, const float *q,
-                         const float *k, const float *v, const float *ref, int64_t n) {
-    qva_config cfg;
-    qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s: %s", method, qva_last_error());
-    cfg.layer = QVA_LAYER_NONE;
-    const size_t all = (size_t)sp->B * sp->H * n * sp->D;
-    float *o = calloc(all, sizeof *o);
-    qva_context_t *ctx = NULL;
-    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
-    const qva_tensor tq = qva_tensor_hnd((void *)q, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tk = qva_tensor_hnd((void *)k, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor tv = qva_tensor_hnd((void *)v, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_tensor to = qva_tensor_hnd(o, QVA_F32, QVA_DEVICE_CPU, sp->B, sp->H, n, sp->D);
-    const qva_status st = qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL);
-    CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
-    qva_error_metrics m;
-    qva_compare(o, ref, all, &m);
-    qva_context_free(ctx);
-    free(o);
-    return st == QVA_OK ? m.rel_l2 : 1.0;
-}
-
 static void test_method(const char *preset) {
-    qva_synthetic_spec sp;
-    CHECK(qva_synthetic_preset(preset, &sp) == QVA_OK, "%s", preset);
-    sp.grid_t = 1; /* 384 tokens, a 12 x 32 part of one frame: CI runs this under ASan */
-    sp.grid_h = 12;
-    const int64_t n = (int64_t)sp.grid_t * sp.grid_h * sp.grid_w + sp.prefix_tokens;
-    const size_t all = (size_t)sp.B * sp.H * n * sp.D;
-    float *q = malloc(all * sizeof *q), *k = malloc(all * sizeof *k), *v = malloc(all * sizeof *v);
-    float *ref = calloc(all, sizeof *ref);
-    CHECK(qva_synthetic_generate(&sp, q, k, v) == QVA_OK, "%s", qva_last_error());
-    {
-        qva_config cfg;
-        qva_config_default(&cfg);
-        CHECK(qva_config_set_method(&cfg, "exact") == QVA_OK, "exact");
-        qva_context_t *ctx = NULL;
-        CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
-        const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-        const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-        const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-        const qva_tensor to = qva_tensor_hnd(ref, QVA_F32, QVA_DEVICE_CPU, sp.B, sp.H, n, sp.D);
-        CHECK(qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL) == QVA_OK, "exact: %s",
-              qva_last_error());
-        qva_context_free(ctx);
-    }
+    preset_case c;
+    preset_case_make(preset, &c);
     static const char *const pairs[][2] = {{"sage8", "sage8+v2"}, {"vc8+expcast", "vc8+expcast+v2"}};
     for (size_t t = 0; t < sizeof pairs / sizeof *pairs; ++t) {
-        const double one = run_rel_l2(pairs[t][0], &sp, q, k, v, ref, n);
-        const double two = run_rel_l2(pairs[t][1], &sp, q, k, v, ref, n);
+        const double one = case_rel_l2(pairs[t][0], &c), two = case_rel_l2(pairs[t][1], &c);
         CHECK(two <= 0.75 * one, "%s: %s rel-L2 %.5f against %s %.5f", preset, pairs[t][1], two,
               pairs[t][0], one);
     }
-    if (strcmp(preset, "video-global")) {
-        free(q), free(k), free(v), free(ref);
-        return;
+    if (!strcmp(preset, "video-global")) {
+        /* where the gain comes from: the decomposition's V term shrinks,
+         * its Q term (the same Q codes) does not move */
+        qva_error_terms d1, d2;
+        case_terms("sage8", &c, &d1);
+        case_terms("sage8+v2", &c, &d2);
+        CHECK(d2.v <= d1.v / 8.0, "%s: V term %.5f with +v2 against %.5f", preset, d2.v, d1.v);
+        CHECK(d2.q == d1.q, "%s: the Q term moved (%.6f, %.6f)", preset, d1.q, d2.q);
     }
-    /* where the gain comes from: the decomposition's V term shrinks, its Q
-     * term (the same Q codes) does not move */
-    qva_config c1, c2;
-    qva_config_default(&c1);
-    qva_config_default(&c2);
-    CHECK(qva_config_set_method(&c1, "sage8") == QVA_OK && qva_config_set_method(&c2, "sage8+v2") == QVA_OK,
-          "configs");
-    c1.layer = c2.layer = QVA_LAYER_NONE;
-    /* head 0 only: the terms cost seven calls each */
-    const qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
-    const qva_tensor tk = qva_tensor_hnd(k, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
-    const qva_tensor tv = qva_tensor_hnd(v, QVA_F32, QVA_DEVICE_CPU, sp.B, 1, n, sp.D);
-    qva_error_terms d1, d2;
-    CHECK(qva_error_terms_compute(&c1, &tq, &tk, &tv, &d1) == QVA_OK, "terms of sage8: %s",
-          qva_last_error());
-    CHECK(qva_error_terms_compute(&c2, &tq, &tk, &tv, &d2) == QVA_OK, "terms of sage8+v2: %s",
-          qva_last_error());
-    CHECK(d2.v <= d1.v / 8.0, "%s: V term %.5f with +v2 against %.5f", preset, d2.v, d1.v);
-    CHECK(d2.q == d1.q, "%s: the Q term moved (%.6f, %.6f)", preset, d1.q, d2.q);
-    free(q), free(k), free(v), free(ref);
+    preset_case_free(&c);
 }
 
 /* (c) ------------------------------------------------------------ parsing */
