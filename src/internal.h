@@ -261,11 +261,12 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
  * m_b)) as u8, partial_c = sum_k u_k V_kc exact in int32 (V: int8 codes),
  * w = exp2(m_b - m); l += (float)sum_k u_k * w, acc += (float)partial * w,
  * mu (may be NULL): acc += ((float)sum_k u_k * w) * mu.  acc and l carry
- * the factor 255 (QVI_U8_LOG2_AMP).  Returns that block's code sum. */
-int qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk);
-/* The u8 codes of one block (qvi_pv_u8i8's) into u; returns w = exp2(m_b
- * - m), 0 if the block has no key. */
-float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u);
+ * the factor 255 (QVI_U8_LOG2_AMP). */
+void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk);
+/* The u8 codes of one block (qvi_pv_u8i8's) into u and the row sum they
+ * add, (float)sum_k u_k * w; returns w = exp2(m_b - m), 0 if the block
+ * has no key. */
+float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u, float *rowsum);
 /* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
  * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */

@@ -72,11 +72,15 @@ static void test_p_codes(void) {
         const float m = 3.0f + 10.0f * (float)rng_unit(); /* the running max, above the block's */
         for (int j = 0; j < QVI_BLOCK; ++j)
             s[j] = j % 17 == 5 ? -INFINITY : (float)(m - 1.0 - 12.0 * rng_unit());
-        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u);
+        float rs;
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u, &rs);
         float mb = -INFINITY;
         for (int j = 0; j < QVI_BLOCK; ++j) mb = s[j] > mb ? s[j] : mb;
         CHECK(w == exp2f(mb - m), "trial %d: the block weight", trial);
-        int top = 0, bad = 0;
+        int top = 0, bad = 0, usum = 0;
+        for (int j = 0; j < QVI_BLOCK; ++j) usum += u[j];
+        CHECK(rs == (float)usum * w, "trial %d: the row sum %.8g against %d codes' %.8g", trial,
+              rs, usum, (float)usum * w);
         for (int j = 0; j < QVI_BLOCK; ++j) {
             if (s[j] == -INFINITY) {
                 bad += u[j] != 0;
@@ -91,10 +95,12 @@ static void test_p_codes(void) {
         CHECK(top >= 1 && bad == 0, "trial %d: max coded 255 (%d), %d codes off", trial, top, bad);
     }
     for (int j = 0; j < QVI_BLOCK; ++j) s[j] = -INFINITY;
-    CHECK(qvi_probs_u8(s, 0.0f, QVI_BLOCK, u) == 0.0f && u[0] == 0 && u[QVI_BLOCK - 1] == 0,
+    float rs0;
+    CHECK(qvi_probs_u8(s, 0.0f, QVI_BLOCK, u, &rs0) == 0.0f && rs0 == 0.0f && u[0] == 0 &&
+              u[QVI_BLOCK - 1] == 0,
           "a block without keys");
     s[0] = NAN, s[1] = 0.0f;
-    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, u);
+    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, u, &rs0);
     CHECK(u[0] == 0 && u[1] == 255, "a NaN score codes 0");
 
     /* one block's update against float64 sums of the same codes */
@@ -108,11 +114,13 @@ static void test_p_codes(void) {
     qvi_row_init(&r, acc, D);
     qvi_row_raise_max(&r, s, QVI_BLOCK);
     r.m += 1.5f; /* a running max above this block's */
-    (void)qvi_pv_u8i8(&r, s, (const uint8_t *)V, mu, QVI_BLOCK);
-    const float w = qvi_probs_u8(s, r.m, QVI_BLOCK, u);
+    qvi_pv_u8i8(&r, s, (const uint8_t *)V, mu, QVI_BLOCK);
+    float rs1;
+    const float w = qvi_probs_u8(s, r.m, QVI_BLOCK, u, &rs1);
     double usum = 0.0;
     for (int j = 0; j < QVI_BLOCK; ++j) usum += u[j];
-    CHECK(fabs(r.l - usum * w) <= 1e-6 * usum * w, "l %.8g against %.8g", r.l, usum * w);
+    CHECK(fabs(r.l - usum * w) <= 1e-6 * usum * w && r.l == rs1, "l %.8g against %.8g", r.l,
+          usum * w);
     int bad = 0;
     for (int c = 0; c < D; ++c) {
         double part = 0.0;

@@ -157,39 +157,40 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     }
 }
 
-float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u) {
+float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u, float *rowsum) {
     float mb = -INFINITY;
     for (int j = 0; j < nk; ++j)
         if (s[j] > mb) mb = s[j]; /* as fmaxf: a NaN score is not the max */
+    int32_t usum = 0;
     for (int j = 0; j < nk; ++j) {
         const float e = exp2f(s[j] - mb) * 255.0f; /* in [0, 255]; NaN for a
                                                      non-finite score */
         u[j] = e >= 0.5f ? (uint8_t)rintf(e) : 0;
+        usum += u[j];
     }
-    return mb == -INFINITY ? 0.0f : exp2f(mb - m);
+    const float w = mb == -INFINITY ? 0.0f : exp2f(mb - m);
+    *rowsum = (float)usum * w; /* usum <= 128 * 255: exact */
+    return w;
 }
 
-int qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk) {
-    if (r->m == -INFINITY) return 0;
+void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk) {
+    if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t u[QVI_BLOCK];
     int32_t part[128] = {0};
-    int32_t usum = 0;
-    const float w = qvi_probs_u8(s, r->m, nk, u);
+    float rowsum;
+    const float w = qvi_probs_u8(s, r->m, nk, u, &rowsum);
     for (int j = 0; j < nk; ++j) {
         if (!u[j]) continue;
-        usum += u[j];
         const int8_t *vj = (const int8_t *)V + (size_t)j * d;
         for (int c = 0; c < d; ++c) part[c] += (int32_t)u[j] * vj[c];
     }
     /* |partial| <= 128 * 255 * 127 < 2^24: exact in FP32 */
-    const float rowsum = (float)usum * w;
     r->l += rowsum;
     for (int c = 0; c < d; ++c) {
         r->acc[c] += (float)part[c] * w;
         if (mu) r->acc[c] += rowsum * mu[c]; /* VC Eq. 6 */
     }
-    return usum;
 }
 
 void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
@@ -731,13 +732,10 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     const int quant = (o->mask & QVI_QUANT_P) != 0;
     if (quant && o->codes_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) {
         uint8_t u[QVI_BLOCK];
-        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u);
-        int32_t usum = 0;
-        for (int j = 0; j < QVI_BLOCK; ++j) {
-            p[j] = (float)u[j] * w;
-            usum += u[j];
-        }
-        return (float)usum * w;
+        float rowsum;
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u, &rowsum);
+        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = (float)u[j] * w;
+        return rowsum;
     }
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
