@@ -108,7 +108,9 @@ typedef struct qvc_prep_args {
     const float *had_signs;  /* device [D] +-1, or NULL                  */
     const int32_t *perm;     /* device [BH][nk] or NULL                  */
     int v_mode;              /* 0: E4M3 per-channel amax/2.25 (sage/vc);
-                                1: E4M3 per-block amax/448 (fp8)         */
+                                1: E4M3 per-block amax/448 (fp8);
+                                2: INT8 per-channel amax/127 (+i8pv,
+                                   undemeaned, 16-bit vector-loadable V) */
     int demean;              /* V-Smooth block demeaning (v_mode 0)      */
     /* LSE correction of K smoothing (needs smooth_k), or NULL: receives
      * lse_shift[bh*nq + i] = (float)(FP64 dot(q_i, mean(K')) * sm_scale),
@@ -246,6 +248,8 @@ typedef struct qvc_attn_args {
     int sum_codes;     /* exp2 P codes with the row sum of the decoded
                           codes (QVA_P_SUM_CODES): the ones row's sum,
                           as ExpCast's                                 */
+    int u8_pv;         /* +i8pv: u8 P codes of each block's row max, INT8
+                          V (v_mode 2), the s32 product (QVA_V_INT8_PV) */
     void *out;         /* user output (strided, its dtype)             */
     int out_dtype;
     int64_t osb, osh, osn;

@@ -34,9 +34,12 @@ static int smooths_k(qva_method m) {
 
 extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
                                  int64_t kv_group, char *why, size_t len) {
-    (void)dt;
     if (!qva_cuda_available()) {
         snprintf(why, len, "no CUDA device present");
+        return 0;
+    }
+    if (cfg->v_code == QVA_V_INT8_PV && dt != QVA_BF16 && dt != QVA_F16) {
+        snprintf(why, len, "+i8pv on CUDA takes bf16 or f16 inputs (its V prep reads 16-bit rows)");
         return 0;
     }
     return qvc_choose_kernel(cfg, d, kv_group, why, len) != QVC_KERNEL_NONE;
@@ -208,6 +211,7 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     a.expcast = cfg->expcast;
     a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(cfg->expcast));
     a.sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
+    a.u8_pv = cfg->v_code == QVA_V_INT8_PV;
     a.out = out->data;
     a.out_dtype = (int)out->dtype;
     a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];
@@ -308,7 +312,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
         pa.had_signs = s->signs;
     }
     pa.perm = perm;
-    pa.v_mode = cfg->method == QVA_METHOD_FP8 ? 1 : 0;
+    pa.v_mode = cfg->method == QVA_METHOD_FP8 ? 1 : cfg->v_code == QVA_V_INT8_PV ? 2 : 0;
     pa.demean = demean;
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);

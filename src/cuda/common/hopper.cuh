@@ -153,6 +153,25 @@ static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+/* +i8pv: O_j (64x144) += P (64x32 u8 codes, registers) V (32x144 s8:
+ * smem V^T, the eight ones rows, then eight rows of the stage's K tile,
+ * whose columns 136..143 nobody reads), exact s32: columns 128..135 hold
+ * the rows' code sums.  (Integer wgmma has no n136.) */
+#define ACC72                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43," \
+    "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64," \
+    "%65,%66,%67,%68,%69,%70,%71}"
+static __device__ __forceinline__ void wgmma_pv_u8_ones(int (&d)[72], const uint32_t *a,
+                                                        uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n144k32.s32.u8.s8 " ACC72
+        ", {%72,%73,%74,%75}, %76, p;\n}\n"
+        : R64(d), R8(d, 64)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
 static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
                                                  uint32_t bar) {
     asm volatile(
@@ -213,6 +232,15 @@ static __device__ __forceinline__ void issue_pv_digits(float (&part)[EXPCAST ? 6
     pv_wgmmas<EXPCAST>(part, pa, vd);
 #pragma unroll
     for (int c = 0; c < 4; ++c) wgmma_pv(*(float(*)[64])part, pa[c], vd_lo + 2 * c, 1);
+    wg_commit();
+}
+
+/* Issue the +i8pv product O_j = P V (one commit group). */
+static __device__ __forceinline__ void issue_pv_u8(int (&part)[72], const uint32_t (&pa)[4][4],
+                                                   uint64_t vd) {
+    wg_fence();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) wgmma_pv_u8_ones(part, pa[c], vd + 2 * c, c);
     wg_commit();
 }
 
@@ -359,6 +387,36 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
             pa[c][3] = CVT2(t[2][2], t[2][3]) | (CVT2(t[3][2], t[3][3]) << 16);
 #undef CVT2
         }
+    }
+}
+
+/* +i8pv's P codes of one block from the raw INT32 scores: u = rint(255 *
+ * exp2(x f - m_b)), m_b the row's largest scaled score in this block (mb0
+ * for row g, mb1 for g + 8), the rounding by the magic add 1.5 * 2^23 in
+ * the FMA that scales by 255 (0 <= 255 t <= 255: the code is the word's
+ * low byte); masked keys (MASK: the block holds padding keys) code 0.
+ * pa[c]: keys 32c..32c+31 in the order of make_p_fused. */
+template <int MASK>
+static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0, float f1,
+                                                 float mb0, float mb1, int key0, int nk, int tig,
+                                                 uint32_t (&pa)[4][4]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        uint32_t t[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int nt = 4 * c + i;
+                float x = __int2float_rn(acc[nt * 4 + e]);
+                if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+                const float p = ex2_ftz(__fmaf_rn(x, (e < 2) ? f0 : f1, (e < 2) ? -mb0 : -mb1));
+                t[i][e] = __float_as_uint(__fmaf_rn(p, 255.0f, 12582912.0f));
+            }
+        pa[c][0] = pack_low_bytes(t[0][0], t[0][1], t[1][0], t[1][1]);
+        pa[c][1] = pack_low_bytes(t[0][2], t[0][3], t[1][2], t[1][3]);
+        pa[c][2] = pack_low_bytes(t[2][0], t[2][1], t[3][0], t[3][1]);
+        pa[c][3] = pack_low_bytes(t[2][2], t[2][3], t[3][2], t[3][3]);
     }
 }
 

@@ -17,6 +17,8 @@
 #define A8_P_EXPCAST 1 /* ExpCast codes, the decoded codes' sum from the ones row */
 #define A8_P_CODESUM 2 /* exp2 codes, the decoded codes' sum from the ones row
                           (QVA_P_SUM_CODES)                                     */
+#define A8_P_U8 3      /* +i8pv: u8 codes of each block's row max against INT8
+                          V, the s32 product and code sums (ones row of 1) */
 
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
@@ -81,7 +83,7 @@ struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
 };
 
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
-#define A8_ONES 1024  /* 8 rows x 128 bytes of E4M3 1.0 */
+#define A8_ONES 1024  /* 8 rows x 128 bytes of 1.0 (E4M3 0x38; +i8pv INT8 0x01) */
 #define A8_STAGE_BYTES (2 * A8_TILE + A8_ONES)
 
 #include "dense/attn8_restore.cuh"
@@ -177,6 +179,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                                                            int tig) {
     typedef attn8_layout<F> L;
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    constexpr int U8 = PMODE == A8_P_U8;
+    static_assert(!U8 || !F::VLO, "+i8pv has one V code");
     constexpr int NT = F::CONSUMERS * 128;
     uint32_t *ph = MEANS ? a8r_pending<NT>(sm, L::PEND) : NULL;
     const uint32_t ph_s = MEANS ? smem_addr(ph) : 0u;
@@ -205,6 +209,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             float rs[2] = {0.0f, 0.0f};
             float mx[2];
             int_row_max<F::SHORT_CHAINS>(sacc, f0, f1, j * WS_KEYS, ops.nk, tig, mx);
+            const float mb[2] = {mx[0], mx[1]}; /* the block's own row max (+i8pv) */
+            (void)mb;
             mx[0] = fmaxf(mx[0], r.m[0]);
             mx[1] = fmaxf(mx[1], r.m[1]);
             if (MEANS) { /* the pending row sums are rescaled as O is, both
@@ -218,32 +224,55 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
-            if ((j + 1) * WS_KEYS > ops.nk)
-                make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
-                                                                 a.expcast_add, j * WS_KEYS,
-                                                                 ops.nk, tig, rs, pa);
-            else
-                make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
-                                                                 a.expcast_add, j * WS_KEYS,
-                                                                 ops.nk, tig, rs, pa);
-            if (!ONES) {
-                rs[0] = qvc_quad_sum(rs[0]);
-                rs[1] = qvc_quad_sum(rs[1]);
-            }
-            float part[ONES ? 68 : 64];
-            if (F::VLO)
-                issue_pv_digits<ONES>(part, pa, sw128_desc(sb + L::v(s)),
-                                      sw128_desc(sb + L::vlo(s)));
-            else
-                issue_pv<ONES>(part, pa, sw128_desc(sb + L::v(s)));
-            wg_wait<0>();
-            reg_fence(part);
-            /* the wgmma reads pa until the wait; to the compiler it took
-             * pa at issue, so this use keeps pa's registers from reuse */
+            if constexpr (U8) { /* +i8pv: the block's weight w = exp2(m_b - m) per row */
+                if ((j + 1) * WS_KEYS > ops.nk)
+                    make_p_u8<1>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig, pa);
+                else
+                    make_p_u8<0>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig, pa);
+                int ip[72];
+                issue_pv_u8(ip, pa, sw128_desc(sb + L::v(s)));
+                wg_wait<0>();
+                reg_fence(ip);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
-            if (ONES) rs[0] = part[64], rs[1] = part[66];
-            add_part<16>(r.o, part, 0, vb);
+                for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
+                const float w0 = ex2_ftz(mb[0] - r.m[0]), w1 = ex2_ftz(mb[1] - r.m[1]);
+                rs[0] = __int2float_rn(ip[64]) * w0, rs[1] = __int2float_rn(ip[66]) * w1;
+                const float wv0 = w0 * vb, wv1 = w1 * vb;
+#pragma unroll
+                for (int n = 0; n < 16; ++n) { /* |s32| < 2^24: exact floats */
+                    r.o[n * 4 + 0] = __fmaf_rn(__int2float_rn(ip[n * 4 + 0]), wv0, r.o[n * 4 + 0]);
+                    r.o[n * 4 + 1] = __fmaf_rn(__int2float_rn(ip[n * 4 + 1]), wv0, r.o[n * 4 + 1]);
+                    r.o[n * 4 + 2] = __fmaf_rn(__int2float_rn(ip[n * 4 + 2]), wv1, r.o[n * 4 + 2]);
+                    r.o[n * 4 + 3] = __fmaf_rn(__int2float_rn(ip[n * 4 + 3]), wv1, r.o[n * 4 + 3]);
+                }
+            } else {
+                if ((j + 1) * WS_KEYS > ops.nk)
+                    make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                     a.expcast_add, j * WS_KEYS,
+                                                                     ops.nk, tig, rs, pa);
+                else
+                    make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                                                                     a.expcast_add, j * WS_KEYS,
+                                                                     ops.nk, tig, rs, pa);
+                if (!ONES) {
+                    rs[0] = qvc_quad_sum(rs[0]);
+                    rs[1] = qvc_quad_sum(rs[1]);
+                }
+                float part[ONES ? 68 : 64];
+                if (F::VLO)
+                    issue_pv_digits<ONES>(part, pa, sw128_desc(sb + L::v(s)),
+                                          sw128_desc(sb + L::vlo(s)));
+                else
+                    issue_pv<ONES>(part, pa, sw128_desc(sb + L::v(s)));
+                wg_wait<0>();
+                reg_fence(part);
+                /* the wgmma reads pa until the wait; to the compiler it took
+                 * pa at issue, so this use keeps pa's registers from reuse */
+#pragma unroll
+                for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
+                if (ONES) rs[0] = part[64], rs[1] = part[66];
+                add_part<16>(r.o, part, 0, vb);
+            }
             if (MEANS) a8r_pend<NT>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
@@ -309,12 +338,13 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
 }
 
 /* ------------------------------------------------------------ epilogue */
-template <int EXPCAST>
+template <int PMODE>
 static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const qvc_ops &ops,
                                                       const qvc_attn_args &a, int bh, int row0,
                                                       int g, int tig) {
     const int b = bh / a.H, h = bh % a.H;
-    const float amp = EXPCAST ? 8.0f : QVC_P_AMP;
+    /* log2 of the P codes' scale: ExpCast's 2^8, +i8pv's 255 */
+    const float amp = PMODE == A8_P_EXPCAST ? 8.0f : PMODE == A8_P_U8 ? QVI_U8_LOG2_AMP : QVC_P_AMP;
     const float *cs = ops.v_chan + (size_t)bh * 128;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -368,7 +398,8 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
 
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
-        *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) = 0x38383838u;
+        *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) =
+            PMODE == A8_P_U8 ? 0x01010101u : 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
@@ -420,7 +451,7 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
         reg_fence(sacc);
         attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, tig);
     }
-    attn8_epilogue<PMODE == A8_P_EXPCAST>(r, ops, p.a, bh, row0, g, tig);
+    attn8_epilogue<PMODE>(r, ops, p.a, bh, row0, g, tig);
 }
 
 /* The tensor maps of the operands: Q (in boxes of the kernel's rows), K,
@@ -459,7 +490,9 @@ static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cu
     if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
     if (!p->ops.v_mu_tile)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn8_ws_128x128: V-Smooth means without their tiles");
-    if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
+    if constexpr (PMODE == A8_P_U8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv with V-Smooth means");
+    else if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
     return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
 }
 
@@ -473,6 +506,10 @@ static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaS
     attn8_params p;
     p.ops = *ops;
     p.a = *a;
+    if (a->u8_pv) {
+        if constexpr (F::INT8 && !F::VLO) return attn8_launch_p<F, A8_P_U8>(m, &p, st);
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv needs INT8 QK and one V code");
+    }
     if (a->expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, &p, st);
     if (a->sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, &p, st);
     return attn8_launch_p<F, A8_P_EXP2>(m, &p, st);

@@ -165,8 +165,12 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "qvc_prep: q_rows_per_scale %d (1 with INT8, or %d)", a->q_rows_per_scale,
                         QVI_BLOCK);
-    if (a->v_mode != 0 && a->v_mode != 1)
+    if (a->v_mode != 0 && a->v_mode != 1 && a->v_mode != 2)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad v_mode %d", a->v_mode);
+    if (a->v_mode == 2 && (a->demean || !qvc_v_plain_ok(v, 2) || ops->v_t_lo))
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_prep: INT8 V (+i8pv) on CUDA takes undemeaned bf16/f16 V with "
+                        "16-byte aligned rows, head dim 64 or 128, and one code per value");
     const int demean = a->v_mode == 0 && a->demean;
     if (demean && !ops->v_mu)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: demean needs ops allocated with_mu");
@@ -178,7 +182,7 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     /* Temporaries: K channel mean [BH][D]; V block means and residual
      * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
     const size_t mean_b = a->smooth_k ? align256((size_t)BH * D * sizeof(float)) : 0;
-    const size_t stat_b = a->v_mode == 0 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
+    const size_t stat_b = a->v_mode != 1 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     /* K's block extremes, where qk_plain.cu encodes K (its block amax from
      * them, qvc_block_ext) */
     qk_params kp;

@@ -78,7 +78,7 @@ bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
 /* ---- v_plain.cu */
-/* One V operand of v_plain_kernel (per-channel scales, v_mode 0). */
+/* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */
 typedef struct v_plain_params {
     qvc_view v;
     const int32_t *perm; /* [BH][n] or NULL                             */
@@ -88,6 +88,7 @@ typedef struct v_plain_params {
     uint8_t *v_t;        /* [BH][nblk][D][128]                          */
     float *v_blk;        /* [BH][nblk]: 1                               */
     uint8_t *v_t_lo;     /* [BH][nblk][D][128] V's second digit, or NULL */
+    int int8;            /* INT8 codes (v_mode 2: +i8pv), not E4M3       */
 } v_plain_params;
 /* Whether v_plain_kernel serves V in this mode (0, 16-bit vector-loadable
  * input, D 64 or 128), and its launch. */

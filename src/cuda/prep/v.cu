@@ -80,8 +80,8 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
 #define VS_CH 32
 #define VS_JL 8
 __global__ void __launch_bounds__(VS_CH * VS_JL)
-v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax, float *v_chan,
-               float *v_mu, uint16_t *v_mu_tile) {
+v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const float *bamax,
+               float *v_chan, float *v_mu, uint16_t *v_mu_tile) {
     __shared__ float red[2][VS_JL][VS_CH];
     __shared__ float scale[VS_CH];
     const int cl = threadIdx.x % VS_CH, jl = threadIdx.x / VS_CH, bh = blockIdx.y;
@@ -100,7 +100,7 @@ v_scale_kernel(int D, int nblk, int demean, const float *bmu, const float *bamax
             amax = fmaxf(amax, red[0][i][cl]);
             mmax = fmaxf(mmax, red[1][i][cl]);
         }
-        float s = fmaxf(__fdiv_rn(amax, QVI_V_E4M3_RANGE), __fdiv_rn(mmax, 32768.0f));
+        float s = fmaxf(__fdiv_rn(amax, range), __fdiv_rn(mmax, 32768.0f));
         s = s > 0.0f ? s : 1.0f;
         v_chan[(int64_t)bh * D + c] = s;
         scale[cl] = s;
@@ -251,7 +251,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     vp.v_blk = ops->v_blk;
     vp.v_chan = ops->v_chan;
     vp.v_t_lo = a->v_mode == 0 ? ops->v_t_lo : NULL;
-    if (a->v_mode == 0) {
+    if (a->v_mode != 1) { /* per-channel scales: E4M3 (0) or INT8 (2) */
         if (!demean && qvc_v_plain_ok(v, 0)) {
             qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);
             s = qvc_launch_check("qvc_prep: V amax");
@@ -263,7 +263,8 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         }
         if (s == QVA_OK) {
             v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
-                D, nblk, demean, bmu, bamax, ops->v_chan, ops->v_mu, ops->v_mu_tile);
+                D, nblk, demean, a->v_mode == 2 ? 127.0f : QVI_V_E4M3_RANGE, bmu, bamax,
+                ops->v_chan, ops->v_mu, ops->v_mu_tile);
             s = qvc_launch_check("qvc_prep: V scale");
         }
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
@@ -274,7 +275,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     }
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
         const v_plain_params pp = {*v, a->perm, nk, nblk, demean ? bmu : NULL, ops->v_chan,
-                                   ops->v_t, ops->v_blk, ops->v_t_lo};
+                                   ops->v_t, ops->v_blk, ops->v_t_lo, a->v_mode == 2};
         qvc_v_plain_launch(pp, BH, st);
         return qvc_launch_check("qvc_prep: V encode");
     }

@@ -30,9 +30,23 @@
 
 #define VP_CPL PLAIN_CPL
 
-template <int DT, int D, bool MEANS, bool V2>
+/* INT8 codes of x[e] / s[e], e = 0..3 (+i8pv, qvi_v8_prepare's): the
+ * IEEE quotient, rounded to nearest even, clamped to +-127, packed
+ * little-endian as the E4M3 codes are. */
+static __device__ __forceinline__ uint32_t v_int8_codes4(const float *x, const float *s) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float r = fminf(fmaxf(rintf(__fdiv_rn(x[e], s[e])), -127.0f), 127.0f);
+        w |= ((uint32_t)(int)r & 0xffu) << (8 * e);
+    }
+    return w;
+}
+
+template <int DT, int D, bool MEANS, bool V2, bool INT8 = false>
 __global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
+    static_assert(!INT8 || (!MEANS && !V2), "INT8 V: undemeaned, one code");
     using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
@@ -76,7 +90,10 @@ v_plain_kernel(v_plain_params p) {
 #pragma unroll
                 for (int e = 0; e < VP_CPL; ++e) x[e] = __fsub_rn(x[e], mu[e]);
             }
-            if (V2) { /* the exact quotient for both digits */
+            if (INT8) {
+                lo = v_int8_codes4(x, cs);
+                hi = v_int8_codes4(x + 4, cs + 4);
+            } else if (V2) { /* the exact quotient for both digits */
                 qvc_e4m3_digits4(x, cs, rcp, fast, &lo, &lo2);
                 qvc_e4m3_digits4(x + 4, cs + 4, rcp + 4, fast, &hi, &hi2);
             } else if (MEANS) {
@@ -205,13 +222,15 @@ void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int 
 }
 
 bool qvc_v_plain_ok(const qvc_view *v, int mode) {
-    return mode == 0 && (v->D == 64 || v->D == 128) &&
+    return (mode == 0 || mode == 2) && (v->D == 64 || v->D == 128) &&
            (v->dtype == QVA_BF16 || v->dtype == QVA_F16) && qvc_view_vec_ok(v, VP_CPL);
 }
 
 template <int DT, int D>
 static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st) {
-    if (p.v_t_lo) {
+    if (p.int8) { /* +i8pv: undemeaned, one code (qvc_prep checked) */
+        v_plain_kernel<DT, D, false, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    } else if (p.v_t_lo) {
         if (p.bmu) v_plain_kernel<DT, D, true, true><<<grid, PREP_THREADS, 0, st>>>(p);
         else v_plain_kernel<DT, D, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
     } else if (p.bmu) {
