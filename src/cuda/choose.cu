@@ -89,10 +89,10 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
-    if (cfg->v_code == QVA_V_INT8_PV && (cfg->method != QVA_METHOD_SAGE8 || d != 128)) {
-        snprintf(why, len, "+i8pv (the PV product in integers) runs on CUDA for sage8 at head "
-                           "dim 128 (attn8_ws_128x128); vc8+i8pv (its demeaned V) on the CPU "
-                           "reference only so far");
+    if (cfg->v_code == QVA_V_INT8_PV && d != 128) {
+        snprintf(why, len, "+i8pv (the PV product in integers) runs on CUDA at head dim 128 "
+                           "only (attn8_ws_128x128); head dim %lld",
+                 (long long)d);
         return QVC_KERNEL_NONE;
     }
     if (cfg->v_code == QVA_V_E4M3X2 && d != 128) {

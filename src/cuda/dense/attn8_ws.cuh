@@ -490,9 +490,7 @@ static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cu
     if (!p->ops.v_mu) return attn8_launch_one<F, PMODE, 0>(m, p, st);
     if (!p->ops.v_mu_tile)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn8_ws_128x128: V-Smooth means without their tiles");
-    if constexpr (PMODE == A8_P_U8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv with V-Smooth means");
-    else if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
+    if constexpr (F::INT8) return attn8_launch_one<F, PMODE, 1>(m, p, st);
     return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V-Smooth means with E4M3 QK");
 }
 

@@ -167,11 +167,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                         QVI_BLOCK);
     if (a->v_mode != 0 && a->v_mode != 1 && a->v_mode != 2)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: bad v_mode %d", a->v_mode);
-    if (a->v_mode == 2 && (a->demean || !qvc_v_plain_ok(v, 2) || ops->v_t_lo))
+    if (a->v_mode == 2 && (!qvc_v_plain_ok(v, 2) || ops->v_t_lo))
         return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "qvc_prep: INT8 V (+i8pv) on CUDA takes undemeaned bf16/f16 V with "
-                        "16-byte aligned rows, head dim 64 or 128, and one code per value");
-    const int demean = a->v_mode == 0 && a->demean;
+                        "qvc_prep: INT8 V (+i8pv) on CUDA takes bf16/f16 V with 16-byte "
+                        "aligned rows, head dim 64 or 128, and one code per value");
+    const int demean = a->v_mode != 1 && a->demean;
     if (demean && !ops->v_mu)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: demean needs ops allocated with_mu");
     if (a->hadamard && (D & (D - 1)) != 0)

@@ -46,7 +46,7 @@ static __device__ __forceinline__ uint32_t v_int8_codes4(const float *x, const f
 template <int DT, int D, bool MEANS, bool V2, bool INT8 = false>
 __global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
-    static_assert(!INT8 || (!MEANS && !V2), "INT8 V: undemeaned, one code");
+    static_assert(!INT8 || !V2, "INT8 V: one code");
     using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
@@ -228,8 +228,9 @@ bool qvc_v_plain_ok(const qvc_view *v, int mode) {
 
 template <int DT, int D>
 static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st) {
-    if (p.int8) { /* +i8pv: undemeaned, one code (qvc_prep checked) */
-        v_plain_kernel<DT, D, false, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    if (p.int8) { /* +i8pv: one code (qvc_prep checked) */
+        if (p.bmu) v_plain_kernel<DT, D, true, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
+        else v_plain_kernel<DT, D, false, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
     } else if (p.v_t_lo) {
         if (p.bmu) v_plain_kernel<DT, D, true, true><<<grid, PREP_THREADS, 0, st>>>(p);
         else v_plain_kernel<DT, D, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
