@@ -60,7 +60,7 @@ static const tol TOLS[] = {
     {"sage8+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+expcast+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+hadamard+expcast-centred+v2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
-    /* the PV product in integers (CPU reference only so far) */
+    /* the PV product in integers (CUDA: head dim 128) */
     {"sage8+i8pv", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+i8pv", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"sage4", 0.5, 5e-2, 1e-1, 5e-2, 0, NULL},
@@ -93,9 +93,9 @@ static const tol TOLS[] = {
  *     than FP32 precision, so the scores (and m, l) differ by ~1e-3 (H200);
  *     fp8+codesum 2e-2: those score differences also move P codes across
  *     rounding boundaries, and l sums the codes (1.3e-2 seen, H200);
- *   +expcast, +codesum: l sums the decoded P codes, and a score or exp2 one
- *     ulp off the CPU's can move one code by one step (1/16 of that weight):
- *     2e-3;
+ *   +expcast, +codesum, +i8pv: l sums the decoded P codes, and a score or
+ *     exp2 one ulp off the CPU's can move one code by one step (1/16 of that
+ *     weight; +i8pv 1/255 of its block's): 2e-3;
  *   the rest: l is an FP32 sum of exp2 weights, so only order and log2f
  *     ulps differ: 2e-4 + 1e-5|ref|. */
 /* " (warm-up)", " (warm-up as M)" or "" after a method in the output. */
@@ -107,12 +107,14 @@ static const char *warm_tag(const tol *t) {
     return buf;
 }
 
-/* Whether l sums decoded P codes: ExpCast, or the exp2 path's code sum. */
+/* Whether l sums P codes: ExpCast, the exp2 path's code sum, or +i8pv's
+ * u8 codes (one step is 1/255 of its block's weight). */
 static int sums_codes(const char *method) {
     qva_config c;
     qva_config_default(&c);
     return qva_config_set_method(&c, method) == QVA_OK &&
-           (c.expcast != QVA_EXPCAST_OFF || c.p_sum == QVA_P_SUM_CODES);
+           (c.expcast != QVA_EXPCAST_OFF || c.p_sum == QVA_P_SUM_CODES ||
+            c.v_code == QVA_V_INT8_PV);
 }
 
 static void lse_tol(const char *method, double *atol, double *rtol) {
