@@ -153,7 +153,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               (docs/CLI.md says what each does; sage8 rotates and sums its
               codes unless +nohadamard / +fp32sum; +v2, V in two E4M3
               digits, runs on CUDA at head dim 128 only; +i8pv, the PV
-              product in integers, on the CPU only so far).
+              product in integers, on CUDA at head dim 128 with bf16/f16
+              inputs).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).
