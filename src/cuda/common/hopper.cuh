@@ -320,6 +320,26 @@ static __device__ __forceinline__ void int_row_max(int (&acc)[64], float f0, flo
     mx[1] = (float)m1 * f1;
 }
 
+/* The exp2 / ExpCast arguments of chunk c (keys 32c..32c+31) of a block's
+ * INT32 scores: t = x f + add, f and add per row (f0, a0 for row g; f1,
+ * a1 for g + 8), x the score as a float (-inf for padding keys when MASK,
+ * from column group FROM on), by ExpCast's saturating FMA where SAT. */
+template <int MASK, int FROM, int SAT>
+static __device__ __forceinline__ void chunk_args(const int (&acc)[64], int c, float f0, float f1,
+                                                  float a0, float a1, int key0, int nk, int tig,
+                                                  float (&t)[4][4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int nt = 4 * c + i;
+            float x = __int2float_rn(acc[nt * 4 + e]);
+            if (MASK && nt >= FROM && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
+            t[i][e] = SAT ? qvi_expcast_ts(x, (e < 2) ? f0 : f1, (e < 2) ? a0 : a1)
+                          : __fmaf_rn(x, (e < 2) ? f0 : f1, (e < 2) ? a0 : a1);
+        }
+}
+
 /* P codes of one block from the raw INT32 scores, one FMA per score
  * before the rounding (see attn8_ws_128x128.cu); pa[c] is the A fragment
  * of keys 32c..32c+31 (qvc_pack_p32's order).  SPLIT_SUM: the exp2 row sum
@@ -346,16 +366,7 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float t[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int nt = 4 * c + i;
-                float x = __int2float_rn(acc[nt * 4 + e]);
-                if (MASK && nt >= FROM && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
-                t[i][e] = EXPCAST ? qvi_expcast_ts(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1)
-                                  : __fmaf_rn(x, (e < 2) ? fm0 : fm1, (e < 2) ? c0 : c1);
-            }
+        chunk_args<MASK, FROM, EXPCAST>(acc, c, fm0, fm1, c0, c1, key0, nk, tig, t);
         if (EXPCAST) {
 #define EB(i, e) qvi_expcast_bits_sat(t[i][e])
             pa[c][0] = pack_low_bytes(EB(0, 0), EB(0, 1), EB(1, 0), EB(1, 1));
@@ -402,17 +413,14 @@ static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0,
                                                  uint32_t (&pa)[4][4]) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
+        float a[4][4];
         uint32_t t[4][4];
+        chunk_args<MASK, 0, 0>(acc, c, f0, f1, -mb0, -mb1, key0, nk, tig, a);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int nt = 4 * c + i;
-                float x = __int2float_rn(acc[nt * 4 + e]);
-                if (MASK && key0 + nt * 8 + 2 * tig + (e & 1) >= nk) x = -INFINITY;
-                const float p = ex2_ftz(__fmaf_rn(x, (e < 2) ? f0 : f1, (e < 2) ? -mb0 : -mb1));
-                t[i][e] = __float_as_uint(__fmaf_rn(p, 255.0f, 12582912.0f));
-            }
+            for (int e = 0; e < 4; ++e)
+                t[i][e] = __float_as_uint(__fmaf_rn(ex2_ftz(a[i][e]), 255.0f, 12582912.0f));
         pa[c][0] = pack_low_bytes(t[0][0], t[0][1], t[1][0], t[1][1]);
         pa[c][1] = pack_low_bytes(t[0][2], t[0][3], t[1][2], t[1][3]);
         pa[c][2] = pack_low_bytes(t[2][0], t[2][1], t[3][0], t[3][1]);
