@@ -108,6 +108,9 @@ METHODS = [
     "sage8+nohadamard+fp32sum", "vc8+hadamard",
     # the most faithful option with the default's P path: a candidate default
     "vc8+hadamard+expcast-centred",
+    # the PV product in integers (docs/NUMERICS.md §3): the most faithful
+    # one-product forms on the operator presets
+    "sage8+i8pv", "vc8+i8pv", "vc8+hadamard+i8pv",
     "fp8", "sage4", "vc4",
     "draft@85/0/0/15", "draft@70/0/0/30", "draft@50/0/0/50",
     # draft's 8-bit phase (half of the kept blocks at INT8/FP8)
