@@ -144,7 +144,7 @@ typedef enum qva_v_code {
                         its partial; l sums the codes.  About half the
                         PV product's error of the E4M3 forms
                         (docs/NUMERICS.md §3, "The PV product in
-                        integers").  CPU reference only so far; not with
+                        integers").  CUDA: head dim 128; not with
                         ExpCast, whose codes are E4M3                     */
 } qva_v_code;
 

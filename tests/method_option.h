@@ -1,6 +1,7 @@
 /*
- * The parse / name / reset checks every method suffix option gets (used
- * by test_codesum.c and test_v2.c; include after check.h and qvattn.h).
+ * The parse / name / reset checks every method suffix option gets, and
+ * the C API's check of a config set by hand (used by test_codesum.c,
+ * test_v2.c and test_i8pv.c; include after check.h and qvattn.h).
  */
 #ifndef QVATTN_TEST_METHOD_OPTION_H
 #define QVATTN_TEST_METHOD_OPTION_H
@@ -39,6 +40,15 @@ static void check_method_option(const char *const *ok, size_t nok, const char *c
         qva_config_default(&c);
         CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "%s refused", bad[i]);
     }
+}
+
+/* What the C API's call check (qva_attention_check) says of cfg, on a
+ * small f32 CPU call (B 1, H 2, N 128, D 64): for configs set field by
+ * field, past the method-name parser. */
+static qva_status option_call_check(const qva_config *cfg) {
+    static float x[2 * 128 * 64];
+    const qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, 1, 2, 128, 64);
+    return qva_attention_check(QVA_DEVICE_CPU, cfg, &t, &t, &t, NULL, NULL);
 }
 
 #endif

@@ -168,23 +168,17 @@ static void test_parse(void) {
     qva_config_default(&c);
     CHECK(qva_config_set_method(&c, "sage8+i8pv") == QVA_OK && c.p_sum == QVA_P_SUM_FP32,
           "sage8+i8pv leaves p_sum at its zero (the codes are always summed)");
-    static float x[2 * 128 * 64];
-    const qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, 1, 2, 128, 64);
     CHECK(qva_config_set_method(&c, "vc8") == QVA_OK, "vc8");
     c.v_code = QVA_V_INT8_PV;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_OK,
-          "vc8 + QVA_V_INT8_PV: %s", qva_last_error());
+    CHECK(option_call_check(&c) == QVA_OK, "vc8 + QVA_V_INT8_PV: %s", qva_last_error());
     c.expcast = QVA_EXPCAST_PAPER;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "with expcast refused");
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with expcast refused");
     c.expcast = QVA_EXPCAST_OFF;
     c.p_sum = QVA_P_SUM_CODES;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "with p_sum QVA_P_SUM_CODES refused");
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with p_sum QVA_P_SUM_CODES refused");
     CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
     c.v_code = QVA_V_INT8_PV;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "fp8 with QVA_V_INT8_PV refused");
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "fp8 with QVA_V_INT8_PV refused");
 }
 
 int main(void) {

@@ -105,20 +105,15 @@ static void test_parse(void) {
                                       "draft@85/0/7.5/7.5+v2", "sage8+v2+v2", "sage8+v3"};
     check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
                         offsetof(qva_config, v_code), QVA_V_E4M3X2, QVA_V_E4M3, "+v2");
-    static float x[2 * 128 * 64];
-    const qva_tensor t = qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, 1, 2, 128, 64);
     qva_config c;
     qva_config_default(&c);
     c.v_code = QVA_V_E4M3X2; /* vc8+expcast, the C default: accepted */
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_OK, "vc8 + v_code: %s",
-          qva_last_error());
+    CHECK(option_call_check(&c) == QVA_OK, "vc8 + v_code: %s", qva_last_error());
     c.v_code = 3;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "v_code = 3 refused");
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "v_code = 3 refused");
     CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
     c.v_code = QVA_V_E4M3X2;
-    CHECK(qva_attention_check(QVA_DEVICE_CPU, &c, &t, &t, &t, NULL, NULL) == QVA_ERR_INVALID_ARGUMENT,
-          "fp8 with v_code refused");
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "fp8 with v_code refused");
 }
 
 int main(void) {

@@ -276,11 +276,11 @@ static float v_channel_scale(const float *x, int n, int d, int c,
     return s > 0.0f ? s : 1.0f;
 }
 
-/* INT8 code of x = value / scale, |x| <= 127 by the scale's choice. */
+/* INT8 code of x = value / scale, |x| <= 127 by the scale's choice; the
+ * CUDA preparation's expression (a NaN value codes -127, as fmaxf gives,
+ * where a plain comparison would leave NaN for an undefined cast). */
 static uint8_t v_int8_code(float x) {
-    float r = rintf(x);
-    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-    return (uint8_t)(int8_t)r;
+    return (uint8_t)(int8_t)fminf(fmaxf(rintf(x), -127.0f), 127.0f);
 }
 
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,

@@ -420,7 +420,7 @@ static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0,
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                t[i][e] = __float_as_uint(__fmaf_rn(ex2_ftz(a[i][e]), 255.0f, 12582912.0f));
+                t[i][e] = __float_as_uint(__fmaf_rn(ex2_ftz(a[i][e]), 255.0f, QVI_MAGIC));
         pa[c][0] = pack_low_bytes(t[0][0], t[0][1], t[1][0], t[1][1]);
         pa[c][1] = pack_low_bytes(t[0][2], t[0][3], t[1][2], t[1][3]);
         pa[c][2] = pack_low_bytes(t[2][0], t[2][1], t[3][0], t[3][1]);
