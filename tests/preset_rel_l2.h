@@ -92,4 +92,17 @@ static void case_terms(const char *method, const preset_case *c, qva_error_terms
           qva_last_error());
 }
 
+/* Where a V option's gain comes from: against `base`, the decomposition's
+ * V term falls by at least `factor` and the Q term (the same Q codes)
+ * does not move; d1, d2 receive both methods' terms. */
+static void check_v_term_gain(const char *preset, const char *base, const char *method,
+                              const preset_case *c, double factor, qva_error_terms *d1,
+                              qva_error_terms *d2) {
+    case_terms(base, c, d1);
+    case_terms(method, c, d2);
+    CHECK(d2->v <= d1->v / factor, "%s: V term %.5f with %s against %.5f", preset, d2->v, method,
+          d1->v);
+    CHECK(d2->q == d1->q, "%s: the Q term moved (%.6f, %.6f)", preset, d1->q, d2->q);
+}
+
 #endif
