@@ -101,17 +101,12 @@ typedef enum qva_method {
     QVA_METHOD_COUNT_
 } qva_method;
 
-/* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
- * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
- * 128-row block; one per row is more faithful (the query quantizer was the
- * largest error term) and costs the kernels nothing. */
 /* cfg.expcast: the P code of the 8-bit methods (docs/NUMERICS.md §3, §7). */
 typedef enum qva_expcast_mode {
     QVA_EXPCAST_OFF = 0,     /* exp2 then cast to E4M3 (DA2 C.3)             */
     QVA_EXPCAST_PAPER = 1,   /* VC Eq. 7, beta = -0.35 ("+expcast")          */
     QVA_EXPCAST_CENTRED = 2  /* Eq. 7 with beta = -0.45, which centres the
-                                decoded/exact ratio on 1 ("+expcast-centred";
-                                CPU reference only for now)                  */
+                                decoded/exact ratio on 1 ("+expcast-centred") */
 } qva_expcast_mode;
 
 /* cfg.p_sum: the row sum l of the exp2 P path (expcast off; docs/NUMERICS.md
@@ -148,6 +143,10 @@ typedef enum qva_v_code {
                         ExpCast, whose codes are E4M3                     */
 } qva_v_code;
 
+/* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
+ * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
+ * 128-row block; one per row is more faithful (the query quantizer was the
+ * largest error term) and costs the kernels nothing. */
 typedef enum qva_q_granularity {
     QVA_Q_PER_ROW = 0,  /* one INT8 scale per query row (the default)      */
     QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
@@ -182,6 +181,17 @@ typedef enum qva_draft_budget {
                                    split 4/8/16 by frac4/frac8/frac16       */
 } qva_draft_budget;
 
+/* draft.int8_acc: the format each INT8 block's PV partial is summed in
+ * before it joins the row's FP32 output state (docs/DRAFT.md §4). */
+typedef enum qva_draft_int8_acc {
+    QVA_DRAFT_ACC_FP32 = 0, /* FP32, as draft's 16-bit phase and the dense
+                               8-bit methods: the default                   */
+    QVA_DRAFT_ACC_FP16 = 1  /* DA2 Table 6's FP16 ("+fp16acc"), saturating at
+                               +-65504: a block whose partial passes that
+                               (near-uniform rows over large V codes) is
+                               clipped, as the paper's form would overflow */
+} qva_draft_int8_acc;
+
 typedef struct qva_draft_params {
     float lambda;          /* max-pool weight of Eq. 2 (paper: 0.2)           */
     float frac_skip;       /* fractions of video-region pairs; sum to 1      */
@@ -206,6 +216,8 @@ typedef struct qva_draft_params {
                               8-bit), q_granularity (if INT8 Q) and vsmooth
                               options (docs/DRAFT.md, "Warm-up on a dense
                               8-bit method")                             */
+    int int8_acc;          /* qva_draft_int8_acc of the INT8 phase's PV
+                              partials (default FP32)                      */
 } qva_draft_params;
 
 /* Kept share of the last draft call on a context: per (batch, head), the
@@ -267,7 +279,8 @@ void qva_config_default(qva_config *cfg);
  * (quantized methods) and "+qblock" (sage8, vc8, draft: the papers' one INT8
  * query scale per 128 rows instead of one per row) and "+codesum" (fp8,
  * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES) and "+v2"
- * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2), each setting at most once.
+ * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2) and "+fp16acc" (draft:
+ * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16), each setting at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8: "sage8" rotates
  * (hadamard = 1) and, without ExpCast, sums P's codes (p_sum =

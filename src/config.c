@@ -220,6 +220,7 @@ static const method_option method_options[] = {
     {"fp32sum", offsetof(qva_config, p_sum), QVA_P_SUM_FP32},
     {"v2", offsetof(qva_config, v_code), QVA_V_E4M3X2},
     {"i8pv", offsetof(qva_config, v_code), QVA_V_INT8_PV},
+    {"fp16acc", offsetof(qva_config, draft.int8_acc), QVA_DRAFT_ACC_FP16},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -249,7 +250,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
-                            "+fp32sum, +v2 or +i8pv)",
+                            "+fp32sum, +v2, +i8pv or +fp16acc)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -298,6 +299,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.q_granularity = QVA_Q_PER_ROW;
     c.p_sum = QVA_P_SUM_FP32;
     c.v_code = QVA_V_E4M3;
+    c.draft.int8_acc = QVA_DRAFT_ACC_FP32;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -308,7 +310,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
-                        "+codesum, +fp32sum, +v2, +i8pv)",
+                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -361,6 +363,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (c.v_code && !qvi_v_code_applies(c.method))
         return qvi_fail(QVA_ERR_PARSE, "%s applies to the V of sage8 and vc8, not %s",
                         c.v_code == QVA_V_INT8_PV ? "+i8pv" : "+v2", method_names[c.method]);
+    if (c.draft.int8_acc && c.method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+fp16acc applies to draft's INT8 phase (DA2 Table 6's FP16 "
+                        "partials), not %s",
+                        method_names[c.method]);
     if (c.v_code == QVA_V_INT8_PV && c.expcast)
         return qvi_fail(QVA_ERR_PARSE,
                         "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
@@ -405,6 +412,9 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+v2");
     if (n >= 0 && (size_t)n < len && cfg->v_code == QVA_V_INT8_PV)
         n += snprintf(buf + n, len - (size_t)n, "+i8pv");
+    if (n >= 0 && (size_t)n < len && cfg->method == QVA_METHOD_DRAFT &&
+        dp->int8_acc == QVA_DRAFT_ACC_FP16)
+        n += snprintf(buf + n, len - (size_t)n, "+fp16acc");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

@@ -17,7 +17,8 @@
  *     plain names, to compare with a build from before per-row scales.
  *   test mode with CUDA also runs the non-finite cases (run_nonfinite):
  *     scores that overflow FP32 and a NaN input with check_finite = 0 must
- *     give every row the same kind (finite, NaN, empty) on both backends.
+ *     give every row the same kind (finite, NaN, empty) on both backends;
+ *     and draft's INT8 partials where FP32 and FP16 part (run_int8_acc).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -78,6 +79,7 @@ static const tol TOLS[] = {
     {"draft@85/0/7.5/7.5+expcast-centred", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"draft@50/20/15/15+expcast-centred", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@85/0/7.5/7.5+fp16acc", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL}, /* Table 6's FP16 partials */
     {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
     /* the adaptive budget: per head K (on CUDA found by the router) */
@@ -541,6 +543,46 @@ static void run_nonfinite(int ci) {
     free_case(&h);
 }
 
+/* Draft's INT8 partials (draft.int8_acc) where FP16 and FP32 part: Q = 0
+ * (uniform scores) over V = 1, so every kept block's partial is 448 x 2.25
+ * per valid key, past FP16's 65504 in a block of 65 keys or more (the
+ * cases whose regions average 96 keys or more clip by over a quarter).  The
+ * CPU gives 1 with FP32 partials and clips with +fp16acc; CUDA must give
+ * the CPU's rows to 2e-3 in both, which the 8-bit tolerances of the
+ * random cases cannot tell apart (2e-4 rel-L2 between the forms there). */
+static void run_int8_acc(int ci) {
+    const tcase *c = &CASES[ci];
+    const int frame = c->GH * c->GW, regions = (frame + 127) / 128;
+    if (c->T == 0 || c->Nq != c->Nk || frame < 96 * regions) return; /* regions of < 96 keys */
+    host_io h = make_case(c);
+    qva_tensor q = desc(h.q, c, c->Nq, QVA_DEVICE_CPU), v = desc(h.v, c, c->Nk, QVA_DEVICE_CPU);
+    for (size_t i = 0; i < h.nq; ++i) qvi_store_elem(&q, (int64_t)i, 0.0f);
+    for (size_t i = 0; i < h.nk; ++i) qvi_store_elem(&v, (int64_t)i, 1.0f);
+    float *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4);
+    static const char *methods[] = {"draft@0/0/100/0", "draft@0/0/100/0+fp16acc"};
+    for (int m = 0; m < 2; ++m) {
+        const tol t = {methods[m], 10.0, 2e-3, 0, 2e-3, 0, NULL};
+        qva_config cfg;
+        make_config(c, &t, &cfg);
+        if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
+        const qva_status sc = run_cpu(c, &h, &t, ref, NULL, NULL), sg = run_cuda(c, &h, &t, got, NULL);
+        CHECK(sc == QVA_OK && sg == QVA_OK, "int8_acc case %d %s: cpu %s, cuda %s (%s)", ci,
+              methods[m], qva_status_string(sc), qva_status_string(sg), qva_last_error());
+        double off1 = 0, diff = 0;
+        for (size_t i = 0; i < h.nq; ++i) {
+            off1 = fmax(off1, fabs((double)ref[i] - 1.0));
+            diff = fmax(diff, fabs((double)got[i] - ref[i]));
+        }
+        printf("int8_acc case %d %-26s cpu max |out - 1| %.3g, cuda - cpu max %.3g\n", ci,
+               methods[m], off1, diff);
+        CHECK(m ? off1 > 0.25 : off1 < 1e-3, "int8_acc case %d %s: the CPU is %g off V = 1", ci,
+              methods[m], off1);
+        CHECK(diff < 2e-3, "int8_acc case %d %s: cuda %g from the cpu", ci, methods[m], diff);
+    }
+    free(ref), free(got);
+    free_case(&h);
+}
+
 /* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
@@ -564,6 +606,6 @@ int main(int argc, char **argv) {
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     if (!perf && qva_cuda_available())
-        for (int i = 0; i < NCASES; ++i) run_nonfinite(i);
+        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i);
     return check_summary("test_backend");
 }

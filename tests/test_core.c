@@ -19,7 +19,9 @@ static void test_method_names(void) {
                           "sage8+nohadamard+qblock+fp32sum", "fp8+hadamard+codesum",
                           "vc8+expcast+hadamard", "sage4", "vc4",
                           "draft@85/0/7.5/7.5", "draft@85/0/0/15", "fp8+expcast",
-                          "vc8+expcast-centred", "draft@85/0/7.5/7.5+expcast-centred"};
+                          "vc8+expcast-centred", "draft@85/0/7.5/7.5+expcast-centred",
+                          "draft@85/0/7.5/7.5+fp16acc", "draft@85/0/7.5/7.5+expcast+qblock+fp16acc",
+                          "draft@p95/0/50/50+fp16acc"};
     for (size_t i = 0; i < sizeof good / sizeof *good; ++i) {
         char buf[64];
         CHECK(qva_config_set_method(&c, good[i]) == QVA_OK, "%s: %s", good[i], qva_last_error());
@@ -40,7 +42,8 @@ static void test_method_names(void) {
                          "sage8+expcast-centred+expcast", "bf16+expcast-centred",
                          "vc8+expcast-centre", "bf16+nohadamard", "draft@85/0/0/15+nohadamard",
                          "sage8+hadamard+nohadamard", "sage8+codesum+fp32sum",
-                         "sage8+expcast+fp32sum", "vc8+expcast+fp32sum"};
+                         "sage8+expcast+fp32sum", "vc8+expcast+fp32sum", "sage8+fp16acc",
+                         "vc8+expcast+fp16acc", "draft@85/0/0/15+fp16acc+fp16acc"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
         qva_config before = c;
         CHECK(qva_config_set_method(&c, bad[i]) == QVA_ERR_PARSE, "'%s' accepted", bad[i]);

@@ -564,6 +564,55 @@ static void test_expcast_modes(qva_context_t *ctx) {
     free_problem(&p);
 }
 
+/* The INT8 blocks' PV partials: FP32 by default, DA2 Table 6's FP16 with
+ * +fp16acc.  The option touches the numerator of the INT8 blocks only (LSE
+ * and the 16-bit prefix rows are bitwise the default's); on ordinary data
+ * the two differ by FP16's rounding of each partial, far below the 8-bit
+ * error; where a block's partial passes 65504 (uniform scores over a
+ * constant V: 448 x 2.25 per key) FP16 clips it and FP32 does not. */
+static void test_int8_acc(qva_context_t *ctx) {
+    problem p = make_problem(2, 12, 20, 7, 0, 64); /* N = 487 */
+    size_t n = problem_size(&p), nl = n / p.D;
+    float *o32 = malloc(n * 4), *o16 = malloc(n * 4), *ex = malloc(n * 4);
+    float *l32 = malloc(nl * 4), *l16 = malloc(nl * 4);
+    static const char *pairs[][2] = {{"draft@0/0/100/0", "draft@0/0/100/0+fp16acc"},
+                                     {"draft@50/0/50/0+expcast", "draft@50/0/50/0+expcast+fp16acc"}};
+    run_method(ctx, &p, "exact", 0, 0, ex, NULL);
+    for (int i = 0; i < 2; ++i) {
+        run_method(ctx, &p, pairs[i][0], 0, 0, o32, l32);
+        run_method(ctx, &p, pairs[i][1], 0, 0, o16, l16);
+        const double d = rel_l2(o16, o32, n), e32 = rel_l2(o32, ex, n), e16 = rel_l2(o16, ex, n);
+        printf("  %-32s rel L2 vs exact %.6f (FP32 partials %.6f), vs FP32 %.2e\n", pairs[i][1],
+               e16, e32, d);
+        CHECK(d > 0 && d < 2e-3, "%s: FP16 partials move the output by %g", pairs[i][1], d);
+        CHECK(e32 <= 1.01 * e16, "%s: FP32 partials' error %g against FP16's %g", pairs[i][0],
+              e32, e16);
+        CHECK(rows_equal(&p, l32, l16, 0, p.N, 1), "%s: the LSE does not see the partials",
+              pairs[i][1]);
+        CHECK(rows_equal(&p, o32, o16, 0, p.P, p.D), "%s: prefix rows (16-bit) unchanged",
+              pairs[i][1]);
+    }
+    /* Uniform scores over a constant V: every kept block's partial is
+     * 448 x 2.25 per valid key (E4M3 codes, both exact), about 250,000. */
+    problem u = make_problem(2, 12, 20, 0, 0, 64);
+    const size_t nu = problem_size(&u);
+    for (size_t i = 0; i < nu; ++i) u.q[i] = 0.0f, u.v[i] = 1.0f;
+    for (int i = 0; i < 2; ++i) {
+        const char *m = i ? "draft@0/0/100/0+fp16acc" : "draft@0/0/100/0";
+        run_method(ctx, &u, m, 0, 0, o32, NULL);
+        double worst = 0;
+        for (size_t j = 0; j < nu; ++j) worst = fmax(worst, fabs((double)o32[j] - 1.0));
+        printf("  uniform scores, V = 1: %-24s max |out - 1| %.3g\n", m, worst);
+        if (i)
+            CHECK(worst > 0.25, "%s: the clipped partials give %g off V = 1", m, worst);
+        else
+            CHECK(worst < 1e-3, "%s: %g off V = 1", m, worst); /* l sums exp2's 447.9, P codes 448 */
+    }
+    free_problem(&u);
+    free(o32), free(o16), free(ex), free(l32), free(l16);
+    free_problem(&p);
+}
+
 /* draft@100/0/0/0: video queries see the prefix only; prefix queries
  * stay dense; without a prefix every video row is empty (zeros). */
 static void test_full_skip(qva_context_t *ctx) {
@@ -889,8 +938,8 @@ static void test_validation(qva_context_t *ctx) {
     base.draft.prefix_tokens = 5;
     CHECK(qva_attention(ctx, &base, &q, &k, &v, &ot, NULL) == QVA_OK, "valid: %s",
           qva_last_error());
-    struct { const char *what; qva_status want; qva_config c; } bad[9];
-    for (int i = 0; i < 9; ++i)
+    struct { const char *what; qva_status want; qva_config c; } bad[11];
+    for (int i = 0; i < 11; ++i)
         bad[i].c = base;
     bad[0].what = "grid mismatch", bad[0].want = QVA_ERR_SHAPE, bad[0].c.draft.grid_w = 21;
     bad[1].what = "prefix mismatch", bad[1].want = QVA_ERR_SHAPE, bad[1].c.draft.prefix_tokens = 4;
@@ -902,7 +951,9 @@ static void test_validation(qva_context_t *ctx) {
     bad[7].what = "negative fraction", bad[7].want = QVA_ERR_INVALID_ARGUMENT;
     bad[7].c.draft.frac_skip = 1.0f, bad[7].c.draft.frac8 = -0.075f, bad[7].c.draft.frac16 = 0.075f;
     bad[8].what = "capacity 0", bad[8].want = QVA_ERR_INVALID_ARGUMENT, bad[8].c.draft.capacity = 0;
-    for (int i = 0; i < 9; ++i) {
+    bad[9].what = "int8_acc 2", bad[9].want = QVA_ERR_INVALID_ARGUMENT, bad[9].c.draft.int8_acc = 2;
+    bad[10].what = "int8_acc -1", bad[10].want = QVA_ERR_INVALID_ARGUMENT, bad[10].c.draft.int8_acc = -1;
+    for (int i = 0; i < 11; ++i) {
         qva_status st = qva_attention(ctx, &bad[i].c, &q, &k, &v, &ot, NULL);
         CHECK(st == bad[i].want, "%s: got %s", bad[i].what, qva_status_string(st));
         CHECK(strlen(qva_last_error()) > 0, "%s: no message", bad[i].what);
@@ -1031,6 +1082,7 @@ int main(void) {
     if (ctx) {
         test_dense_equivalences(ctx);
         test_expcast_modes(ctx);
+        test_int8_acc(ctx);
         test_full_skip(ctx);
         test_mixed(ctx);
         test_locality(ctx);

@@ -248,6 +248,7 @@ class QvaDraftParams(_CStruct):
         ("min_keep", c_float),
         ("max_keep", c_float),
         ("warmup_method", c_enum),  # qva_method of the dense warm-up steps
+        ("int8_acc", c_int),  # qva_draft_int8_acc (+fp16acc sets FP16)
     ]
 
 
@@ -342,7 +343,7 @@ class QvaDraftReport(Structure):
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 152, "qva_timings": 12,
-                  "qva_vsmooth_params": 24, "qva_draft_params": 68,
+                  "qva_vsmooth_params": 24, "qva_draft_params": 72,
                   "qva_error_terms": 56, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,
                   "qva_synthetic_spec": 80}

@@ -49,7 +49,7 @@ int main(void) {
     F(qva_draft_params, capacity); F(qva_draft_params, dense_warmup_steps);
     F(qva_draft_params, budget); F(qva_draft_params, mass);
     F(qva_draft_params, min_keep); F(qva_draft_params, max_keep);
-    F(qva_draft_params, warmup_method);
+    F(qva_draft_params, warmup_method); F(qva_draft_params, int8_acc);
     Z(qva_draft_stats);
     F(qva_draft_stats, heads); F(qva_draft_stats, pairs);
     F(qva_draft_stats, kept_mean); F(qva_draft_stats, kept_min);

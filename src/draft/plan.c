@@ -138,6 +138,10 @@ qva_status qvi_draft_validate(const qva_config *cfg, const qva_tensor *q) {
     if (!(p->lambda >= 0.0f && p->lambda <= 1.0f))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "draft: lambda = %g is outside [0, 1]", (double)p->lambda);
+    if (p->int8_acc != QVA_DRAFT_ACC_FP32 && p->int8_acc != QVA_DRAFT_ACC_FP16)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "draft: int8_acc = %d (QVA_DRAFT_ACC_FP32 or QVA_DRAFT_ACC_FP16)",
+                        p->int8_acc);
     return check_budget(p);
 }
 
@@ -227,6 +231,7 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     p->expcast = cfg->expcast; /* the qva_expcast_mode: its beta reaches the P codes */
     p->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     p->eta = qvi_draft_eta(p->expcast);
+    p->int8_acc16 = dp->int8_acc == QVA_DRAFT_ACC_FP16;
     p->use_f16 = q->dtype == QVA_F16;
     return QVA_OK;
 }

@@ -89,6 +89,8 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out);
  *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
  *               16-bit format is FP16 iff q is f16, else BF16), expcast,
  *   q_rows_per_scale   of the INT8 query codes: 1, or C with +qblock
+ *   int8_acc16  the INT8 blocks' PV partials are rounded to FP16 (draft.int8_acc
+ *               QVA_DRAFT_ACC_FP16, DA2 Table 6), else summed in FP32
  * Runs qvi_draft_validate and the quota checks; p is zeroed first.
  */
 typedef struct qvi_draft_plan {
@@ -105,6 +107,7 @@ typedef struct qvi_draft_plan {
     float sm_scale, scale_log2, eta;
     int use_f16, expcast;
     int q_rows_per_scale;
+    int int8_acc16;
 } qvi_draft_plan;
 /* Eq. 20: video regions per frame, ceil(grid_h*grid_w / capacity); -1 when
  * the grid or capacity is unset. */

@@ -258,8 +258,8 @@ static __device__ __forceinline__ void dg_block4(dg_acc<D> &r, const uint32_t (&
     }
 }
 
-/* ---- INT8 phase: one block (qvi_scores_i8, qvi_pv_e4m3 with FP16
- * partials) ---- */
+/* ---- INT8 phase: one block (qvi_scores_i8, qvi_pv_e4m3: FP32 partials,
+ * or rounded to FP16 with acc16) ---- */
 
 /* Two scores -> two E4M3 P codes (low byte first); the exp path adds the
  * FP32 amplified weights to *rowsum. */
@@ -279,7 +279,7 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
                                                  unsigned char *smem, const int8_t *kg,
                                                  const uint8_t *vg, int valid,
                                                  const float (&f)[2], int expcast,
-                                                 float ec_add) {
+                                                 float ec_add, int acc16) {
     dg_load8<D>(smem, kg, vg);
     const uint8_t *kt = smem, *vt = smem + DG_KEYS * (D + DG_PAD8);
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -327,7 +327,8 @@ static __device__ __forceinline__ void dg_block8(dg_acc<D> &r, const uint32_t (&
             qvc_mma_e4m3(part, pa[c], qvc_lds32(vr), qvc_lds32(vr + 16));
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) r.o[n][e] = __fadd_rn(r.o[n][e], qvc_f16_sat(part[e]));
+        for (int e = 0; e < 4; ++e)
+            r.o[n][e] = __fadd_rn(r.o[n][e], acc16 ? qvc_f16_sat(part[e]) : part[e]);
     }
 }
 
@@ -434,7 +435,8 @@ attn_draft_mma_64x128(dg_params p) {
             const float f[2] = {__fmul_rn(__fmul_rn(dq[0], op.k8s[hr + b]), p.scale_log2),
                                 __fmul_rn(__fmul_rn(dq[1], op.k8s[hr + b]), p.scale_log2)};
             dg_block8<D>(r, qf, dg_smem, op.k8 + ((int64_t)bh * nv + (int64_t)b * DG_KEYS) * D,
-                         op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast, p.a.expcast_add);
+                         op.v8t + (hr + b) * D * DG_KEYS, p.count[b], f, p.expcast, p.a.expcast_add,
+                         p.int8_acc16);
         }
         dg_phase_scale<D>(r, dv, p.eta, 0);
     }

@@ -313,7 +313,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);
-        add_part8<EXPCAST>(r.o, r.l, part, rs);
+        add_part8<EXPCAST>(r.o, r.l, part, rs, w.int8_acc16);
         wg_wait<0>();
         reg_fence(sacc);
         cnt = cnt_n, dk = dk_n, kb_n = kb_2;

@@ -2,7 +2,7 @@
  * The arithmetic of one block of attn_draft_ws_128x128 (attn_draft_ws.cuh
  * includes this after the layout, whose DW_HALF and DW_NEAR_FULL it
  * uses): the 16-bit wgmma forms, the softmax pieces of both phases, the
- * Eq. 8 unit change and the INT8 block's FP16 partial (Table 6).
+ * Eq. 8 unit change and the INT8 block's partial (FP32, or Table 6's FP16).
  */
 #ifndef QVATTN_ATTN_DRAFT_WS_MATH_CUH
 #define QVATTN_ATTN_DRAFT_WS_MATH_CUH
@@ -212,23 +212,30 @@ static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f
         softmax8_part<EXPCAST, 1, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
 }
 
-/* O += the block's PV partial rounded to FP16 with saturation (Table 6),
- * l += its row sum (ExpCast: the decoded sum from the ones rows). */
+/* O += the block's PV partial, in FP32 or (acc16) rounded to FP16 with
+ * saturation (Table 6); l += its row sum (ExpCast: the decoded sum from the
+ * ones rows).  acc16 is uniform over the call: a branch per block, where
+ * a second copy of the loop made ptxas spill (120 bytes of stack). */
 template <int EXPCAST>
 static __device__ __forceinline__ void add_part8(float (&o)[64], float (&l)[2],
                                                  const float (&part)[EXPCAST ? 68 : 64],
-                                                 float (&rs)[2]) {
+                                                 float (&rs)[2], int acc16) {
     if (EXPCAST) {
         rs[0] = part[64], rs[1] = part[66];
     } else {
         rs[0] = qvc_quad_sum(rs[0]);
         rs[1] = qvc_quad_sum(rs[1]);
     }
+    if (acc16) {
 #pragma unroll
-    for (int i2 = 0; i2 < 64; i2 += 2) {
-        const float2 h = f16_sat2(part[i2], part[i2 + 1]);
-        o[i2] = __fadd_rn(o[i2], h.x);
-        o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
+        for (int i2 = 0; i2 < 64; i2 += 2) {
+            const float2 h = f16_sat2(part[i2], part[i2 + 1]);
+            o[i2] = __fadd_rn(o[i2], h.x);
+            o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] = __fadd_rn(o[i], part[i]);
     }
     l[0] = __fadd_rn(l[0], rs[0]);
     l[1] = __fadd_rn(l[1], rs[1]);

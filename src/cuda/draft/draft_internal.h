@@ -69,6 +69,7 @@ typedef struct dg_params {
     int expcast;
     int f16;   /* 16-bit operands are FP16 (else BF16) */
     int with8; /* a route may have INT8 blocks (the plan's with8) */
+    int int8_acc16; /* INT8 blocks' PV partials rounded to FP16 (Table 6) */
     qvc_attn_args a;
 } dg_params;
 

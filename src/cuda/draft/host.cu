@@ -214,7 +214,7 @@ static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, const qvc_de
     qvc_draft_ws_args w;
     memset(&w, 0, sizeof w);
     w.BH = BH, w.R = p->R, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
-    w.with8 = p->with8;
+    w.with8 = p->with8, w.int8_acc16 = p->int8_acc16;
     w.n_pack = p->n_pack, w.prefix_pad = p->prefix_pad;
     w.q16 = p->ops.q16, w.k16 = p->ops.k16, w.v16t = p->ops.v16t;
     w.q8 = p->ops.q8, w.k8 = p->ops.k8, w.v8t = p->ops.v8t;
@@ -372,6 +372,7 @@ static dg_params dg_params_of(const dg_state *s, const qvi_draft_plan *pl, const
     p.eta = pl->eta;
     p.expcast = pl->expcast;
     p.with8 = pl->with8;
+    p.int8_acc16 = pl->int8_acc16;
     p.a = dg_args(pl->scale_log2, q, out, lse, 0);
     p.a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(pl->expcast));
     return p;
