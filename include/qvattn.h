@@ -152,6 +152,22 @@ typedef enum qva_q_granularity {
     QVA_Q_PER_BLOCK = 1 /* one per 128 rows, as the papers ("+qblock")    */
 } qva_q_granularity;
 
+/* cfg.k_mean: the vector K smoothing subtracts (sage8, vc8; docs/NUMERICS.md
+ * §3, "K's mean from the previous call").  Any vector keeps attention
+ * exact (each row's scores move by one constant, which the softmax
+ * ignores and the returned LSE adds back); only the INT8 code error of
+ * K - mean depends on it. */
+typedef enum qva_k_mean {
+    QVA_K_MEAN_CALL = 0,    /* this call's channel mean (SageAttention, the
+                               papers): the default                        */
+    QVA_K_MEAN_PREVIOUS = 1 /* "+kprev": the mean this layer's previous call
+                               left (cfg.layer's state; this call's own on
+                               a layer's first call and on stateless calls),
+                               so the preparation need not read K once for
+                               its mean before coding it.  CPU reference
+                               only so far                                 */
+} qva_k_mean;
+
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {
     QVA_SCHEDULE_PAPER = 0, /* group on steps < ceil(n/4), refresh every 4 */
@@ -257,6 +273,7 @@ typedef struct qva_config {
     int check_finite;      /* CPU: NaN/Inf inputs, and outputs or LSE that
                             * overflow FP32, are QVA_ERR_NONFINITE (see
                             * qva_attention); no effect on CUDA          */
+    int k_mean;            /* qva_k_mean of K smoothing (sage8, vc8)        */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -280,7 +297,8 @@ void qva_config_default(qva_config *cfg);
  * query scale per 128 rows instead of one per row) and "+codesum" (fp8,
  * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES) and "+v2"
  * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2) and "+fp16acc" (draft:
- * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16), each setting at most once.
+ * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16) and "+kprev" (sage8, vc8:
+ * cfg->k_mean = QVA_K_MEAN_PREVIOUS), each setting at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8: "sage8" rotates
  * (hadamard = 1) and, without ExpCast, sums P's codes (p_sum =

@@ -49,6 +49,12 @@ int qvi_v_code_applies(qva_method m) {
     return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
 
+/* +kprev: the smoothed INT8 K of the dense methods, whose codes give the
+ * next call's mean. */
+int qvi_k_mean_applies(qva_method m) {
+    return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
+}
+
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -221,6 +227,7 @@ static const method_option method_options[] = {
     {"v2", offsetof(qva_config, v_code), QVA_V_E4M3X2},
     {"i8pv", offsetof(qva_config, v_code), QVA_V_INT8_PV},
     {"fp16acc", offsetof(qva_config, draft.int8_acc), QVA_DRAFT_ACC_FP16},
+    {"kprev", offsetof(qva_config, k_mean), QVA_K_MEAN_PREVIOUS},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -250,7 +257,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
-                            "+fp32sum, +v2, +i8pv or +fp16acc)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc or +kprev)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -300,6 +307,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.p_sum = QVA_P_SUM_FP32;
     c.v_code = QVA_V_E4M3;
     c.draft.int8_acc = QVA_DRAFT_ACC_FP32;
+    c.k_mean = QVA_K_MEAN_CALL;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -310,7 +318,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
-                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc)",
+                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -368,6 +376,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+fp16acc applies to draft's INT8 phase (DA2 Table 6's FP16 "
                         "partials), not %s",
                         method_names[c.method]);
+    if (c.k_mean && !qvi_k_mean_applies(c.method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+kprev applies to the INT8 K of sage8 and vc8 (the smoothed K "
+                        "whose codes carry the next mean), not %s",
+                        method_names[c.method]);
     if (c.v_code == QVA_V_INT8_PV && c.expcast)
         return qvi_fail(QVA_ERR_PARSE,
                         "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
@@ -415,6 +428,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     if (n >= 0 && (size_t)n < len && cfg->method == QVA_METHOD_DRAFT &&
         dp->int8_acc == QVA_DRAFT_ACC_FP16)
         n += snprintf(buf + n, len - (size_t)n, "+fp16acc");
+    if (n >= 0 && (size_t)n < len && cfg->k_mean == QVA_K_MEAN_PREVIOUS)
+        n += snprintf(buf + n, len - (size_t)n, "+kprev");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

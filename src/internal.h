@@ -98,6 +98,8 @@ int qvi_method_has_int8_q(qva_method m);
 int qvi_p_sum_applies(const qva_config *cfg);
 /* cfg->v_code = QVA_V_E4M3X2 is meaningful: sage8, vc8. */
 int qvi_v_code_applies(qva_method m);
+/* cfg->k_mean = QVA_K_MEAN_PREVIOUS is meaningful: sage8, vc8. */
+int qvi_k_mean_applies(qva_method m);
 /* The fields a method name sets unless a suffix does (hadamard, p_sum),
  * at cfg->method's defaults: qva_config_set_method's, and a draft warm-up
  * step's (the warm-up method by its plain name). */
@@ -123,12 +125,15 @@ void qvi_context_set_draft_stats(qva_context_t *ctx, const qva_draft_stats *st);
 typedef qva_status (*qvi_draft_stats_fn)(void *arg, qva_draft_stats *out);
 void qvi_context_set_draft_stats_lazy(qva_context_t *ctx, qvi_draft_stats_fn fn, void *arg);
 
-/* Per-(layer, batch, head) V-Smooth state: permutation and centroids. */
+/* Per-(layer, batch, K/V head) state: V-Smooth's permutation and
+ * centroids, and the K mean +kprev carries to the layer's next call. */
 typedef struct qvi_vs_state {
     int n, d, k;         /* tokens, head dim, clusters              */
     int32_t *perm;       /* n entries, NULL before the first group  */
     float *centroids;    /* k*d                                     */
     int last_group_step; /* step at which perm was computed         */
+    int kmean_d;         /* channels of kmean; 0: none stored yet   */
+    float kmean[128];
 } qvi_vs_state;
 /* Finds or creates the state of (layer, b, h); NULL on OOM. */
 qvi_vs_state *qvi_context_vs_state(qva_context_t *ctx, int layer, int64_t b,

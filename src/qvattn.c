@@ -221,6 +221,11 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->v_code == QVA_V_INT8_PV && cfg->expcast)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "v_code QVA_V_INT8_PV codes P from exp2: not with expcast");
+    if (cfg->k_mean != QVA_K_MEAN_CALL && cfg->k_mean != QVA_K_MEAN_PREVIOUS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "k_mean = %d (QVA_K_MEAN_CALL or QVA_K_MEAN_PREVIOUS)", cfg->k_mean);
+    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && !qvi_k_mean_applies(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "k_mean QVA_K_MEAN_PREVIOUS applies to sage8 and vc8");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

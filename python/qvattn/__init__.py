@@ -149,12 +149,14 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               budget: per head the region pairs holding M% of the draft
               map, options draft.min_keep / draft.max_keep), with
               +expcast / +expcast-centred / +hadamard / +nohadamard /
-              +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc options
+              +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
+              options
               (docs/CLI.md says what each does; sage8 rotates and sums its
               codes unless +nohadamard / +fp32sum; +v2, V in two E4M3
               digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
-              inputs).
+              inputs; +kprev, K smoothed with the mean the layer's previous
+              call left, on the CPU only so far).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).

@@ -270,6 +270,7 @@ class QvaConfig(_CStruct):
         ("step", c_int),
         ("num_steps", c_int),
         ("check_finite", c_int),
+        ("k_mean", c_int),  # qva_k_mean (+kprev sets PREVIOUS)
     ]
 
 
@@ -342,7 +343,7 @@ class QvaDraftReport(Structure):
 
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
-EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 152, "qva_timings": 12,
+EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 160, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 72,
                   "qva_error_terms": 56, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,

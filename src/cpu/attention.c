@@ -385,15 +385,14 @@ static int smooths_k(qva_method m) {
            m == QVA_METHOD_SAGE4 || m == QVA_METHOD_VC4;
 }
 
-/* K smoothing (SageAttention): subtracting the channel mean of K shifts
- * every score of query row i by the constant q_i . mean * sm_scale, which
- * the softmax ignores but the LSE does not; lse_shift[i] receives that
- * constant (FP64 dot, natural-log units) so the returned LSE is the one of
- * the unsmoothed scores. */
-static void smooth_k(float *k, int nk, const float *q, int nq, int d,
-                     float sm_scale, float *lse_shift) {
-    float mean[128];
-    qvi_channel_mean(k, nk, d, mean);
+/* K smoothing (SageAttention): subtracting a vector `mean` from every key
+ * (this call's channel mean, or +kprev's carried one) shifts every score of
+ * query row i by the constant q_i . mean * sm_scale, which the softmax
+ * ignores but the LSE does not; lse_shift[i] receives that constant (FP64
+ * dot, natural-log units) so the returned LSE is the one of the unsmoothed
+ * scores. */
+static void smooth_k(float *k, int nk, const float *q, int nq, int d, float sm_scale,
+                     const float *mean, float *lse_shift) {
     for (int i = 0; i < nk; ++i)
         for (int c = 0; c < d; ++c) k[(size_t)i * d + c] -= mean[c];
     for (int i = 0; i < nq; ++i) {
@@ -401,6 +400,41 @@ static void smooth_k(float *k, int nk, const float *q, int nq, int d,
         for (int c = 0; c < d; ++c) dot += (double)q[(size_t)i * d + c] * mean[c];
         lse_shift[i] = (float)(dot * sm_scale);
     }
+}
+
+/* K smoothing's vectors for one head: use (NULL: this call's channel mean)
+ * and next (NULL: not wanted), which receives the mean the layer's next
+ * call uses under +kprev. */
+typedef struct k_means {
+    const float *use;
+    float *next;
+} k_means;
+
+/* +kprev: the K mean the layer's next call smooths with, from this call's
+ * INT8 codes of the smoothed (and rotated) K: mean(K) = used + mean(K -
+ * used), the second term as (sum over blocks of scale_b * the block's
+ * exact integer code sums) / nk in FP64, block order, then rotated back
+ * (the rotation's inverse: signs times the Hadamard transform) and added.
+ * Integer sums have no order, so a device can make them where it codes K. */
+static void next_k_mean(const qvi_i8 *ki, int nk, int d, const float *used,
+                        const float *signs, float *next) {
+    const int nblk = qvi_cdiv(nk, QVI_BLOCK);
+    float corr[128]; /* next may be used */
+    for (int c = 0; c < d; ++c) {
+        double s = 0.0;
+        for (int b = 0; b < nblk; ++b) {
+            int32_t sum = 0;
+            for (int r = b * QVI_BLOCK; r < (b + 1) * QVI_BLOCK; ++r) /* padding codes 0 */
+                sum += ki->codes[(size_t)r * d + c];
+            s += (double)ki->scale[b] * (double)sum;
+        }
+        corr[c] = (float)(s / (double)nk);
+    }
+    if (signs) {
+        qva_hadamard(corr, d, NULL);
+        for (int c = 0; c < d; ++c) corr[c] *= signs[c];
+    }
+    for (int c = 0; c < d; ++c) next[c] = used[c] + corr[c];
 }
 
 static void hadamard_rows(float *x, int n, int d, const float *signs) {
@@ -650,7 +684,7 @@ static path_kind method_path(qva_method m) {
 static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
                                const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                int64_t h, int64_t hk, const int32_t *perm, int demean,
-                               int mask, head_ops *o) {
+                               int mask, const k_means *km, head_ops *o) {
     memset(o, 0, sizeof *o);
     o->kind = method_path(cfg->method);
     o->mask = mask;
@@ -685,15 +719,22 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
             free(q), free(k), free(v);
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "lse shift");
         }
-        smooth_k(k, o->nk, q, o->nq, d, qvi_sm_scale(cfg, d), o->lse_shift);
+        float own[128];
+        if (!km->use) qvi_channel_mean(k, o->nk, d, own);
+        smooth_k(k, o->nk, q, o->nq, d, qvi_sm_scale(cfg, d), km->use ? km->use : own,
+                 o->lse_shift);
+        if (km->next) memcpy(km->next, km->use ? km->use : own, (size_t)d * sizeof(float));
     }
+    float signs[128];
     if (cfg->hadamard) {
-        float signs[128];
         qvi_hadamard_signs(cfg, d, signs);
         hadamard_rows(q, o->nq, d, signs);
         hadamard_rows(k, o->nk, d, signs);
     }
-    return quantize_ops(qt->dtype, q, k, v, demean, o);
+    qva_status st = quantize_ops(qt->dtype, q, k, v, demean, o);
+    if (st == QVA_OK && km->next && o->ki.codes) /* km->next holds the mean used */
+        next_k_mean(&o->ki, o->nk, d, km->next, cfg->hadamard ? signs : NULL, km->next);
+    return st;
 }
 
 /* Scores of query row i against key block j; invalid keys -> -INFINITY. */
@@ -877,9 +918,9 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
 static qva_status quantized_head(const qva_config *cfg, const qva_tensor *qt,
                                  const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                  int64_t h, int64_t hk, const int32_t *perm, int demean,
-                                 int mask, float *ob, float *lb) {
+                                 int mask, const k_means *km, float *ob, float *lb) {
     head_ops o;
-    qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, mask, &o);
+    qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, mask, km, &o);
     if (st == QVA_OK) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < o.nq; ++i) {
@@ -935,6 +976,39 @@ static qva_status kv_head_order(qva_context_t *ctx, const qva_config *cfg,
     return st;
 }
 
+/* +kprev's vectors for K/V head (b, hk): the mean the layer's previous call
+ * left (in use, if its state holds one of d channels; else km->use NULL:
+ * this call's own) and next, where this call's goes.  Nothing for other
+ * configs and for stateless calls (cfg->layer QVA_LAYER_NONE). */
+static qva_status kprev_means(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
+                              int d, float *use, float *next, k_means *km) {
+    km->use = NULL, km->next = NULL;
+    if (cfg->k_mean != QVA_K_MEAN_PREVIOUS || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
+    const qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
+    if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
+    if (st->kmean_d == d) {
+        memcpy(use, st->kmean, (size_t)d * sizeof(float));
+        km->use = use;
+    }
+    km->next = next;
+    return QVA_OK;
+}
+
+/* Keeps next for the layer's next call, or nothing when it is not finite
+ * (a non-finite K): that call then smooths with its own mean, so one bad
+ * call's NaN does not reach the calls after it. */
+static qva_status kprev_store(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
+                              int d, const float *next) {
+    qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
+    if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
+    st->kmean_d = d;
+    for (int c = 0; c < d; ++c) {
+        if (!isfinite(next[c])) st->kmean_d = 0;
+        st->kmean[c] = next[c];
+    }
+    return QVA_OK;
+}
+
 qva_status qvi_cpu_attention(qva_context_t *ctx, const qva_config *cfg,
                              const qva_tensor *q, const qva_tensor *k,
                              const qva_tensor *v, const qva_tensor *out,
@@ -958,15 +1032,21 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
     qva_status st = QVA_OK;
     const int32_t *perm = NULL;
     int demean = 0;
+    float kuse[128], knext[128];
+    k_means km = {NULL, NULL};
     for (int64_t b = 0; b < q->shape[0] && st == QVA_OK; ++b)
         for (int64_t h = 0; h < q->shape[1] && st == QVA_OK; ++h) {
             const int64_t hk = h / group;
             if (h % group == 0 &&
-                (st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK)
+                ((st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK ||
+                 (st = kprev_means(ctx, cfg, b, hk, (int)d, kuse, knext, &km)) != QVA_OK))
                 break;
+            /* the group's heads smooth with one mean; the last leaves the next */
+            const k_means hkm = {km.use, h % group == group - 1 ? km.next : NULL};
             st = cfg->method == QVA_METHOD_EXACT
                      ? exact_head(cfg, q, k, v, b, h, hk, ob, lb)
-                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, ob, lb);
+                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, &hkm, ob, lb);
+            if (st == QVA_OK && hkm.next) st = kprev_store(ctx, cfg, b, hk, (int)d, hkm.next);
             if (st == QVA_OK && cfg->check_finite)
                 st = qvi_check_rows(ob, lse ? lb : NULL, nq, (int)d, b, h);
             if (st != QVA_OK) break;

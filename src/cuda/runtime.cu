@@ -38,6 +38,11 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
+    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS) {
+        snprintf(why, len, "+kprev (K smoothed with the layer's previous-call mean) runs on the "
+                           "CPU reference only so far");
+        return 0;
+    }
     if (cfg->v_code == QVA_V_INT8_PV && dt != QVA_BF16 && dt != QVA_F16) {
         snprintf(why, len, "+i8pv on CUDA takes bf16 or f16 inputs (its V prep reads 16-bit rows)");
         return 0;
