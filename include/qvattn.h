@@ -164,8 +164,8 @@ typedef enum qva_k_mean {
                                left (cfg.layer's state; this call's own on
                                a layer's first call and on stateless calls),
                                so the preparation need not read K once for
-                               its mean before coding it.  CPU reference
-                               only so far                                 */
+                               its mean before coding it.  CUDA: bf16/f16
+                               with 16-byte aligned rows                   */
 } qva_k_mean;
 
 /* V-Smooth schedule (VC §3.4, Appendix A). */

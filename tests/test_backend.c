@@ -18,7 +18,8 @@
  *   test mode with CUDA also runs the non-finite cases (run_nonfinite):
  *     scores that overflow FP32 and a NaN input with check_finite = 0 must
  *     give every row the same kind (finite, NaN, empty) on both backends;
- *     and draft's INT8 partials where FP32 and FP16 part (run_int8_acc).
+ *     draft's INT8 partials where FP32 and FP16 part (run_int8_acc); and
+ *     +kprev's carried K means over two calls (run_kprev).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -243,13 +244,15 @@ static qva_tensor lse_desc(void *p, const tcase *c, qva_device dev) {
 /* The draft stats of the last run_cpu / run_cuda call (zero if it failed). */
 static qva_draft_stats g_stats_cpu, g_stats_cuda;
 
-static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, float *lse,
-                          double *ms) {
-    qva_context_t *ctx;
+/* keep: the context to run in (its layer state carries over), or NULL for
+ * a fresh one. */
+static qva_status run_cpu_in(qva_context_t *keep, const tcase *c, host_io *h, const tol *t,
+                             float *res, float *lse, double *ms) {
+    qva_context_t *ctx = keep;
     qva_config cfg;
     qva_status st = make_config(c, t, &cfg);
     if (st != QVA_OK) return st;
-    if ((st = qva_context_create(&ctx, QVA_DEVICE_CPU)) != QVA_OK) return st;
+    if (!keep && (st = qva_context_create(&ctx, QVA_DEVICE_CPU)) != QVA_OK) return st;
     qva_tensor q = desc(h->q, c, c->Nq, QVA_DEVICE_CPU), k = desc(h->k, c, c->Nk, QVA_DEVICE_CPU),
                v = desc(h->v, c, c->Nk, QVA_DEVICE_CPU), o = desc(h->o, c, c->Nq, QVA_DEVICE_CPU);
     qva_tensor l = lse_desc(lse, c, QVA_DEVICE_CPU);
@@ -264,18 +267,24 @@ static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, 
     for (size_t i = 0; i < h->nq; ++i) res[i] = qvi_load_elem(&o, (int64_t)i);
     memset(&g_stats_cpu, 0, sizeof g_stats_cpu);
     if (st == QVA_OK) st = qva_context_last_draft_stats(ctx, &g_stats_cpu);
-    qva_context_free(ctx);
+    if (!keep) qva_context_free(ctx);
     return st;
 }
 
-static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res, float *lse) {
+static qva_status run_cpu(const tcase *c, host_io *h, const tol *t, float *res, float *lse,
+                          double *ms) {
+    return run_cpu_in(NULL, c, h, t, res, lse, ms);
+}
+
+static qva_status run_cuda_in(qva_context_t *keep, const tcase *c, host_io *h, const tol *t,
+                              float *res, float *lse) {
     qva_config cfg;
     qva_status st = make_config(c, t, &cfg);
     if (st != QVA_OK) return st;
     size_t es = qva_dtype_size(c->dt);
     const size_t nl = (size_t)c->B * c->H * c->Nq;
     void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dlse = NULL;
-    qva_context_t *ctx = NULL;
+    qva_context_t *ctx = keep;
     if ((st = qva_device_malloc(&dq, h->nq * es)) || (st = qva_device_malloc(&dk, h->nk * es)) ||
         (st = qva_device_malloc(&dv, h->nk * es)) || (st = qva_device_malloc(&dout, h->nq * es)) ||
         (lse && (st = qva_device_malloc(&dlse, nl * sizeof(float)))))
@@ -288,7 +297,7 @@ static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res,
         (st = qva_memcpy_to_device(dv, h->v, h->nk * es)) ||
         (st = qva_memcpy_to_device(dout, h->o, h->nq * es)) ||
         (lse && (st = qva_memcpy_to_device(dlse, lse, nl * sizeof(float)))) ||
-        (st = qva_context_create(&ctx, QVA_DEVICE_CUDA)))
+        (!keep && (st = qva_context_create(&ctx, QVA_DEVICE_CUDA))))
         goto done;
     qva_tensor q = desc(dq, c, c->Nq, QVA_DEVICE_CUDA), k = desc(dk, c, c->Nk, QVA_DEVICE_CUDA),
                v = desc(dv, c, c->Nk, QVA_DEVICE_CUDA), od = desc(dout, c, c->Nq, QVA_DEVICE_CUDA);
@@ -301,10 +310,14 @@ static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res,
     st = qva_context_last_draft_stats(ctx, &g_stats_cuda);
 done:
     if (st != QVA_OK) memset(&g_stats_cuda, 0, sizeof g_stats_cuda);
-    qva_context_free(ctx);
+    if (!keep) qva_context_free(ctx);
     qva_device_free(dq), qva_device_free(dk), qva_device_free(dv), qva_device_free(dout);
     if (dlse) qva_device_free(dlse);
     return st;
+}
+
+static qva_status run_cuda(const tcase *c, host_io *h, const tol *t, float *res, float *lse) {
+    return run_cuda_in(NULL, c, h, t, res, lse);
 }
 
 static double rel_l2(const float *a, const float *ref, size_t n) {
@@ -583,6 +596,67 @@ static void run_int8_acc(int ci) {
     free_case(&h);
 }
 
+/* +kprev across calls: a CPU and a CUDA context each run the same two
+ * calls at one layer, the second on K moved by a per-channel offset; after
+ * each call the K means the layer keeps for its next call must be the
+ * CPU's bit for bit (the outputs alone cannot show a wrong mean: any mean
+ * keeps attention exact), and the second call's output and LSE within the
+ * method's tolerances of the CPU's. */
+static void run_kprev(int ci) {
+    const tcase *c = &CASES[ci];
+    if (c->draft_only || (c->dt != QVA_BF16 && c->dt != QVA_F16)) return;
+    static const char *const methods[] = {"sage8+kprev", "sage8+nohadamard+kprev",
+                                          "vc8+expcast+kprev"};
+    const int BH = c->B * c->H; /* the cases' K/V heads are their query heads */
+    for (int m = 0; m < 3; ++m) {
+        if (m == 2 && c->Nq != c->Nk) continue; /* V-Smooth: self-attention */
+        const tol t = {methods[m], 0.12, 1e-2, 5e-2, 1e-2, 0, NULL};
+        qva_config cfg;
+        make_config(c, &t, &cfg);
+        if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
+        host_io h = make_case(c);
+        qva_tensor k = desc(h.k, c, c->Nk, QVA_DEVICE_CPU);
+        qva_context_t *cc = NULL, *cg = NULL;
+        const size_t nl = (size_t)BH * c->Nq;
+        float *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4), *lref = malloc(nl * 4),
+              *lgot = malloc(nl * 4), *gm = malloc((size_t)BH * c->D * 4);
+        int *gv = malloc((size_t)BH * sizeof(int));
+        CHECK(qva_context_create(&cc, QVA_DEVICE_CPU) == QVA_OK &&
+                  qva_context_create(&cg, QVA_DEVICE_CUDA) == QVA_OK, "contexts");
+        for (int call = 0; call < 2 && cc && cg; ++call) {
+            char label[96];
+            snprintf(label, sizeof label, "kprev case %d %s call %d", ci, methods[m], call);
+            if (call) /* K moves: the first call's mean is stale */
+                for (size_t i = 0; i < h.nk; ++i)
+                    qvi_store_elem(&k, (int64_t)i, qvi_load_elem(&k, (int64_t)i) +
+                                                       0.5f * sinf(0.3f * (float)(i % c->D)));
+            const qva_status sc = run_cpu_in(cc, c, &h, &t, ref, lref, NULL),
+                             sg = run_cuda_in(cg, c, &h, &t, got, lgot);
+            CHECK(sc == QVA_OK && sg == QVA_OK, "%s: cpu %s, cuda %s (%s)", label,
+                  qva_status_string(sc), qva_status_string(sg), qva_last_error());
+            if (sc != QVA_OK || sg != QVA_OK) break;
+            compare_backend(label, c, &t, got, ref, h.nq);
+            compare_lse(label, t.method, lgot, lref, nl);
+            CHECK(qvi_cuda_layer_kmean(cg, cfg.layer, BH, c->D, gm, gv) == QVA_OK, "%s: %s",
+                  label, qva_last_error());
+            int differ = 0, bad_valid = 0;
+            for (int bh = 0; bh < BH; ++bh) {
+                const qvi_vs_state *st = qvi_context_vs_state(cc, cfg.layer, bh / c->H, bh % c->H);
+                bad_valid += !st || gv[bh] != (st->kmean_d == c->D);
+                if (st && st->kmean_d == c->D)
+                    differ += memcmp(st->kmean, gm + (size_t)bh * c->D, (size_t)c->D * 4) != 0;
+            }
+            printf("%-52s K means: %d of %d heads differ, %d validity flags\n", label, differ, BH,
+                   bad_valid);
+            CHECK(differ == 0 && bad_valid == 0, "%s: %d heads' K means differ from the CPU's, "
+                  "%d validity flags", label, differ, bad_valid);
+        }
+        qva_context_free(cc), qva_context_free(cg);
+        free(ref), free(got), free(lref), free(lgot), free(gm), free(gv);
+        free_case(&h);
+    }
+}
+
 /* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
@@ -606,6 +680,6 @@ int main(int argc, char **argv) {
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     if (!perf && qva_cuda_available())
-        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i);
+        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_kprev(i);
     return check_summary("test_backend");
 }

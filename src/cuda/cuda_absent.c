@@ -21,6 +21,12 @@ qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
     return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
 }
 
+qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH, int D, float *mean,
+                                int *valid) {
+    (void)ctx, (void)layer, (void)BH, (void)D, (void)mean, (void)valid;
+    return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
+}
+
 static qva_status no_cuda(void) {
     return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
 }

@@ -117,6 +117,14 @@ typedef struct qvc_prep_args {
      * q_i unrotated, exactly as smooth_k() of the CPU reference. */
     float *lse_shift;        /* device [BH][nq] f32, or NULL             */
     float sm_scale;          /* used only with lse_shift                 */
+    /* +kprev (cfg.k_mean, the CPU's kprev_means / next_k_mean), or NULL:
+     * the layer's carried K means [BH][D] and their validity [BH] (0: the
+     * head smooths with its own mean, read as without +kprev).  The call
+     * smooths with them, then overwrites both with the means its layer's
+     * next call uses, made from its K codes.  INT8 K through qk_plain.cu
+     * (bf16/f16, 16-byte aligned rows, head dim 64 or 128). */
+    float *kprev_mean;
+    int *kprev_valid;
 } qvc_prep_args;
 /* Two side streams for the independent chains of one call (streams.cu):
  * qvc_fork_begin makes them wait for the caller's stream, qvc_fork_end

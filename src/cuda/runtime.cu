@@ -38,9 +38,9 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS) {
-        snprintf(why, len, "+kprev (K smoothed with the layer's previous-call mean) runs on the "
-                           "CPU reference only so far");
+    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && dt != QVA_BF16 && dt != QVA_F16) {
+        snprintf(why, len, "+kprev on CUDA takes bf16 or f16 inputs (its K code sums come from "
+                           "the preparation's 16-bit path)");
         return 0;
     }
     if (cfg->v_code == QVA_V_INT8_PV && dt != QVA_BF16 && dt != QVA_F16) {
@@ -60,10 +60,15 @@ static qva_status attn_8bit(qva_context_t *ctx, qvc_kernel k, const qvc_ops *ops
 }
 
 /* ---------------------------------------------------------- state */
+/* A layer's device state: V-Smooth's permutation and centroids, and the K
+ * means +kprev carries to the layer's next call. */
 typedef struct vs_dev {
     int layer, BH, N, D, k;
     int32_t *perm;     /* [BH][N]    */
     float *centroids;  /* [BH][k][D] */
+    int km_BH, km_D;   /* shape of kmean; 0: none allocated */
+    float *kmean;      /* [km_BH][km_D] */
+    int *kmean_valid;  /* [km_BH]: 0 until a call leaves a finite mean */
 } vs_dev;
 
 typedef struct cuda_state {
@@ -89,7 +94,10 @@ static void cuda_state_free(void *p) {
     qvc_ops4_free(&s->ops4);
     cudaFree(s->lse_shift);
     cudaFree(s->signs);
-    for (int i = 0; i < s->nvs; ++i) cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
+    for (int i = 0; i < s->nvs; ++i) {
+        cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
+        cudaFree(s->vs[i].kmean), cudaFree(s->vs[i].kmean_valid);
+    }
     free(s->vs);
     qvc_timer_free(&s->timer);
     qvc_fork_free(&s->fork);
@@ -209,6 +217,47 @@ static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_v
     return QVA_OK;
 }
 
+/* +kprev: the layer's carried K means for BH heads of D channels (a new
+ * shape: none valid, so each head computes its own); NULLs for other
+ * configs and stateless calls. */
+static qva_status kprev_state(cuda_state *s, const qva_config *cfg, int BH, int D,
+                              float **mean, int **valid, cudaStream_t st) {
+    *mean = NULL, *valid = NULL;
+    if (cfg->k_mean != QVA_K_MEAN_PREVIOUS || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
+    vs_dev *e = find_vs(s, cfg->layer);
+    if (!e) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
+    if (!e->kmean || e->km_BH != BH || e->km_D != D) {
+        cudaFree(e->kmean), cudaFree(e->kmean_valid);
+        e->kmean = NULL, e->kmean_valid = NULL, e->km_BH = e->km_D = 0;
+        CUDA_TRY(cudaMalloc(&e->kmean, (size_t)BH * D * sizeof(float)), "cudaMalloc K means");
+        CUDA_TRY(cudaMalloc(&e->kmean_valid, (size_t)BH * sizeof(int)), "cudaMalloc K means");
+        CUDA_TRY(cudaMemsetAsync(e->kmean_valid, 0, (size_t)BH * sizeof(int), st),
+                 "clear K means");
+        e->km_BH = BH, e->km_D = D;
+    }
+    *mean = e->kmean, *valid = e->kmean_valid;
+    return QVA_OK;
+}
+
+extern "C" qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH, int D,
+                                           float *mean, int *valid) {
+    cuda_state *s = get_state(ctx);
+    if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
+    vs_dev *e = NULL;
+    for (int i = 0; i < s->nvs; ++i)
+        if (s->vs[i].layer == layer) e = &s->vs[i];
+    if (!e || !e->kmean || e->km_BH != BH || e->km_D != D)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "layer %d holds no K means of %d x %d", layer,
+                        BH, D);
+    cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
+    CUDA_TRY(cudaMemcpyAsync(mean, e->kmean, (size_t)BH * D * sizeof(float),
+                             cudaMemcpyDeviceToHost, st), "copy K means");
+    CUDA_TRY(cudaMemcpyAsync(valid, e->kmean_valid, (size_t)BH * sizeof(int),
+                             cudaMemcpyDeviceToHost, st), "copy K means");
+    CUDA_TRY(cudaStreamSynchronize(st), "copy K means");
+    return QVA_OK;
+}
+
 static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
                                const qva_tensor *out, const qva_tensor *lse) {
     qvc_attn_args a;
@@ -321,6 +370,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.demean = demean;
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);
+    if ((r = kprev_state(s, cfg, BH, D, &pa.kprev_mean, &pa.kprev_valid, st)) != QVA_OK) return r;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;

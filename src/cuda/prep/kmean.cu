@@ -28,9 +28,10 @@
 template <int DT, int D, bool EXT>
 __global__ void __launch_bounds__(KSM_THREADS)
 kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, double *partial,
-                   qvc_block_ext kext) {
+                   qvc_block_ext kext, const int *skip) {
     using L = block_lanes<D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+    if (skip && skip[bh]) return; /* +kprev: the head's carried mean serves */
     const int blk = blockIdx.x * L::PER_CTA + warp * L::PER_WARP + lane / qk_geom<D>::LPR;
     if (blk >= nblk) return;
     const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
@@ -48,13 +49,14 @@ kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, do
 
 template <int DT, int D>
 static void launch_kmean_block_d(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
-                                 double *partial, qvc_block_ext kext, cudaStream_t st) {
+                                 double *partial, qvc_block_ext kext, const int *skip,
+                                 cudaStream_t st) {
     const int vec = qvc_view_vec_ok(&k, QK_CPL);
     const dim3 grid((unsigned)qvi_cdiv(nblk, block_lanes<D>::PER_CTA), BH);
     if (kext.min)
-        kmean_block_kernel<DT, D, true><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext);
+        kmean_block_kernel<DT, D, true><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext, skip);
     else
-        kmean_block_kernel<DT, D, false><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext);
+        kmean_block_kernel<DT, D, false><<<grid, KSM_THREADS, 0, st>>>(k, perm, n, nblk, vec, partial, kext, skip);
 }
 
 /*
@@ -70,9 +72,10 @@ static void launch_kmean_block_d(const qvc_view &k, const int32_t *perm, int n, 
 template <int DT, int D, bool EXT>
 __global__ void __launch_bounds__(PREP_THREADS)
 kmean_plain_kernel(qvc_view k, const int32_t *perm, int n, int nblk, double *partial,
-                   qvc_block_ext kext) {
+                   qvc_block_ext kext, const int *skip) {
     __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
     const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
+    if (skip && skip[bh]) return; /* the whole CTA, before its barrier */
     double sum;
     float mn, mx;
     if (!plain_block_colsum<DT, D, EXT>(k, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
@@ -89,37 +92,43 @@ static bool kmean_plain_ok(const qvc_view &k) {
 
 template <int DT, int D>
 static void launch_kmean_plain_d(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
-                                 double *partial, qvc_block_ext kext, cudaStream_t st) {
+                                 double *partial, qvc_block_ext kext, const int *skip,
+                                 cudaStream_t st) {
     const dim3 grid((unsigned)nblk, (unsigned)BH);
     if (kext.min)
-        kmean_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(k, perm, n, nblk, partial, kext);
+        kmean_plain_kernel<DT, D, true><<<grid, PREP_THREADS, 0, st>>>(k, perm, n, nblk, partial, kext, skip);
     else
-        kmean_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(k, perm, n, nblk, partial, kext);
+        kmean_plain_kernel<DT, D, false><<<grid, PREP_THREADS, 0, st>>>(k, perm, n, nblk, partial, kext, skip);
 }
 
 template <int DT>
 static void launch_kmean_block(const qvc_view &k, const int32_t *perm, int n, int nblk, int BH,
-                               double *partial, qvc_block_ext kext, cudaStream_t st) {
+                               double *partial, qvc_block_ext kext, const int *skip,
+                               cudaStream_t st) {
     if constexpr (DT != QVA_F32) {
         if (kmean_plain_ok(k)) {
-            if (k.D == 64) launch_kmean_plain_d<DT, 64>(k, perm, n, nblk, BH, partial, kext, st);
-            else launch_kmean_plain_d<DT, 128>(k, perm, n, nblk, BH, partial, kext, st);
+            if (k.D == 64) launch_kmean_plain_d<DT, 64>(k, perm, n, nblk, BH, partial, kext, skip, st);
+            else launch_kmean_plain_d<DT, 128>(k, perm, n, nblk, BH, partial, kext, skip, st);
             return;
         }
     }
     if (k.D == 64)
-        launch_kmean_block_d<DT, 64>(k, perm, n, nblk, BH, partial, kext, st);
+        launch_kmean_block_d<DT, 64>(k, perm, n, nblk, BH, partial, kext, skip, st);
     else
-        launch_kmean_block_d<DT, 128>(k, perm, n, nblk, BH, partial, kext, st);
+        launch_kmean_block_d<DT, 128>(k, perm, n, nblk, BH, partial, kext, skip, st);
 }
 
 #define KSF_AHEAD 32
 
 __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int BH, int D,
-                                    float *mean) {
+                                    float *mean, const float *stored, const int *valid) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)BH * D) return;
     const int bh = (int)(t / D), c = (int)(t % D);
+    if (valid && valid[bh]) { /* +kprev: the carried mean */
+        mean[t] = stored[t];
+        return;
+    }
     const double *p = partial + (int64_t)bh * nblk * D + c;
     /* The adds stay in block order; the loads of KSF_AHEAD blocks go out
      * together (one thread per channel leaves little else to hide a load
@@ -137,8 +146,11 @@ __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int 
     mean[t] = __double2float_rn(__ddiv_rn(s, (double)n));
 }
 
-qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                     qvc_block_ext kext, cudaStream_t st) {
+/* qvc_kmean and qvc_kmean_carried: valid (with stored) marks the heads
+ * whose mean is carried, or NULL. */
+static qva_status kmean_of(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                           qvc_block_ext kext, const float *stored, const int *valid,
+                           cudaStream_t st) {
     const int D = (int)k->D;
     if (n < 1 || (D != 64 && D != 128))
         return qvi_fail(QVA_ERR_SHAPE, "K mean: n=%d D=%d (64 or 128)", n, D);
@@ -146,16 +158,83 @@ qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, floa
     double *partial = NULL;
     cudaError_t e = cudaMallocAsync((void **)&partial, (size_t)BH * nblk * D * sizeof(double), st);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "K mean: cudaMallocAsync");
-    QVC_DISPATCH_DTYPE(k->dtype, launch_kmean_block<DT_>(*k, perm, n, nblk, BH, partial, kext, st));
+    QVC_DISPATCH_DTYPE(k->dtype,
+                       launch_kmean_block<DT_>(*k, perm, n, nblk, BH, partial, kext, valid, st));
     qva_status s = qvc_launch_check("K mean: block sums");
     if (s == QVA_OK) {
         const int64_t cells = (int64_t)BH * D;
         /* 64-thread CTAs: BH * D threads spread over more SMs' load units */
         kmean_finish_kernel<<<(unsigned)((cells + 63) / 64), 64, 0, st>>>(partial, n, nblk, BH, D,
-                                                                          mean);
+                                                                          mean, stored, valid);
         s = qvc_launch_check("K mean: finish");
     }
     if ((e = cudaFreeAsync(partial, st)) != cudaSuccess && s == QVA_OK)
         s = qvc_cuda_fail(e, "K mean: cudaFreeAsync");
     return s;
+}
+
+qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                     qvc_block_ext kext, cudaStream_t st) {
+    return kmean_of(k, perm, n, BH, mean, kext, NULL, NULL, st);
+}
+
+qva_status qvc_kmean_carried(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                             const float *stored, const int *valid, cudaStream_t st) {
+    const qvc_block_ext none = {NULL, NULL};
+    return kmean_of(k, perm, n, BH, mean, none, stored, valid, st);
+}
+
+/* ------------------------------------------------------------ +kprev */
+/* One CTA of D threads per head: thread c sums its channel's blocks in
+ * block order (each product kscale_b * csum_b exact in FP64: 24 by 15
+ * bits), divides by n, and the CTA undoes the rotation in qva_hadamard's
+ * stages (each butterfly's two roundings are the CPU loop's, whatever
+ * order the butterflies of a stage run in), scales, applies the signs and
+ * adds the mean used.  The head is valid if every channel is finite. */
+template <int D>
+__global__ void __launch_bounds__(D)
+kmean_next_kernel(const int32_t *csum, const float *kscale, const float *used, int rotate,
+                  const float *signs, float had_scale, int n, int nblk, float *stored,
+                  int *valid) {
+    __shared__ float x[D];
+    const int bh = blockIdx.x, c = threadIdx.x;
+    const int32_t *cs = csum + (int64_t)bh * nblk * D + c;
+    const float *ks = kscale + (int64_t)bh * nblk;
+    double s = 0.0;
+    for (int b = 0; b < nblk; ++b)
+        s = __dadd_rn(s, __dmul_rn((double)__ldg(ks + b), (double)__ldg(cs + (int64_t)b * D)));
+    x[c] = __double2float_rn(__ddiv_rn(s, (double)n));
+    if (rotate) {
+        __syncthreads();
+#pragma unroll
+        for (int h = 1; h < D; h *= 2) {
+            if (!(c & h)) {
+                const float a = x[c], b = x[c + h];
+                x[c] = __fadd_rn(a, b);
+                x[c + h] = __fsub_rn(a, b);
+            }
+            __syncthreads();
+        }
+        x[c] = __fmul_rn(x[c], had_scale);
+        if (signs) x[c] = __fmul_rn(x[c], signs[c]); /* NULL: all +1 */
+    }
+    const float next = __fadd_rn(used[(int64_t)bh * D + c], x[c]);
+    stored[(int64_t)bh * D + c] = next;
+    const int ok = __syncthreads_and(isfinite(next));
+    if (c == 0) valid[bh] = ok;
+}
+
+qva_status qvc_kmean_next(const int32_t *csum, const float *kscale, const float *used,
+                          int rotate, const float *signs, int n, int nblk, int BH, int D,
+                          float *stored, int *valid, cudaStream_t st) {
+    const float hs = (float)(1.0 / sqrt((double)D)); /* qva_hadamard's */
+    if (D == 64)
+        kmean_next_kernel<64><<<BH, 64, 0, st>>>(csum, kscale, used, rotate, signs, hs, n, nblk,
+                                                 stored, valid);
+    else if (D == 128)
+        kmean_next_kernel<128><<<BH, 128, 0, st>>>(csum, kscale, used, rotate, signs, hs, n, nblk,
+                                                   stored, valid);
+    else
+        return qvi_fail(QVA_ERR_SHAPE, "K mean (+kprev): D=%d (64 or 128)", D);
+    return qvc_launch_check("K mean (+kprev): next");
 }

@@ -40,7 +40,10 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, qvc_block_ext kext, cudaStream_t st) {
     qva_status s = QVA_OK;
-    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, kext, st);
+    if (kmean)
+        s = a->kprev_mean ? qvc_kmean_carried(k, a->perm, nk, BH, kmean, a->kprev_mean,
+                                              a->kprev_valid, st)
+                          : qvc_kmean(k, a->perm, nk, BH, kmean, kext, st);
     if (s == QVA_OK && a->lse_shift)
         s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
     return s;
@@ -105,10 +108,19 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
     return QVA_OK;
 }
 
-/* The three chains of the preparation: Q; the K mean, LSE shift and K; V. */
+/* Whether +kprev's K goes through qk_plain.cu (whose code sums it needs). */
+static bool kprev_ok(const qvc_view *k, const qvc_prep_args *a, int D) {
+    qk_params kp;
+    memset(&kp, 0, sizeof kp);
+    kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
+    return a->qk_format == QVC_QK_INT8 && qvc_qk_plain_ok(kp, D);
+}
+
+/* The three chains of the preparation: Q; the K mean, LSE shift and K
+ * (and +kprev's next means); V. */
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
-                              float *bamax, qvc_block_ext kext, int demean,
+                              float *bamax, qvc_block_ext kext, int32_t *csum, int demean,
                               const cudaStream_t sts[3]) {
     const int D = ops->D, BH = ops->BH;
     qk_params p;
@@ -141,8 +153,13 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
         p.codes = ops->k_i8;
         p.scale = ops->k_scale;
         p.ext = kext;
+        p.csum = csum;
         s = qvc_prep_qk8(p, BH, D, sts[1], "qvc_prep: K quantize");
     }
+    /* +kprev: the means the layer's next call smooths with */
+    if (s == QVA_OK && csum)
+        s = qvc_kmean_next(csum, ops->k_scale, kmean, a->hadamard, a->had_signs, ops->nk,
+                           ops->nblk, BH, D, a->kprev_mean, a->kprev_valid, sts[1]);
 
     /* V' = V[perm]. */
     if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, sts[2]);
@@ -178,6 +195,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: Hadamard needs a power-of-two D, got %d", D);
     if (a->lse_shift && !a->smooth_k)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: lse_shift needs smooth_k");
+    const int kprev = a->kprev_mean != NULL;
+    if (kprev && !(a->smooth_k && a->kprev_valid && kprev_ok(k, a, D)))
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_prep: +kprev on CUDA takes INT8 K of bf16/f16 with 16-byte aligned "
+                        "rows at head dim 64 or 128 (its code sums come from qk_plain.cu)");
 
     /* Temporaries: K channel mean [BH][D]; V block means and residual
      * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
@@ -188,9 +210,10 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     qk_params kp;
     memset(&kp, 0, sizeof kp);
     kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
-    const size_t ext_b = a->smooth_k && qvc_qk_plain_takes_ext(kp, D)
+    const size_t ext_b = a->smooth_k && !kprev && qvc_qk_plain_takes_ext(kp, D)
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
-    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b;
+    const size_t csum_b = kprev ? align256((size_t)BH * nblk * D * sizeof(int32_t)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b;
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
@@ -204,12 +227,14 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         kext.max = (float *)(tmp + mean_b + 2 * stat_b + ext_b);
     }
 
+    int32_t *csum = csum_b ? (int32_t *)(tmp + mean_b + 2 * stat_b + 2 * ext_b) : NULL;
+
     const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
     if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
         if (tmp) cudaFreeAsync(tmp, st);
         return s;
     }
-    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, demean, sts);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, demean, sts);
     /* joined even after a failed launch, so that st stays after every
      * kernel of this call and the free below after their last use */
     if (fk) {

@@ -37,6 +37,8 @@ typedef struct qk_params {
     int rows_per_scale;   /* 1 (INT8 Q per row) or QVI_BLOCK   */
     int vec;              /* qk.cu: vector loads allowed (set there) */
     qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
+    int32_t *csum;        /* K, qk_plain.cu: [BH][n_pad/128][D] each block's
+                             column sums of its codes (+kprev), or NULL */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -61,6 +63,18 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
  * where kext.min is set, the blocks' extremes. */
 qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
                      qvc_block_ext kext, cudaStream_t st);
+/* +kprev: mean [BH][D] = stored where valid[bh], else as qvc_kmean (whose
+ * block passes skip the valid heads: no read of their K). */
+qva_status qvc_kmean_carried(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                             const float *stored, const int *valid, cudaStream_t st);
+/* +kprev: the means the layer's next call uses, the CPU's next_k_mean:
+ * stored [BH][D] = used + (FP64 block-order sum of kscale_b * csum_b) / n,
+ * with the rotation undone first where rotate (+hadamard; signs: device
+ * [D], or NULL for all +1); valid [BH] = every channel finite.  csum,
+ * kscale: qk_plain.cu's K outputs ([BH][nblk][D], [BH][nblk]). */
+qva_status qvc_kmean_next(const int32_t *csum, const float *kscale, const float *used,
+                          int rotate, const float *signs, int n, int nblk, int BH, int D,
+                          float *stored, int *valid, cudaStream_t st);
 
 /* ---- qk.cu */
 /* Codes and scales (per block, or per row for INT8 with p.rows_per_scale

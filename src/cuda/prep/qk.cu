@@ -197,6 +197,8 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
         qvc_qk_plain_launch(p, grid, D, st);
         return qvc_launch_check(what);
     }
+    if (p.csum) /* qvc_prep checks first (kprev_ok in prep8.cu); this only guards */
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: +kprev's code sums need qk_plain.cu's K", what);
     qk_params pv = p;
     pv.vec = qvc_view_vec_ok(&p.x, QK_CPL);
     QVC_DISPATCH_DTYPE(p.x.dtype, launch_qk_dt<DT_>(pv, grid, D, st));

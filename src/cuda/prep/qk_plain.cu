@@ -141,6 +141,34 @@ static __device__ __forceinline__ void qkp_rows_per_row(const qk_params &p, cons
     }
 }
 
+/* +kprev: the thread's codes of one row added into its channels' sums (a
+ * dp4a with a one-hot byte picks one signed code each). */
+static __device__ __forceinline__ void qkp_add_codes(const uint2 &w, int (&cs)[QKP_CPL]) {
+#pragma unroll
+    for (int e = 0; e < QKP_CPL; ++e)
+        cs[e] = __dp4a((int)(e < 4 ? w.x : w.y), 1 << (8 * (e & 3)), cs[e]);
+}
+
+/* +kprev: the block's column sums of its codes into p.csum: the row lanes
+ * of a channel group, then the warps, all integer adds (no order). */
+template <int D>
+static __device__ __forceinline__ void qkp_write_code_sums(const qk_params &p, const qkp_lane &L,
+                                                           int (&cs)[QKP_CPL], int *sums) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x < D) sums[threadIdx.x] = 0;
+#pragma unroll
+    for (int o = plain_geom<D>::LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) cs[e] += __shfl_xor_sync(FULL_MASK, cs[e], o);
+    __syncthreads();
+    if (lane < plain_geom<D>::LPR)
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) atomicAdd(&sums[L.c0 + e], cs[e]);
+    __syncthreads();
+    if (threadIdx.x < D)
+        p.csum[((int64_t)L.bh * (p.n_pad / QVI_BLOCK) + L.blk) * D + threadIdx.x] = sums[threadIdx.x];
+}
+
 /* One scale per block, stored by thread 0; returns its reciprocal. */
 static __device__ __forceinline__ float qkp_block_scale(const qk_params &p, const qkp_lane &L,
                                                         float amax, float *scale) {
@@ -154,10 +182,11 @@ static __device__ __forceinline__ float qkp_block_scale(const qk_params &p, cons
  * block's [128][D] floats; each thread reads back only what it wrote):
  * kept in registers they held the kernel to two CTAs an SM (118
  * registers), which left DRAM a third busy. */
-template <int DT, int D>
+template <int DT, int D, bool CSUM>
 static __device__ __forceinline__ void qkp_block_kept(const qk_params &p, const qkp_lane &L,
                                                       const uint4 (&raw)[plain_geom<D>::STEPS],
-                                                      float *red, float *rot, int8_t *codes) {
+                                                      float *red, float *rot, int8_t *codes,
+                                                      int (&cs)[QKP_CPL]) {
     using G = plain_geom<D>;
     const int row0 = L.r0 - L.blk * QVI_BLOCK; /* the thread's first row in the block */
     float amax = 0.0f;
@@ -178,17 +207,20 @@ static __device__ __forceinline__ void qkp_block_kept(const qk_params &p, const 
         const float4 *t = (const float4 *)(rot + (row0 + s * G::RPC) * D + L.c0);
         const float4 a = t[0], b = t[1];
         const float x[QKP_CPL] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
+        const uint2 w = qkp_codes8(x, scale, rcp);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = w;
+        if (CSUM) qkp_add_codes(w, cs);
     }
 }
 
 /* Unrotated K: the block max from the extremes where the K mean pass made
  * them, else from the rows; then the rows again (cheap to redo, and fewer
  * registers than keeping them). */
-template <int DT, int D>
+template <int DT, int D, bool CSUM>
 static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const qkp_lane &L,
                                                       const uint4 (&raw)[plain_geom<D>::STEPS],
-                                                      float *red, int8_t *codes) {
+                                                      float *red, int8_t *codes,
+                                                      int (&cs)[QKP_CPL]) {
     using G = plain_geom<D>;
     float amax = 0.0f;
     if (p.ext.min) {
@@ -209,7 +241,9 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
     for (int s = 0; s < G::STEPS; ++s) {
         float x[QKP_CPL];
         qkp_row<DT, D, false>(p, raw[s], L.r0 + s * G::RPC < p.n, L.mean, L.smooth, L.sg, x);
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x, scale, rcp);
+        const uint2 w = qkp_codes8(x, scale, rcp);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = w;
+        if (CSUM) qkp_add_codes(w, cs);
     }
 }
 
@@ -217,7 +251,9 @@ static __device__ __forceinline__ void qkp_block_redo(const qk_params &p, const 
 template <int D>
 static constexpr int qkp_rot_bytes() { return QVI_BLOCK * D * (int)sizeof(float); }
 
-template <int DT, int D, bool ROWS, bool ROT>
+/* CSUM: K's code sums for +kprev (p.csum), an instance of its own so that
+ * the other K instances keep their registers. */
+template <int DT, int D, bool ROWS, bool ROT, bool CSUM = false>
 __global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : ROT ? 3 : 4) /* 3: rotated K's 64 KB */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
@@ -247,28 +283,43 @@ qk_plain_kernel(qk_params p) {
 
     /* ---- codes and scales */
     int8_t *codes = p.codes + ((int64_t)L.bh * p.n_pad + L.r0) * D + L.c0;
-    if constexpr (ROWS)
+    if constexpr (ROWS) {
         qkp_rows_per_row<DT, D, ROT>(p, L, raw, codes);
-    else if constexpr (ROT)
-        qkp_block_kept<DT, D>(p, L, raw, red, qkp_rot, codes);
-    else
-        qkp_block_redo<DT, D>(p, L, raw, red, codes);
+    } else {
+        int cs[QKP_CPL] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if constexpr (ROT)
+            qkp_block_kept<DT, D, CSUM>(p, L, raw, red, qkp_rot, codes, cs);
+        else
+            qkp_block_redo<DT, D, CSUM>(p, L, raw, red, codes, cs);
+        if constexpr (CSUM) {
+            __shared__ int sums[D];
+            qkp_write_code_sums<D>(p, L, cs, sums);
+        }
+    }
+}
+
+template <int DT, int D, bool ROT, bool CSUM>
+static void launch_qk_plain_k(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (ROT) {
+        /* the attribute is per function and idempotent; its failure shows
+         * as the launch's (qvc_launch_check) */
+        constexpr int smem = qkp_rot_bytes<D>();
+        cudaFuncSetAttribute(qk_plain_kernel<DT, D, false, ROT, CSUM>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        qk_plain_kernel<DT, D, false, ROT, CSUM><<<grid, PREP_THREADS, smem, st>>>(p);
+    } else {
+        qk_plain_kernel<DT, D, false, ROT, CSUM><<<grid, PREP_THREADS, 0, st>>>(p);
+    }
 }
 
 template <int DT, int D, bool ROT>
 static void launch_qk_plain_r(const qk_params &p, dim3 grid, cudaStream_t st) {
-    if (p.rows_per_scale == 1) {
+    if (p.rows_per_scale == 1)
         qk_plain_kernel<DT, D, true, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
-    } else if (ROT) {
-        /* the attribute is per function and idempotent; its failure shows
-         * as the launch's (qvc_launch_check) */
-        constexpr int smem = qkp_rot_bytes<D>();
-        cudaFuncSetAttribute(qk_plain_kernel<DT, D, false, ROT>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        qk_plain_kernel<DT, D, false, ROT><<<grid, PREP_THREADS, smem, st>>>(p);
-    } else {
-        qk_plain_kernel<DT, D, false, ROT><<<grid, PREP_THREADS, 0, st>>>(p);
-    }
+    else if (p.csum)
+        launch_qk_plain_k<DT, D, ROT, true>(p, grid, st);
+    else
+        launch_qk_plain_k<DT, D, ROT, false>(p, grid, st);
 }
 
 template <int DT, int D>
