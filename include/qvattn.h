@@ -168,6 +168,19 @@ typedef enum qva_k_mean {
                                with 16-byte aligned rows                   */
 } qva_k_mean;
 
+/* cfg.v_scale: V's per-channel E4M3 scale (sage8, vc8 with one E4M3 digit;
+ * docs/NUMERICS.md §3, "V's scale from the previous call"). */
+typedef enum qva_v_scale {
+    QVA_V_SCALE_CALL = 0,    /* this call's: amax / 2.25 (the default)       */
+    QVA_V_SCALE_PREVIOUS = 1 /* "+vprev": on calls without V-Smooth's
+                                demeaning, the scales this layer's previous
+                                call made, where they serve this call (every
+                                code within E4M3's +-448; else the head's
+                                own), so the preparation need not read V for
+                                its amax before coding it.  CPU reference
+                                only so far                                */
+} qva_v_scale;
+
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {
     QVA_SCHEDULE_PAPER = 0, /* group on steps < ceil(n/4), refresh every 4 */
@@ -274,6 +287,7 @@ typedef struct qva_config {
                             * overflow FP32, are QVA_ERR_NONFINITE (see
                             * qva_attention); no effect on CUDA          */
     int k_mean;            /* qva_k_mean of K smoothing (sage8, vc8)        */
+    int v_scale;           /* qva_v_scale of V's E4M3 scale (sage8, vc8)    */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -298,7 +312,9 @@ void qva_config_default(qva_config *cfg);
  * sage8, vc8 without +expcast: cfg->p_sum = QVA_P_SUM_CODES) and "+v2"
  * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2) and "+fp16acc" (draft:
  * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16) and "+kprev" (sage8, vc8:
- * cfg->k_mean = QVA_K_MEAN_PREVIOUS), each setting at most once.
+ * cfg->k_mean = QVA_K_MEAN_PREVIOUS) and "+vprev" (sage8, vc8 with one E4M3
+ * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS), each setting at most
+ * once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8: "sage8" rotates
  * (hadamard = 1) and, without ExpCast, sums P's codes (p_sum =

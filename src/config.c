@@ -55,6 +55,12 @@ int qvi_k_mean_applies(qva_method m) {
     return m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
 
+/* +vprev: the E4M3 V of sage8 and vc8, one digit (+i8pv's INT8 codes use
+ * their whole range, +v2's second digit its first's). */
+int qvi_v_scale_applies(const qva_config *cfg) {
+    return qvi_v_code_applies(cfg->method) && cfg->v_code == QVA_V_E4M3;
+}
+
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -228,6 +234,7 @@ static const method_option method_options[] = {
     {"i8pv", offsetof(qva_config, v_code), QVA_V_INT8_PV},
     {"fp16acc", offsetof(qva_config, draft.int8_acc), QVA_DRAFT_ACC_FP16},
     {"kprev", offsetof(qva_config, k_mean), QVA_K_MEAN_PREVIOUS},
+    {"vprev", offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -257,7 +264,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
-                            "+fp32sum, +v2, +i8pv, +fp16acc or +kprev)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev or +vprev)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -308,6 +315,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.v_code = QVA_V_E4M3;
     c.draft.int8_acc = QVA_DRAFT_ACC_FP32;
     c.k_mean = QVA_K_MEAN_CALL;
+    c.v_scale = QVA_V_SCALE_CALL;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -318,7 +326,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
-                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev)",
+                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -381,6 +389,11 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+kprev applies to the INT8 K of sage8 and vc8 (the smoothed K "
                         "whose codes carry the next mean), not %s",
                         method_names[c.method]);
+    if (c.v_scale && !qvi_v_scale_applies(&c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+vprev applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
+                        "or +i8pv), not %s%s",
+                        method_names[c.method], c.v_code ? " with that V code" : "");
     if (c.v_code == QVA_V_INT8_PV && c.expcast)
         return qvi_fail(QVA_ERR_PARSE,
                         "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
@@ -428,8 +441,12 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     if (n >= 0 && (size_t)n < len && cfg->method == QVA_METHOD_DRAFT &&
         dp->int8_acc == QVA_DRAFT_ACC_FP16)
         n += snprintf(buf + n, len - (size_t)n, "+fp16acc");
-    if (n >= 0 && (size_t)n < len && cfg->k_mean == QVA_K_MEAN_PREVIOUS)
+    if (n >= 0 && (size_t)n < len && cfg->k_mean == QVA_K_MEAN_PREVIOUS &&
+        qvi_k_mean_applies(cfg->method))
         n += snprintf(buf + n, len - (size_t)n, "+kprev");
+    if (n >= 0 && (size_t)n < len && cfg->v_scale == QVA_V_SCALE_PREVIOUS &&
+        qvi_v_scale_applies(cfg))
+        n += snprintf(buf + n, len - (size_t)n, "+vprev");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

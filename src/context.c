@@ -181,6 +181,16 @@ void **qvi_context_slot(qva_context_t *ctx, qvi_slot slot,
     return &ctx->slots[slot];
 }
 
+void qvi_context_carry_shape(qva_context_t *ctx, int layer, const int64_t shape[3]) {
+    for (size_t i = 0; i < ctx->vs_len; ++i) {
+        qvi_vs_state *st = &ctx->vs[i].st;
+        if (ctx->vs[i].layer != layer || !memcmp(st->carry_shape, shape, sizeof st->carry_shape))
+            continue;
+        st->kmean_d = st->vscale_d = 0;
+        memcpy(st->carry_shape, shape, sizeof st->carry_shape);
+    }
+}
+
 qvi_vs_state *qvi_context_vs_state(qva_context_t *ctx, int layer, int64_t b,
                                    int64_t h) {
     for (size_t i = 0; i < ctx->vs_len; ++i)

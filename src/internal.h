@@ -100,6 +100,9 @@ int qvi_p_sum_applies(const qva_config *cfg);
 int qvi_v_code_applies(qva_method m);
 /* cfg->k_mean = QVA_K_MEAN_PREVIOUS is meaningful: sage8, vc8. */
 int qvi_k_mean_applies(qva_method m);
+/* cfg->v_scale = QVA_V_SCALE_PREVIOUS is meaningful: sage8, vc8 with one
+ * E4M3 digit of V. */
+int qvi_v_scale_applies(const qva_config *cfg);
 /* The fields a method name sets unless a suffix does (hadamard, p_sum),
  * at cfg->method's defaults: qva_config_set_method's, and a draft warm-up
  * step's (the warm-up method by its plain name). */
@@ -126,7 +129,7 @@ typedef qva_status (*qvi_draft_stats_fn)(void *arg, qva_draft_stats *out);
 void qvi_context_set_draft_stats_lazy(qva_context_t *ctx, qvi_draft_stats_fn fn, void *arg);
 
 /* Per-(layer, batch, K/V head) state: V-Smooth's permutation and
- * centroids, and the K mean +kprev carries to the layer's next call. */
+ * centroids, and what +kprev and +vprev carry to the layer's next call. */
 typedef struct qvi_vs_state {
     int n, d, k;         /* tokens, head dim, clusters              */
     int32_t *perm;       /* n entries, NULL before the first group  */
@@ -134,7 +137,15 @@ typedef struct qvi_vs_state {
     int last_group_step; /* step at which perm was computed         */
     int kmean_d;         /* channels of kmean; 0: none stored yet   */
     float kmean[128];
+    int vscale_d;        /* channels of vscale (+vprev); 0: none    */
+    float vscale[128];
+    int64_t carry_shape[3]; /* B, H, H_kv of the call that left them:
+                               another shape restarts (CUDA's rule)  */
 } qvi_vs_state;
+/* A call of shape (B, H, H_kv) at `layer`: every state of the layer whose
+ * carried statistics (+kprev, +vprev) came from another shape forgets them
+ * (the layer restarts, as on CUDA, whose state is one array per layer). */
+void qvi_context_carry_shape(qva_context_t *ctx, int layer, const int64_t shape[3]);
 /* Finds or creates the state of (layer, b, h); NULL on OOM. */
 qvi_vs_state *qvi_context_vs_state(qva_context_t *ctx, int layer, int64_t b,
                                    int64_t h);
@@ -210,6 +221,13 @@ typedef struct qvi_v8 {
  * x = value / scale as rint(x) in [-127, 127]. */
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
                           int demean, qva_v_code code, qvi_v8 *out);
+/* qvi_v8_prepare with +vprev's carried channel scales (E4M3, one digit):
+ * use (d, or NULL) replaces this call's own scales without demeaning,
+ * where they serve (every code within E4M3's range: one decision for the
+ * whole head); next (d, or NULL) receives the own scales, for the layer's
+ * next call. */
+qva_status qvi_v8_prepare_carried(const float *v, int n, int d, const int32_t *perm, int demean,
+                                  qva_v_code code, const float *use, float *next, qvi_v8 *out);
 void qvi_v8_free(qvi_v8 *x);
 
 /* ------------------------------------------------------------ row engine */

@@ -226,6 +226,13 @@ static qva_status check_config(const qva_config *cfg) {
                         "k_mean = %d (QVA_K_MEAN_CALL or QVA_K_MEAN_PREVIOUS)", cfg->k_mean);
     if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && !qvi_k_mean_applies(cfg->method))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "k_mean QVA_K_MEAN_PREVIOUS applies to sage8 and vc8");
+    if (cfg->v_scale != QVA_V_SCALE_CALL && cfg->v_scale != QVA_V_SCALE_PREVIOUS)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "v_scale = %d (QVA_V_SCALE_CALL or QVA_V_SCALE_PREVIOUS)", cfg->v_scale);
+    if (cfg->v_scale == QVA_V_SCALE_PREVIOUS && !qvi_v_scale_applies(cfg))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "v_scale QVA_V_SCALE_PREVIOUS applies to sage8 and vc8 with v_code "
+                        "QVA_V_E4M3");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

@@ -150,13 +150,14 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               map, options draft.min_keep / draft.max_keep), with
               +expcast / +expcast-centred / +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
-              options
+              / +vprev options
               (docs/CLI.md says what each does; sage8 rotates and sums its
               codes unless +nohadamard / +fp32sum; +v2, V in two E4M3
               digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
               inputs; +kprev, K smoothed with the mean the layer's previous
-              call left, on CUDA with bf16/f16 inputs).
+              call left, on CUDA with bf16/f16 inputs; +vprev, V coded with
+              the scales the layer's previous call made, CPU only so far).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).

@@ -271,6 +271,7 @@ class QvaConfig(_CStruct):
         ("num_steps", c_int),
         ("check_finite", c_int),
         ("k_mean", c_int),  # qva_k_mean (+kprev sets PREVIOUS)
+        ("v_scale", c_int),  # qva_v_scale (+vprev sets PREVIOUS)
     ]
 
 

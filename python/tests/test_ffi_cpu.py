@@ -60,7 +60,7 @@ int main(void) {
     F(qva_config, expcast); F(qva_config, q_granularity); F(qva_config, p_sum); F(qva_config, v_code);
     F(qva_config, vsmooth); F(qva_config, draft);
     F(qva_config, layer); F(qva_config, step); F(qva_config, num_steps);
-    F(qva_config, check_finite); F(qva_config, k_mean);
+    F(qva_config, check_finite); F(qva_config, k_mean); F(qva_config, v_scale);
     Z(qva_error_terms);
     F(qva_error_terms, full); F(qva_error_terms, q); F(qva_error_terms, k);
     F(qva_error_terms, p); F(qva_error_terms, v); F(qva_error_terms, mu);

@@ -283,8 +283,26 @@ static uint8_t v_int8_code(float x) {
     return (uint8_t)(int8_t)fminf(fmaxf(rintf(x), -127.0f), 127.0f);
 }
 
+/* +vprev: whether the carried scales `use` serve this call's values x:
+ * every code within E4M3's +-448 (a NaN value fails), so that the carried
+ * scale changes nothing but where the codes sit in E4M3's range.  One
+ * decision per head, as a device makes it. */
+static int carried_scales_serve(const float *x, int n, int d, const float *use) {
+    for (int c = 0; c < d; ++c) {
+        if (!(use[c] > 0.0f) || !isfinite(use[c])) return 0;
+        for (int i = 0; i < n; ++i)
+            if (!(fabsf(x[(size_t)i * d + c] / use[c]) <= 448.0f)) return 0;
+    }
+    return 1;
+}
+
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
                           int demean, qva_v_code code, qvi_v8 *out) {
+    return qvi_v8_prepare_carried(v, n, d, perm, demean, code, NULL, NULL, out);
+}
+
+qva_status qvi_v8_prepare_carried(const float *v, int n, int d, const int32_t *perm, int demean,
+                                  qva_v_code code, const float *use, float *next, qvi_v8 *out) {
     const int digits = code == QVA_V_E4M3X2 ? 2 : 1, int8 = code == QVA_V_INT8_PV;
     memset(out, 0, sizeof *out);
     out->n = n;
@@ -304,10 +322,15 @@ qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
     }
     gather_rows(v, n, d, perm, x);
     if (demean) block_demean(x, n, d, out->nblk, out->mu_hat);
+    for (int c = 0; c < d; ++c)
+        out->chan_scale[c] = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk,
+                                             int8 ? 127.0f : QVI_V_E4M3_RANGE);
+    if (next) memcpy(next, out->chan_scale, (size_t)d * sizeof(float));
+    /* demeaning steps read V for its block means anyway: their own scales */
+    if (use && !demean && carried_scales_serve(x, n, d, use))
+        memcpy(out->chan_scale, use, (size_t)d * sizeof(float));
     for (int c = 0; c < d; ++c) {
-        float sc = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk,
-                                   int8 ? 127.0f : QVI_V_E4M3_RANGE);
-        out->chan_scale[c] = sc;
+        const float sc = out->chan_scale[c];
         for (int i = 0; i < n; ++i) {
             const float xs = x[(size_t)i * d + c] / sc;
             const uint8_t hi = int8 ? v_int8_code(xs) : qva_e4m3_encode(xs);
@@ -402,13 +425,13 @@ static void smooth_k(float *k, int nk, const float *q, int nq, int d, float sm_s
     }
 }
 
-/* K smoothing's vectors for one head: use (NULL: this call's channel mean)
- * and next (NULL: not wanted), which receives the mean the layer's next
- * call uses under +kprev. */
-typedef struct k_means {
-    const float *use;
-    float *next;
-} k_means;
+/* What a layer's calls carry to its next call, for one head: +kprev's K
+ * means and +vprev's V channel scales.  use: the previous call's (NULL:
+ * this call's own); next: where this call's go (NULL: not wanted). */
+typedef struct carried {
+    const float *kuse, *vuse;
+    float *knext, *vnext;
+} carried;
 
 /* +kprev: the K mean the layer's next call smooths with, from this call's
  * INT8 codes of the smoothed (and rotated) K: mean(K) = used + mean(K -
@@ -517,7 +540,7 @@ static qva_status quantize_fp4(float *q, float *k, float *v, int demean,
 /* The 8- and 4-bit codes of the (already smoothed / rotated / permuted)
  * f32 operands. */
 static qva_status quantize_codes(float *q, float *k, float *v, int demean,
-                                 head_ops *o) {
+                                 const carried *cs, head_ops *o) {
     const int d = o->d;
     if (o->kind == PATH_FP8) {
         qvi_quant_e4m3_blocks(q, o->nq_pad, d, &o->q8);
@@ -532,7 +555,8 @@ static qva_status quantize_codes(float *q, float *k, float *v, int demean,
         qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
         return (!o->qi.codes || !o->ki.codes)
                    ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
-                   : qvi_v8_prepare(v, o->nk, d, NULL, demean, o->v_code, &o->v8);
+                   : qvi_v8_prepare_carried(v, o->nk, d, NULL, demean, o->v_code, cs->vuse,
+                                            cs->vnext, &o->v8);
     }
     return quantize_fp4(q, k, v, demean, o);
 }
@@ -642,7 +666,7 @@ static void dequantize_masked(head_ops *o) {
  * ownership of q, k, v.  With a mask other than QVI_QUANT_ALL the head
  * runs on the FP32 engine (PATH_F32) instead of the codes. */
 static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
-                               float *v, int demean, head_ops *o) {
+                               float *v, int demean, const carried *cs, head_ops *o) {
     const int d = o->d;
     if (o->kind == PATH_16) { /* keep the rounded f32 buffers */
         round_rows16(q, (size_t)o->nq_pad * d, in_dtype);
@@ -655,7 +679,7 @@ static qva_status quantize_ops(qva_dtype in_dtype, float *q, float *k,
     }
     const int fp32_engine = o->mask != QVI_QUANT_ALL;
     qva_status st = fp32_engine ? keep_fp32_operands(q, k, v, demean, o) : QVA_OK;
-    if (st == QVA_OK) st = quantize_codes(q, k, v, demean, o);
+    if (st == QVA_OK) st = quantize_codes(q, k, v, demean, cs, o);
     if (st == QVA_OK && fp32_engine) {
         o->codes_kind = o->kind;
         o->kind = PATH_F32;
@@ -684,7 +708,7 @@ static path_kind method_path(qva_method m) {
 static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
                                const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                int64_t h, int64_t hk, const int32_t *perm, int demean,
-                               int mask, const k_means *km, head_ops *o) {
+                               int mask, const carried *km, head_ops *o) {
     memset(o, 0, sizeof *o);
     o->kind = method_path(cfg->method);
     o->mask = mask;
@@ -720,10 +744,10 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "lse shift");
         }
         float own[128];
-        if (!km->use) qvi_channel_mean(k, o->nk, d, own);
-        smooth_k(k, o->nk, q, o->nq, d, qvi_sm_scale(cfg, d), km->use ? km->use : own,
+        if (!km->kuse) qvi_channel_mean(k, o->nk, d, own);
+        smooth_k(k, o->nk, q, o->nq, d, qvi_sm_scale(cfg, d), km->kuse ? km->kuse : own,
                  o->lse_shift);
-        if (km->next) memcpy(km->next, km->use ? km->use : own, (size_t)d * sizeof(float));
+        if (km->knext) memcpy(km->knext, km->kuse ? km->kuse : own, (size_t)d * sizeof(float));
     }
     float signs[128];
     if (cfg->hadamard) {
@@ -731,9 +755,9 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
         hadamard_rows(q, o->nq, d, signs);
         hadamard_rows(k, o->nk, d, signs);
     }
-    qva_status st = quantize_ops(qt->dtype, q, k, v, demean, o);
-    if (st == QVA_OK && km->next && o->ki.codes) /* km->next holds the mean used */
-        next_k_mean(&o->ki, o->nk, d, km->next, cfg->hadamard ? signs : NULL, km->next);
+    qva_status st = quantize_ops(qt->dtype, q, k, v, demean, km, o);
+    if (st == QVA_OK && km->knext && o->ki.codes) /* km->knext holds the mean used */
+        next_k_mean(&o->ki, o->nk, d, km->knext, cfg->hadamard ? signs : NULL, km->knext);
     return st;
 }
 
@@ -918,7 +942,7 @@ static qva_status exact_head(const qva_config *cfg, const qva_tensor *qt,
 static qva_status quantized_head(const qva_config *cfg, const qva_tensor *qt,
                                  const qva_tensor *kt, const qva_tensor *vt, int64_t b,
                                  int64_t h, int64_t hk, const int32_t *perm, int demean,
-                                 int mask, const k_means *km, float *ob, float *lb) {
+                                 int mask, const carried *km, float *ob, float *lb) {
     head_ops o;
     qva_status st = prepare_head(cfg, qt, kt, vt, b, h, hk, perm, demean, mask, km, &o);
     if (st == QVA_OK) {
@@ -976,36 +1000,46 @@ static qva_status kv_head_order(qva_context_t *ctx, const qva_config *cfg,
     return st;
 }
 
-/* +kprev's vectors for K/V head (b, hk): the mean the layer's previous call
- * left (in use, if its state holds one of d channels; else km->use NULL:
- * this call's own) and next, where this call's goes.  Nothing for other
- * configs and for stateless calls (cfg->layer QVA_LAYER_NONE). */
-static qva_status kprev_means(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
-                              int d, float *use, float *next, k_means *km) {
-    km->use = NULL, km->next = NULL;
-    if (cfg->k_mean != QVA_K_MEAN_PREVIOUS || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
+/* What the layer's previous call left for K/V head (b, hk): under +kprev
+ * its K mean, under +vprev its V scales (into kuse / vuse where the state
+ * holds d channels of it from a call of the same shape (B, H, H_kv); else
+ * that use stays NULL: this call's own), and where this call's go.
+ * Nothing for other configs and stateless calls (QVA_LAYER_NONE). */
+static qva_status carried_of(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
+                             int d, const int64_t shape[3], float (*buf)[128], carried *cs) {
+    memset(cs, 0, sizeof *cs);
+    const int kp = cfg->k_mean == QVA_K_MEAN_PREVIOUS, vp = cfg->v_scale == QVA_V_SCALE_PREVIOUS;
+    if (!(kp || vp) || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
     const qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
     if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
-    if (st->kmean_d == d) {
-        memcpy(use, st->kmean, (size_t)d * sizeof(float));
-        km->use = use;
-    }
-    km->next = next;
+    const int same = !memcmp(st->carry_shape, shape, sizeof st->carry_shape);
+    if (kp && same && st->kmean_d == d)
+        cs->kuse = memcpy(buf[0], st->kmean, (size_t)d * sizeof(float));
+    if (vp && same && st->vscale_d == d)
+        cs->vuse = memcpy(buf[1], st->vscale, (size_t)d * sizeof(float));
+    if (kp) cs->knext = buf[2];
+    if (vp) cs->vnext = buf[3];
     return QVA_OK;
 }
 
-/* Keeps next for the layer's next call, or nothing when it is not finite
- * (a non-finite K): that call then smooths with its own mean, so one bad
+/* Keeps x (d channels) for the layer's next call, or nothing when it is not
+ * finite (a non-finite K or V): that call then uses its own, so one bad
  * call's NaN does not reach the calls after it. */
-static qva_status kprev_store(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
-                              int d, const float *next) {
+static void keep_finite(float *dst, int *dst_d, const float *x, int d) {
+    *dst_d = d;
+    for (int c = 0; c < d; ++c) {
+        if (!isfinite(x[c])) *dst_d = 0;
+        dst[c] = x[c];
+    }
+}
+
+static qva_status carried_store(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
+                                int d, const int64_t shape[3], const carried *cs) {
     qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
     if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
-    st->kmean_d = d;
-    for (int c = 0; c < d; ++c) {
-        if (!isfinite(next[c])) st->kmean_d = 0;
-        st->kmean[c] = next[c];
-    }
+    memcpy(st->carry_shape, shape, sizeof st->carry_shape); /* a new entry's */
+    if (cs->knext) keep_finite(st->kmean, &st->kmean_d, cs->knext, d);
+    if (cs->vnext) keep_finite(st->vscale, &st->vscale_d, cs->vnext, d);
     return QVA_OK;
 }
 
@@ -1032,21 +1066,26 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
     qva_status st = QVA_OK;
     const int32_t *perm = NULL;
     int demean = 0;
-    float kuse[128], knext[128];
-    k_means km = {NULL, NULL};
+    float buf[4][128];
+    carried cs = {NULL, NULL, NULL, NULL};
+    const int64_t shape[3] = {q->shape[0], q->shape[1], k->shape[1]};
+    if ((cfg->k_mean || cfg->v_scale) && cfg->layer != QVA_LAYER_NONE)
+        qvi_context_carry_shape(ctx, cfg->layer, shape);
     for (int64_t b = 0; b < q->shape[0] && st == QVA_OK; ++b)
         for (int64_t h = 0; h < q->shape[1] && st == QVA_OK; ++h) {
             const int64_t hk = h / group;
             if (h % group == 0 &&
                 ((st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK ||
-                 (st = kprev_means(ctx, cfg, b, hk, (int)d, kuse, knext, &km)) != QVA_OK))
+                 (st = carried_of(ctx, cfg, b, hk, (int)d, shape, buf, &cs)) != QVA_OK))
                 break;
-            /* the group's heads smooth with one mean; the last leaves the next */
-            const k_means hkm = {km.use, h % group == group - 1 ? km.next : NULL};
+            /* the group's heads use one carried set; the last leaves the next */
+            const int last = h % group == group - 1;
+            const carried hcs = {cs.kuse, cs.vuse, last ? cs.knext : NULL, last ? cs.vnext : NULL};
             st = cfg->method == QVA_METHOD_EXACT
                      ? exact_head(cfg, q, k, v, b, h, hk, ob, lb)
-                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, &hkm, ob, lb);
-            if (st == QVA_OK && hkm.next) st = kprev_store(ctx, cfg, b, hk, (int)d, hkm.next);
+                     : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, &hcs, ob, lb);
+            if (st == QVA_OK && (hcs.knext || hcs.vnext))
+                st = carried_store(ctx, cfg, b, hk, (int)d, shape, &hcs);
             if (st == QVA_OK && cfg->check_finite)
                 st = qvi_check_rows(ob, lse ? lb : NULL, nq, (int)d, b, h);
             if (st != QVA_OK) break;

@@ -38,6 +38,11 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
+    if (cfg->v_scale == QVA_V_SCALE_PREVIOUS) {
+        snprintf(why, len, "+vprev (V's scales from the layer's previous call) runs on the CPU "
+                           "reference only so far");
+        return 0;
+    }
     if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && dt != QVA_BF16 && dt != QVA_F16) {
         snprintf(why, len, "+kprev on CUDA takes bf16 or f16 inputs (its K code sums come from "
                            "the preparation's 16-bit path)");
@@ -66,9 +71,9 @@ typedef struct vs_dev {
     int layer, BH, N, D, k;
     int32_t *perm;     /* [BH][N]    */
     float *centroids;  /* [BH][k][D] */
-    int km_BH, km_D;   /* shape of kmean; 0: none allocated */
-    float *kmean;      /* [km_BH][km_D] */
-    int *kmean_valid;  /* [km_BH]: 0 until a call leaves a finite mean */
+    int km_B, km_H, km_Hk, km_D; /* the calls' shape (B, H, H_kv, D); 0: none */
+    float *kmean;      /* [km_B * km_H][km_D], per query head */
+    int *kmean_valid;  /* [km_B * km_H]: 0 until a call leaves a finite mean */
 } vs_dev;
 
 typedef struct cuda_state {
@@ -217,23 +222,26 @@ static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_v
     return QVA_OK;
 }
 
-/* +kprev: the layer's carried K means for BH heads of D channels (a new
- * shape: none valid, so each head computes its own); NULLs for other
- * configs and stateless calls. */
-static qva_status kprev_state(cuda_state *s, const qva_config *cfg, int BH, int D,
-                              float **mean, int **valid, cudaStream_t st) {
+/* +kprev: the layer's carried K means for the call's heads (q: B, H, D;
+ * k: H_kv).  Another shape restarts the layer (none valid: each head
+ * computes its own), as the CPU reference does.  NULLs for other configs
+ * and stateless calls. */
+static qva_status kprev_state(cuda_state *s, const qva_config *cfg, const qva_tensor *q,
+                              const qva_tensor *k, float **mean, int **valid, cudaStream_t st) {
     *mean = NULL, *valid = NULL;
     if (cfg->k_mean != QVA_K_MEAN_PREVIOUS || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
+    const int B = (int)q->shape[0], H = (int)q->shape[1], Hk = (int)k->shape[1],
+              D = (int)q->shape[3], BH = B * H;
     vs_dev *e = find_vs(s, cfg->layer);
     if (!e) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
-    if (!e->kmean || e->km_BH != BH || e->km_D != D) {
+    if (!e->kmean || e->km_B != B || e->km_H != H || e->km_Hk != Hk || e->km_D != D) {
         cudaFree(e->kmean), cudaFree(e->kmean_valid);
-        e->kmean = NULL, e->kmean_valid = NULL, e->km_BH = e->km_D = 0;
+        e->kmean = NULL, e->kmean_valid = NULL, e->km_B = e->km_H = e->km_Hk = e->km_D = 0;
         CUDA_TRY(cudaMalloc(&e->kmean, (size_t)BH * D * sizeof(float)), "cudaMalloc K means");
         CUDA_TRY(cudaMalloc(&e->kmean_valid, (size_t)BH * sizeof(int)), "cudaMalloc K means");
         CUDA_TRY(cudaMemsetAsync(e->kmean_valid, 0, (size_t)BH * sizeof(int), st),
                  "clear K means");
-        e->km_BH = BH, e->km_D = D;
+        e->km_B = B, e->km_H = H, e->km_Hk = Hk, e->km_D = D;
     }
     *mean = e->kmean, *valid = e->kmean_valid;
     return QVA_OK;
@@ -246,7 +254,7 @@ extern "C" qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH
     vs_dev *e = NULL;
     for (int i = 0; i < s->nvs; ++i)
         if (s->vs[i].layer == layer) e = &s->vs[i];
-    if (!e || !e->kmean || e->km_BH != BH || e->km_D != D)
+    if (!e || !e->kmean || e->km_B * e->km_H != BH || e->km_D != D)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "layer %d holds no K means of %d x %d", layer,
                         BH, D);
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
@@ -370,7 +378,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.demean = demean;
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);
-    if ((r = kprev_state(s, cfg, BH, D, &pa.kprev_mean, &pa.kprev_valid, st)) != QVA_OK) return r;
+    if ((r = kprev_state(s, cfg, q, k, &pa.kprev_mean, &pa.kprev_valid, st)) != QVA_OK) return r;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;

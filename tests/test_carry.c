@@ -1,6 +1,8 @@
 /*
- * cfg.k_mean = QVA_K_MEAN_PREVIOUS ("+kprev", docs/NUMERICS.md §3, "K's mean
- * from the previous call") on the CPU reference:
+ * What a layer's calls carry to the next (docs/NUMERICS.md §3) on the CPU
+ * reference.
+ * cfg.k_mean = QVA_K_MEAN_PREVIOUS ("+kprev", "K's mean from the previous
+ * call"):
  *  (a) parsing, naming and validation: sage8 and vc8 only;
  *  (b) a layer's first call, and every stateless call, is the method
  *      without +kprev bit for bit (it smooths with its own mean);
@@ -11,10 +13,21 @@
  *  (d) a small drift of K between calls costs at most a few percent of
  *      the method's error, and the LSE stays the unsmoothed one;
  *  (e) grouped K/V heads: the calls are those of K/V repeated per query
- *      head, bit for bit;
+ *      head, bit for bit; a layer whose heads change shape restarts;
  *  (f) a non-finite K leaves no mean, so the next call is its own.
  * The CUDA form is held to these means bit for bit by test_backend
  * (run_kprev).
+ * cfg.v_scale = QVA_V_SCALE_PREVIOUS ("+vprev", "V's scale from the
+ * previous call"):
+ *  (g) parsing: sage8 and vc8 with one E4M3 digit of V;
+ *  (h) first calls are the method's own bit for bit; a call after V grew
+ *      1.5-fold uses the carried scales (its output differs, its error
+ *      within 10% of the method's: one draw of a spread whose mean is the
+ *      method's, NUMERICS §3) and leaves its own; a 300-fold growth (codes
+ *      past E4M3's 448) makes the head use its own scales, bit for bit the
+ *      method's; so do V-Smooth's demeaning steps, always;
+ *  (i) grouped K/V heads as repeated ones, and the restart, with both
+ *      options.
  */
 #define TEST_RNG_SEED 0x6B9E7A11C0FFEEull
 #include <stdlib.h>
@@ -50,6 +63,9 @@ static void free_call(call *c) {
     free(c->q), free(c->k), free(c->v), free(c->out), free(c->lse);
 }
 
+/* The step of run()'s calls: a plain one (V-Smooth on the stored order). */
+static int g_step = 20;
+
 /* qva_attention of `method` at `layer` on c (out, lse filled). */
 static qva_status run(qva_context_t *ctx, const char *method, int layer, call *c) {
     qva_config cfg;
@@ -57,7 +73,7 @@ static qva_status run(qva_context_t *ctx, const char *method, int layer, call *c
     qva_status st = qva_config_set_method(&cfg, method);
     CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
     cfg.layer = layer;
-    cfg.step = 20, cfg.num_steps = 40; /* vc8: a plain step on the stored order */
+    cfg.step = g_step, cfg.num_steps = 40;
     cfg.check_finite = 0;
     const qva_tensor q = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, B, c->H, N, c->D),
                      k = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, B, c->Hk, N, c->D),
@@ -224,26 +240,51 @@ static void test_drift(const char *plain, const char *kprev) {
     free_call(&c);
 }
 
-/* (e) ------------------------------------------------------------ GQA */
-static void test_gqa(void) {
+/* (e), (i) ------------------------------------------------------ GQA */
+/* `calls` calls of method on grouped K/V heads (4 query heads, 2 K/V) and
+ * on the same K/V repeated per query head, K moving by 0.3 and V growing
+ * by v_growth between calls: the outputs bit for bit equal. */
+static void check_gqa(const char *method, int calls, float v_growth) {
     call g = make_call(4, 2, 64), r = make_call(4, 4, 64);
     const size_t nk = (size_t)N * 64, n = out_elems(&g);
     qva_context_t *cg = NULL, *cr = NULL;
     CHECK(qva_context_create(&cg, QVA_DEVICE_CPU) == QVA_OK &&
               qva_context_create(&cr, QVA_DEVICE_CPU) == QVA_OK, "contexts");
     memcpy(r.q, g.q, n * sizeof(float));
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < calls; ++step) {
         for (int h = 0; h < 4; ++h) { /* K/V head h / 2, repeated */
             memcpy(r.k + h * nk, g.k + (h / 2) * nk, nk * sizeof(float));
             memcpy(r.v + h * nk, g.v + (h / 2) * nk, nk * sizeof(float));
         }
-        run(cg, "sage8+kprev", LAYER, &g);
-        run(cr, "sage8+kprev", LAYER, &r);
-        CHECK(!memcmp(g.out, r.out, n * sizeof(float)), "call %d: grouped = repeated K/V", step);
-        for (size_t i = 0; i < 2 * nk; ++i) g.k[i] += 0.3f;
+        run(cg, method, LAYER, &g);
+        run(cr, method, LAYER, &r);
+        CHECK(!memcmp(g.out, r.out, n * sizeof(float)), "%s call %d: grouped = repeated K/V",
+              method, step);
+        for (size_t i = 0; i < 2 * nk; ++i) g.k[i] += 0.3f, g.v[i] *= v_growth;
     }
     qva_context_free(cg), qva_context_free(cr);
     free_call(&g), free_call(&r);
+}
+
+/* A layer whose heads change shape (B, H, K/V heads) restarts: its next
+ * call uses its own statistics, as a first call. */
+static void test_shape_change(const char *plain, const char *carried) {
+    call a = make_call(2, 2, 64), b = make_call(4, 2, 64);
+    const size_t n = out_elems(&b);
+    float *own = malloc(n * sizeof *own);
+    qva_context_t *ctx = NULL, *cp = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK &&
+              qva_context_create(&cp, QVA_DEVICE_CPU) == QVA_OK, "contexts");
+    run(ctx, carried, LAYER, &a);
+    run(cp, plain, LAYER, &a); /* the same V-Smooth history */
+    run(cp, plain, LAYER, &b);
+    memcpy(own, b.out, n * sizeof *own);
+    run(ctx, carried, LAYER, &b);
+    CHECK(!memcmp(own, b.out, n * sizeof *own), "%s: after 2 heads, 4 query heads restart",
+          carried);
+    qva_context_free(ctx), qva_context_free(cp);
+    free(own);
+    free_call(&a), free_call(&b);
 }
 
 /* (f) ------------------------------------------------------------ non-finite */
@@ -270,6 +311,87 @@ static void test_nonfinite(void) {
     free_call(&c);
 }
 
+/* (g) ------------------------------------------------------------ +vprev parsing */
+static void test_vprev_parse(void) {
+    static const char *const ok[] = {"sage8+vprev", "vc8+vprev", "vc8+expcast+vprev",
+                                     "sage8+kprev+vprev", "vc8+hadamard+expcast-centred+vprev"};
+    static const char *const bad[] = {"fp8+vprev", "bf16+vprev", "sage4+vprev", "vc4+vprev",
+                                      "draft@85/0/7.5/7.5+vprev", "sage8+v2+vprev",
+                                      "vc8+i8pv+vprev", "sage8+vprev+vprev"};
+    check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
+                        offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS, QVA_V_SCALE_CALL,
+                        "+vprev");
+    qva_config c;
+    qva_config_default(&c);
+    CHECK(qva_config_set_method(&c, "vc8") == QVA_OK, "vc8");
+    c.v_scale = QVA_V_SCALE_PREVIOUS;
+    CHECK(option_call_check(&c) == QVA_OK, "vc8 + QVA_V_SCALE_PREVIOUS: %s", qva_last_error());
+    c.v_code = QVA_V_E4M3X2;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with v_code E4M3X2 refused");
+    c.v_code = QVA_V_E4M3, c.v_scale = 2;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "v_scale 2 refused");
+}
+
+/* (h) ------------------------------------------------------------ +vprev calls */
+static void scale_v(call *c, float f) {
+    for (size_t i = 0; i < (size_t)B * c->Hk * N * c->D; ++i) c->v[i] *= f;
+}
+
+static void test_vprev_calls(const char *plain, const char *vprev, int step) {
+    g_step = step;
+    call c = make_call(2, 2, 128);
+    const size_t n = out_elems(&c), nk = (size_t)N * c.D;
+    float *ex = malloc(n * sizeof *ex), *own = malloc(n * sizeof *own);
+    qva_context_t *ctx = NULL, *cp = NULL, *cx = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK &&
+              qva_context_create(&cp, QVA_DEVICE_CPU) == QVA_OK &&
+              qva_context_create(&cx, QVA_DEVICE_CPU) == QVA_OK, "contexts");
+    /* the first call: its own scales */
+    run(cp, plain, LAYER, &c);
+    memcpy(own, c.out, n * sizeof *own);
+    run(ctx, vprev, LAYER, &c);
+    CHECK(!memcmp(own, c.out, n * sizeof *own), "%s step %d: the first call is %s's", vprev, step,
+          plain);
+    /* V grows 1.5-fold: the carried scales serve (not on demeaning steps) */
+    scale_v(&c, 1.5f);
+    run(cp, plain, LAYER, &c);
+    memcpy(own, c.out, n * sizeof *own);
+    run(ctx, vprev, LAYER, &c);
+    const int same = !memcmp(own, c.out, n * sizeof *own);
+    CHECK(step < 10 ? same : !same, "%s step %d: the carried scales %s", vprev, step,
+          step < 10 ? "are not used while demeaning" : "were used");
+    float *mine = malloc(n * sizeof *mine);
+    memcpy(mine, c.out, n * sizeof *mine);
+    run(cx, "exact", QVA_LAYER_NONE, &c);
+    memcpy(ex, c.out, n * sizeof *ex);
+    const double ek = rel_l2(mine, ex, n), ep = rel_l2(own, ex, n);
+    printf("  %s step %d after V x1.5: rel-L2 %.5f (%s %.5f)\n", vprev, step, ek, plain, ep);
+    CHECK(ek <= 1.10 * ep, "%s: %.5f against %s's %.5f", vprev, ek, plain, ep);
+    for (int h = 0; h < c.Hk; ++h) { /* the call left its own scales */
+        qvi_v8 x;
+        CHECK(qvi_v8_prepare(c.v + h * nk, N, c.D, NULL, 0, QVA_V_E4M3, &x) == QVA_OK, "v8");
+        const qvi_vs_state *st = qvi_context_vs_state(ctx, LAYER, 0, h);
+        if (step >= 10) /* undemeaned: the own scales are qvi_v8_prepare's of V as it is */
+            CHECK(st && st->vscale_d == c.D &&
+                      !memcmp(st->vscale, x.chan_scale, (size_t)c.D * sizeof(float)),
+                  "%s head %d: the call's own scales kept", vprev, h);
+        else
+            CHECK(st && st->vscale_d == c.D, "%s head %d: scales kept", vprev, h);
+        qvi_v8_free(&x);
+    }
+    /* V grows 300-fold: codes would pass 448; the head codes with its own */
+    scale_v(&c, 300.0f);
+    run(cp, plain, LAYER, &c);
+    memcpy(own, c.out, n * sizeof *own);
+    run(ctx, vprev, LAYER, &c);
+    CHECK(!memcmp(own, c.out, n * sizeof *own), "%s step %d: after a 300-fold growth, %s's", vprev,
+          step, plain);
+    qva_context_free(ctx), qva_context_free(cp), qva_context_free(cx);
+    free(ex), free(own), free(mine);
+    free_call(&c);
+    g_step = 20;
+}
+
 int main(void) {
     test_parse();
     test_first_calls("sage8", "sage8+kprev");
@@ -279,7 +401,14 @@ int main(void) {
     test_tracking("vc8", "vc8+kprev", 128);
     test_drift("sage8", "sage8+kprev");
     test_drift("vc8+hadamard+expcast-centred", "vc8+hadamard+expcast-centred+kprev");
-    test_gqa();
+    check_gqa("sage8+kprev", 2, 1.0f);
+    test_shape_change("sage8", "sage8+kprev");
     test_nonfinite();
-    return check_summary("test_kprev");
+    test_vprev_parse();
+    test_vprev_calls("sage8", "sage8+vprev", 20);
+    test_vprev_calls("vc8+expcast", "vc8+expcast+vprev", 20);
+    test_vprev_calls("vc8", "vc8+vprev", 1); /* demeaned (a reuse step) */
+    check_gqa("vc8+kprev+vprev", 3, 1.2f);
+    test_shape_change("vc8+expcast", "vc8+expcast+kprev+vprev");
+    return check_summary("test_carry");
 }
