@@ -284,14 +284,16 @@ static uint8_t v_int8_code(float x) {
 }
 
 /* +vprev: whether the carried scales `use` serve this call's values x:
- * every code within E4M3's +-448 (a NaN value fails), so that the carried
- * scale changes nothing but where the codes sit in E4M3's range.  One
- * decision per head, as a device makes it. */
+ * every channel's amax (fmaxf's: NaN skipped, as v_channel_scale's) over
+ * its carried scale within E4M3's 448, so that every code is (the
+ * quotient is monotone in |x|) and the carried scale changes nothing but
+ * where the codes sit in E4M3's range.  One decision per head, from the
+ * amax a device makes on the way. */
 static int carried_scales_serve(const float *x, int n, int d, const float *use) {
     for (int c = 0; c < d; ++c) {
-        if (!(use[c] > 0.0f) || !isfinite(use[c])) return 0;
-        for (int i = 0; i < n; ++i)
-            if (!(fabsf(x[(size_t)i * d + c] / use[c]) <= 448.0f)) return 0;
+        float amax = 0.0f;
+        for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
+        if (!(use[c] > 0.0f) || !isfinite(use[c]) || !(amax / use[c] <= 448.0f)) return 0;
     }
     return 1;
 }
