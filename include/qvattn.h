@@ -177,8 +177,8 @@ typedef enum qva_v_scale {
                                 call made, where they serve this call (every
                                 code within E4M3's +-448; else the head's
                                 own), so the preparation need not read V for
-                                its amax before coding it.  CPU reference
-                                only so far                                */
+                                its amax before coding it.  CUDA: bf16/f16
+                                V with 16-byte aligned rows                */
 } qva_v_scale;
 
 /* V-Smooth schedule (VC §3.4, Appendix A). */

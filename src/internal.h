@@ -372,12 +372,12 @@ qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
                               const qva_tensor *q, const qva_tensor *k,
                               const qva_tensor *v, const qva_tensor *out,
                               const qva_tensor *lse);
-/* For tests: the K means +kprev carries for `layer` on a CUDA context,
- * [BH][D] per query head (B*H heads) and their validity [BH], copied to
- * the host (QVA_ERR_INVALID_ARGUMENT where the layer holds none of that
- * shape). */
-qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH, int D, float *mean,
-                                int *valid);
+/* For tests: what a CUDA context carries for `layer` (which 0: +kprev's K
+ * means, 1: +vprev's V scales), [BH][D] per query head (B*H heads), and
+ * their validity [BH], copied to the host (QVA_ERR_INVALID_ARGUMENT where
+ * the layer holds none of that shape). */
+qva_status qvi_cuda_layer_carried(qva_context_t *ctx, int layer, int BH, int D, int which,
+                                  float *vals, int *valid);
 
 #ifdef __cplusplus
 }

@@ -19,7 +19,8 @@
  *     scores that overflow FP32 and a NaN input with check_finite = 0 must
  *     give every row the same kind (finite, NaN, empty) on both backends;
  *     draft's INT8 partials where FP32 and FP16 part (run_int8_acc); and
- *     +kprev's carried K means over two calls (run_kprev).
+ *     +kprev's and +vprev's carried statistics over three calls
+ *     (run_carried).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -596,40 +597,67 @@ static void run_int8_acc(int ci) {
     free_case(&h);
 }
 
-/* +kprev across calls: a CPU and a CUDA context each run the same two
- * calls at one layer, the second on K moved by a per-channel offset; after
- * each call the K means the layer keeps for its next call must be the
- * CPU's bit for bit (the outputs alone cannot show a wrong mean: any mean
- * keeps attention exact), and the second call's output and LSE within the
- * method's tolerances of the CPU's. */
-static void run_kprev(int ci) {
+/* +kprev and +vprev across calls: a CPU and a CUDA context each run the
+ * same three calls at one layer, the second with K moved by a per-channel
+ * offset and V grown 1.5-fold, the third with V grown 300-fold (past what
+ * the carried V scales serve); after each call the statistics the layer
+ * keeps for its next call must be the CPU's bit for bit (the outputs alone
+ * cannot show a wrong one: any K mean keeps attention exact, and a V scale
+ * only moves the codes within E4M3's range), and every output and LSE
+ * within the method's tolerances of the CPU's. */
+static void compare_carried(const char *label, qva_context_t *cc, qva_context_t *cg,
+                            const tcase *c, int layer, int which) {
+    const int BH = c->B * c->H; /* the cases' K/V heads are their query heads */
+    float *gm = malloc((size_t)BH * c->D * 4);
+    int *gv = malloc((size_t)BH * sizeof(int));
+    CHECK(qvi_cuda_layer_carried(cg, layer, BH, c->D, which, gm, gv) == QVA_OK, "%s: %s", label,
+          qva_last_error());
+    int differ = 0, bad_valid = 0;
+    for (int bh = 0; bh < BH; ++bh) {
+        const qvi_vs_state *st = qvi_context_vs_state(cc, layer, bh / c->H, bh % c->H);
+        const int cpu_d = !st ? -1 : which ? st->vscale_d : st->kmean_d;
+        bad_valid += gv[bh] != (cpu_d == c->D);
+        if (cpu_d == c->D)
+            differ += memcmp(which ? st->vscale : st->kmean, gm + (size_t)bh * c->D,
+                             (size_t)c->D * 4) != 0;
+    }
+    printf("%-52s %s: %d of %d heads differ, %d validity flags\n", label,
+           which ? "V scales" : "K means", differ, BH, bad_valid);
+    CHECK(differ == 0 && bad_valid == 0, "%s: %d heads' %s differ from the CPU's, %d validity "
+          "flags", label, differ, which ? "V scales" : "K means", bad_valid);
+    free(gm), free(gv);
+}
+
+static void run_carried(int ci) {
     const tcase *c = &CASES[ci];
     if (c->draft_only || (c->dt != QVA_BF16 && c->dt != QVA_F16)) return;
     static const char *const methods[] = {"sage8+kprev", "sage8+nohadamard+kprev",
-                                          "vc8+expcast+kprev"};
-    const int BH = c->B * c->H; /* the cases' K/V heads are their query heads */
-    for (int m = 0; m < 3; ++m) {
-        if (m == 2 && c->Nq != c->Nk) continue; /* V-Smooth: self-attention */
+                                          "vc8+expcast+kprev", "sage8+vprev",
+                                          "vc8+expcast+kprev+vprev"};
+    for (int m = 0; m < 5; ++m) {
+        if ((m == 2 || m == 4) && c->Nq != c->Nk) continue; /* V-Smooth: self-attention */
         const tol t = {methods[m], 0.12, 1e-2, 5e-2, 1e-2, 0, NULL};
         qva_config cfg;
         make_config(c, &t, &cfg);
         if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
         host_io h = make_case(c);
-        qva_tensor k = desc(h.k, c, c->Nk, QVA_DEVICE_CPU);
+        qva_tensor k = desc(h.k, c, c->Nk, QVA_DEVICE_CPU), v = desc(h.v, c, c->Nk, QVA_DEVICE_CPU);
         qva_context_t *cc = NULL, *cg = NULL;
-        const size_t nl = (size_t)BH * c->Nq;
+        const size_t nl = (size_t)c->B * c->H * c->Nq;
         float *ref = malloc(h.nq * 4), *got = malloc(h.nq * 4), *lref = malloc(nl * 4),
-              *lgot = malloc(nl * 4), *gm = malloc((size_t)BH * c->D * 4);
-        int *gv = malloc((size_t)BH * sizeof(int));
+              *lgot = malloc(nl * 4);
         CHECK(qva_context_create(&cc, QVA_DEVICE_CPU) == QVA_OK &&
                   qva_context_create(&cg, QVA_DEVICE_CUDA) == QVA_OK, "contexts");
-        for (int call = 0; call < 2 && cc && cg; ++call) {
+        for (int call = 0; call < 3 && cc && cg; ++call) {
             char label[96];
-            snprintf(label, sizeof label, "kprev case %d %s call %d", ci, methods[m], call);
-            if (call) /* K moves: the first call's mean is stale */
-                for (size_t i = 0; i < h.nk; ++i)
+            snprintf(label, sizeof label, "carried case %d %s call %d", ci, methods[m], call);
+            for (size_t i = 0; call && i < h.nk; ++i) { /* K moves, V grows */
+                if (call == 1)
                     qvi_store_elem(&k, (int64_t)i, qvi_load_elem(&k, (int64_t)i) +
                                                        0.5f * sinf(0.3f * (float)(i % c->D)));
+                qvi_store_elem(&v, (int64_t)i,
+                               qvi_load_elem(&v, (int64_t)i) * (call == 1 ? 1.5f : 300.0f));
+            }
             const qva_status sc = run_cpu_in(cc, c, &h, &t, ref, lref, NULL),
                              sg = run_cuda_in(cg, c, &h, &t, got, lgot);
             CHECK(sc == QVA_OK && sg == QVA_OK, "%s: cpu %s, cuda %s (%s)", label,
@@ -637,22 +665,11 @@ static void run_kprev(int ci) {
             if (sc != QVA_OK || sg != QVA_OK) break;
             compare_backend(label, c, &t, got, ref, h.nq);
             compare_lse(label, t.method, lgot, lref, nl);
-            CHECK(qvi_cuda_layer_kmean(cg, cfg.layer, BH, c->D, gm, gv) == QVA_OK, "%s: %s",
-                  label, qva_last_error());
-            int differ = 0, bad_valid = 0;
-            for (int bh = 0; bh < BH; ++bh) {
-                const qvi_vs_state *st = qvi_context_vs_state(cc, cfg.layer, bh / c->H, bh % c->H);
-                bad_valid += !st || gv[bh] != (st->kmean_d == c->D);
-                if (st && st->kmean_d == c->D)
-                    differ += memcmp(st->kmean, gm + (size_t)bh * c->D, (size_t)c->D * 4) != 0;
-            }
-            printf("%-52s K means: %d of %d heads differ, %d validity flags\n", label, differ, BH,
-                   bad_valid);
-            CHECK(differ == 0 && bad_valid == 0, "%s: %d heads' K means differ from the CPU's, "
-                  "%d validity flags", label, differ, bad_valid);
+            if (cfg.k_mean) compare_carried(label, cc, cg, c, cfg.layer, 0);
+            if (cfg.v_scale) compare_carried(label, cc, cg, c, cfg.layer, 1);
         }
         qva_context_free(cc), qva_context_free(cg);
-        free(ref), free(got), free(lref), free(lgot), free(gm), free(gv);
+        free(ref), free(got), free(lref), free(lgot);
         free_case(&h);
     }
 }
@@ -680,6 +697,6 @@ int main(int argc, char **argv) {
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     if (!perf && qva_cuda_available())
-        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_kprev(i);
+        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_carried(i);
     return check_summary("test_backend");
 }

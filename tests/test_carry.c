@@ -16,7 +16,7 @@
  *      head, bit for bit; a layer whose heads change shape restarts;
  *  (f) a non-finite K leaves no mean, so the next call is its own.
  * The CUDA form is held to these means bit for bit by test_backend
- * (run_kprev).
+ * (run_carried), and +vprev's V scales too.
  * cfg.v_scale = QVA_V_SCALE_PREVIOUS ("+vprev", "V's scale from the
  * previous call"):
  *  (g) parsing: sage8 and vc8 with one E4M3 digit of V;

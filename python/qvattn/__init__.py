@@ -156,8 +156,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
               inputs; +kprev, K smoothed with the mean the layer's previous
-              call left, on CUDA with bf16/f16 inputs; +vprev, V coded with
-              the scales the layer's previous call made, CPU only so far).
+              call left, and +vprev, V coded with the scales the layer's
+              previous call made, both on CUDA with bf16/f16 inputs).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).

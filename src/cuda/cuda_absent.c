@@ -21,9 +21,9 @@ qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *cfg,
     return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
 }
 
-qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH, int D, float *mean,
-                                int *valid) {
-    (void)ctx, (void)layer, (void)BH, (void)D, (void)mean, (void)valid;
+qva_status qvi_cuda_layer_carried(qva_context_t *ctx, int layer, int BH, int D, int which,
+                                  float *vals, int *valid) {
+    (void)ctx, (void)layer, (void)BH, (void)D, (void)which, (void)vals, (void)valid;
     return qvi_fail(QVA_ERR_UNSUPPORTED, "library built without CUDA");
 }
 

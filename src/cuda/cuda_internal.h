@@ -125,6 +125,13 @@ typedef struct qvc_prep_args {
      * (bf16/f16, 16-byte aligned rows, head dim 64 or 128). */
     float *kprev_mean;
     int *kprev_valid;
+    /* +vprev (cfg.v_scale, the CPU's qvi_v8_prepare_carried), or NULL: the
+     * layer's carried V channel scales [BH][D] and their validity [BH].
+     * Undemeaned E4M3 V through v_plain.cu codes with them where they
+     * serve (every channel's amax / scale <= 448; else the head's own, a
+     * second read of its V), and leaves its own scales in their place. */
+    float *vprev_scale;
+    int *vprev_valid;
 } qvc_prep_args;
 /* Two side streams for the independent chains of one call (streams.cu):
  * qvc_fork_begin makes them wait for the caller's stream, qvc_fork_end

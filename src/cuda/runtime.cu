@@ -38,14 +38,10 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    if (cfg->v_scale == QVA_V_SCALE_PREVIOUS) {
-        snprintf(why, len, "+vprev (V's scales from the layer's previous call) runs on the CPU "
-                           "reference only so far");
-        return 0;
-    }
-    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && dt != QVA_BF16 && dt != QVA_F16) {
-        snprintf(why, len, "+kprev on CUDA takes bf16 or f16 inputs (its K code sums come from "
-                           "the preparation's 16-bit path)");
+    if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale == QVA_V_SCALE_PREVIOUS) &&
+        dt != QVA_BF16 && dt != QVA_F16) {
+        snprintf(why, len, "+kprev and +vprev on CUDA take bf16 or f16 inputs (their statistics "
+                           "come from the preparation's 16-bit path)");
         return 0;
     }
     if (cfg->v_code == QVA_V_INT8_PV && dt != QVA_BF16 && dt != QVA_F16) {
@@ -72,8 +68,10 @@ typedef struct vs_dev {
     int32_t *perm;     /* [BH][N]    */
     float *centroids;  /* [BH][k][D] */
     int km_B, km_H, km_Hk, km_D; /* the calls' shape (B, H, H_kv, D); 0: none */
-    float *kmean;      /* [km_B * km_H][km_D], per query head */
+    float *kmean;      /* [km_B * km_H][km_D], per query head (+kprev) */
     int *kmean_valid;  /* [km_B * km_H]: 0 until a call leaves a finite mean */
+    float *vscale;     /* [km_B * km_H][km_D] V's channel scales (+vprev) */
+    int *vscale_valid; /* [km_B * km_H] */
 } vs_dev;
 
 typedef struct cuda_state {
@@ -102,6 +100,7 @@ static void cuda_state_free(void *p) {
     for (int i = 0; i < s->nvs; ++i) {
         cudaFree(s->vs[i].perm), cudaFree(s->vs[i].centroids);
         cudaFree(s->vs[i].kmean), cudaFree(s->vs[i].kmean_valid);
+        cudaFree(s->vs[i].vscale), cudaFree(s->vs[i].vscale_valid);
     }
     free(s->vs);
     qvc_timer_free(&s->timer);
@@ -222,47 +221,54 @@ static qva_status vsmooth_perm(cuda_state *s, const qva_config *cfg, const qvc_v
     return QVA_OK;
 }
 
-/* +kprev: the layer's carried K means for the call's heads (q: B, H, D;
- * k: H_kv).  Another shape restarts the layer (none valid: each head
- * computes its own), as the CPU reference does.  NULLs for other configs
- * and stateless calls. */
-static qva_status kprev_state(cuda_state *s, const qva_config *cfg, const qva_tensor *q,
-                              const qva_tensor *k, float **mean, int **valid, cudaStream_t st) {
-    *mean = NULL, *valid = NULL;
-    if (cfg->k_mean != QVA_K_MEAN_PREVIOUS || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
+/* +kprev / +vprev: the layer's carried K means and V scales for the call's
+ * heads (q: B, H, D; k: H_kv).  Another shape restarts the layer (none
+ * valid: each head uses its own), as the CPU reference does.  NULLs for
+ * the options not asked and for stateless calls. */
+static qva_status carry_state(cuda_state *s, const qva_config *cfg, const qva_tensor *q,
+                              const qva_tensor *k, qvc_prep_args *pa, cudaStream_t st) {
+    pa->kprev_mean = NULL, pa->kprev_valid = NULL, pa->vprev_scale = NULL, pa->vprev_valid = NULL;
+    const int kp = cfg->k_mean == QVA_K_MEAN_PREVIOUS, vp = cfg->v_scale == QVA_V_SCALE_PREVIOUS;
+    if (!(kp || vp) || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
     const int B = (int)q->shape[0], H = (int)q->shape[1], Hk = (int)k->shape[1],
               D = (int)q->shape[3], BH = B * H;
     vs_dev *e = find_vs(s, cfg->layer);
     if (!e) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
     if (!e->kmean || e->km_B != B || e->km_H != H || e->km_Hk != Hk || e->km_D != D) {
-        cudaFree(e->kmean), cudaFree(e->kmean_valid);
-        e->kmean = NULL, e->kmean_valid = NULL, e->km_B = e->km_H = e->km_Hk = e->km_D = 0;
-        CUDA_TRY(cudaMalloc(&e->kmean, (size_t)BH * D * sizeof(float)), "cudaMalloc K means");
-        CUDA_TRY(cudaMalloc(&e->kmean_valid, (size_t)BH * sizeof(int)), "cudaMalloc K means");
-        CUDA_TRY(cudaMemsetAsync(e->kmean_valid, 0, (size_t)BH * sizeof(int), st),
-                 "clear K means");
+        cudaFree(e->kmean), cudaFree(e->kmean_valid), cudaFree(e->vscale), cudaFree(e->vscale_valid);
+        e->kmean = e->vscale = NULL, e->kmean_valid = e->vscale_valid = NULL;
+        e->km_B = e->km_H = e->km_Hk = e->km_D = 0;
+        const size_t vals = (size_t)BH * D * sizeof(float), flags = (size_t)BH * sizeof(int);
+        CUDA_TRY(cudaMalloc(&e->kmean, vals), "cudaMalloc carried statistics");
+        CUDA_TRY(cudaMalloc(&e->kmean_valid, flags), "cudaMalloc carried statistics");
+        CUDA_TRY(cudaMalloc(&e->vscale, vals), "cudaMalloc carried statistics");
+        CUDA_TRY(cudaMalloc(&e->vscale_valid, flags), "cudaMalloc carried statistics");
+        CUDA_TRY(cudaMemsetAsync(e->kmean_valid, 0, flags, st), "clear carried statistics");
+        CUDA_TRY(cudaMemsetAsync(e->vscale_valid, 0, flags, st), "clear carried statistics");
         e->km_B = B, e->km_H = H, e->km_Hk = Hk, e->km_D = D;
     }
-    *mean = e->kmean, *valid = e->kmean_valid;
+    if (kp) pa->kprev_mean = e->kmean, pa->kprev_valid = e->kmean_valid;
+    if (vp) pa->vprev_scale = e->vscale, pa->vprev_valid = e->vscale_valid;
     return QVA_OK;
 }
 
-extern "C" qva_status qvi_cuda_layer_kmean(qva_context_t *ctx, int layer, int BH, int D,
-                                           float *mean, int *valid) {
+extern "C" qva_status qvi_cuda_layer_carried(qva_context_t *ctx, int layer, int BH, int D,
+                                             int which, float *vals, int *valid) {
     cuda_state *s = get_state(ctx);
     if (!s) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "cuda state");
     vs_dev *e = NULL;
     for (int i = 0; i < s->nvs; ++i)
         if (s->vs[i].layer == layer) e = &s->vs[i];
     if (!e || !e->kmean || e->km_B * e->km_H != BH || e->km_D != D)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "layer %d holds no K means of %d x %d", layer,
-                        BH, D);
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "layer %d holds no carried statistics of %d x %d",
+                        layer, BH, D);
     cudaStream_t st = (cudaStream_t)qvi_context_stream(ctx);
-    CUDA_TRY(cudaMemcpyAsync(mean, e->kmean, (size_t)BH * D * sizeof(float),
-                             cudaMemcpyDeviceToHost, st), "copy K means");
-    CUDA_TRY(cudaMemcpyAsync(valid, e->kmean_valid, (size_t)BH * sizeof(int),
-                             cudaMemcpyDeviceToHost, st), "copy K means");
-    CUDA_TRY(cudaStreamSynchronize(st), "copy K means");
+    CUDA_TRY(cudaMemcpyAsync(vals, which ? e->vscale : e->kmean, (size_t)BH * D * sizeof(float),
+                             cudaMemcpyDeviceToHost, st), "copy carried statistics");
+    CUDA_TRY(cudaMemcpyAsync(valid, which ? e->vscale_valid : e->kmean_valid,
+                             (size_t)BH * sizeof(int), cudaMemcpyDeviceToHost, st),
+             "copy carried statistics");
+    CUDA_TRY(cudaStreamSynchronize(st), "copy carried statistics");
     return QVA_OK;
 }
 
@@ -378,7 +384,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.demean = demean;
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);
-    if ((r = kprev_state(s, cfg, q, k, &pa.kprev_mean, &pa.kprev_valid, st)) != QVA_OK) return r;
+    if ((r = carry_state(s, cfg, q, k, &pa, st)) != QVA_OK) return r;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;

@@ -120,8 +120,8 @@ static bool kprev_ok(const qvc_view *k, const qvc_prep_args *a, int D) {
  * (and +kprev's next means); V. */
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
-                              float *bamax, qvc_block_ext kext, int32_t *csum, int demean,
-                              const cudaStream_t sts[3]) {
+                              float *bamax, qvc_block_ext kext, int32_t *csum, float *vscratch,
+                              int demean, const cudaStream_t sts[3]) {
     const int D = ops->D, BH = ops->BH;
     qk_params p;
     memset(&p, 0, sizeof p);
@@ -162,7 +162,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
                            ops->nblk, BH, D, a->kprev_mean, a->kprev_valid, sts[1]);
 
     /* V' = V[perm]. */
-    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, sts[2]);
+    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, vscratch, sts[2]);
     return s;
 }
 
@@ -195,6 +195,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_UNSUPPORTED, "qvc_prep: Hadamard needs a power-of-two D, got %d", D);
     if (a->lse_shift && !a->smooth_k)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qvc_prep: lse_shift needs smooth_k");
+    if (a->vprev_scale && !(a->vprev_valid && a->v_mode == 0 && !ops->v_t_lo &&
+                            qvc_v_plain_ok(v, 0)))
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_prep: +vprev on CUDA takes one E4M3 digit of bf16/f16 V with "
+                        "16-byte aligned rows at head dim 64 or 128 (v_plain.cu codes it)");
     const int kprev = a->kprev_mean != NULL;
     if (kprev && !(a->smooth_k && a->kprev_valid && kprev_ok(k, a, D)))
         return qvi_fail(QVA_ERR_UNSUPPORTED,
@@ -213,7 +218,8 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     const size_t ext_b = a->smooth_k && !kprev && qvc_qk_plain_takes_ext(kp, D)
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     const size_t csum_b = kprev ? align256((size_t)BH * nblk * D * sizeof(int32_t)) : 0;
-    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b;
+    const size_t vsc_b = a->vprev_scale ? align256((size_t)BH * (2 * D + 1) * sizeof(float)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b;
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
@@ -228,13 +234,14 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     }
 
     int32_t *csum = csum_b ? (int32_t *)(tmp + mean_b + 2 * stat_b + 2 * ext_b) : NULL;
+    float *vscratch = vsc_b ? (float *)(tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b) : NULL;
 
     const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
     if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
         if (tmp) cudaFreeAsync(tmp, st);
         return s;
     }
-    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, demean, sts);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, vscratch, demean, sts);
     /* joined even after a failed launch, so that st stays after every
      * kernel of this call and the free below after their last use */
     if (fk) {

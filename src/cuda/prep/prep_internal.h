@@ -103,6 +103,12 @@ typedef struct v_plain_params {
     float *v_blk;        /* [BH][nblk]: 1                               */
     uint8_t *v_t_lo;     /* [BH][nblk][D][128] V's second digit, or NULL */
     int int8;            /* INT8 codes (v_mode 2: +i8pv), not E4M3       */
+    /* +vprev: run only heads with only[bh] == only_value (only: NULL, all);
+     * bamax: where undemeaned E4M3 coding also leaves the blocks' channel
+     * amax (v_amax_plain_kernel's), or NULL */
+    const int *only;
+    int only_value;
+    float *bamax;
 } v_plain_params;
 /* Whether v_plain_kernel serves V in this mode (0, 16-bit vector-loadable
  * input, D 64 or 128), and its launch. */
@@ -112,7 +118,7 @@ void qvc_v_plain_launch(const v_plain_params &p, int BH, cudaStream_t st);
  * the per-block channel amax into bamax [BH][nblk][D] (bmu not written:
  * nothing reads it undemeaned). */
 void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
-                             float *bamax, cudaStream_t st);
+                             float *bamax, const int *skip, cudaStream_t st);
 
 /* qvc_prep_v_stats with demeaning for the inputs qvc_v_plain_ok takes:
  * the raw block means into bmu and the residual amax into bamax. */
@@ -126,8 +132,9 @@ qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int 
                             int demean, float *bmu, float *bamax, cudaStream_t st,
                             const char *what);
 /* The V part of qvc_prep: ops->v_t, v_chan, v_blk and v_mu from V[a->perm]
- * (bmu, bamax: [BH][nblk][D] scratch, used for a->v_mode 0). */
+ * (bmu, bamax: [BH][nblk][D] scratch, used for a->v_mode 0; vprev_scratch:
+ * 2 BH D floats and BH ints for a->vprev_scale, else unused). */
 qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, float *bmu,
-                       float *bamax, qvc_ops *ops, cudaStream_t st);
+                       float *bamax, qvc_ops *ops, float *vprev_scratch, cudaStream_t st);
 
 #endif

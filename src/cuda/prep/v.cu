@@ -81,7 +81,7 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
 #define VS_JL 8
 __global__ void __launch_bounds__(VS_CH * VS_JL)
 v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const float *bamax,
-               float *v_chan, float *v_mu, uint16_t *v_mu_tile) {
+               float *v_chan, float *v_mu, uint16_t *v_mu_tile, float *amax_out) {
     __shared__ float red[2][VS_JL][VS_CH];
     __shared__ float scale[VS_CH];
     const int cl = threadIdx.x % VS_CH, jl = threadIdx.x / VS_CH, bh = blockIdx.y;
@@ -103,6 +103,7 @@ v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const
         float s = fmaxf(__fdiv_rn(amax, range), __fdiv_rn(mmax, 32768.0f));
         s = s > 0.0f ? s : 1.0f;
         v_chan[(int64_t)bh * D + c] = s;
+        if (amax_out) amax_out[(int64_t)bh * D + c] = amax; /* +vprev's test */
         scale[cl] = s;
     }
     __syncthreads();
@@ -117,6 +118,30 @@ v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const
         if (tile)
             tile[(int64_t)(j / QVC_MU_BATCH) * (QVC_MU_TILE_BYTES / 2) +
                  qvc_mu_tile_at(c, j % QVC_MU_BATCH) / 2] = __half_as_ushort(__float2half_rn(m));
+    }
+}
+
+/* +vprev, one CTA of D threads per head (qvi_v8_prepare_carried): where
+ * may_serve, the carried scales serve if the head's are valid and every
+ * channel's amax / scale <= 448; v_chan receives the scales the codes use
+ * (the carried ones, or own) and serve[bh] the decision (0: the head is
+ * coded again with its own).  Then the own scales become the carried
+ * ones, valid if all finite.  The barriers order every read of valid and
+ * carried before thread 0's writes. */
+__global__ void v_carry_kernel(int may_serve, const float *own, const float *amax, float *carried,
+                               int *valid, float *v_chan, int *serve) {
+    const int bh = blockIdx.x, c = threadIdx.x;
+    const int64_t o = (int64_t)bh * blockDim.x + c;
+    const float use = carried[o], mine = own[o];
+    const int ok = may_serve && valid[bh] && use > 0.0f && isfinite(use) &&
+                   __fdiv_rn(amax[o], use) <= 448.0f;
+    const int all = __syncthreads_and(ok);
+    if (may_serve) v_chan[o] = all ? use : mine;
+    const int fin = __syncthreads_and(isfinite(mine));
+    carried[o] = mine;
+    if (c == 0) {
+        if (serve) serve[bh] = all;
+        valid[bh] = fin;
     }
 }
 
@@ -231,10 +256,40 @@ qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int 
     return qvc_launch_check(what);
 }
 
+/* +vprev's plain step (undemeaned E4M3 V through v_plain.cu): the amax of
+ * the heads without carried scales; the carried heads coded with their
+ * carried scales, their amax made on the way; the own scales and amax;
+ * the decision (v_carry_kernel); the heads it refused coded again with
+ * their own.  scratch: own [BH][D], amax [BH][D], serve [BH]. */
+static qva_status v_prep_carried(const qvc_view *v, const qvc_prep_args *a, float *bamax,
+                                 qvc_ops *ops, float *scratch, cudaStream_t st) {
+    const int D = ops->D, BH = ops->BH, nk = ops->nk, nblk = ops->nblk;
+    float *own = scratch, *amax = scratch + (size_t)BH * D;
+    int *serve = (int *)(scratch + 2 * (size_t)BH * D);
+    qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, a->vprev_valid, st);
+    qva_status s = qvc_launch_check("qvc_prep: V amax (+vprev)");
+    if (s != QVA_OK) return s;
+    v_plain_params pp = {*v, a->perm, nk, nblk, NULL, a->vprev_scale, ops->v_t, ops->v_blk,
+                         NULL, 0, a->vprev_valid, 1, bamax};
+    qvc_v_plain_launch(pp, BH, st);
+    if ((s = qvc_launch_check("qvc_prep: V encode (+vprev, carried)")) != QVA_OK) return s;
+    v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
+        D, nblk, 0, QVI_V_E4M3_RANGE, NULL, bamax, own, NULL, NULL, amax);
+    if ((s = qvc_launch_check("qvc_prep: V scale (+vprev)")) != QVA_OK) return s;
+    v_carry_kernel<<<BH, D, 0, st>>>(1, own, amax, a->vprev_scale, a->vprev_valid, ops->v_chan,
+                                     serve);
+    if ((s = qvc_launch_check("qvc_prep: V scales carried")) != QVA_OK) return s;
+    pp.chan = ops->v_chan, pp.only = serve, pp.only_value = 0, pp.bamax = NULL;
+    qvc_v_plain_launch(pp, BH, st);
+    return qvc_launch_check("qvc_prep: V encode (+vprev, own)");
+}
+
 qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, float *bmu,
-                       float *bamax, qvc_ops *ops, cudaStream_t st) {
+                       float *bamax, qvc_ops *ops, float *vprev_scratch, cudaStream_t st) {
     const int D = ops->D, BH = ops->BH, nk = ops->nk, nblk = ops->nblk;
     qva_status s = QVA_OK;
+    if (a->vprev_scale && !demean && a->v_mode == 0 && !ops->v_t_lo && qvc_v_plain_ok(v, 0))
+        return v_prep_carried(v, a, bamax, ops, vprev_scratch, st);
 
     /* V' = V[perm]. */
     v_params vp;
@@ -253,7 +308,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     vp.v_t_lo = a->v_mode == 0 ? ops->v_t_lo : NULL;
     if (a->v_mode != 1) { /* per-channel scales: E4M3 (0) or INT8 (2) */
         if (!demean && qvc_v_plain_ok(v, 0)) {
-            qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, st);
+            qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, NULL, st);
             s = qvc_launch_check("qvc_prep: V amax");
         } else if (qvc_v_plain_ok(v, 0)) {
             qvc_v_stats_plain_launch(*v, a->perm, nk, nblk, BH, bmu, bamax, st);
@@ -264,8 +319,13 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         if (s == QVA_OK) {
             v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
                 D, nblk, demean, a->v_mode == 2 ? 127.0f : QVI_V_E4M3_RANGE, bmu, bamax,
-                ops->v_chan, ops->v_mu, ops->v_mu_tile);
+                ops->v_chan, ops->v_mu, ops->v_mu_tile, NULL);
             s = qvc_launch_check("qvc_prep: V scale");
+        }
+        if (s == QVA_OK && a->vprev_scale) { /* a demeaning step: its own scales, kept */
+            v_carry_kernel<<<BH, D, 0, st>>>(0, ops->v_chan, NULL, a->vprev_scale, a->vprev_valid,
+                                             NULL, NULL);
+            s = qvc_launch_check("qvc_prep: V scales kept");
         }
     } else if (ops->v_mu) { /* fp8 has no means: keep them 0 */
         cudaError_t e = cudaMemsetAsync(ops->v_mu, 0, (size_t)BH * nblk * D * sizeof(float), st);
@@ -275,7 +335,8 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     }
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
         const v_plain_params pp = {*v, a->perm, nk, nblk, demean ? bmu : NULL, ops->v_chan,
-                                   ops->v_t, ops->v_blk, ops->v_t_lo, a->v_mode == 2};
+                                   ops->v_t, ops->v_blk, ops->v_t_lo, a->v_mode == 2,
+                                   NULL, 0, NULL};
         qvc_v_plain_launch(pp, BH, st);
         return qvc_launch_check("qvc_prep: V encode");
     }

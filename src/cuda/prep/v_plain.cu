@@ -43,14 +43,56 @@ static __device__ __forceinline__ uint32_t v_int8_codes4(const float *x, const f
     return w;
 }
 
-template <int DT, int D, bool MEANS, bool V2, bool INT8 = false>
+/* The block's channel amax from the thread's rows (raw), into bamax
+ * [bh][blk][D]: the max of |x| kept packed in the input's 16-bit format
+ * (qvc_amax16: exact, NaN skipped as fmaxf skips it, padding rows +0),
+ * then across the lanes and warps that hold the same channels, widened
+ * once at the end.  Every thread of the CTA calls it (its barrier). */
+template <int DT, int D>
+static __device__ __forceinline__ void v_block_amax(const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                    int bh, int blk, int nblk, float *bamax) {
+    using G = plain_geom<D>;
+    __shared__ __align__(16) uint4 part[PREP_WARPS][G::LPR];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 m = make_uint4(0u, 0u, 0u, 0u); /* +0 in bf16 and f16 */
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) qvc_amax16<DT>(m, raw[s]);
+    /* the warp's RPW rows of the same channels: lanes LPR apart */
+#pragma unroll
+    for (int o = G::LPR; o < 32; o <<= 1) {
+        m.x = qvc_hmax2<DT>(m.x, __shfl_xor_sync(FULL_MASK, m.x, o));
+        m.y = qvc_hmax2<DT>(m.y, __shfl_xor_sync(FULL_MASK, m.y, o));
+        m.z = qvc_hmax2<DT>(m.z, __shfl_xor_sync(FULL_MASK, m.z, o));
+        m.w = qvc_hmax2<DT>(m.w, __shfl_xor_sync(FULL_MASK, m.w, o));
+    }
+    if (lane < G::LPR) part[warp][lane] = m;
+    __syncthreads();
+    if (threadIdx.x >= G::LPR) return;
+    for (int w = 1; w < PREP_WARPS; ++w) {
+        const uint4 u = part[w][threadIdx.x];
+        m.x = qvc_hmax2<DT>(m.x, u.x), m.y = qvc_hmax2<DT>(m.y, u.y);
+        m.z = qvc_hmax2<DT>(m.z, u.z), m.w = qvc_hmax2<DT>(m.w, u.w);
+    }
+    float a[VP_CPL];
+    qvc_widen8<DT>(m, a);
+    float4 *dst = (float4 *)(bamax + ((int64_t)bh * nblk + blk) * D + threadIdx.x * VP_CPL);
+    dst[0] = make_float4(a[0], a[1], a[2], a[3]);
+    dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+}
+
+/* AMAX (+vprev's carried coding): also the block's channel amax into
+ * p.bamax, from the rows already loaded. */
+template <int DT, int D, bool MEANS, bool V2, bool INT8 = false, bool AMAX = false>
 __global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
     static_assert(!INT8 || !V2, "INT8 V: one code");
+    static_assert(!AMAX || !MEANS, "the amax of undemeaned V");
     using G = plain_geom<D>;
     __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
     __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
     const int blk = blockIdx.x, bh = blockIdx.y;
+    if constexpr (!MEANS && !V2 && !INT8) /* +vprev's instances: the rest keep their SASS */
+        if (p.only && p.only[bh] != p.only_value) return; /* the whole CTA */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * VP_CPL;
     const int key0 = warp * G::RPW + lane / G::LPR; /* key of step 0 in the block */
@@ -120,6 +162,7 @@ v_plain_kernel(v_plain_params p) {
     v_tile_write_t<D>(tile, p.v_t + at);
     if (V2) v_tile_write_t<D>(tile_lo, p.v_t_lo + at);
     if (threadIdx.x == 0) p.v_blk[(int64_t)bh * p.nblk + blk] = 1.0f;
+    if constexpr (AMAX) v_block_amax<DT, D>(raw, bh, blk, p.nblk, p.bamax);
 }
 
 /*
@@ -133,42 +176,21 @@ v_plain_kernel(v_plain_params p) {
  * on the widening, the float max and each row's addressing (275 us at
  * Wan, 61% of DRAM peak, the longest chain of the dense preparation).
  */
+/* skip (or NULL): heads whose amax comes from elsewhere (+vprev's carried
+ * coding) are left out. */
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
-v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bamax) {
+v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bamax,
+                    const int *skip) {
     using G = plain_geom<D>;
-    __shared__ __align__(16) uint4 part[PREP_WARPS][G::LPR];
     const int blk = blockIdx.x, bh = blockIdx.y;
+    if (skip && skip[bh]) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int key0 = warp * G::RPW + lane / G::LPR;
-
     uint4 raw[G::STEPS];
     plain_load_rows<D>(v, perm, bh, n, qvc_head_base(v, bh), blk * QVI_BLOCK + key0,
                        (lane % G::LPR) * VP_CPL, raw);
-    uint4 m = make_uint4(0u, 0u, 0u, 0u); /* +0 in bf16 and f16 */
-#pragma unroll
-    for (int s = 0; s < G::STEPS; ++s) qvc_amax16<DT>(m, raw[s]);
-    /* the warp's RPW rows of the same channels: lanes LPR apart */
-#pragma unroll
-    for (int o = G::LPR; o < 32; o <<= 1) {
-        m.x = qvc_hmax2<DT>(m.x, __shfl_xor_sync(FULL_MASK, m.x, o));
-        m.y = qvc_hmax2<DT>(m.y, __shfl_xor_sync(FULL_MASK, m.y, o));
-        m.z = qvc_hmax2<DT>(m.z, __shfl_xor_sync(FULL_MASK, m.z, o));
-        m.w = qvc_hmax2<DT>(m.w, __shfl_xor_sync(FULL_MASK, m.w, o));
-    }
-    if (lane < G::LPR) part[warp][lane] = m;
-    __syncthreads();
-    if (threadIdx.x >= G::LPR) return;
-    for (int w = 1; w < PREP_WARPS; ++w) {
-        const uint4 u = part[w][threadIdx.x];
-        m.x = qvc_hmax2<DT>(m.x, u.x), m.y = qvc_hmax2<DT>(m.y, u.y);
-        m.z = qvc_hmax2<DT>(m.z, u.z), m.w = qvc_hmax2<DT>(m.w, u.w);
-    }
-    float a[VP_CPL];
-    qvc_widen8<DT>(m, a);
-    float4 *dst = (float4 *)(bamax + ((int64_t)bh * nblk + blk) * D + threadIdx.x * VP_CPL);
-    dst[0] = make_float4(a[0], a[1], a[2], a[3]);
-    dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+    v_block_amax<DT, D>(raw, bh, blk, nblk, bamax);
 }
 
 /*
@@ -210,14 +232,14 @@ void qvc_v_stats_plain_launch(const qvc_view &v, const int32_t *perm, int n, int
 }
 
 void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
-                             float *bamax, cudaStream_t st) {
+                             float *bamax, const int *skip, cudaStream_t st) {
     const dim3 grid((unsigned)nblk, (unsigned)BH);
     if (v.dtype == QVA_BF16) {
-        if (v.D == 64) v_amax_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
-        else v_amax_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+        if (v.D == 64) v_amax_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax, skip);
+        else v_amax_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax, skip);
     } else {
-        if (v.D == 64) v_amax_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
-        else v_amax_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax);
+        if (v.D == 64) v_amax_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax, skip);
+        else v_amax_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bamax, skip);
     }
 }
 
@@ -236,6 +258,8 @@ static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st
         else v_plain_kernel<DT, D, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
     } else if (p.bmu) {
         v_plain_kernel<DT, D, true, false><<<grid, PREP_THREADS, 0, st>>>(p);
+    } else if (p.bamax) {
+        v_plain_kernel<DT, D, false, false, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
     } else {
         v_plain_kernel<DT, D, false, false><<<grid, PREP_THREADS, 0, st>>>(p);
     }
