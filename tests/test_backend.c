@@ -562,8 +562,10 @@ static void run_nonfinite(int ci) {
  * per valid key, past FP16's 65504 in a block of 65 keys or more (the
  * cases whose regions average 96 keys or more clip by over a quarter).  The
  * CPU gives 1 with FP32 partials and clips with +fp16acc; CUDA must give
- * the CPU's rows to 2e-3 in both, which the 8-bit tolerances of the
- * random cases cannot tell apart (2e-4 rel-L2 between the forms there). */
+ * the CPU's rows to 2e-3 beyond one bf16 step of the value (the outputs
+ * are stored in the case's dtype) in both, which the 8-bit tolerances of
+ * the random cases cannot tell apart (2e-4 rel-L2 between the forms
+ * there); the forms are 0.3-0.5 apart here. */
 static void run_int8_acc(int ci) {
     const tcase *c = &CASES[ci];
     const int frame = c->GH * c->GW, regions = (frame + 127) / 128;
@@ -583,9 +585,9 @@ static void run_int8_acc(int ci) {
         CHECK(sc == QVA_OK && sg == QVA_OK, "int8_acc case %d %s: cpu %s, cuda %s (%s)", ci,
               methods[m], qva_status_string(sc), qva_status_string(sg), qva_last_error());
         double off1 = 0, diff = 0;
-        for (size_t i = 0; i < h.nq; ++i) {
+        for (size_t i = 0; i < h.nq; ++i) { /* beyond one bf16 step of the value (2^-8 |x|) */
             off1 = fmax(off1, fabs((double)ref[i] - 1.0));
-            diff = fmax(diff, fabs((double)got[i] - ref[i]));
+            diff = fmax(diff, fabs((double)got[i] - ref[i]) - 0x1p-8 * fabs((double)ref[i]));
         }
         printf("int8_acc case %d %-26s cpu max |out - 1| %.3g, cuda - cpu max %.3g\n", ci,
                methods[m], off1, diff);
