@@ -392,7 +392,45 @@ static void test_vprev_calls(const char *plain, const char *vprev, int step) {
     g_step = 20;
 }
 
-int main(void) {
+/* `test_carry study`: the spread of +vprev's effect (docs/NUMERICS.md §3):
+ * over `trials` random draws, the second call's V scaled by a factor in
+ * [0.7, 1.4], rel-L2 against exact of the carried scales over the
+ * method's own; prints the mean and the standard deviation. */
+static void study(const char *plain, const char *vprev, int trials) {
+    double sr = 0, sr2 = 0;
+    for (int t = 0; t < trials; ++t) {
+        call c = make_call(2, 2, 128);
+        const size_t n = out_elems(&c);
+        float *own = malloc(n * sizeof *own), *mine = malloc(n * sizeof *mine);
+        qva_context_t *ctx = NULL, *cp = NULL, *cx = NULL;
+        CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK &&
+                  qva_context_create(&cp, QVA_DEVICE_CPU) == QVA_OK &&
+                  qva_context_create(&cx, QVA_DEVICE_CPU) == QVA_OK, "contexts");
+        run(cp, plain, LAYER, &c), run(ctx, vprev, LAYER, &c);
+        scale_v(&c, (float)(0.7 + 0.7 * rng_unit()));
+        run(cp, plain, LAYER, &c);
+        memcpy(own, c.out, n * sizeof *own);
+        run(ctx, vprev, LAYER, &c);
+        memcpy(mine, c.out, n * sizeof *mine);
+        run(cx, "exact", QVA_LAYER_NONE, &c);
+        const double r = rel_l2(mine, c.out, n) / rel_l2(own, c.out, n);
+        sr += r, sr2 += r * r;
+        qva_context_free(ctx), qva_context_free(cp), qva_context_free(cx);
+        free(own), free(mine);
+        free_call(&c);
+    }
+    const double m = sr / trials;
+    printf("%s over %s, %d draws: rel-L2 ratio mean %.4f, sd %.4f\n", vprev, plain, trials, m,
+           sqrt(sr2 / trials - m * m));
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "study")) {
+        study("sage8", "sage8+vprev", 30);
+        study("vc8+expcast", "vc8+expcast+vprev", 30);
+        study("vc8+hadamard+expcast-centred", "vc8+hadamard+expcast-centred+vprev", 30);
+        return check_summary("test_carry study");
+    }
     test_parse();
     test_first_calls("sage8", "sage8+kprev");
     test_first_calls("vc8+expcast", "vc8+expcast+kprev");

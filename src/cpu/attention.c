@@ -1004,21 +1004,19 @@ static qva_status kv_head_order(qva_context_t *ctx, const qva_config *cfg,
 
 /* What the layer's previous call left for K/V head (b, hk): under +kprev
  * its K mean, under +vprev its V scales (into kuse / vuse where the state
- * holds d channels of it from a call of the same shape (B, H, H_kv); else
- * that use stays NULL: this call's own), and where this call's go.
- * Nothing for other configs and stateless calls (QVA_LAYER_NONE). */
+ * holds d channels of it; else that use stays NULL: this call's own), and
+ * where this call's go.  A call of another shape has already cleared the
+ * layer's (qvi_context_carry_shape).  Nothing for other configs and
+ * stateless calls (QVA_LAYER_NONE). */
 static qva_status carried_of(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
-                             int d, const int64_t shape[3], float (*buf)[128], carried *cs) {
+                             int d, float (*buf)[128], carried *cs) {
     memset(cs, 0, sizeof *cs);
     const int kp = cfg->k_mean == QVA_K_MEAN_PREVIOUS, vp = cfg->v_scale == QVA_V_SCALE_PREVIOUS;
     if (!(kp || vp) || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
     const qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
     if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
-    const int same = !memcmp(st->carry_shape, shape, sizeof st->carry_shape);
-    if (kp && same && st->kmean_d == d)
-        cs->kuse = memcpy(buf[0], st->kmean, (size_t)d * sizeof(float));
-    if (vp && same && st->vscale_d == d)
-        cs->vuse = memcpy(buf[1], st->vscale, (size_t)d * sizeof(float));
+    if (kp && st->kmean_d == d) cs->kuse = memcpy(buf[0], st->kmean, (size_t)d * sizeof(float));
+    if (vp && st->vscale_d == d) cs->vuse = memcpy(buf[1], st->vscale, (size_t)d * sizeof(float));
     if (kp) cs->knext = buf[2];
     if (vp) cs->vnext = buf[3];
     return QVA_OK;
@@ -1078,7 +1076,7 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
             const int64_t hk = h / group;
             if (h % group == 0 &&
                 ((st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK ||
-                 (st = carried_of(ctx, cfg, b, hk, (int)d, shape, buf, &cs)) != QVA_OK))
+                 (st = carried_of(ctx, cfg, b, hk, (int)d, buf, &cs)) != QVA_OK))
                 break;
             /* the group's heads use one carried set; the last leaves the next */
             const int last = h % group == group - 1;

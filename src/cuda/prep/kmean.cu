@@ -146,11 +146,9 @@ __global__ void kmean_finish_kernel(const double *partial, int n, int nblk, int 
     mean[t] = __double2float_rn(__ddiv_rn(s, (double)n));
 }
 
-/* qvc_kmean and qvc_kmean_carried: valid (with stored) marks the heads
- * whose mean is carried, or NULL. */
-static qva_status kmean_of(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                           qvc_block_ext kext, const float *stored, const int *valid,
-                           cudaStream_t st) {
+qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
+                     qvc_block_ext kext, const float *stored, const int *valid,
+                     cudaStream_t st) {
     const int D = (int)k->D;
     if (n < 1 || (D != 64 && D != 128))
         return qvi_fail(QVA_ERR_SHAPE, "K mean: n=%d D=%d (64 or 128)", n, D);
@@ -171,17 +169,6 @@ static qva_status kmean_of(const qvc_view *k, const int32_t *perm, int n, int BH
     if ((e = cudaFreeAsync(partial, st)) != cudaSuccess && s == QVA_OK)
         s = qvc_cuda_fail(e, "K mean: cudaFreeAsync");
     return s;
-}
-
-qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                     qvc_block_ext kext, cudaStream_t st) {
-    return kmean_of(k, perm, n, BH, mean, kext, NULL, NULL, st);
-}
-
-qva_status qvc_kmean_carried(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                             const float *stored, const int *valid, cudaStream_t st) {
-    const qvc_block_ext none = {NULL, NULL};
-    return kmean_of(k, perm, n, BH, mean, none, stored, valid, st);
 }
 
 /* ------------------------------------------------------------ +kprev */

@@ -40,10 +40,7 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, qvc_block_ext kext, cudaStream_t st) {
     qva_status s = QVA_OK;
-    if (kmean)
-        s = a->kprev_mean ? qvc_kmean_carried(k, a->perm, nk, BH, kmean, a->kprev_mean,
-                                              a->kprev_valid, st)
-                          : qvc_kmean(k, a->perm, nk, BH, kmean, kext, st);
+    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, kext, a->kprev_mean, a->kprev_valid, st);
     if (s == QVA_OK && a->lse_shift)
         s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
     return s;
@@ -106,14 +103,6 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
                         BH, nq, nk, D);
     if (BH > 65535) return qvi_fail(QVA_ERR_UNSUPPORTED, "%s: B*H = %d exceeds 65535", who, BH);
     return QVA_OK;
-}
-
-/* Whether +kprev's K goes through qk_plain.cu (whose code sums it needs). */
-static bool kprev_ok(const qvc_view *k, const qvc_prep_args *a, int D) {
-    qk_params kp;
-    memset(&kp, 0, sizeof kp);
-    kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
-    return a->qk_format == QVC_QK_INT8 && qvc_qk_plain_ok(kp, D);
 }
 
 /* The three chains of the preparation: Q; the K mean, LSE shift and K
@@ -200,8 +189,13 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_prep: +vprev on CUDA takes one E4M3 digit of bf16/f16 V with "
                         "16-byte aligned rows at head dim 64 or 128 (v_plain.cu codes it)");
+    /* K's quantization as qvc_prep_qk8 sees it (qk_plain.cu or qk.cu) */
+    qk_params kp;
+    memset(&kp, 0, sizeof kp);
+    kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
+    /* +kprev's code sums come from qk_plain.cu */
     const int kprev = a->kprev_mean != NULL;
-    if (kprev && !(a->smooth_k && a->kprev_valid && kprev_ok(k, a, D)))
+    if (kprev && !(a->smooth_k && a->kprev_valid && qvc_qk_plain_ok(kp, D)))
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_prep: +kprev on CUDA takes INT8 K of bf16/f16 with 16-byte aligned "
                         "rows at head dim 64 or 128 (its code sums come from qk_plain.cu)");
@@ -212,9 +206,6 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
     const size_t stat_b = a->v_mode != 1 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     /* K's block extremes, where qk_plain.cu encodes K (its block amax from
      * them, qvc_block_ext) */
-    qk_params kp;
-    memset(&kp, 0, sizeof kp);
-    kp.x = *k, kp.fmt = (int)a->qk_format, kp.hadamard = a->hadamard, kp.rows_per_scale = QVI_BLOCK;
     const size_t ext_b = a->smooth_k && !kprev && qvc_qk_plain_takes_ext(kp, D)
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     const size_t csum_b = kprev ? align256((size_t)BH * nblk * D * sizeof(int32_t)) : 0;

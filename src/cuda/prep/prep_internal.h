@@ -61,12 +61,11 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
 /* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
  * CPU's qvi_channel_mean sums it: 128-row block sums, then their sum; and,
  * where kext.min is set, the blocks' extremes. */
+/* +kprev: valid [BH] (or NULL) marks the heads whose mean is carried in
+ * stored [BH][D]: their mean is stored's and their K is not read. */
 qva_status qvc_kmean(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                     qvc_block_ext kext, cudaStream_t st);
-/* +kprev: mean [BH][D] = stored where valid[bh], else as qvc_kmean (whose
- * block passes skip the valid heads: no read of their K). */
-qva_status qvc_kmean_carried(const qvc_view *k, const int32_t *perm, int n, int BH, float *mean,
-                             const float *stored, const int *valid, cudaStream_t st);
+                     qvc_block_ext kext, const float *stored, const int *valid,
+                     cudaStream_t st);
 /* +kprev: the means the layer's next call uses, the CPU's next_k_mean:
  * stored [BH][D] = used + (FP64 block-order sum of kscale_b * csum_b) / n,
  * with the rotation undone first where rotate (+hadamard; signs: device
