@@ -29,6 +29,17 @@ element 0, per head, averaged over heads):
 Operator rel-L2: ||out - ref|| / ||ref|| of one stateless qvattn.attention
 call on captured bf16 q, k, v, against softmax attention computed in float32
 from the same bf16 values.
+
+The operator error's direction (error_direction): rel-L2 has no sign, but
+an error that pushes every row the same way compounds over steps and
+layers where noise does not.  With v_bar the per-head mean of V over the
+keys (what uniform attention returns) and d = ref - v_bar per row:
+  sharpen  <e, d> / <d, d> over all rows and heads (e = out - ref), so
+           out = ref + sharpen (ref - v_bar) + a part orthogonal to d:
+           > 0 moves the rows away from the uniform average (sharper
+           attention), < 0 toward it (flatter);
+  cos      <e, d> / (|e| |d|), the share of the error's norm along d:
+           about 0 for unbiased rounding noise.
 """
 import importlib.util
 import math
@@ -173,11 +184,23 @@ def rel_l2(out, ref):
     return (out - ref).norm().item() / n if n > 0 else float("nan")
 
 
+def error_direction(out, ref, v):
+    """{"sharpen", "cos"} of out's error against ref (module docstring):
+    out, ref [B, H, N, D]; v [B, H_kv, N_k, D], H a multiple of H_kv."""
+    out, ref, v = out.double(), ref.double(), v.double()
+    v_bar = v.mean(dim=-2, keepdim=True).repeat_interleave(ref.shape[1] // v.shape[1], dim=1)
+    e, d = out - ref, ref - v_bar
+    ed, dd, ee = (e * d).sum().item(), (d * d).sum().item(), (e * e).sum().item()
+    return {"sharpen": ed / dd if dd > 0 else float("nan"),
+            "cos": ed / math.sqrt(ee * dd) if ee > 0 and dd > 0 else 0.0}
+
+
 def operator_rel_l2(qvattn, method, captured, grid, options=None, call=None):
     """Mean and max rel-L2 of one stateless qvattn call per captured
-    (layer, step) against float32 attention; {point: value} too.  `call`
+    (layer, step) against float32 attention; {point: value} too; the mean
+    over the points of error_direction's sharpen and cos.  `call`
     (q, k, v) -> out replaces qvattn for a peer kernel."""
-    per = {}
+    per, dirs = {}, []
     for key, (q, k, v) in captured.items():
         ref = reference_attention(q, k, v)
         if method == "bf16-sdpa":
@@ -187,6 +210,9 @@ def operator_rel_l2(qvattn, method, captured, grid, options=None, call=None):
         else:
             out = qvattn.attention(q, k, v, method=method, grid=grid, options=options)
         per[key] = rel_l2(out, ref)
+        dirs.append(error_direction(out, ref, v))
     vals = list(per.values())
     return {"mean": sum(vals) / len(vals), "max": max(vals),
+            "sharpen": sum(x["sharpen"] for x in dirs) / len(dirs),
+            "cos": sum(x["cos"] for x in dirs) / len(dirs),
             "points": {f"L{l}/s{s}": x for (l, s), x in sorted(per.items())}}

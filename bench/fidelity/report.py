@@ -70,23 +70,26 @@ def _f(x, fmt="%.2f"):
 def _main_table(res):
     n_models = len(res["models"])
     lines = ["| method | PSNR dB mean | PSNR std | PSNR min–max | SSIM mean | SSIM std "
-             "| SSIM min–max | op rel-L2 mean (max) | per model PSNR |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "| SSIM min–max | op rel-L2 mean (max) | op sharpen (cos) | per model PSNR |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for m, s in res["summary"].items():
         if s.get("status") != "ok":
-            lines.append(f"| {m} | {s.get('status')} | | | | | | | |")
+            lines.append(f"| {m} | {s.get('status')} | | | | | | | | |")
             continue
         op = s.get("op_rel_l2")
         opt = "n/a" if op is None else f"{op['mean']:.2e} ({op['max']:.2e})"
+        sharp = ("n/a" if op is None or "sharpen" not in op
+                 else f"{op['sharpen']:+.2e} ({op['cos']:+.2f})")
         if m == res["meta"]["reference"]:
-            lines.append(f"| {m} (reference) | – | | | – | | | {opt} | |")
+            lines.append(f"| {m} (reference) | – | | | – | | | {opt} | {sharp} | |")
             continue
         std_p = _f(s["psnr_std"]) if n_models > 1 else "–"
         std_s = _f(s["ssim_std"], "%.4f") if n_models > 1 else "–"
         per = " / ".join(_f(p) for p in s["per_model_psnr"])
         lines.append(f"| {m} | {_f(s['psnr_mean'])} | {std_p} | {_f(s['psnr_min'])}–"
                      f"{_f(s['psnr_max'])} | {_f(s['ssim_mean'], '%.4f')} | {std_s} | "
-                     f"{_f(s['ssim_min'], '%.4f')}–{_f(s['ssim_max'], '%.4f')} | {opt} | {per} |")
+                     f"{_f(s['ssim_min'], '%.4f')}–{_f(s['ssim_max'], '%.4f')} | {opt} | {sharp} | "
+                     f"{per} |")
     return lines
 
 
@@ -251,7 +254,9 @@ def markdown(res):
             "against the bf16-sdpa clips: the mean over a model's clips, then the mean, "
             "std and min–max over models. op rel-L2: one stateless call per captured "
             "(layer, step) of the reference run against float32 attention; mean (max) "
-            f"over models and points. {m['lpips']}.", ""]
+            "over models and points. op sharpen (cos): the same calls' error along "
+            "ref − mean(V) (> 0 sharper rows, < 0 flatter; cos the share of the error "
+            f"there, about 0 for noise; bench/fidelity/metrics.py). {m['lpips']}.", ""]
     out += _main_table(res)
     out += _paired_table(res)
     kept = _kept_table(res)

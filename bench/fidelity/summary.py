@@ -41,6 +41,9 @@ def summarize(models, methods):
         ops = [o for o in ops if o and "mean" in o]
         s["op_rel_l2"] = ({"mean": mean([o["mean"] for o in ops]),
                            "max": max(o["max"] for o in ops)} if ops else None)
+        if ops and all("sharpen" in o for o in ops):
+            s["op_rel_l2"]["sharpen"] = mean([o["sharpen"] for o in ops])
+            s["op_rel_l2"]["cos"] = mean([o["cos"] for o in ops])
         if name != C.REFERENCE and not bad:
             for key in ("psnr", "ssim"):
                 per = [r.get(f"{key}_mean") for r in recs]

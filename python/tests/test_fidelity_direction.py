@@ -1,0 +1,65 @@
+"""The fidelity metrics' error direction (bench/fidelity/metrics.py,
+error_direction): the signed part of an attention error along
+ref - mean(V), which rel-L2 cannot see."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from fidelity.metrics import error_direction  # noqa: E402
+
+
+def attention(q, k, v, keep=None):
+    """float64 attention; keep(p) -> mask of the probabilities kept (the
+    rest are dropped and each row renormalised)."""
+    p = torch.softmax(q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
+    if keep is not None:
+        p = p * keep(p)
+        p = p / p.sum(-1, keepdim=True)
+    return p @ v.double()
+
+
+def qkv(h_kv=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, 96, 32, generator=g, dtype=torch.float64) * 2
+    k = torch.randn(1, h_kv, 96, 32, generator=g, dtype=torch.float64)
+    v = torch.randn(1, h_kv, 96, 32, generator=g, dtype=torch.float64) + 0.5
+    return q, k.repeat_interleave(4 // h_kv, 1), v
+
+
+def test_sharpen_recovers_a_planted_bias_with_sign():
+    q, k, v = qkv()
+    ref = attention(q, k, v.repeat_interleave(2, 1))
+    d = ref - v.mean(-2, keepdim=True).repeat_interleave(2, 1)
+    for beta in (0.01, -0.02):
+        r = error_direction(ref + beta * d, ref, v)
+        assert r["sharpen"] == pytest.approx(beta, rel=1e-9)
+        assert r["cos"] == pytest.approx(1.0 if beta > 0 else -1.0, abs=1e-9)
+
+
+def test_noise_orthogonal_to_the_direction_reads_zero():
+    q, k, v = qkv(h_kv=4)
+    ref = attention(q, k, v)
+    d = ref - v.mean(-2, keepdim=True)
+    e = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    e = e - (e * d).sum() / (d * d).sum() * d
+    r = error_direction(ref + 1e-3 * e, ref, v)
+    assert abs(r["sharpen"]) < 1e-12 and abs(r["cos"]) < 1e-9
+
+
+def test_dropping_small_probabilities_sharpens_and_rounding_noise_does_not():
+    # +i8pv's P codes round every key below 1/510 of its block's largest
+    # weight to 0 (docs/NUMERICS.md): the rows lose their tails the same way.
+    q, k, v = qkv(h_kv=4)
+    ref = attention(q, k, v)
+    flushed = attention(q, k, v, keep=lambda p: p >= p.amax(-1, keepdim=True) / 510)
+    noisy = ref + 1e-3 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(2),
+                                     dtype=torch.float64)
+    rf, rn = error_direction(flushed, ref, v), error_direction(noisy, ref, v)
+    assert (flushed - ref).abs().max() > 1e-4  # the flush did drop mass
+    assert rf["sharpen"] > 0 and rf["cos"] > 0.2
+    assert abs(rn["cos"]) < 0.05
