@@ -60,52 +60,79 @@ static void off_device(qva_device dev, void *d) {
 }
 
 /* out (and lse) of qva_attention on dev, copied back into the host buffers
- * o, l (n, nl floats). */
+ * o, l (n bytes of out, nl floats of lse). */
 static qva_status run_on(qva_device dev, qva_context_t *ctx, const qva_config *c,
                          const qva_tensor *q, const qva_tensor *k, const qva_tensor *v,
                          qva_tensor o, qva_tensor l, size_t n, size_t nl) {
     if (dev == QVA_DEVICE_CPU) return qva_attention(ctx, c, q, k, v, &o, &l);
     void *host_o = o.data, *host_l = l.data;
-    o.data = on_device(dev, host_o, n * 4), l.data = on_device(dev, host_l, nl * 4);
+    o.data = on_device(dev, host_o, n), l.data = on_device(dev, host_l, nl * 4);
     o.device = l.device = dev;
     qva_status st = o.data && l.data ? qva_attention(ctx, c, q, k, v, &o, &l)
                                      : QVA_ERR_OUT_OF_MEMORY;
-    if (st == QVA_OK) st = qva_memcpy_to_host(host_o, o.data, n * 4);
+    if (st == QVA_OK) st = qva_memcpy_to_host(host_o, o.data, n);
     if (st == QVA_OK) st = qva_memcpy_to_host(host_l, l.data, nl * 4);
     if (o.data) off_device(dev, o.data);
     if (l.data) off_device(dev, l.data);
     return st;
 }
 
+/* n random values in [-amp, amp] stored as dt (f32 as drawn, else rounded
+ * by qvi_store_elem). */
+static void *rand_typed(size_t n, float amp, qva_dtype dt) {
+    float *x = rand_buf(n, amp);
+    if (dt == QVA_F32 || !x) return x;
+    void *y = malloc(n * qva_dtype_size(dt));
+    qva_tensor t = qva_tensor_hnd(y, dt, QVA_DEVICE_CPU, 1, 1, (int64_t)n, 1);
+    for (size_t i = 0; y && i < n; ++i) qvi_store_elem(&t, (int64_t)i, x[i]);
+    free(x);
+    return y;
+}
+
+/* The methods that keep statistics from a layer's previous call (+kprev,
+ * +vprev): their state is per K/V head, so grouped calls must keep it as
+ * the repeated heads do; on CUDA they take 16-bit inputs. */
+static const char *const carried_methods[] = {"sage8+kprev+vprev", "vc8+expcast+kprev+vprev"};
+#define NCARRIED (sizeof carried_methods / sizeof *carried_methods)
+
+static int steps_of(const char *method) {
+    return is_vsmooth(method) || strstr(method, "prev") ? 3 : 1;
+}
+
 /* Grouped K/V on dev against the same call with K/V repeated to the query
- * heads (torch's enable_gqa), bit for bit, over the V-Smooth schedule. */
-static void gqa_matches_repeated(qva_device dev, const char *method, int64_t H, int64_t Hkv,
-                                 int64_t D) {
+ * heads (torch's enable_gqa), bit for bit, over the V-Smooth schedule (and
+ * over three calls of a layer for the carried statistics). */
+static void gqa_matches_repeated_dt(qva_device dev, const char *method, int64_t H, int64_t Hkv,
+                                    int64_t D, qva_dtype dt) {
     const int64_t B = 2, N = 200, g = H / Hkv;
+    const size_t es = qva_dtype_size(dt);
     const size_t nq = (size_t)(B * H * N * D), nkv = (size_t)(B * Hkv * N * D);
     const size_t nl = (size_t)(B * H * N);
-    float *q = rand_buf(nq, 1.0f), *k = rand_buf(nkv, 1.0f), *v = rand_buf(nkv, 1.0f);
-    float *kx = malloc(nq * sizeof *kx), *vx = malloc(nq * sizeof *vx);
-    float *o1 = malloc(nq * sizeof *o1), *o2 = malloc(nq * sizeof *o2);
+    void *q = rand_typed(nq, 1.0f, dt), *k = rand_typed(nkv, 1.0f, dt),
+         *v = rand_typed(nkv, 1.0f, dt);
+    void *kx = malloc(nq * es), *vx = malloc(nq * es);
+    void *o1 = malloc(nq * es), *o2 = malloc(nq * es);
     float *l1 = malloc(nl * sizeof *l1), *l2 = malloc(nl * sizeof *l2);
-    qva_tensor tk = qva_tensor_nhd(k, QVA_F32, QVA_DEVICE_CPU, B, Hkv, N, D);
-    qva_tensor tv = qva_tensor_nhd(v, QVA_F32, QVA_DEVICE_CPU, B, Hkv, N, D);
-    qva_tensor tkx = qva_tensor_hnd(kx, QVA_F32, QVA_DEVICE_CPU, B, H, N, D);
-    qva_tensor tvx = qva_tensor_hnd(vx, QVA_F32, QVA_DEVICE_CPU, B, H, N, D);
+    qva_tensor tk = qva_tensor_nhd(k, dt, QVA_DEVICE_CPU, B, Hkv, N, D);
+    qva_tensor tv = qva_tensor_nhd(v, dt, QVA_DEVICE_CPU, B, Hkv, N, D);
+    qva_tensor tkx = qva_tensor_hnd(kx, dt, QVA_DEVICE_CPU, B, H, N, D);
+    qva_tensor tvx = qva_tensor_hnd(vx, dt, QVA_DEVICE_CPU, B, H, N, D);
     for (int64_t b = 0; b < B; ++b) /* the repeat_interleave of torch's enable_gqa */
         for (int64_t h = 0; h < H; ++h)
             for (int64_t n = 0; n < N; ++n)
                 for (int64_t c = 0; c < D; ++c) {
-                    kx[qvi_offset(&tkx, b, h, n, c)] = k[qvi_offset(&tk, b, h / g, n, c)];
-                    vx[qvi_offset(&tvx, b, h, n, c)] = v[qvi_offset(&tv, b, h / g, n, c)];
+                    qvi_store_elem(&tkx, qvi_offset(&tkx, b, h, n, c),
+                                   qvi_load_elem(&tk, qvi_offset(&tk, b, h / g, n, c)));
+                    qvi_store_elem(&tvx, qvi_offset(&tvx, b, h, n, c),
+                                   qvi_load_elem(&tv, qvi_offset(&tv, b, h / g, n, c)));
                 }
-    qva_tensor tq = qva_tensor_hnd(q, QVA_F32, QVA_DEVICE_CPU, B, H, N, D);
-    tq.data = on_device(dev, q, nq * 4), tk.data = on_device(dev, k, nkv * 4);
-    tv.data = on_device(dev, v, nkv * 4), tkx.data = on_device(dev, kx, nq * 4);
-    tvx.data = on_device(dev, vx, nq * 4);
+    qva_tensor tq = qva_tensor_hnd(q, dt, QVA_DEVICE_CPU, B, H, N, D);
+    tq.data = on_device(dev, q, nq * es), tk.data = on_device(dev, k, nkv * es);
+    tv.data = on_device(dev, v, nkv * es), tkx.data = on_device(dev, kx, nq * es);
+    tvx.data = on_device(dev, vx, nq * es);
     tq.device = tk.device = tv.device = tkx.device = tvx.device = dev;
-    qva_tensor t1 = qva_tensor_hnd(o1, QVA_F32, QVA_DEVICE_CPU, B, H, N, D);
-    qva_tensor t2 = qva_tensor_hnd(o2, QVA_F32, QVA_DEVICE_CPU, B, H, N, D);
+    qva_tensor t1 = qva_tensor_hnd(o1, dt, QVA_DEVICE_CPU, B, H, N, D);
+    qva_tensor t2 = qva_tensor_hnd(o2, dt, QVA_DEVICE_CPU, B, H, N, D);
     qva_tensor s1 = qva_tensor_hnd(l1, QVA_F32, QVA_DEVICE_CPU, B, H, N, 1);
     qva_tensor s2 = qva_tensor_hnd(l2, QVA_F32, QVA_DEVICE_CPU, B, H, N, 1);
     const char *where = dev == QVA_DEVICE_CPU ? "cpu" : "cuda";
@@ -115,21 +142,28 @@ static void gqa_matches_repeated(qva_device dev, const char *method, int64_t H, 
     qva_config c = config_of(method);
     c.layer = 3, c.num_steps = 8;
     char why[512] = "";
-    CHECK(qva_supports_heads(dev, &c, QVA_F32, D, H, Hkv, why, sizeof why) == 1,
+    CHECK(qva_supports_heads(dev, &c, dt, D, H, Hkv, why, sizeof why) == 1,
           "%s %s H=%lld Hkv=%lld not supported: %s", where, method, (long long)H,
           (long long)Hkv, why);
-    const int steps = is_vsmooth(method) ? 3 : 1;
+    const int steps = steps_of(method);
     for (int s = 0; s < steps && ca && cb && tq.data && tk.data && tv.data && tkx.data && tvx.data;
          ++s) {
         c.step = s;
-        qva_status st = run_on(dev, ca, &c, &tq, &tk, &tv, t1, s1, nq, nl);
+        qva_status st = run_on(dev, ca, &c, &tq, &tk, &tv, t1, s1, nq * es, nl);
         CHECK(st == QVA_OK, "%s %s H=%lld Hkv=%lld: %s", where, method, (long long)H,
               (long long)Hkv, qva_last_error());
-        st = run_on(dev, cb, &c, &tq, &tkx, &tvx, t2, s2, nq, nl);
+        st = run_on(dev, cb, &c, &tq, &tkx, &tvx, t2, s2, nq * es, nl);
         CHECK(st == QVA_OK, "%s %s repeated: %s", where, method, qva_last_error());
-        CHECK(!memcmp(o1, o2, nq * sizeof *o1) && !memcmp(l1, l2, nl * 4),
+        CHECK(!memcmp(o1, o2, nq * es) && !memcmp(l1, l2, nl * 4),
               "%s %s H=%lld Hkv=%lld D=%lld step %d: grouped K/V differs from repeated K/V",
               where, method, (long long)H, (long long)Hkv, (long long)D, s);
+        if (dev == QVA_DEVICE_CPU && strstr(method, "kprev")) /* state per K/V head */
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t h = 0; h < Hkv; ++h) {
+                    const qvi_vs_state *st_g = qvi_context_vs_state(ca, c.layer, b, h);
+                    CHECK(st_g && st_g->kmean_d == D, "%s: no K mean kept for b %lld kv head "
+                          "%lld after step %d", method, (long long)b, (long long)h, s);
+                }
     }
     qva_context_free(ca);
     qva_context_free(cb);
@@ -139,6 +173,20 @@ static void gqa_matches_repeated(qva_device dev, const char *method, int64_t H, 
     if (tkx.data) off_device(dev, (void *)tkx.data);
     if (tvx.data) off_device(dev, (void *)tvx.data);
     free(q), free(k), free(v), free(kx), free(vx), free(o1), free(o2), free(l1), free(l2);
+}
+
+static void gqa_matches_repeated(qva_device dev, const char *method, int64_t H, int64_t Hkv,
+                                 int64_t D) {
+    gqa_matches_repeated_dt(dev, method, H, Hkv, D, QVA_F32);
+}
+
+/* The carried statistics over grouped heads, in bf16 (CUDA's inputs for
+ * them) on both backends; GQA at D 64 and MQA at D 128. */
+static void gqa_carried(qva_device dev) {
+    for (size_t m = 0; m < NCARRIED; ++m) {
+        gqa_matches_repeated_dt(dev, carried_methods[m], 4, 2, 64, QVA_BF16);
+        gqa_matches_repeated_dt(dev, carried_methods[m], 4, 1, 128, QVA_BF16);
+    }
 }
 
 static void test_gqa_errors(void) {
@@ -194,6 +242,7 @@ static void test_cuda_gqa(void) {
         gqa_matches_repeated(QVA_DEVICE_CUDA, methods[m], 4, 2, 64);
         gqa_matches_repeated(QVA_DEVICE_CUDA, methods[m], 4, 1, 128); /* MQA */
     }
+    gqa_carried(QVA_DEVICE_CUDA);
     char why[512];
     qva_config c = config_of("sage8");
     CHECK(qva_supports(QVA_DEVICE_CUDA, &c, QVA_BF16, 80, why, sizeof why) == 0 &&
@@ -383,6 +432,7 @@ int main(void) {
         gqa_matches_repeated(QVA_DEVICE_CPU, methods[m], 4, 2, 64);
         gqa_matches_repeated(QVA_DEVICE_CPU, methods[m], 4, 1, 128); /* MQA */
     }
+    gqa_carried(QVA_DEVICE_CPU);
     test_gqa_errors();
     test_cuda_gqa();
     const int64_t dims[] = {24, 80, 100};
