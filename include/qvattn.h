@@ -620,6 +620,27 @@ typedef struct qva_error_metrics {
 void qva_compare(const float *out, const float *ref, size_t n,
                  qva_error_metrics *m);
 
+/* The part of an output's error that moves every row the same way
+ * (docs/NUMERICS.md, "The error's direction"), which rel-L2 cannot see:
+ * such a bias compounds over a sampler's steps where rounding noise does
+ * not.  Per head, v_bar is the mean of V over its keys (what uniform
+ * attention returns) and d = ref - v_bar per row; with e = out - ref,
+ *   sharpen = <e, d> / <d, d>   (> 0: rows moved away from the uniform
+ *                                average, sharper; < 0: flatter)
+ *   cos     = <e, d> / (|e| |d|) (the share of the error along d; about 0
+ *                                for unbiased noise, 0 when e = 0)
+ * summed in FP64 over all rows and heads.  out and ref: f32 [B, H, R, D]
+ * contiguous (as qva_compare takes them); v: a CPU tensor [B, H_kv, N, D],
+ * any dtype and strides, H a multiple of H_kv.  A NaN/Inf in out, ref or
+ * v is QVA_ERR_NONFINITE; a bad argument QVA_ERR_INVALID_ARGUMENT,
+ * QVA_ERR_DTYPE or QVA_ERR_SHAPE; on any failure both fields are NaN.  Where
+ * ref is the uniform average itself (d = 0), both are 0. */
+typedef struct qva_error_direction {
+    double sharpen, cos;
+} qva_error_direction;
+qva_status qva_error_direction_compute(const float *out, const float *ref, int64_t H, int64_t R,
+                                       const qva_tensor *v, qva_error_direction *dir);
+
 /* Where a quantized method's error comes from (docs/NUMERICS.md, "Where
  * the error comes from").  Each field is a rel-L2 (qva_compare) against
  * exact FP64 attention, over all of q's rows, of the CPU reference run

@@ -77,6 +77,86 @@ void qva_compare(const float *out, const float *ref, size_t n,
     m->psnr_db = peak > 0.0 ? 20.0 * log10(peak / rmse) : -INFINITY;
 }
 
+/* ------------------------------------------------------------ direction */
+#define DIR_FN "qva_error_direction_compute"
+
+static qva_status dir_check(const float *out, const float *ref, int64_t H, int64_t R,
+                            const qva_tensor *v) {
+    if (!out || !ref || !v || !v->data)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, DIR_FN ": out, ref, v and v's data must not "
+                                                  "be NULL");
+    if (v->device != QVA_DEVICE_CPU)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, DIR_FN ": v must be a CPU tensor");
+    if (v->dtype != QVA_F32 && v->dtype != QVA_BF16 && v->dtype != QVA_F16)
+        return qvi_fail(QVA_ERR_DTYPE, DIR_FN ": v's dtype %d is not f32, bf16 or f16",
+                        (int)v->dtype);
+    for (int i = 0; i < 4; ++i)
+        if (v->shape[i] < 1)
+            return qvi_fail(QVA_ERR_SHAPE, DIR_FN ": v's shape[%d] = %lld (need >= 1)", i,
+                            (long long)v->shape[i]);
+    if (H < 1 || R < 1 || H % v->shape[1])
+        return qvi_fail(QVA_ERR_SHAPE, DIR_FN ": H = %lld, R = %lld: need R >= 1 and H a "
+                        "positive multiple of v's %lld heads", (long long)H, (long long)R,
+                        (long long)v->shape[1]);
+    const int64_t B = v->shape[0], D = v->shape[3];
+    if (H > INT64_MAX / B || R > INT64_MAX / (B * H) || D > INT64_MAX / (B * H * R) ||
+        (uint64_t)(B * H * R * D) > SIZE_MAX / sizeof(float))
+        return qvi_fail(QVA_ERR_SHAPE, DIR_FN ": B*H*R*D overflows");
+    return QVA_OK;
+}
+
+/* v_bar[c] = the mean over the keys of V's head (b, hk), in FP64; 0 when
+ * a value is not finite. */
+static int head_mean(const qva_tensor *v, int64_t b, int64_t hk, double *v_bar) {
+    const int64_t N = v->shape[2], D = v->shape[3];
+    for (int64_t c = 0; c < D; ++c) v_bar[c] = 0.0;
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < D; ++c) {
+            const double x = qvi_load_elem(v, qvi_offset(v, b, hk, n, c));
+            if (!isfinite(x)) return 0;
+            v_bar[c] += x;
+        }
+    for (int64_t c = 0; c < D; ++c) v_bar[c] /= (double)N;
+    return 1;
+}
+
+qva_status qva_error_direction_compute(const float *out, const float *ref, int64_t H, int64_t R,
+                                       const qva_tensor *v, qva_error_direction *dir) {
+    if (!dir) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, DIR_FN ": dir is NULL");
+    dir->sharpen = dir->cos = NAN;
+    qva_status st = dir_check(out, ref, H, R, v);
+    if (st != QVA_OK) return st;
+    const int64_t B = v->shape[0], Hk = v->shape[1], D = v->shape[3], g = H / Hk;
+    double *v_bar = malloc((size_t)D * sizeof *v_bar);
+    if (!v_bar) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, DIR_FN ": %lld doubles", (long long)D);
+    double ed = 0.0, dd = 0.0, ee = 0.0;
+    for (int64_t b = 0; b < B && st == QVA_OK; ++b)
+        for (int64_t h = 0; h < H && st == QVA_OK; ++h) {
+            if (h % g == 0 && !head_mean(v, b, h / g, v_bar)) {
+                st = qvi_fail(QVA_ERR_NONFINITE, DIR_FN ": NaN/Inf in v (b %lld, kv head %lld)",
+                              (long long)b, (long long)(h / g));
+                break;
+            }
+            const size_t base = (size_t)((b * H + h) * R) * (size_t)D;
+            for (size_t i = 0; i < (size_t)(R * D); ++i) {
+                const double o = out[base + i], f = ref[base + i];
+                if (!isfinite(o) || !isfinite(f)) {
+                    st = qvi_fail(QVA_ERR_NONFINITE, DIR_FN ": NaN/Inf in %s at element %zu",
+                                  isfinite(o) ? "ref" : "out", base + i);
+                    break;
+                }
+                const double e = o - f, d = f - v_bar[i % (size_t)D];
+                ed += e * d, dd += d * d, ee += e * e;
+            }
+        }
+    free(v_bar);
+    if (st != QVA_OK) return st;
+    /* no direction (ref is the uniform average) or no error: nothing along it */
+    dir->sharpen = dd > 0.0 ? ed / dd : 0.0;
+    dir->cos = dd > 0.0 && ee > 0.0 ? ed / sqrt(ee * dd) : 0.0;
+    return QVA_OK;
+}
+
 /* ------------------------------------------------------------ V stats */
 /* perm must be a permutation of [0, n): a bad index would read outside v. */
 static qva_status check_perm(const int32_t *perm, int n) {

@@ -140,6 +140,7 @@ typedef struct method_run {
     qva_device dev;
     double ms, ms_min;
     qva_error_metrics m;
+    qva_error_direction dir; /* eval: the error along ref - mean(V); NaN if not computed */
     qva_draft_stats draft; /* kept share of the last call (draft on the CPU) */
 } method_run;
 

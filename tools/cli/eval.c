@@ -145,17 +145,17 @@ static void print_kept_shares(const method_list *ml) {
 }
 
 static void print_eval_table(const method_list *ml) {
-    printf("%-22s %-6s %11s %11s %11s %9s %10s\n", "method", "device", "rel-L2",
-           "cos", "max-abs", "PSNR dB", "ms");
+    printf("%-22s %-6s %11s %11s %11s %9s %10s %10s %7s\n", "method", "device", "rel-L2",
+           "cos", "max-abs", "PSNR dB", "ms", "sharpen", "err-cos");
     for (int i = 0; i < ml->n; ++i) {
         const method_run *m = &ml->v[i];
         if (m->skip[0]) {
             printf("%-22s %-6s skipped: %s\n", m->name, "-", m->skip);
             continue;
         }
-        printf("%-22s %-6s %11.4e %11.8f %11.4e %9.2f %10.1f\n", m->name,
+        printf("%-22s %-6s %11.4e %11.8f %11.4e %9.2f %10.1f %+10.2e %+7.3f\n", m->name,
                dev_name(m->dev), m->m.rel_l2, m->m.cos_sim, m->m.max_abs,
-               m->m.psnr_db, m->ms);
+               m->m.psnr_db, m->ms, m->dir.sharpen, m->dir.cos);
     }
     for (int i = 0; i < ml->n; ++i)
         if (ml->v[i].note[0]) printf("note: %s: %s\n", ml->v[i].name, ml->v[i].note);
@@ -217,6 +217,10 @@ static void js_method_eval(const method_run *m) {
     js_num(m->m.psnr_db);
     printf(",\"ms\":");
     js_num(m->ms);
+    printf(",\"sharpen\":");
+    js_num(m->dir.sharpen);
+    printf(",\"err_cos\":");
+    js_num(m->dir.cos);
     printf(",\"device\":\"%s\",\"canonical\":", dev_name(m->dev));
     js_str(canon);
     if (m->note[0]) {
@@ -311,7 +315,11 @@ static int eval_methods(runner *r, method_list *ml, float *ref, float *out) {
         } else if (!m->skip[0] && (rc = run_method(r, m, 0, 1, out))) {
             return rc;
         }
-        if (!m->skip[0]) qva_compare(out, ref, r->vw->out_elems, &m->m);
+        if (!m->skip[0]) {
+            qva_compare(out, ref, r->vw->out_elems, &m->m);
+            /* a failure (a NaN output) leaves NaN, which the table prints */
+            (void)qva_error_direction_compute(out, ref, r->vw->H, r->vw->R, &r->vw->v, &m->dir);
+        }
         progress(m, i + 1, ml->n, t_start);
     }
     return RC_OK;
