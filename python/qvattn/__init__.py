@@ -28,7 +28,8 @@ from ._ffi import (DEFAULT_METHOD, Context, QvaError, QvaUnsupportedError,  # no
 
 __all__ = ["attention", "sdpa", "describe", "DEFAULT_METHOD", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
-           "default_context", "supports", "capture", "error_terms", "draft_report",
+           "default_context", "supports", "capture", "error_terms", "error_direction",
+           "draft_report",
            "draft_sweep", "synthetic", "synthetic_presets"]
 
 __version__ = "0.1.0"
@@ -285,6 +286,47 @@ def error_terms(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=N
                              0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
                              0, 0, None, 0, False, int(tk.shape[2]))
     return _ffi.error_terms(cfg, tq, tk, tv)
+
+
+def _host_f32_hnd(x, layout, what):
+    """x (numpy or torch, any device) as a C-contiguous float32 numpy array
+    laid out [B, H, N, D]."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"qvattn: layout must be one of {_LAYOUTS}, got {layout!r}")
+    if _is_torch(x):
+        x = x.detach().float().cpu()
+        x = (x.permute(0, 2, 1, 3) if layout == "NHD" else x).contiguous().numpy()
+    elif _is_numpy(x):
+        x = _np.asarray(x, dtype=_np.float32)
+        x = _np.ascontiguousarray(x.transpose(0, 2, 1, 3) if layout == "NHD" else x)
+    else:
+        raise TypeError(f"qvattn: {what} must be a torch tensor or a numpy array")
+    if x.ndim != 4:
+        raise ValueError(f"qvattn: {what} must have rank 4, got shape {tuple(x.shape)}")
+    return x
+
+
+def error_direction(out, ref, v, *, layout="HND"):
+    """The part of out's error that moves every row the same way
+    (qva_error_direction_compute; docs/NUMERICS.md, "The error's direction").
+
+    out, ref: a method's output and the exact one, [B, H, N, D] in `layout`;
+    v: the values given to the call ([B, H_kv, N_k, D], H a multiple of
+    H_kv).  numpy arrays or torch tensors on any device (copied to the host
+    as float32; the sums are FP64 in the library).  Returns {"sharpen",
+    "cos"}: with d = ref - mean(V) per head and e = out - ref, sharpen =
+    <e, d>/<d, d> (> 0: rows sharper than exact, < 0: flatter) and cos =
+    <e, d>/(|e||d|) (about 0 for rounding noise).  NaN/Inf anywhere raises
+    QvaValueError.
+    """
+    o = _host_f32_hnd(out, layout, "out")
+    r = _host_f32_hnd(ref, layout, "ref")
+    if o.shape != r.shape:
+        raise ValueError(f"qvattn: out {tuple(o.shape)} and ref {tuple(r.shape)} differ in shape")
+    vh = _host_f32_hnd(v, layout, "v")
+    tv = _ffi.make_tensor(vh.ctypes.data, _ffi.QVA_F32, _ffi.QVA_DEVICE_CPU, vh.shape,
+                          tuple(s // 4 for s in vh.strides))
+    return _ffi.error_direction(o, r, int(o.shape[1]), int(o.shape[2]), tv)
 
 
 def _draft_call(q, k, v, method, grid, prefix, prefix_at_end, layout, sm_scale, options):

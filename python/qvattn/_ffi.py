@@ -311,6 +311,11 @@ class QvaDraftStats(Structure):
     ]
 
 
+class QvaErrorDirection(Structure):
+    """qva_error_direction: the error's part along ref - mean(V)."""
+    _fields_ = [("sharpen", c_double), ("cos", c_double)]
+
+
 class QvaErrorTerms(Structure):
     """qva_error_terms: rel-L2 against exact attention of the method with
     every operand quantized (full), one (q, k, p, v, mu) or none."""
@@ -346,7 +351,7 @@ class QvaDraftReport(Structure):
 # (the test checks it against the compiler as well).
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 160, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 72,
-                  "qva_error_terms": 56, "qva_draft_stats": 40,
+                  "qva_error_terms": 56, "qva_error_direction": 16, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,
                   "qva_synthetic_spec": 80}
 
@@ -456,6 +461,8 @@ _OPTIONAL_SIGS = {
                                    c_char_p, c_size_t]),
     "qva_error_terms_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                          _P(QvaTensor), _P(QvaErrorTerms)]),
+    "qva_error_direction_compute": (c_enum, [_P(ctypes.c_float), _P(ctypes.c_float), c_int64,
+                                             c_int64, _P(QvaTensor), _P(QvaErrorDirection)]),
     "qva_draft_report_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                           _P(QvaTensor), _P(QvaDraftReport),
                                           _P(QvaDraftHeadReport), c_int64]),
@@ -621,6 +628,19 @@ def error_terms(cfg, q, k, v):
     check(lib.qva_error_terms_compute(byref(cfg), byref(q), byref(k), byref(v), byref(t)),
           "qva_error_terms_compute")
     return {name: float(getattr(t, name)) for name in ERROR_TERM_NAMES}
+
+
+def error_direction(out, ref, heads, rows, v):
+    """qva_error_direction_compute: out and ref C-contiguous float32 numpy
+    arrays [B, heads, rows, D], v a CPU descriptor; {"sharpen", "cos"}."""
+    _need("qva_error_direction_compute")
+    fp = _P(ctypes.c_float)
+    d = QvaErrorDirection()
+    check(lib.qva_error_direction_compute(out.ctypes.data_as(fp), ref.ctypes.data_as(fp),
+                                          c_integer(heads, "heads", c_int64),
+                                          c_integer(rows, "rows", c_int64), byref(v), byref(d)),
+          "qva_error_direction_compute")
+    return {"sharpen": float(d.sharpen), "cos": float(d.cos)}
 
 
 def _struct_dict(x, fields):

@@ -61,6 +61,8 @@ int main(void) {
     F(qva_config, vsmooth); F(qva_config, draft);
     F(qva_config, layer); F(qva_config, step); F(qva_config, num_steps);
     F(qva_config, check_finite); F(qva_config, k_mean); F(qva_config, v_scale);
+    Z(qva_error_direction);
+    F(qva_error_direction, sharpen); F(qva_error_direction, cos);
     Z(qva_error_terms);
     F(qva_error_terms, full); F(qva_error_terms, q); F(qva_error_terms, k);
     F(qva_error_terms, p); F(qva_error_terms, v); F(qva_error_terms, mu);
@@ -100,6 +102,7 @@ PY_STRUCTS = {
     "qva_draft_stats": _ffi.QvaDraftStats,
     "qva_config": _ffi.QvaConfig,
     "qva_error_terms": _ffi.QvaErrorTerms,
+    "qva_error_direction": _ffi.QvaErrorDirection,
     "qva_draft_head_report": _ffi.QvaDraftHeadReport,
     "qva_draft_report": _ffi.QvaDraftReport,
     "qva_synthetic_spec": _ffi.QvaSyntheticSpec,

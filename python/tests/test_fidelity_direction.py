@@ -63,3 +63,32 @@ def test_dropping_small_probabilities_sharpens_and_rounding_noise_does_not():
     assert (flushed - ref).abs().max() > 1e-4  # the flush did drop mass
     assert rf["sharpen"] > 0 and rf["cos"] > 0.2
     assert abs(rn["cos"]) < 0.05
+
+
+def test_library_form_matches_the_torch_form():
+    # qvattn.error_direction (the C library's FP64 sums) against the
+    # harness's torch form, on grouped heads and in both layouts.
+    qvattn = pytest.importorskip("qvattn")
+    try:
+        qvattn._ffi.lib  # noqa: B018  (loads libqvattn)
+    except Exception as e:  # pragma: no cover - depends on the build
+        pytest.skip(f"libqvattn not loadable: {e}")
+    if not qvattn._ffi.has_symbol("qva_error_direction_compute"):
+        pytest.skip("this libqvattn has no qva_error_direction_compute")
+    q, k, v = qkv(h_kv=2, seed=3)
+    ref = attention(q, k, v.repeat_interleave(2, 1)).float()
+    out = attention(q, k, v.repeat_interleave(2, 1),
+                    keep=lambda p: p >= p.amax(-1, keepdim=True) / 300).float()
+    want = error_direction(out, ref, v.float())
+    got = qvattn.error_direction(out, ref, v.float())
+    assert got["sharpen"] == pytest.approx(want["sharpen"], rel=1e-6)
+    assert got["cos"] == pytest.approx(want["cos"], rel=1e-6)
+    nhd = [x.permute(0, 2, 1, 3) for x in (out, ref, v.float())]
+    got_nhd = qvattn.error_direction(*nhd, layout="NHD")
+    assert got_nhd["cos"] == pytest.approx(got["cos"], rel=1e-12)
+    bad = out.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(qvattn.QvaValueError, match="NaN"):
+        qvattn.error_direction(bad, ref, v)
+    with pytest.raises(ValueError, match="shape"):
+        qvattn.error_direction(out[:, :, :5], ref, v)
