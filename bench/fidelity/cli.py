@@ -6,6 +6,7 @@ import os
 
 from benchutil import OUT_HELP, ROOT
 import peers
+from fidelity import config as C
 
 DEFAULT_CACHE = os.path.join(ROOT, "bench", "out", "fidelity-cache")
 
@@ -54,6 +55,9 @@ def parse_args(argv, description):
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="train nothing: merge the reports of runs with different "
                         "--seeds (same config and methods) into one table")
+    p.add_argument("--paired", default=C.PAIRED_BASELINE, metavar="METHOD",
+                   help="the baseline of the clip-by-clip table (default %(default)s, "
+                        "SageAttention2; a method of the run, for runs without it)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 with --tiny)")
     return p.parse_args(argv)

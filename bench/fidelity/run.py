@@ -376,7 +376,7 @@ class Harness:
     def summarize(self):
         self.results["summary"] = summarize(self.results["models"], self.methods)
         self.results["paired"] = paired(self.results["models"], self.methods,
-                                        C.PAIRED_BASELINE)
+                                        self.args.paired)
 
     def run(self):
         t = time.perf_counter()
@@ -398,7 +398,7 @@ def run_cli(argv=None, log=print):
     """The command line, in-process: (exit status, Harness or None)."""
     args = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     if args.merge:
-        return merge_cli(args.merge, args.out, log), None
+        return merge_cli(args.merge, args.out, log, args.paired), None
     err = parse_seeds(args.seeds)[1] if args.seeds is not None else None
     err = err or parse_samplers(args.sanity_samplers)[1]
     err = err or apply_sets(C.preset("tiny" if args.tiny else "default", args.head_dim),

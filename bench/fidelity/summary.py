@@ -109,7 +109,14 @@ def paired(models, methods, baseline):
     return {"baseline": baseline, "methods": out}
 
 
-def merge_results(runs, names):
+def _run_timings(run, name):
+    """(file, timings) pairs of a run; a merged report brings its runs'."""
+    if run["meta"].get("merged_from"):
+        return list(run["timings"].items())
+    return [(name, run["timings"])]
+
+
+def merge_results(runs, names, baseline=C.PAIRED_BASELINE):
     """One report from several runs of the same frozen configuration and
     method list, each with its own model seeds (one device call cannot
     train every model, and trained weights do not travel back).  Returns
@@ -135,14 +142,14 @@ def merge_results(runs, names):
                              for r, n in zip(runs, names)])
     res = {"meta": meta, "config": base["config"], "data_stats": base.get("data_stats"),
            "models": models, "summary": summarize(models, base["meta"]["methods"]),
-           "paired": paired(models, base["meta"]["methods"], C.PAIRED_BASELINE),
-           "timings": {n: r["timings"] for r, n in zip(runs, names)},
+           "paired": paired(models, base["meta"]["methods"], baseline),
+           "timings": {tn: t for r, n in zip(runs, names) for tn, t in _run_timings(r, n)},
            "warnings": [w for r in runs for w in r["warnings"]],
            "images": [i for r in runs for i in r.get("images", [])]}
     return res, None
 
 
-def merge_cli(paths, out, log):
+def merge_cli(paths, out, log, baseline=C.PAIRED_BASELINE):
     """--merge: write <out>/fidelity-merged-<UTC>.json/.md from run JSONs."""
     from fidelity.report import markdown
     runs, names = [], []
@@ -154,7 +161,7 @@ def merge_cli(paths, out, log):
             log(f"fidelity --merge: {p}: {e}")
             return 2
         names.append(os.path.basename(p))
-    res, why = merge_results(runs, names)
+    res, why = merge_results(runs, names, baseline)
     if why:
         log(f"fidelity --merge: {why}")
         return 2

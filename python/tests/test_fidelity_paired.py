@@ -62,3 +62,28 @@ def test_t_quantiles():
     assert fid_summary.t975(5) == 2.571 and fid_summary.t975(23) == 2.069
     assert fid_summary.t975(35) == 2.042  # conservative between table entries
     assert fid_summary.t975(1000) == 1.960 and math.isinf(fid_summary.t975(0))
+
+
+def run_json(seed, **psnr):
+    """A run's report as merge_results reads it (hand-made, one model)."""
+    meta = {"methods": sorted(psnr), "frozen": True, "clips": 2, "reference": "bf16-sdpa",
+            "date_utc": "2026-12-05T00:00:00+00:00", "git": "x", "command": "c",
+            "model_seeds": [seed]}
+    return {"meta": meta, "config": {"c": 1}, "data_stats": {"d": 1},
+            "models": [model(seed, **psnr)], "timings": {"total": 1.0 + seed},
+            "warnings": []}
+
+
+def test_merge_pairs_against_the_baseline_given_and_merges_merged_reports():
+    runs = [run_json(0, sage8=[50.0, 51.0], a=[51.0, 52.5]),
+            run_json(1, sage8=[49.0, 50.0], a=[49.5, 51.0])]
+    res, why = fid_summary.merge_results(runs, ["r0.json", "r1.json"], "sage8")
+    assert why is None and res["paired"]["baseline"] == "sage8"
+    assert res["paired"]["methods"]["a"]["clips"] == 4
+    assert fid_summary.merge_results(runs, ["r0.json", "r1.json"])[0]["paired"] is None  # no sage2
+    # a merged report merges again with a third run; its runs' timings stay apart
+    again, why = fid_summary.merge_results([res, run_json(2, sage8=[48.0, 49.0], a=[48.0, 50.0])],
+                                           ["merged.json", "r2.json"], "sage8")
+    assert why is None and set(again["timings"]) == {"r0.json", "r1.json", "r2.json"}
+    assert again["paired"]["methods"]["a"]["clips"] == 6
+    assert any("Paired against sage8" in line for line in fid_report._paired_table(again))
