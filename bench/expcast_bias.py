@@ -8,7 +8,9 @@ over the keys, per head):
     flattening = sum <o_hat - o, u - o> / sum ||u - o||^2      (over rows)
 
 the least-squares coefficient of the error on the direction that flattens
-every row toward uniform weights.  0 means no systematic pull; 0.01 means
+every row toward uniform weights: minus the `sharpen` of
+qvattn.error_direction (qva_error_direction_compute), which computes it,
+with the share of the error along that direction (its cos).  0 means no systematic pull; 0.01 means
 the rows moved 1% of the way to uniform attention.  Errors that are noise
 average out over the 20-40 steps and tens of layers of a video model; a
 pull of the same sign in every call does not (NUMERICS "ExpCast's
@@ -40,11 +42,12 @@ def exact(q, k, v):
     return np.einsum("bhnm,bhmd->bhnd", p, v)
 
 
-def measure(out, o, u):
-    d = out.astype(np.float64) - o
-    toward = u - o
-    return {"flattening": float((d * toward).sum() / (toward * toward).sum()),
-            "rel_l2": float(np.linalg.norm(d) / np.linalg.norm(o))}
+def measure(qvattn, out, o, v):
+    """flattening = -sharpen of qvattn.error_direction (the library's FP64
+    sums; o rounded to float32 for it), its cos, and rel-L2."""
+    d = qvattn.error_direction(np.asarray(out, np.float32), o.astype(np.float32), v)
+    return {"flattening": -d["sharpen"], "cos": d["cos"],
+            "rel_l2": float(np.linalg.norm(out.astype(np.float64) - o) / np.linalg.norm(o))}
 
 
 def main(argv=None):
@@ -62,7 +65,6 @@ def main(argv=None):
         w = qvattn.synthetic(name)
         q, k, v = w["q"], w["k"], w["v"]
         o = exact(q, k, v)
-        u = np.broadcast_to(v.astype(np.float64).mean(axis=2, keepdims=True), o.shape)
         cells = []
         for m in methods:
             if args.device == "cuda":
@@ -72,10 +74,11 @@ def main(argv=None):
                 out = out.float().cpu().numpy()
             else:
                 out = qvattn.attention(q, k, v, method=m, grid=w["grid"], prefix=w["prefix"])
-            r = measure(out, o, u)
-            cells.append(f"{r['flattening']:+.4f} ({r['rel_l2']:.4f})")
+            r = measure(qvattn, out, o, v)
+            cells.append(f"{r['flattening']:+.4f} (cos {-r['cos']:+.2f}, {r['rel_l2']:.4f})")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
-    print("\ncells: flattening coefficient (rel-L2)")
+    print("\ncells: flattening coefficient (its share of the error along the pull, "
+          "rel-L2)")
     return 0
 
 
