@@ -185,14 +185,11 @@ def rel_l2(out, ref):
 
 
 def error_direction(out, ref, v):
-    """{"sharpen", "cos"} of out's error against ref (module docstring):
-    out, ref [B, H, N, D]; v [B, H_kv, N_k, D], H a multiple of H_kv."""
-    out, ref, v = out.double(), ref.double(), v.double()
-    v_bar = v.mean(dim=-2, keepdim=True).repeat_interleave(ref.shape[1] // v.shape[1], dim=1)
-    e, d = out - ref, ref - v_bar
-    ed, dd, ee = (e * d).sum().item(), (d * d).sum().item(), (e * e).sum().item()
-    return {"sharpen": ed / dd if dd > 0 else float("nan"),
-            "cos": ed / math.sqrt(ee * dd) if ee > 0 and dd > 0 else 0.0}
+    """{"sharpen", "cos"} of out's error against ref (module docstring), by
+    the library (qvattn.error_direction, FP64 on the host): out, ref
+    [B, H, N, D]; v [B, H_kv, N_k, D], H a multiple of H_kv."""
+    import qvattn
+    return qvattn.error_direction(out, ref, v)
 
 
 def operator_rel_l2(qvattn, method, captured, grid, options=None, call=None):

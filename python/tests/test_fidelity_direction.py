@@ -1,5 +1,6 @@
-"""The fidelity metrics' error direction (bench/fidelity/metrics.py,
-error_direction): the signed part of an attention error along
+"""The error's direction (qva_error_direction_compute through
+qvattn.error_direction, which the fidelity harness's metrics and
+bench/fidelity_ops.py call): the signed part of an attention error along
 ref - mean(V), which rel-L2 cannot see."""
 import os
 import sys
@@ -9,6 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+qvattn = pytest.importorskip("qvattn")
+try:
+    qvattn._ffi.lib  # noqa: B018  (loads libqvattn)
+except Exception as e:  # pragma: no cover - depends on the build
+    pytest.skip(f"libqvattn not loadable: {e}", allow_module_level=True)
+if not qvattn._ffi.has_symbol("qva_error_direction_compute"):
+    pytest.skip("this libqvattn has no qva_error_direction_compute", allow_module_level=True)
 
 from fidelity.metrics import error_direction  # noqa: E402
 
@@ -31,24 +40,34 @@ def qkv(h_kv=2, seed=0):
     return q, k.repeat_interleave(4 // h_kv, 1), v
 
 
+def direction_of(out, ref, v):
+    """The test's own FP64 form of the definition."""
+    out, ref, v = out.double(), ref.double(), v.double()
+    d = ref - v.mean(-2, keepdim=True).repeat_interleave(ref.shape[1] // v.shape[1], 1)
+    e = out - ref
+    ed = float((e * d).sum())
+    return {"sharpen": ed / float((d * d).sum()),
+            "cos": ed / float(e.norm() * d.norm())}
+
+
 def test_sharpen_recovers_a_planted_bias_with_sign():
     q, k, v = qkv()
     ref = attention(q, k, v.repeat_interleave(2, 1))
     d = ref - v.mean(-2, keepdim=True).repeat_interleave(2, 1)
     for beta in (0.01, -0.02):
-        r = error_direction(ref + beta * d, ref, v)
-        assert r["sharpen"] == pytest.approx(beta, rel=1e-9)
-        assert r["cos"] == pytest.approx(1.0 if beta > 0 else -1.0, abs=1e-9)
+        r = error_direction((ref + beta * d).float(), ref.float(), v.float())
+        assert r["sharpen"] == pytest.approx(beta, rel=1e-4)  # out, ref rounded to float32
+        assert r["cos"] == pytest.approx(1.0 if beta > 0 else -1.0, abs=1e-4)
 
 
-def test_noise_orthogonal_to_the_direction_reads_zero():
+def test_noise_orthogonal_to_the_direction_reads_near_zero():
     q, k, v = qkv(h_kv=4)
     ref = attention(q, k, v)
     d = ref - v.mean(-2, keepdim=True)
     e = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     e = e - (e * d).sum() / (d * d).sum() * d
     r = error_direction(ref + 1e-3 * e, ref, v)
-    assert abs(r["sharpen"]) < 1e-12 and abs(r["cos"]) < 1e-9
+    assert abs(r["cos"]) < 1e-3 and abs(r["sharpen"]) < 1e-5  # float32 copies
 
 
 def test_dropping_small_probabilities_sharpens_and_rounding_noise_does_not():
@@ -65,27 +84,18 @@ def test_dropping_small_probabilities_sharpens_and_rounding_noise_does_not():
     assert abs(rn["cos"]) < 0.05
 
 
-def test_library_form_matches_the_torch_form():
-    # qvattn.error_direction (the C library's FP64 sums) against the
-    # harness's torch form, on grouped heads and in both layouts.
-    qvattn = pytest.importorskip("qvattn")
-    try:
-        qvattn._ffi.lib  # noqa: B018  (loads libqvattn)
-    except Exception as e:  # pragma: no cover - depends on the build
-        pytest.skip(f"libqvattn not loadable: {e}")
-    if not qvattn._ffi.has_symbol("qva_error_direction_compute"):
-        pytest.skip("this libqvattn has no qva_error_direction_compute")
+def test_library_equals_the_definition_on_grouped_heads_and_layouts():
     q, k, v = qkv(h_kv=2, seed=3)
     ref = attention(q, k, v.repeat_interleave(2, 1)).float()
     out = attention(q, k, v.repeat_interleave(2, 1),
                     keep=lambda p: p >= p.amax(-1, keepdim=True) / 300).float()
-    want = error_direction(out, ref, v.float())
+    want = direction_of(out, ref, v.float())
     got = qvattn.error_direction(out, ref, v.float())
     assert got["sharpen"] == pytest.approx(want["sharpen"], rel=1e-6)
     assert got["cos"] == pytest.approx(want["cos"], rel=1e-6)
     nhd = [x.permute(0, 2, 1, 3) for x in (out, ref, v.float())]
-    got_nhd = qvattn.error_direction(*nhd, layout="NHD")
-    assert got_nhd["cos"] == pytest.approx(got["cos"], rel=1e-12)
+    assert qvattn.error_direction(*nhd, layout="NHD")["cos"] == pytest.approx(got["cos"],
+                                                                             rel=1e-12)
     bad = out.clone()
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(qvattn.QvaValueError, match="NaN"):
