@@ -35,6 +35,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchutil import use_checkout_package  # noqa: E402
+from k_granularity import bf16  # noqa: E402
+from pv_formats import e4m3  # noqa: E402
 
 DEFAULT_PRESETS = "video-global,video-local-clustered,video-mixed,wan-small"
 BETA_E4M3 = -0.45
@@ -64,11 +66,7 @@ def expcast_weights(u, fmt, beta):
 
 
 def cast_e4m3_weights(u):
-    x = np.exp2(u + 8.807)
-    table = e4m3_value(np.arange(127))
-    i = np.clip(np.searchsorted(table, x), 1, 126)
-    lo, hi = table[i - 1], table[i]
-    return np.where(x - lo <= hi - x, lo, hi) / 448.0
+    return e4m3(np.exp2(u + 8.807)) / 448.0
 
 
 def centred_beta5():
@@ -92,6 +90,30 @@ def check_against_library(qvattn):
         sys.exit(f"p_code_bias: {bad} of {len(u)} emulated ExpCast codes differ from the library's")
 
 
+def codes_of(beta5):
+    return {"expcast-e4m3": lambda u: expcast_weights(u, "e4m3", BETA_E4M3),
+            "expcast-e5m2": lambda u: expcast_weights(u, "e5m2", beta5),
+            "cast-e4m3": cast_e4m3_weights}
+
+
+def preset_row(qvattn, name, codes):
+    """{code: {"rel_l2", "sharpen", "cos"}} on one preset (bf16 inputs)."""
+    w = qvattn.synthetic(name)
+    q, k, v = (bf16(w[x]).astype(np.float64) for x in "qkv")
+    s = np.einsum("bhnd,bhmd->bhnm", q, k) / np.sqrt(q.shape[-1])
+    u = (s - s.max(-1, keepdims=True)) / np.log(2.0)
+    p = np.exp2(u)
+    ref = np.einsum("bhnm,bhmd->bhnd", p / p.sum(-1, keepdims=True), v)
+    row = {}
+    for label, code in codes.items():
+        pc = code(u)
+        out = np.einsum("bhnm,bhmd->bhnd", pc / pc.sum(-1, keepdims=True), v)
+        d = qvattn.error_direction(out.astype(np.float32), ref.astype(np.float32),
+                                   v.astype(np.float32))
+        row[label] = dict(d, rel_l2=float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default=DEFAULT_PRESETS)
@@ -100,37 +122,16 @@ def main(argv=None):
     import qvattn
     check_against_library(qvattn)
     b5 = centred_beta5()
-    codes = {"expcast-e4m3": lambda u: expcast_weights(u, "e4m3", BETA_E4M3),
-             "expcast-e5m2": lambda u: expcast_weights(u, "e5m2", b5),
-             "cast-e4m3": cast_e4m3_weights}
+    codes = codes_of(b5)
     print(f"E5M2 ExpCast: centred beta5 = {b5:+.2f}")
     print("| preset | " + " | ".join(codes) + " |")
     print("|---|" + "---|" * len(codes))
     for name in [p for p in args.presets.split(",") if p]:
-        w = qvattn.synthetic(name)
-        q, k, v = (qvattn_bf16(w[x]) for x in "qkv")
-        s = np.einsum("bhnd,bhmd->bhnm", q, k) / np.sqrt(q.shape[-1])
-        u = (s - s.max(-1, keepdims=True)) / np.log(2.0)
-        p = np.exp2(u)
-        ref = np.einsum("bhnm,bhmd->bhnd", p / p.sum(-1, keepdims=True), v)
-        cells = []
-        for code in codes.values():
-            pc = code(u)
-            out = np.einsum("bhnm,bhmd->bhnd", pc / pc.sum(-1, keepdims=True), v)
-            d = qvattn.error_direction(out.astype(np.float32), ref.astype(np.float32),
-                                       v.astype(np.float32))
-            rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-            cells.append(f"{rel:.2e}, {d['sharpen']:+.1e} ({d['cos']:+.2f})")
+        row = preset_row(qvattn, name, codes)
+        cells = [f"{r['rel_l2']:.2e}, {r['sharpen']:+.1e} ({r['cos']:+.2f})" for r in row.values()]
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     print("\ncells: rel-L2 against exact, sharpen (cos)")
     return 0
-
-
-def qvattn_bf16(x):
-    """float32 -> the nearest bf16 (ties to even), as float64."""
-    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-    return b.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 if __name__ == "__main__":
