@@ -105,8 +105,12 @@ typedef enum qva_method {
 typedef enum qva_expcast_mode {
     QVA_EXPCAST_OFF = 0,     /* exp2 then cast to E4M3 (DA2 C.3)             */
     QVA_EXPCAST_PAPER = 1,   /* VC Eq. 7, beta = -0.35 ("+expcast")          */
-    QVA_EXPCAST_CENTRED = 2  /* Eq. 7 with beta = -0.45, which centres the
+    QVA_EXPCAST_CENTRED = 2, /* Eq. 7 with beta = -0.45, which centres the
                                 decoded/exact ratio on 1 ("+expcast-centred") */
+    QVA_EXPCAST_E5M2 = 3     /* our extension: Eq. 7's one-FMA code in E5M2,
+                                4 codes per binade, row max 2^15, beta -0.22
+                                centred; no tail below 2^-14.94 lost
+                                ("+expcast-e5m2"; CPU reference only so far) */
 } qva_expcast_mode;
 
 /* cfg.p_sum: the row sum l of the exp2 P path (expcast off; docs/NUMERICS.md

@@ -225,6 +225,7 @@ typedef struct method_option {
 static const method_option method_options[] = {
     {"expcast", offsetof(qva_config, expcast), QVA_EXPCAST_PAPER},
     {"expcast-centred", offsetof(qva_config, expcast), QVA_EXPCAST_CENTRED},
+    {"expcast-e5m2", offsetof(qva_config, expcast), QVA_EXPCAST_E5M2},
     {"hadamard", offsetof(qva_config, hadamard), 1},
     {"nohadamard", offsetof(qva_config, hadamard), 0},
     {"qblock", offsetof(qva_config, q_granularity), QVA_Q_PER_BLOCK},
@@ -263,7 +264,8 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
         if (!opt)
             return qvi_fail(QVA_ERR_PARSE,
                             "unknown method option '+%.*s' (expected +expcast, "
-                            "+expcast-centred, +hadamard, +nohadamard, +qblock, +codesum, "
+                            "+expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, +qblock, "
+                            "+codesum, "
                             "+fp32sum, +v2, +i8pv, +fp16acc, +kprev or +vprev)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
@@ -325,7 +327,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
-                        "+expcast, +expcast-centred, +hadamard, +nohadamard, +qblock, "
+                        "+expcast, +expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, "
+                        "+qblock, "
                         "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev)",
                         name);
     c.method = (qva_method)found;
@@ -361,6 +364,9 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+expcast applies to the 8-bit methods (fp8, sage8, "
                         "vc8, draft's INT8 phase), not %s",
                         method_names[c.method]);
+    if (c.expcast == QVA_EXPCAST_E5M2 && c.method == QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE, "+expcast-e5m2 applies to fp8, sage8 and vc8, not draft "
+                                       "(its INT8 phase codes P in E4M3)");
     if (c.hadamard && !qvi_method_is_quantized(c.method))
         return qvi_fail(QVA_ERR_PARSE,
                         "+hadamard applies to quantized methods, not %s",
@@ -423,8 +429,10 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     else
         n = snprintf(buf, len, "%s", method_names[cfg->method]);
     if (n >= 0 && (size_t)n < len && cfg->expcast)
-        n += snprintf(buf + n, len - (size_t)n,
-                      cfg->expcast == QVA_EXPCAST_CENTRED ? "+expcast-centred" : "+expcast");
+        n += snprintf(buf + n, len - (size_t)n, "%s",
+                      cfg->expcast == QVA_EXPCAST_CENTRED ? "+expcast-centred"
+                      : cfg->expcast == QVA_EXPCAST_E5M2  ? "+expcast-e5m2"
+                                                          : "+expcast");
     const int zero_h = names_zero(cfg, offsetof(qva_config, hadamard));
     const int zero_p = names_zero(cfg, offsetof(qva_config, p_sum));
     if (n >= 0 && (size_t)n < len && (zero_h ? !cfg->hadamard : cfg->hadamard))

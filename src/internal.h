@@ -19,6 +19,11 @@ extern "C" {
 #define QVI_SAGE_P_OFFSET 8.807f   /* exp2 offset: P max ~ 448 (DA2 C.3)    */
 #define QVI_SAGE_ETA 0.0022326917f /* 2^-8.807, P dequant scale (DA2 C.3)   */
 #define QVI_EXPCAST_LOG2_AMP 8.0f  /* ExpCast puts the row max at 2^8       */
+/* +expcast-e5m2 (NUMERICS §7, "One candidate: ExpCast in E5M2"): code =
+ * rint(4u + 120 + beta) in E5M2, code 120 = 2^15; beta centres the mean
+ * decoded/exact ratio (bench/p_code_bias.py, a 0.01 grid). */
+#define QVI_EXPCAST5_BETA (-0.22f)
+#define QVI_EXPCAST5_LOG2_AMP 15.0f
 /* +i8pv: a block's u8 codes put its row max at 255, and the block weight
  * exp2(m_b - m) keeps the row's max at 255: log2(255) */
 #define QVI_U8_LOG2_AMP 7.99435343685885793f
@@ -28,7 +33,20 @@ extern "C" {
  * the centred one); the kernels take the addend 120 + beta
  * (qvi_expcast_addend in expcast_magic.h). */
 static inline float qvi_expcast_beta(int mode) {
-    return mode == QVA_EXPCAST_CENTRED ? QVA_EXPCAST_BETA_CENTRED : QVA_EXPCAST_BETA;
+    return mode == QVA_EXPCAST_E5M2       ? QVI_EXPCAST5_BETA
+           : mode == QVA_EXPCAST_CENTRED ? QVA_EXPCAST_BETA_CENTRED
+                                         : QVA_EXPCAST_BETA;
+}
+/* +expcast-e5m2's code of u = (s - m) log2(e) <= 0, and E5M2's value
+ * (src/cpu/formats.c). */
+uint8_t qvi_expcast_e5m2(float u, float beta);
+float qvi_e5m2_decode(uint8_t code);
+/* log2 of the decoded row max of a P code: ExpCast's 2^8 (E4M3 code
+ * 120) or 2^15 (E5M2 code 120); the exp2 path's 8.807 offset otherwise. */
+static inline float qvi_p_log2_amp(int expcast) {
+    return expcast == QVA_EXPCAST_E5M2 ? QVI_EXPCAST5_LOG2_AMP
+           : expcast                   ? QVI_EXPCAST_LOG2_AMP
+                                       : QVI_SAGE_P_OFFSET;
 }
 
 /* ------------------------------------------------------------ errors */

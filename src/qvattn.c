@@ -188,12 +188,16 @@ static qva_status check_config(const qva_config *cfg) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "sm_scale must be finite and >= 0 (0 = 1/sqrt(D))");
     if (cfg->expcast != QVA_EXPCAST_OFF && cfg->expcast != QVA_EXPCAST_PAPER &&
-        cfg->expcast != QVA_EXPCAST_CENTRED)
+        cfg->expcast != QVA_EXPCAST_CENTRED && cfg->expcast != QVA_EXPCAST_E5M2)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "expcast = %d is not a qva_expcast_mode",
                         cfg->expcast);
     if (cfg->expcast && !(qvi_method_is_8bit(cfg->method) || cfg->method == QVA_METHOD_DRAFT))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "expcast needs an 8-bit method or draft");
+    if (cfg->expcast == QVA_EXPCAST_E5M2 && cfg->method == QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "expcast QVA_EXPCAST_E5M2 applies to fp8, sage8 and vc8, not draft "
+                        "(its INT8 phase codes P in E4M3)");
     if (cfg->hadamard && !qvi_method_is_quantized(cfg->method))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "hadamard needs a quantized method");
     if (cfg->q_granularity != QVA_Q_PER_ROW && cfg->q_granularity != QVA_Q_PER_BLOCK)

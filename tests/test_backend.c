@@ -55,6 +55,9 @@ static const tol TOLS[] = {
     {"vc8+expcast+hadamard", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+expcast+qblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+expcast-centred", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    /* ExpCast's code in E5M2 (the CPU reference only so far) */
+    {"vc8+expcast-e5m2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"sage8+expcast-e5m2", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     /* the exp2 P with the decoded codes' row sum (CUDA refuses it so far) */
     {"sage8+nohadamard", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+codesum", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},

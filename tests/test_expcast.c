@@ -294,8 +294,37 @@ static void test_beta(void) {
     CHECK(fabs(centred - 1.0) < 1e-3, "centred mean ratio %.5f", centred);
 }
 
+/* +expcast-e5m2's code (qvi_expcast_e5m2, E5M2 decode): the row max is
+ * code 120 = 2^15, four codes per doubling, weights down to 2^-29 of the
+ * max keep a nonzero code (E4M3's stop below 2^-14.94), and its beta
+ * centres the mean decoded/exact ratio over a doubling. */
+static void test_e5m2(void) {
+    CHECK(qvi_expcast_e5m2(0.0f, QVI_EXPCAST5_BETA) == 120 && qvi_e5m2_decode(120) == 32768.0f,
+          "row max -> code 120 = 2^15");
+    CHECK(qvi_expcast_e5m2(-1.0f, QVI_EXPCAST5_BETA) == 116 && qvi_e5m2_decode(116) == 16384.0f,
+          "one doubling down is four codes");
+    CHECK(qvi_e5m2_decode(4) == ldexpf(1.0f, -14) && qvi_e5m2_decode(1) == ldexpf(1.0f, -16) &&
+              qvi_e5m2_decode(123) == 57344.0f && qvi_e5m2_decode(0) == 0.0f, "E5M2 values");
+    CHECK(qvi_expcast_e5m2(-20.0f, QVI_EXPCAST5_BETA) == 40 &&
+              qva_expcast_e4m3_beta(-20.0f, QVA_EXPCAST_BETA_CENTRED) == 0,
+          "2^-20 of the max: E5M2 code 40, E4M3 ExpCast 0");
+    CHECK(qvi_expcast_e5m2(-29.5f, QVI_EXPCAST5_BETA) == 2 &&
+              qvi_expcast_e5m2(-40.0f, QVI_EXPCAST5_BETA) == 0 &&
+              qvi_expcast_e5m2(NAN, QVI_EXPCAST5_BETA) == 0 &&
+              qvi_expcast_e5m2(3.0f, QVI_EXPCAST5_BETA) == 120, "edges");
+    const int n = 1 << 16;
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) {
+        const float u = -1.0f + ((float)i + 0.5f) / (float)n;
+        sum += (double)qvi_e5m2_decode(qvi_expcast_e5m2(u, QVI_EXPCAST5_BETA)) /
+               exp2((double)u + 15.0);
+    }
+    CHECK(fabs(sum / n - 1.0) < 2e-3, "E5M2 centred mean ratio %.5f", sum / n);
+}
+
 int main(void) {
     test_beta();
+    test_e5m2();
     test_worked_example_and_edges();
     test_agreement();
     float u_lo = -3.0f, u_hi = -3.0f;

@@ -287,6 +287,18 @@ static void test_strict_methods(void) {
     qva_config_default(&c);
     CHECK(qva_config_set_method(&c, "vc8+hadamard+expcast") == QVA_OK && c.expcast &&
               c.hadamard, "option order");
+    /* +expcast-e5m2: the dense 8-bit methods, named back as given; not draft */
+    {
+        char nm[96] = "";
+        CHECK(qva_config_set_method(&c, "sage8+expcast-e5m2") == QVA_OK &&
+                  c.expcast == QVA_EXPCAST_E5M2 &&
+                  qva_config_method_name(&c, nm, sizeof nm) == QVA_OK &&
+                  !strcmp(nm, "sage8+expcast-e5m2"), "sage8+expcast-e5m2: '%s' %s", nm,
+              qva_last_error());
+        CHECK(qva_config_set_method(&c, "draft@85/0/7.5/7.5+expcast-e5m2") == QVA_ERR_PARSE &&
+                  has(qva_last_error(), "not draft"), "draft e5m2: %s", qva_last_error());
+        qva_config_default(&c);
+    }
     /* +qblock: the papers' per-block query scales, INT8 query methods only */
     qva_config_set_method(&c, "fp8+qblock");
     CHECK(has(qva_last_error(), "+qblock applies to the INT8 query methods"), "%s",
@@ -316,16 +328,23 @@ static void test_option_values(void) {
         z.c.q_granularity = QVA_Q_PER_BLOCK;
         EXPECT(&z, QVA_ERR_INVALID_ARGUMENT, "applies to sage8, vc8 and draft", "fp8 per block");
     }
-    /* expcast: a qva_expcast_mode; the centred beta runs on the CPU and
-     * gives other codes than the paper's */
+    /* expcast: a qva_expcast_mode; the centred beta and the E5M2 code run
+     * on the CPU and give other codes than the paper's */
     {
         call y = make_call("vc8+expcast");
-        y.c.expcast = 3;
-        EXPECT(&y, QVA_ERR_INVALID_ARGUMENT, "expcast = 3", "expcast 3");
+        y.c.expcast = 4;
+        EXPECT(&y, QVA_ERR_INVALID_ARGUMENT, "expcast = 4", "expcast 4");
         static float paper[TELEMS];
         y.c.expcast = QVA_EXPCAST_PAPER;
         CHECK(run(&y) == QVA_OK, "expcast: %s", qva_last_error());
         memcpy(paper, g_buf + 3 * TELEMS, sizeof paper);
+        y.c.expcast = QVA_EXPCAST_E5M2;
+        CHECK(run(&y) == QVA_OK, "expcast-e5m2: %s", qva_last_error());
+        CHECK(memcmp(paper, g_buf + 3 * TELEMS, sizeof paper) != 0,
+              "the E5M2 code reaches the P values");
+        call dr = make_call("draft@85/0/7.5/7.5+expcast");
+        dr.c.expcast = QVA_EXPCAST_E5M2;
+        EXPECT(&dr, QVA_ERR_INVALID_ARGUMENT, "not draft", "draft with the E5M2 code");
         y.c.expcast = QVA_EXPCAST_CENTRED;
         CHECK(run(&y) == QVA_OK, "expcast-centred: %s", qva_last_error());
         CHECK(memcmp(paper, g_buf + 3 * TELEMS, sizeof paper) != 0,

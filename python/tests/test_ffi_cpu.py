@@ -163,7 +163,8 @@ def test_config_default_roundtrip():
     assert abs(cfg.draft.lambda_ - 0.2) < 1e-7 and cfg.check_finite == 1
     for name in ["exact", "bf16", "fp8", "sage8", "sage8+nohadamard+fp32sum", "vc8+expcast",
                  "sage4", "vc4", "draft@85/0/7.5/7.5", "draft@p95",
-                 "draft@p99.5/0/50/50", "draft@p90+expcast", "vc8+expcast-centred"]:
+                 "draft@p99.5/0/50/50", "draft@p90+expcast", "vc8+expcast-centred",
+                 "sage8+expcast-e5m2"]:
         _ffi.config_set_method(cfg, name)
         assert _ffi.config_method_name(cfg) == name
     _ffi.config_set_method(cfg, "sage8")  # rotates and sums its codes by default

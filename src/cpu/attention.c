@@ -24,6 +24,20 @@ static const float *e4m3_lut(void) {
     return e4m3_table;
 }
 
+/* E5M2 decode table (+expcast-e5m2's P codes). */
+static float e5m2_table[256];
+static pthread_once_t e5m2_once = PTHREAD_ONCE_INIT;
+static void e5m2_table_init(void) {
+    for (int i = 0; i < 256; ++i) e5m2_table[i] = qvi_e5m2_decode((uint8_t)i);
+}
+
+/* The decode table of the P codes of an expcast mode (V's stay E4M3). */
+static const float *p_lut(int expcast) {
+    if (expcast != QVA_EXPCAST_E5M2) return e4m3_lut();
+    pthread_once(&e5m2_once, e5m2_table_init);
+    return e5m2_table;
+}
+
 void qvi_row_init(qvi_row *r, float *acc, int d) {
     r->m = -INFINITY;
     r->l = 0.0f;
@@ -109,7 +123,10 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
             pcodes[j] = 0;
             continue;
         }
-        if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
+        if (expcast == QVA_EXPCAST_E5M2) { /* the same code in E5M2 (NUMERICS §7) */
+            pcodes[j] = qvi_expcast_e5m2(s[j] - m, QVI_EXPCAST5_BETA);
+            rowsum += p_lut(expcast)[pcodes[j]];
+        } else if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
             pcodes[j] = qva_expcast_e4m3_beta(s[j] - m, qvi_expcast_beta(expcast));
             rowsum += e4m3_lut()[pcodes[j]];
         } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
@@ -138,10 +155,10 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     uint8_t pc[QVI_BLOCK];
     float part[128] = {0};
     float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, sum_codes, pc);
-    const float *lut = e4m3_lut();
+    const float *lut = e4m3_lut(), *plut = p_lut(expcast);
     for (int j = 0; j < nk; ++j) {
         if (!pc[j]) continue;
-        float p = lut[pc[j]];
+        float p = plut[pc[j]];
         const uint8_t *vj = V + (size_t)j * d;
         for (int c = 0; c < d; ++c) part[c] += p * lut[vj[c]];
         if (Vlo) { /* then the second digit: per channel hi, lo for each key */
@@ -807,7 +824,7 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
         const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc);
-        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = e4m3_lut()[pc[j]];
+        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = p_lut(o->expcast)[pc[j]];
         return rowsum;
     }
     float rowsum = 0.0f;
@@ -866,7 +883,7 @@ static float path_log2_amp(const head_ops *o) {
                                                                               : o->kind;
     if (p_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) return QVI_U8_LOG2_AMP;
     if (p_kind == PATH_I8 || p_kind == PATH_FP8)
-        return o->expcast ? QVI_EXPCAST_LOG2_AMP : QVI_SAGE_P_OFFSET;
+        return qvi_p_log2_amp(o->expcast);
     return 0.0f;
 }
 

@@ -106,6 +106,25 @@ uint8_t qva_expcast_e4m3_beta(float u, float beta) {
 
 uint8_t qva_expcast_e4m3(float u) { return qva_expcast_e4m3_beta(u, QVA_EXPCAST_BETA); }
 
+/* E5M2 (bias 15, 2 mantissa bits), the codes 0..123 this file makes
+ * (sign and Inf/NaN never occur for P). */
+float qvi_e5m2_decode(uint8_t code) {
+    unsigned e = (code >> 2) & 0x1Fu, m = code & 3u;
+    if (e == 0u) return ldexpf((float)m, -16);      /* subnormal: m/4 * 2^-14 */
+    return ldexpf((float)(4u + m), (int)e - 17);    /* (1+m/4) 2^(e-15) */
+}
+
+/* The same construction in E5M2: t = fmaf(4, u, 120 + beta), clipped to
+ * [0, 120] and rounded; code 120 is 2^15, the row max.  Codes below 4 are
+ * E5M2 subnormals (u below about -29), far under any weight that moves an
+ * output, so the tail E4M3's code loses below 2^-14.94 is kept. */
+uint8_t qvi_expcast_e5m2(float u, float beta) {
+    float t = fmaf(4.0f, u, 120.0f + beta);
+    if (!(t >= 0.0f)) return 0;
+    if (t > 120.0f) t = 120.0f;
+    return (uint8_t)rintf(t);
+}
+
 /* ====================================================== E2M1 (FP4) */
 
 static const float kE2M1Mag[8] = {0.0f, 0.5f, 1.0f, 1.5f,

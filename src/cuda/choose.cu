@@ -95,6 +95,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
                  (long long)d);
         return QVC_KERNEL_NONE;
     }
+    if (cfg->expcast == QVA_EXPCAST_E5M2) {
+        snprintf(why, len, "+expcast-e5m2 (ExpCast's code in E5M2) runs on the CPU reference "
+                           "only so far (docs/NUMERICS.md §7)");
+        return QVC_KERNEL_NONE;
+    }
     if (cfg->v_code == QVA_V_E4M3X2 && d != 128) {
         snprintf(why, len, "+v2 (V in two E4M3 digits) runs on CUDA at head dim 128 only "
                            "(attn8_ws_128x128); head dim %lld",
