@@ -58,6 +58,8 @@ int main(void) {
         {"sage8+v2", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"vc8+expcast+v2", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"vc8+expcast+v2", 64, NULL, QVC_KERNEL_NONE, "+v2"},
+        {"vc8+expcast-e5m2", 128, NULL, QVC_KERNEL_NONE, "+expcast-e5m2"},
+        {"sage8+expcast-e5m2", 64, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"sage8+i8pv", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"sage8+i8pv", 64, NULL, QVC_KERNEL_NONE, "+i8pv"},
         {"vc8+i8pv", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
