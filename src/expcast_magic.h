@@ -68,6 +68,8 @@ QVI_HD float qvi_expcast_t(float u, float add) { return fmaf(8.0f, u, add); }
 
 /* The fused form's per-row constant, so that t = fma(x, 8f, c). */
 QVI_HD float qvi_expcast_c(float m, float add) { return fmaf(-8.0f, m, add); }
+/* +expcast-e5m2's constant A - 4m (four codes per doubling). */
+QVI_HD float qvi_expcast5_c(float m, float add) { return fmaf(-4.0f, m, add); }
 
 /* The saturating form.  With f16 = f/16 and c128 = c/128 (exact: powers of
  * two), fma(x, f16, c128) is t/128 rounded once, so exactly t/128 while

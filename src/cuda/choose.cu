@@ -95,9 +95,13 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
                  (long long)d);
         return QVC_KERNEL_NONE;
     }
-    if (cfg->expcast == QVA_EXPCAST_E5M2) {
-        snprintf(why, len, "+expcast-e5m2 (ExpCast's code in E5M2) runs on the CPU reference "
-                           "only so far (docs/NUMERICS.md §7)");
+    if (cfg->expcast == QVA_EXPCAST_E5M2 &&
+        (d != 128 || cfg->method == QVA_METHOD_FP8 || cfg->v_code != QVA_V_E4M3)) {
+        snprintf(why, len, "+expcast-e5m2 (ExpCast's code in E5M2) runs on CUDA for sage8 and "
+                           "vc8 at head dim 128 with one V code (attn8_ws_128x128); here %s at "
+                           "head dim %lld%s",
+                 cfg->method == QVA_METHOD_FP8 ? "fp8" : "the method", (long long)d,
+                 cfg->v_code != QVA_V_E4M3 ? " with another V code" : "");
         return QVC_KERNEL_NONE;
     }
     if (cfg->v_code == QVA_V_E4M3X2 && d != 128) {

@@ -153,6 +153,17 @@ static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+/* The same with P in E5M2 (+expcast-e5m2): V and its ones rows stay E4M3. */
+static __device__ __forceinline__ void wgmma_pv_ones_p5(float (&d)[68], const uint32_t *a,
+                                                        uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e5m2.e4m3 " ACC68
+        ", {%68,%69,%70,%71}, %72, p, 1, 1;\n}\n"
+        : F64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
 /* +i8pv: O_j (64x144) += P (64x32 u8 codes, registers) V (32x144 s8:
  * smem V^T, the eight ones rows, then eight rows of the stage's K tile,
  * whose columns 136..143 nobody reads), exact s32: columns 128..135 hold
@@ -199,24 +210,27 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
 /* The 4 k-steps (32 keys each) of O_j = P V for the tile at descriptor vd,
  * the first starting the partial; with ExpCast the n136 form whose columns
  * 128..135 are the decoded row sums. */
-template <int EXPCAST>
+template <int EXPCAST, int P5 = 0>
 static __device__ __forceinline__ void pv_wgmmas(float (&part)[EXPCAST ? 68 : 64],
                                                  const uint32_t (&pa)[4][4], uint64_t vd) {
+    static_assert(!P5 || EXPCAST, "E5M2 P comes with the ones rows");
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        if (EXPCAST)
+        if (P5)
+            wgmma_pv_ones_p5(*(float(*)[68])part, pa[c], vd + 2 * c, c);
+        else if (EXPCAST)
             wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
         else
             wgmma_pv(*(float(*)[64])part, pa[c], vd + 2 * c, c);
     }
 }
 
-/* Issue O_j = P V (one commit group). */
-template <int EXPCAST>
+/* Issue O_j = P V (one commit group); P5: P's codes are E5M2. */
+template <int EXPCAST, int P5 = 0>
 static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
                                                 const uint32_t (&pa)[4][4], uint64_t vd) {
     wg_fence();
-    pv_wgmmas<EXPCAST>(part, pa, vd);
+    pv_wgmmas<EXPCAST, P5>(part, pa, vd);
     wg_commit();
 }
 
@@ -359,10 +373,16 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
                                                     float m0, float m1, float ec_add, int key0,
                                                     int nk, int tig, float *rs,
                                                     uint32_t (&pa)[4][4]) {
-    /* ExpCast: t / 128 = x (8f / 128) + c / 128, with c = A - 8m */
-    const float fm0 = EXPCAST ? 0.0625f * f0 : f0, fm1 = EXPCAST ? 0.0625f * f1 : f1;
-    const float c0 = EXPCAST ? 0.0078125f * qvi_expcast_c(m0, ec_add) : __fsub_rn(QVC_P_AMP, m0);
-    const float c1 = EXPCAST ? 0.0078125f * qvi_expcast_c(m1, ec_add) : __fsub_rn(QVC_P_AMP, m1);
+    /* ExpCast: t / 128 = x (8f / 128) + c / 128, with c = A - 8m; EXPCAST 2
+     * (+expcast-e5m2): four codes per doubling, x (4f / 128) + (A - 4m) / 128 */
+    constexpr float per128 = EXPCAST == 2 ? 0.03125f : 0.0625f;
+    const float fm0 = EXPCAST ? per128 * f0 : f0, fm1 = EXPCAST ? per128 * f1 : f1;
+    const float c0 = EXPCAST == 2 ? 0.0078125f * qvi_expcast5_c(m0, ec_add)
+                     : EXPCAST    ? 0.0078125f * qvi_expcast_c(m0, ec_add)
+                                  : __fsub_rn(QVC_P_AMP, m0);
+    const float c1 = EXPCAST == 2 ? 0.0078125f * qvi_expcast5_c(m1, ec_add)
+                     : EXPCAST    ? 0.0078125f * qvi_expcast_c(m1, ec_add)
+                                  : __fsub_rn(QVC_P_AMP, m1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float t[4][4];

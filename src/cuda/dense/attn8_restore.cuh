@@ -28,7 +28,9 @@
  * keys x 448 (exp2 with the 8.807 offset; ExpCast's codes stop at 256) =
  * 57,344 < 65,504, and the rescales only shrink it.  The roundings of r_j
  * change the restore term by about 2^-11 relative per rounding
- * (docs/NUMERICS.md §6).
+ * (docs/NUMERICS.md §6).  E5M2 P (+expcast-e5m2) puts the row max at 2^15,
+ * so its sums reach 128 x 2^15: DOWN = 1 stores r_j 2^-7 (exact) and the
+ * flush adds the term times 2^7, the same FP16 range as E4M3's.
  */
 #ifndef QVATTN_ATTN8_RESTORE_CUH
 #define QVATTN_ATTN8_RESTORE_CUH
@@ -74,12 +76,13 @@ static __device__ __forceinline__ uint32_t *a8r_pending(uint8_t *sm, int pend_of
  * its low half, 2tig + 1 (+8) in its high half.  ph_s: the shared address
  * of ph.  Predicated stores, not a branch: every quad has an owner, so a
  * branch only added its reconvergence to every block. */
-template <int NT>
+template <int NT, int DOWN = 0>
 static __device__ __forceinline__ void a8r_pend(uint32_t ph_s, const float *rs, int j, int tig) {
     const int k = j & (QVC_MU_BATCH - 1), owner = (k & 7) >> 1, hi = k >> 3;
     const uint32_t a0 = ph_s + 4u * (uint32_t)(2 * hi * NT) + 2u * (uint32_t)(k & 1);
-    const unsigned short h0 = __half_as_ushort(__float2half_rn(rs[0]));
-    const unsigned short h1 = __half_as_ushort(__float2half_rn(rs[1]));
+    const float down = DOWN ? 0.0078125f : 1.0f;
+    const unsigned short h0 = __half_as_ushort(__float2half_rn(DOWN ? rs[0] * down : rs[0]));
+    const unsigned short h1 = __half_as_ushort(__float2half_rn(DOWN ? rs[1] * down : rs[1]));
     asm volatile(
         "{\n.reg .pred p;\nsetp.eq.s32 p, %0, %1;\n"
         "@p st.shared.b16 [%2], %3;\n@p st.shared.b16 [%4], %5;\n}\n" ::"r"(tig),
@@ -106,7 +109,7 @@ static __device__ __forceinline__ void a8r_rescale(uint32_t *ph, const float *al
 /* The batch's restore, O += R M, from the mean tile at tile_addr once its
  * copy has landed (full, phase parity); the pending sums cleared, and the
  * tile's buffer released (empty) when the wgmma has read it. */
-template <int NT>
+template <int NT, int DOWN = 0>
 static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
                                                  uint32_t full, uint32_t parity, uint32_t empty) {
     uint32_t a[4];
@@ -123,7 +126,7 @@ static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, u
     reg_fence(d);
     mbar_arrive(empty);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] += d[i];
+    for (int i = 0; i < 64; ++i) o[i] = DOWN ? __fmaf_rn(d[i], 128.0f, o[i]) : o[i] + d[i];
 }
 
 #endif

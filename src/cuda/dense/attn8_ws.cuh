@@ -19,6 +19,8 @@
                           (QVA_P_SUM_CODES)                                     */
 #define A8_P_U8 3      /* +i8pv: u8 codes of each block's row max against INT8
                           V, the s32 product and code sums (ones row of 1) */
+#define A8_P_EXPCAST5 4 /* +expcast-e5m2: ExpCast's code in E5M2 (E5M2 x E4M3
+                           PV), the decoded codes' sum from the ones row */
 
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
@@ -71,7 +73,8 @@ struct attn8_ws_flags {
      * shared-memory base and Q's descriptor from block to block instead of
      * rebuilding them from special registers: ExpCast's plain step 2.4%
      * faster, the exp2 path's 1% slower (bench/NOTES.md, ws34) */
-    static constexpr int CARRY_PMODES = (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM);
+    static constexpr int CARRY_PMODES =
+        (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM) | (1 << A8_P_EXPCAST5);
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -178,8 +181,11 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                                                            const float *kscale, const float *vblk,
                                                            int tig) {
     typedef attn8_layout<F> L;
-    constexpr int EXPCAST = PMODE == A8_P_EXPCAST, ONES = PMODE != A8_P_EXP2;
+    /* EXPCAST: 1 ExpCast's E4M3 code, 2 its E5M2 code (make_p_fused) */
+    constexpr int EXPCAST = PMODE == A8_P_EXPCAST ? 1 : PMODE == A8_P_EXPCAST5 ? 2 : 0;
+    constexpr int P5 = PMODE == A8_P_EXPCAST5, ONES = PMODE != A8_P_EXP2;
     constexpr int U8 = PMODE == A8_P_U8;
+    static_assert(!P5 || !F::VLO, "+expcast-e5m2 has one V code");
     static_assert(!U8 || !F::VLO, "+i8pv has one V code");
     constexpr int NT = F::CONSUMERS * 128;
     uint32_t *ph = MEANS ? a8r_pending<NT>(sm, L::PEND) : NULL;
@@ -263,7 +269,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                     issue_pv_digits<ONES>(part, pa, sw128_desc(sb + L::v(s)),
                                           sw128_desc(sb + L::vlo(s)));
                 else
-                    issue_pv<ONES>(part, pa, sw128_desc(sb + L::v(s)));
+                    issue_pv<ONES, P5>(part, pa, sw128_desc(sb + L::v(s)));
                 wg_wait<0>();
                 reg_fence(part);
                 /* the wgmma reads pa until the wait; to the compiler it took
@@ -273,15 +279,15 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                 if (ONES) rs[0] = part[64], rs[1] = part[66];
                 add_part<16>(r.o, part, 0, vb);
             }
-            if (MEANS) a8r_pend<NT>(ph_s, rs, j, tig);
+            if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
         if (MEANS) {
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
-            a8r_flush<NT>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES, b.mt_full + 8 * u,
-                          (t >> 1) & 1, b.mt_empty + 8 * u);
+            a8r_flush<NT, P5>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES,
+                              b.mt_full + 8 * u, (t >> 1) & 1, b.mt_empty + 8 * u);
         }
     }
 }
@@ -343,8 +349,11 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
                                                       const qvc_attn_args &a, int bh, int row0,
                                                       int g, int tig) {
     const int b = bh / a.H, h = bh % a.H;
-    /* log2 of the P codes' scale: ExpCast's 2^8, +i8pv's 255 */
-    const float amp = PMODE == A8_P_EXPCAST ? 8.0f : PMODE == A8_P_U8 ? QVI_U8_LOG2_AMP : QVC_P_AMP;
+    /* log2 of the P codes' scale: ExpCast's 2^8 (E5M2: 2^15), +i8pv's 255 */
+    const float amp = PMODE == A8_P_EXPCAST    ? 8.0f
+                      : PMODE == A8_P_EXPCAST5 ? QVI_EXPCAST5_LOG2_AMP
+                      : PMODE == A8_P_U8       ? QVI_U8_LOG2_AMP
+                                               : QVC_P_AMP;
     const float *cs = ops.v_chan + (size_t)bh * 128;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -507,6 +516,11 @@ static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaS
     if (a->u8_pv) {
         if constexpr (F::INT8 && !F::VLO) return attn8_launch_p<F, A8_P_U8>(m, &p, st);
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv needs INT8 QK and one V code");
+    }
+    if (a->expcast == QVA_EXPCAST_E5M2) {
+        if constexpr (F::INT8 && !F::VLO) return attn8_launch_p<F, A8_P_EXPCAST5>(m, &p, st);
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "attn8_ws_128x128: +expcast-e5m2 needs INT8 QK and one V code");
     }
     if (a->expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, &p, st);
     if (a->sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, &p, st);
