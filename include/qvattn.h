@@ -110,7 +110,8 @@ typedef enum qva_expcast_mode {
     QVA_EXPCAST_E5M2 = 3     /* our extension: Eq. 7's one-FMA code in E5M2,
                                 4 codes per binade, row max 2^15, beta -0.22
                                 centred; no tail below 2^-14.94 lost
-                                ("+expcast-e5m2"; CPU reference only so far) */
+                                ("+expcast-e5m2"; CUDA: sage8/vc8, head dim
+                                128, one V code) */
 } qva_expcast_mode;
 
 /* cfg.p_sum: the row sum l of the exp2 P path (expcast off; docs/NUMERICS.md

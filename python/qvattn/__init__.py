@@ -149,7 +149,7 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               vc4 | draft@S0/S4/S8/S16 | draft@pM[/S4/S8/S16] (the adaptive
               budget: per head the region pairs holding M% of the draft
               map, options draft.min_keep / draft.max_keep), with
-              +expcast / +expcast-centred / +expcast-e5m2 (CPU only) /
+              +expcast / +expcast-centred / +expcast-e5m2 /
               +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
               / +vprev options
