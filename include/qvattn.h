@@ -674,6 +674,18 @@ typedef struct qva_error_terms {
 qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
                                    const qva_tensor *k, const qva_tensor *v,
                                    qva_error_terms *terms);
+/* The same terms, and the direction of each term's error
+ * (qva_error_direction_compute on the term's output against exact, with
+ * cfg's v): which operand's code makes the rows sharper or flatter.  The
+ * directions of a term that does not apply, and every field on failure,
+ * are NaN.  Costs what qva_error_terms_compute does. */
+typedef struct qva_error_term_directions {
+    qva_error_direction full, q, k, p, v, mu, none;
+} qva_error_term_directions;
+qva_status qva_error_terms_directions_compute(const qva_config *cfg, const qva_tensor *q,
+                                              const qva_tensor *k, const qva_tensor *v,
+                                              qva_error_terms *terms,
+                                              qva_error_term_directions *dirs);
 
 /* Route quality of a draft config (docs/DRAFT.md, "Route quality").  The
  * mass of a set of keys is the exact softmax probability (FP64, from Q and

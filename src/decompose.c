@@ -21,6 +21,15 @@ static double *term_field(qva_error_terms *t, int i) {
     return f[i];
 }
 
+static qva_error_direction *dir_field(qva_error_term_directions *d, int i) {
+    qva_error_direction *f[NTERMS] = {&d->full, &d->q, &d->k, &d->p, &d->v, &d->mu, &d->none};
+    return f[i];
+}
+
+static void dirs_nan(qva_error_term_directions *d) {
+    for (int i = 0; d && i < NTERMS; ++i) dir_field(d, i)->sharpen = dir_field(d, i)->cos = NAN;
+}
+
 static void terms_nan(qva_error_terms *t) {
     for (int i = 0; i < NTERMS; ++i) *term_field(t, i) = NAN;
 }
@@ -81,11 +90,12 @@ static int has_means(qva_method m) {
     return m == QVA_METHOD_VC8 || m == QVA_METHOD_VC4;
 }
 
-/* The exact reference into ref, then every term against it. */
+/* The exact reference into ref, then every term against it (and its
+ * error's direction, where dirs is given). */
 static qva_status compute_terms(qva_context_t *ctx, const qva_config *cfg,
                                 const qva_tensor *q, const qva_tensor *k,
                                 const qva_tensor *v, float *ref, float *buf, size_t n,
-                                qva_error_terms *terms) {
+                                qva_error_terms *terms, qva_error_term_directions *dirs) {
     qva_config exact = *cfg;
     exact.method = QVA_METHOD_EXACT;
     qva_status st = run_masked(ctx, &exact, q, k, v, ref, QVI_QUANT_ALL);
@@ -96,14 +106,18 @@ static qva_status compute_terms(qva_context_t *ctx, const qva_config *cfg,
         qva_error_metrics m;
         qva_compare(buf, ref, n, &m);
         *term_field(terms, i) = m.rel_l2;
+        if (dirs) /* buf and ref: f32 HND of q's shape */
+            st = qva_error_direction_compute(buf, ref, q->shape[1], q->shape[2], v,
+                                             dir_field(dirs, i));
     }
     return st;
 }
 
-qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
-                                   const qva_tensor *k, const qva_tensor *v,
-                                   qva_error_terms *terms) {
+static qva_status terms_and_directions(const qva_config *cfg, const qva_tensor *q,
+                                       const qva_tensor *k, const qva_tensor *v,
+                                       qva_error_terms *terms, qva_error_term_directions *dirs) {
     qvi_clear_error();
+    dirs_nan(dirs);
     if (!terms)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "qva_error_terms_compute: terms is NULL");
     terms_nan(terms);
@@ -121,9 +135,25 @@ qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
     st = ref && buf ? qva_context_create(&ctx, QVA_DEVICE_CPU)
                     : qvi_fail(QVA_ERR_OUT_OF_MEMORY, "error terms: two outputs of %lld floats",
                                (long long)elems);
-    if (st == QVA_OK) st = compute_terms(ctx, &c, q, k, v, ref, buf, (size_t)elems, terms);
-    if (st != QVA_OK) terms_nan(terms);
+    if (st == QVA_OK) st = compute_terms(ctx, &c, q, k, v, ref, buf, (size_t)elems, terms, dirs);
+    if (st != QVA_OK) terms_nan(terms), dirs_nan(dirs);
     qva_context_free(ctx);
     free(ref), free(buf);
     return st;
+}
+
+qva_status qva_error_terms_compute(const qva_config *cfg, const qva_tensor *q,
+                                   const qva_tensor *k, const qva_tensor *v,
+                                   qva_error_terms *terms) {
+    return terms_and_directions(cfg, q, k, v, terms, NULL);
+}
+
+qva_status qva_error_terms_directions_compute(const qva_config *cfg, const qva_tensor *q,
+                                              const qva_tensor *k, const qva_tensor *v,
+                                              qva_error_terms *terms,
+                                              qva_error_term_directions *dirs) {
+    if (!dirs)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qva_error_terms_directions_compute: dirs is NULL");
+    return terms_and_directions(cfg, q, k, v, terms, dirs);
 }

@@ -391,6 +391,43 @@ static void test_terms_sane(const char *method, const data *x) {
           t.none);
 }
 
+/* The terms' error directions: the full term's is qva_error_direction_compute
+ * of qva_attention's output (the full term is that output bit for bit),
+ * the terms themselves are qva_error_terms_compute's, a term that does not
+ * apply has NaN, and +i8pv's lean (its u8 P codes drop the rows' tails)
+ * sits in the P term; NULL dirs is refused. */
+static void test_directions(const data *x) {
+    static const char *const methods[] = {"sage8+i8pv", "vc8+expcast"};
+    for (int m = 0; m < 2; ++m) {
+        qva_config c = cfg_of(methods[m]);
+        qva_error_terms t, t0;
+        qva_error_term_directions d;
+        CHECK(qva_error_terms_directions_compute(&c, &x->tq, &x->tk, &x->tv, &t, &d) == QVA_OK &&
+                  qva_error_terms_compute(&c, &x->tq, &x->tk, &x->tv, &t0) == QVA_OK,
+              "%s: %s", methods[m], qva_last_error());
+        CHECK(!memcmp(&t, &t0, sizeof t), "%s: the terms differ from qva_error_terms_compute",
+              methods[m]);
+        float *out = run_attention(&c, x);
+        qva_error_direction full;
+        CHECK(qva_error_direction_compute(out, g_exact, x->h, x->n, &x->tv, &full) == QVA_OK &&
+                  full.sharpen == d.full.sharpen && full.cos == d.full.cos,
+              "%s: full direction %g/%g against the output's %g/%g", methods[m], d.full.sharpen,
+              d.full.cos, full.sharpen, full.cos);
+        free(out);
+        CHECK(isnan(d.mu.cos) == !is_vc(&c), "%s: mu direction %g", methods[m], d.mu.cos);
+        printf("  %-16s err-cos full %+.3f q %+.3f k %+.3f p %+.3f v %+.3f\n", methods[m],
+               d.full.cos, d.q.cos, d.k.cos, d.p.cos, d.v.cos);
+        const double other = fmax(fabs(d.q.cos), fmax(fabs(d.k.cos), fabs(d.v.cos)));
+        if (m == 0) /* measured: p +0.29, the others within 0.05 */
+            CHECK(d.p.cos > 0.2 && d.p.cos > 3.0 * other,
+                  "+i8pv's lean not in its P term: p %g, the others up to %g", d.p.cos, other);
+    }
+    qva_config c = cfg_of("sage8");
+    qva_error_terms t;
+    CHECK(qva_error_terms_directions_compute(&c, &x->tq, &x->tk, &x->tv, &t, NULL) ==
+              QVA_ERR_INVALID_ARGUMENT, "NULL dirs");
+}
+
 /* GQA (4 query heads over 2) and a padded head dim (48): the terms run
  * through the same padding as qva_attention. */
 static void test_gqa_padded(void) {
@@ -479,6 +516,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof sane / sizeof *sane; ++i) test_terms_sane(sane[i], &x);
     free_data(&x);
     test_gqa_padded();
+    test_directions(&g_x);
     test_errors();
     free(g_exact), free_data(&g_x);
     return check_summary("test_decompose");

@@ -28,7 +28,8 @@ from ._ffi import (DEFAULT_METHOD, Context, QvaError, QvaUnsupportedError,  # no
 
 __all__ = ["attention", "sdpa", "describe", "DEFAULT_METHOD", "Context", "QvaError", "QvaValueError",
            "QvaUnsupportedError", "build_info", "cuda_available", "last_error",
-           "default_context", "supports", "capture", "error_terms", "error_direction",
+           "default_context", "supports", "capture", "error_terms", "error_term_directions",
+           "error_direction",
            "draft_report",
            "draft_sweep", "synthetic", "synthetic_presets"]
 
@@ -287,6 +288,22 @@ def error_terms(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=N
                              0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
                              0, 0, None, 0, False, int(tk.shape[2]))
     return _ffi.error_terms(cfg, tq, tk, tv)
+
+
+def error_term_directions(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND",
+                          sm_scale=None, options=None):
+    """error_terms, and the sign of each term's error: (terms, directions)
+    with directions = {term: {"sharpen", "cos"}} (qva_error_terms_directions_compute;
+    error_direction says what the two numbers mean).  Which operand's code
+    makes the rows sharper or flatter: +i8pv's lean sits in its "p" term.
+    Same inputs, costs and errors as error_terms."""
+    tq, _ = describe(q, layout)
+    tk, _ = describe(k, layout)
+    tv, _ = describe(v, layout)
+    cfg = _config.config_for(method, _config.options_string(options),
+                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
+                             0, 0, None, 0, False, int(tk.shape[2]))
+    return _ffi.error_term_directions(cfg, tq, tk, tv)
 
 
 def _host_f32_hnd(x, layout, what):

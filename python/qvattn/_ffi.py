@@ -316,6 +316,11 @@ class QvaErrorDirection(Structure):
     _fields_ = [("sharpen", c_double), ("cos", c_double)]
 
 
+class QvaErrorTermDirections(Structure):
+    """qva_error_term_directions: each term's qva_error_direction."""
+    _fields_ = [(name, QvaErrorDirection) for name in ("full", "q", "k", "p", "v", "mu", "none")]
+
+
 class QvaErrorTerms(Structure):
     """qva_error_terms: rel-L2 against exact attention of the method with
     every operand quantized (full), one (q, k, p, v, mu) or none."""
@@ -351,7 +356,8 @@ class QvaDraftReport(Structure):
 # (the test checks it against the compiler as well).
 EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 160, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 72,
-                  "qva_error_terms": 56, "qva_error_direction": 16, "qva_draft_stats": 40,
+                  "qva_error_terms": 56, "qva_error_direction": 16,
+                  "qva_error_term_directions": 112, "qva_draft_stats": 40,
                   "qva_draft_head_report": 112, "qva_draft_report": 112,
                   "qva_synthetic_spec": 80}
 
@@ -461,6 +467,9 @@ _OPTIONAL_SIGS = {
                                    c_char_p, c_size_t]),
     "qva_error_terms_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
                                          _P(QvaTensor), _P(QvaErrorTerms)]),
+    "qva_error_terms_directions_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
+                                                    _P(QvaTensor), _P(QvaErrorTerms),
+                                                    _P(QvaErrorTermDirections)]),
     "qva_error_direction_compute": (c_enum, [_P(ctypes.c_float), _P(ctypes.c_float), c_int64,
                                              c_int64, _P(QvaTensor), _P(QvaErrorDirection)]),
     "qva_draft_report_compute": (c_enum, [_P(QvaConfig), _P(QvaTensor), _P(QvaTensor),
@@ -641,6 +650,19 @@ def error_direction(out, ref, heads, rows, v):
                                           c_integer(rows, "rows", c_int64), byref(v), byref(d)),
           "qva_error_direction_compute")
     return {"sharpen": float(d.sharpen), "cos": float(d.cos)}
+
+
+def error_term_directions(cfg, q, k, v):
+    """qva_error_terms_directions_compute on CPU descriptors: ({name:
+    rel-L2}, {name: {"sharpen", "cos"}}) for the names of ERROR_TERM_NAMES."""
+    _need("qva_error_terms_directions_compute")
+    t, d = QvaErrorTerms(), QvaErrorTermDirections()
+    check(lib.qva_error_terms_directions_compute(byref(cfg), byref(q), byref(k), byref(v),
+                                                 byref(t), byref(d)),
+          "qva_error_terms_directions_compute")
+    return ({name: float(getattr(t, name)) for name in ERROR_TERM_NAMES},
+            {name: {"sharpen": float(getattr(d, name).sharpen), "cos": float(getattr(d, name).cos)}
+             for name in ERROR_TERM_NAMES})
 
 
 def _struct_dict(x, fields):

@@ -63,6 +63,11 @@ int main(void) {
     F(qva_config, check_finite); F(qva_config, k_mean); F(qva_config, v_scale);
     Z(qva_error_direction);
     F(qva_error_direction, sharpen); F(qva_error_direction, cos);
+    Z(qva_error_term_directions);
+    F(qva_error_term_directions, full); F(qva_error_term_directions, q);
+    F(qva_error_term_directions, k); F(qva_error_term_directions, p);
+    F(qva_error_term_directions, v); F(qva_error_term_directions, mu);
+    F(qva_error_term_directions, none);
     Z(qva_error_terms);
     F(qva_error_terms, full); F(qva_error_terms, q); F(qva_error_terms, k);
     F(qva_error_terms, p); F(qva_error_terms, v); F(qva_error_terms, mu);
@@ -103,6 +108,7 @@ PY_STRUCTS = {
     "qva_config": _ffi.QvaConfig,
     "qva_error_terms": _ffi.QvaErrorTerms,
     "qva_error_direction": _ffi.QvaErrorDirection,
+    "qva_error_term_directions": _ffi.QvaErrorTermDirections,
     "qva_draft_head_report": _ffi.QvaDraftHeadReport,
     "qva_draft_report": _ffi.QvaDraftReport,
     "qva_synthetic_spec": _ffi.QvaSyntheticSpec,

@@ -102,3 +102,20 @@ def test_library_equals_the_definition_on_grouped_heads_and_layouts():
         qvattn.error_direction(bad, ref, v)
     with pytest.raises(ValueError, match="shape"):
         qvattn.error_direction(out[:, :, :5], ref, v)
+
+
+def test_term_directions_put_i8pv_lean_in_p():
+    # qvattn.error_term_directions: the terms equal error_terms', the full
+    # term's direction equals error_direction of the method's own output,
+    # and +i8pv's lean sits in its P term (its u8 codes drop the tails).
+    w = qvattn.synthetic("tiny")
+    q, k, v = (torch.from_numpy(w[x]) for x in "qkv")
+    terms, dirs = qvattn.error_term_directions(q, k, v, method="sage8+i8pv")
+    plain = qvattn.error_terms(q, k, v, method="sage8+i8pv")
+    assert all(terms[t] == plain[t] or (terms[t] != terms[t] and plain[t] != plain[t])
+               for t in plain)  # equal, NaN (mu) included
+    ref = qvattn.attention(q, k, v, method="exact")
+    full = qvattn.error_direction(qvattn.attention(q, k, v, method="sage8+i8pv"), ref, v)
+    assert dirs["full"]["cos"] == pytest.approx(full["cos"], abs=1e-6)
+    assert dirs["p"]["cos"] > 0.5 and abs(dirs["q"]["cos"]) < 0.1 and abs(dirs["k"]["cos"]) < 0.1
+    assert dirs["mu"]["cos"] != dirs["mu"]["cos"]  # NaN: sage8 has no means

@@ -188,6 +188,7 @@ void progress(const method_run *m, int i, int n, double t_start);
 typedef struct decomp_row {
     int ran;        /* t holds the terms                       */
     qva_error_terms t;
+    qva_error_term_directions d; /* each term's error direction */
     char skip[300]; /* !ran: why (the library's reason)        */
 } decomp_row;
 /* rows[i] for ml->v[i], on the CPU views; RC_OK unless a call failed for

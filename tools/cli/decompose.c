@@ -19,6 +19,12 @@ static void single_terms(const qva_error_terms *t, double v[NSINGLE]) {
     v[0] = t->q, v[1] = t->k, v[2] = t->p, v[3] = t->v, v[4] = t->mu;
 }
 
+/* cos of every term (full, the single ones, none) in the table's order. */
+static void term_cos(const qva_error_term_directions *d, double c[NSINGLE + 2]) {
+    c[0] = d->full.cos, c[1] = d->q.cos, c[2] = d->k.cos, c[3] = d->p.cos, c[4] = d->v.cos;
+    c[5] = d->mu.cos, c[6] = d->none.cos;
+}
+
 /* The largest single-operand term and its share of the sum of the squared
  * terms (independent errors add roughly in quadrature); -1 if none. */
 static int dominant(const qva_error_terms *t, double *share) {
@@ -42,7 +48,8 @@ static int decompose_one(const views *vw, const method_run *m, decomp_row *row) 
         snprintf(row->skip, sizeof row->skip, "%s", m->skip);
         return RC_OK;
     }
-    qva_status st = qva_error_terms_compute(&m->cfg, &vw->q, &vw->k, &vw->v, &row->t);
+    qva_status st =
+        qva_error_terms_directions_compute(&m->cfg, &vw->q, &vw->k, &vw->v, &row->t, &row->d);
     if (st == QVA_OK) {
         row->ran = 1;
         return RC_OK;
@@ -100,6 +107,21 @@ void print_decompose_table(const method_list *ml, const decomp_row *rows) {
         printf("dominant: %s: %s (%.3e of full %.3e; %.0f%% of the squared terms)\n",
                ml->v[i].name, SINGLE_NAME[d], v[d], rows[i].t.full, 100.0 * share);
     }
+    printf("\nThe sign of each term's error: the share of it along ref - mean(V)\n"
+           "(err-cos; > 0 sharper rows, < 0 flatter, about 0 for noise):\n");
+    printf("%-22s %10s %10s %10s %10s %10s %10s %10s\n", "method", "full", "Q", "K", "P",
+           "V", "mu", "none");
+    for (int i = 0; i < ml->n; ++i) {
+        if (!rows[i].ran) continue;
+        double c[NSINGLE + 2];
+        term_cos(&rows[i].d, c);
+        printf("%-22s", ml->v[i].name);
+        for (int k = 0; k < NSINGLE + 2; ++k) {
+            if (isfinite(c[k])) printf(" %+10.3f", c[k]);
+            else printf(" %10s", "-");
+        }
+        printf("\n");
+    }
 }
 
 static void js_terms(const decomp_row *r) {
@@ -120,7 +142,16 @@ static void js_terms(const decomp_row *r) {
     else fputs("null", stdout);
     printf(",\"dominant_share\":");
     js_num(share);
-    printf("}");
+    static const char *const key[NSINGLE + 2] = {"full", "q", "k", "p", "v", "mu", "none"};
+    double c[NSINGLE + 2];
+    term_cos(&r->d, c);
+    printf(",\"err_cos\":{");
+    for (int i = 0; i < NSINGLE + 2; ++i) {
+        if (i) printf(",");
+        js_key(key[i]);
+        js_num(c[i]);
+    }
+    printf("}}");
 }
 
 void js_decompose(const method_list *ml, const decomp_row *rows) {
