@@ -265,6 +265,17 @@ def _attention_numpy(q, k, v, *, method, layout, sm_scale, attn_mask, return_lse
     return (out, lse) if return_lse else out
 
 
+def _terms_call(q, k, v, method, layout, sm_scale, options):
+    """The stateless config and the CPU descriptors of a decomposition."""
+    tq, _ = describe(q, layout)
+    tk, _ = describe(k, layout)
+    tv, _ = describe(v, layout)
+    cfg = _config.config_for(method, _config.options_string(options),
+                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
+                             0, 0, None, 0, False, int(tk.shape[2]))
+    return cfg, tq, tk, tv
+
+
 def error_terms(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
                 options=None):
     """Where `method`'s error comes from, on CPU inputs (qva_error_terms_compute).
@@ -281,13 +292,7 @@ def error_terms(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=N
     QvaUnsupportedError; bad inputs raise what qvattn.attention raises.
     docs/NUMERICS.md, "Where the error comes from", defines each term.
     """
-    tq, _ = describe(q, layout)
-    tk, _ = describe(k, layout)
-    tv, _ = describe(v, layout)
-    cfg = _config.config_for(method, _config.options_string(options),
-                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
-                             0, 0, None, 0, False, int(tk.shape[2]))
-    return _ffi.error_terms(cfg, tq, tk, tv)
+    return _ffi.error_terms(*_terms_call(q, k, v, method, layout, sm_scale, options))
 
 
 def error_term_directions(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND",
@@ -297,13 +302,7 @@ def error_term_directions(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND",
     error_direction says what the two numbers mean).  Which operand's code
     makes the rows sharper or flatter: +i8pv's lean sits in its "p" term.
     Same inputs, costs and errors as error_terms."""
-    tq, _ = describe(q, layout)
-    tk, _ = describe(k, layout)
-    tv, _ = describe(v, layout)
-    cfg = _config.config_for(method, _config.options_string(options),
-                             0.0 if sm_scale is None else sm_scale, _ffi.QVA_LAYER_NONE,
-                             0, 0, None, 0, False, int(tk.shape[2]))
-    return _ffi.error_term_directions(cfg, tq, tk, tv)
+    return _ffi.error_term_directions(*_terms_call(q, k, v, method, layout, sm_scale, options))
 
 
 def _host_f32_hnd(x, layout, what):
