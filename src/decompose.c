@@ -106,9 +106,12 @@ static qva_status compute_terms(qva_context_t *ctx, const qva_config *cfg,
         qva_error_metrics m;
         qva_compare(buf, ref, n, &m);
         *term_field(terms, i) = m.rel_l2;
-        if (dirs) /* buf and ref: f32 HND of q's shape */
-            st = qva_error_direction_compute(buf, ref, q->shape[1], q->shape[2], v,
-                                             dir_field(dirs, i));
+        /* buf and ref: f32 HND of q's shape.  A term whose output is not
+         * finite keeps NaN directions (as its rel-L2 is +inf), and the call
+         * goes on, as without directions. */
+        if (dirs && qva_error_direction_compute(buf, ref, q->shape[1], q->shape[2], v,
+                                                dir_field(dirs, i)) != QVA_OK)
+            qvi_clear_error();
     }
     return st;
 }

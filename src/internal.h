@@ -287,7 +287,8 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
 /* Probability codes of one block for the 8-bit path; returns the row sum
  * that enters l and the V-Smooth restore (FP32 amplified weights for the
  * exp2 path, decoded code values for ExpCast, so Prop. 3.1 holds, and for
- * the exp2 path with sum_codes: QVA_P_SUM_CODES). */
+ * the exp2 path with sum_codes: QVA_P_SUM_CODES).  The codes are E4M3 but
+ * for QVA_EXPCAST_E5M2, whose are E5M2 (qvi_e5m2_decode). */
 float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
                      uint8_t *pcodes);
 /* 8-bit PV: codes from qvi_probs_e4m3; partial_c = sum_k P_k V_kc (FP32,

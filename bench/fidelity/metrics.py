@@ -207,7 +207,10 @@ def operator_rel_l2(qvattn, method, captured, grid, options=None, call=None):
         else:
             out = qvattn.attention(q, k, v, method=method, grid=grid, options=options)
         per[key] = rel_l2(out, ref)
-        dirs.append(error_direction(out, ref, v))
+        try:
+            dirs.append(error_direction(out, ref, v))
+        except qvattn.QvaError:  # a library before qva_error_direction_compute, or NaN
+            dirs.append({"sharpen": float("nan"), "cos": float("nan")})
     vals = list(per.values())
     return {"mean": sum(vals) / len(vals), "max": max(vals),
             "sharpen": sum(x["sharpen"] for x in dirs) / len(dirs),
