@@ -129,10 +129,10 @@ def validate_methods(qvattn, methods):
     for m in methods:
         if m in peers.PEERS:
             continue
-        method, warm = sample.split_method(m)
         try:
-            _base_config(method, options_string({"draft.warmup_method": warm} if warm else {}))
-            if warm and not method.startswith("draft"):
+            method, opts = sample.parse_method(m)
+            _base_config(method, options_string(opts))
+            if "draft.warmup_method" in opts and not method.startswith("draft"):
                 raise ValueError(f"{sample.WARM_TAG.strip(':=')} is for draft methods")
         except ValueError as e:
             return f"bad --methods entry {m!r}: {e}"

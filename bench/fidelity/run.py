@@ -326,11 +326,14 @@ class Harness:
             if rec["methods"][name]["status"] != "ok":
                 continue
             try:
-                # one routed (stateless) call: a :warm= variant's is its method's
+                # one routed (stateless) call with the name's options: a
+                # :warm= variant's is its method's, a schedule's the same
                 peer = peers.load(name)[0] if name in peers.PEERS else None
+                opts = None if peer or name == C.REFERENCE else \
+                    sample.routed_options(name)
                 rec["op_rel_l2"][name] = metrics.operator_rel_l2(
                     self.qvattn, sample.split_method(name)[0], cap.saved, self.grid,
-                    call=peer)
+                    options=opts, call=peer)
             except Exception as e:
                 rec["op_rel_l2"][name] = {"error": f"{type(e).__name__}: {e}"}
         self.phase(f"operator rel-L2 seed {seed}", t)

@@ -160,23 +160,47 @@ class PeerMethod:
 WARM_TAG = ":warm="
 
 
+def parse_method(name):
+    """A harness method name -> (qvattn method, {option: value}).
+
+    The name is METHOD[:KEY=VALUE]...: each suffix is a qvattn option
+    (qvattn.attention's options, e.g. "vc8+codesum:vsmooth.schedule=always"),
+    and "warm=M" is short for draft.warmup_method=M (draft whose dense
+    warm-up steps run as M).  Raises ValueError for a suffix without "=".
+    """
+    method, *suffixes = name.split(":")
+    opts = {}
+    for s in suffixes:
+        key, eq, value = s.partition("=")
+        if not eq or not key:
+            raise ValueError(f"method suffix {s!r} of {name!r} is not KEY=VALUE")
+        opts["draft.warmup_method" if key == "warm" else key] = value
+    return method, opts
+
+
 def split_method(name):
     """A harness method name -> (qvattn method, draft warm-up method or None).
     "draft@85/0/0/15+expcast:warm=vc8" is draft whose dense warm-up steps run
     as vc8 (+expcast: the draft string's), option draft.warmup_method."""
-    method, _, warm = name.partition(WARM_TAG)
-    return method, (warm or None)
+    method, opts = parse_method(name)
+    return method, opts.get("draft.warmup_method")
+
+
+def routed_options(name):
+    """The name's options for one stateless routed call (the operator
+    metric): its suffixes less the draft warm-up's, or None."""
+    opts = {k: v for k, v in parse_method(name)[1].items()
+            if k not in ("draft.warmup_method", "draft.dense_warmup_frac")}
+    return opts or None
 
 
 def method_options(name, cfg):
-    """Per-method qvattn options: draft's dense warm-up fraction and method."""
-    method, warm = split_method(name)
-    if not method.startswith("draft"):
-        return None
-    opts = {"draft.dense_warmup_frac": cfg["sample"]["draft_warmup_frac"]}
-    if warm:
-        opts["draft.warmup_method"] = warm
-    return opts
+    """Per-method qvattn options, or None: the name's own suffixes, and for
+    draft the config's dense warm-up fraction."""
+    method, opts = parse_method(name)
+    if method.startswith("draft"):
+        opts = {"draft.dense_warmup_frac": cfg["sample"]["draft_warmup_frac"], **opts}
+    return opts or None
 
 
 class Capture:

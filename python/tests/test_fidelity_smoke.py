@@ -28,8 +28,8 @@ from fidelity import config as fid_config  # noqa: E402
 from fidelity import cli as fid_cli  # noqa: E402
 from fidelity import run as fid_run  # noqa: E402
 
-METHODS = ["bf16", "sage8", "vc8", "draft@85/0/0/15", "draft@85/0/0/15:warm=sage8",
-           "draft@p95"]
+METHODS = ["bf16", "sage8", "vc8", "vc8:vsmooth.schedule=always", "draft@85/0/0/15",
+           "draft@85/0/0/15:warm=sage8", "draft@p95"]
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,27 @@ def test_draft_warmup_method_changes_only_the_warmup(runs):
         "draft.dense_warmup_frac": fid_config.TINY["sample"]["draft_warmup_frac"],
         "draft.warmup_method": "sage8"}
     assert sample.method_options("vc8", fid_config.TINY) is None
+
+
+def test_method_options_suffix(runs):
+    """"vc8:vsmooth.schedule=always" reaches the library as that option: the
+    sampled clips differ from the paper schedule's (grouping on every step,
+    not only the early ones), while the operator metric's stateless calls,
+    which group on every call either way, give vc8's figures."""
+    h = runs[0][1]
+    a, b = h.samples[0]["vc8"], h.samples[0]["vc8:vsmooth.schedule=always"]
+    assert not torch.equal(a, b)
+    ops = h.results["models"][0]["op_rel_l2"]
+    assert ops["vc8:vsmooth.schedule=always"]["mean"] == ops["vc8"]["mean"]
+    from fidelity import sample
+    assert sample.parse_method("vc8+codesum:vsmooth.schedule=always:vsmooth.clusters=16") == \
+        ("vc8+codesum", {"vsmooth.schedule": "always", "vsmooth.clusters": "16"})
+    assert sample.routed_options("draft@85/0/0/15:warm=vc8") is None
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        sample.parse_method("vc8:always")
+    assert fid_cli.validate_methods(qvattn, ["vc8:vsmooth.schedule=always"]) is None
+    assert "unknown option" in fid_cli.validate_methods(qvattn, ["vc8:vsmooth.nope=1"])
+    assert "schedule" in fid_cli.validate_methods(qvattn, ["vc8:vsmooth.schedule=never"])
 
 
 def test_draft_kept_share(runs):
