@@ -289,9 +289,10 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
  * +fp32sum give that form back. */
 static void method_defaults(qva_config *c, const option_fields *set) {
     const int sage8 = c->method == QVA_METHOD_SAGE8;
+    const int int8_qk = sage8 || c->method == QVA_METHOD_VC8;
     if (!option_field_set(set, offsetof(qva_config, hadamard))) c->hadamard = sage8;
     if (!option_field_set(set, offsetof(qva_config, p_sum)))
-        c->p_sum = sage8 && qvi_p_sum_applies(c) ? QVA_P_SUM_CODES : QVA_P_SUM_FP32;
+        c->p_sum = int8_qk && qvi_p_sum_applies(c) ? QVA_P_SUM_CODES : QVA_P_SUM_FP32;
 }
 
 void qvi_method_defaults(qva_config *cfg) {

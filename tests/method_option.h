@@ -15,7 +15,7 @@ static int option_field(const qva_config *c, size_t field) {
 }
 
 /* Each of ok[] parses with the field set to value, names itself with
- * suffix and parses back from that name, and "vc8" (no option defaults on)
+ * suffix and parses back from that name, and "fp8" (no option defaults on)
  * afterwards resets the field to reset; each of bad[] is QVA_ERR_PARSE. */
 static void check_method_option(const char *const *ok, size_t nok, const char *const *bad,
                                 size_t nbad, size_t field, int value, int reset,
@@ -32,8 +32,8 @@ static void check_method_option(const char *const *ok, size_t nok, const char *c
         qva_config_default(&back);
         CHECK(qva_config_set_method(&back, name) == QVA_OK && option_field(&back, field) == value,
               "%s round trip", name);
-        CHECK(qva_config_set_method(&c, "vc8") == QVA_OK && option_field(&c, field) == reset,
-              "%s then vc8 resets the option", ok[i]);
+        CHECK(qva_config_set_method(&c, "fp8") == QVA_OK && option_field(&c, field) == reset,
+              "%s then fp8 resets the option", ok[i]);
     }
     for (size_t i = 0; i < nbad; ++i) {
         qva_config c;

@@ -89,8 +89,9 @@ static void test_constant_values(void) {
 }
 
 static void test_parse(void) {
-    /* (sage8 sums its codes by default: test_core's test_sage8_defaults) */
-    static const char *const ok[] = {"vc8+codesum", "fp8+codesum", "vc8+hadamard+qblock+codesum",
+    /* (sage8 and vc8 sum their codes by default: test_core's
+     * test_method_defaults; +fp32sum names the FP32 sum there) */
+    static const char *const ok[] = {"fp8+codesum",
                                      "fp8+codesum+hadamard"};
     static const char *const bad[] = {"sage8+expcast+codesum", "vc8+codesum+expcast-centred",
                                       "bf16+codesum", "sage4+codesum", "exact+codesum",
@@ -104,6 +105,8 @@ static void test_parse(void) {
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "p_sum with expcast refused");
     c.expcast = QVA_EXPCAST_OFF;
     CHECK(option_call_check(&c) == QVA_OK, "vc8 + p_sum: %s", qva_last_error());
+    c.p_sum = QVA_P_SUM_FP32;
+    CHECK(option_call_check(&c) == QVA_OK, "vc8 + the FP32 sum: %s", qva_last_error());
     c.p_sum = 2;
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "p_sum = 2 refused");
 }

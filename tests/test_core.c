@@ -55,7 +55,7 @@ static void test_method_names(void) {
 /* sage8's defaults (docs/NUMERICS.md §3): the name sets the rotation and
  * the code sum unless a suffix says otherwise; other methods default to
  * neither; a config set by hand is named by its fields. */
-static void test_sage8_defaults(void) {
+static void test_method_defaults(void) {
     static const struct {
         const char *name, *canonical;
         int hadamard, p_sum;
@@ -66,8 +66,12 @@ static void test_sage8_defaults(void) {
         {"sage8+fp32sum", "sage8+fp32sum", 1, QVA_P_SUM_FP32},
         {"sage8+expcast", "sage8+expcast", 1, QVA_P_SUM_FP32},
         {"sage8+fp32sum+nohadamard+qblock", "sage8+nohadamard+qblock+fp32sum", 0, QVA_P_SUM_FP32},
-        {"vc8", "vc8", 0, QVA_P_SUM_FP32},
-        {"vc8+nohadamard+fp32sum", "vc8", 0, QVA_P_SUM_FP32},
+        {"vc8", "vc8", 0, QVA_P_SUM_CODES},
+        {"vc8+codesum", "vc8", 0, QVA_P_SUM_CODES},
+        {"vc8+nohadamard+fp32sum", "vc8+fp32sum", 0, QVA_P_SUM_FP32},
+        {"vc8+hadamard", "vc8+hadamard", 1, QVA_P_SUM_CODES},
+        {"vc8+expcast", "vc8+expcast", 0, QVA_P_SUM_FP32},
+        {"vc8+v2", "vc8+v2", 0, QVA_P_SUM_CODES},
         {"fp8+codesum", "fp8+codesum", 0, QVA_P_SUM_CODES},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
@@ -484,7 +488,7 @@ int main(void) {
     qva_context_t *ctx = NULL;
     if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return 1;
     test_method_names();
-    test_sage8_defaults();
+    test_method_defaults();
     test_schedule();
     test_bad_inputs(ctx);
     test_permutation_invariance(ctx);

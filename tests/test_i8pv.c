@@ -165,7 +165,7 @@ static void test_parse(void) {
     qva_config_default(&c);
     CHECK(qva_config_set_method(&c, "sage8+i8pv") == QVA_OK && c.p_sum == QVA_P_SUM_FP32,
           "sage8+i8pv leaves p_sum at its zero (the codes are always summed)");
-    CHECK(qva_config_set_method(&c, "vc8") == QVA_OK, "vc8");
+    CHECK(qva_config_set_method(&c, "vc8+fp32sum") == QVA_OK, "vc8+fp32sum");
     c.v_code = QVA_V_INT8_PV;
     CHECK(option_call_check(&c) == QVA_OK, "vc8 + QVA_V_INT8_PV: %s", qva_last_error());
     c.expcast = QVA_EXPCAST_PAPER;
