@@ -321,8 +321,8 @@ void qva_config_default(qva_config *cfg);
  * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS), each setting at most
  * once.
  * The name sets every one of these fields: to the option given, else to
- * the method's default, which is zero except for sage8: "sage8" rotates
- * (hadamard = 1) and, without ExpCast, sums P's codes (p_sum =
+ * the method's default, which is zero except for sage8 and vc8: "sage8"
+ * rotates (hadamard = 1), and both, without ExpCast, sum P's codes (p_sum =
  * QVA_P_SUM_CODES); "+nohadamard" and "+fp32sum" turn those off
  * ("sage8+nohadamard+fp32sum+qblock" is the papers' form).  A config whose
  * fields are set by hand keeps them (qva_config_method_name names them).

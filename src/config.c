@@ -283,9 +283,10 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
 }
 
 /* The defaults a method name sets where no suffix does.  sage8 rotates Q
- * and K (+hadamard) and sums P's codes (+codesum, without ExpCast): each
- * removes an error term SageAttention2's form keeps, together at the same
- * speed (docs/NUMERICS.md §3, "sage8's defaults"); +nohadamard and
+ * and K (+hadamard), and sage8 and vc8 sum P's codes (+codesum, without
+ * ExpCast): each removes an error term SageAttention2's form keeps, at the
+ * same speed, and the code sum is worth 1.3-1.7 dB end to end
+ * (docs/NUMERICS.md §3, "sage8's and vc8's defaults"); +nohadamard and
  * +fp32sum give that form back. */
 static void method_defaults(qva_config *c, const option_fields *set) {
     const int sage8 = c->method == QVA_METHOD_SAGE8;

@@ -52,9 +52,9 @@ static void test_method_names(void) {
     }
 }
 
-/* sage8's defaults (docs/NUMERICS.md §3): the name sets the rotation and
- * the code sum unless a suffix says otherwise; other methods default to
- * neither; a config set by hand is named by its fields. */
+/* sage8's and vc8's defaults (docs/NUMERICS.md §3): the name sets sage8's
+ * rotation and both methods' code sum unless a suffix says otherwise; other
+ * methods default to neither; a config set by hand is named by its fields. */
 static void test_method_defaults(void) {
     static const struct {
         const char *name, *canonical;

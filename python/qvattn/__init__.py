@@ -155,7 +155,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
               / +vprev options
               (docs/CLI.md says what each does; sage8 rotates and sums its
-              codes unless +nohadamard / +fp32sum; +v2, V in two E4M3
+              codes unless +nohadamard / +fp32sum, vc8 sums them
+              unless +fp32sum; +v2, V in two E4M3
               digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
               inputs; +kprev, K smoothed with the mean the layer's previous
