@@ -1,0 +1,39 @@
+"""bench/p_floor_mass.py: the masses are a direct per-key count of the
+softmax below each floor, ordered by floor, and they grow with the
+sequence (the reason the script exists)."""
+import os
+import sys
+
+import pytest
+
+np = pytest.importorskip("numpy")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import qvattn  # noqa: E402,F401
+import p_floor_mass as pfm  # noqa: E402
+
+
+def test_row_masses_match_a_direct_count():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((3, 16)).astype(np.float32) * 3
+    k = rng.standard_normal((200, 16)).astype(np.float32) * 3
+    floors = [-2.0, -6.0, -10.0]
+    got = pfm.row_masses(q, k, floors)
+    for i in range(3):
+        s = [float(np.dot(q[i].astype(np.float64), k[j].astype(np.float64))) / 4.0
+             for j in range(200)]
+        m = max(s)
+        p = [np.exp(x - m) for x in s]
+        for c, f in enumerate(floors):
+            want = sum(w for x, w in zip(s, p) if (x - m) / np.log(2) < f) / sum(p)
+            assert abs(got[i, c] - want) < 1e-12
+    assert (np.diff(got, axis=1) <= 0).all() and (got >= 0).all() and (got < 1).all()
+
+
+def test_mass_below_the_floor_grows_with_the_sequence():
+    small = pfm.study(qvattn, "wan-small", heads=1, rows=32, seed=None)
+    large = pfm.study(qvattn, "longcat-480p", heads=1, rows=32, seed=None)
+    assert small["tokens"] < large["tokens"]
+    dropped = [n for n, _ in pfm.FLOORS].index("ExpCast E4M3 dropped")
+    assert large["mean"][dropped] > 5 * small["mean"][dropped] > 0
