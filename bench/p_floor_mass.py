@@ -17,7 +17,9 @@ has more keys far below its max.  This script measures, per preset, the
 mean and the largest row mass under each floor from the FP64 softmax of
 the preset's f32 Q and K (scale 1/sqrt(D)), on `--rows` random query rows
 of the first `--heads` heads (the generator draws each head on its own, so
-fewer heads are the same heads).
+fewer heads are the same heads); and the output error of the flush alone
+(rel-L2 against exact attention, and its cos with ref - mean(V), > 0
+sharper rows), all else exact.
 
     python3 bench/p_floor_mass.py
     python3 bench/p_floor_mass.py --presets wan2.2-720p --heads 2 --rows 128
@@ -38,7 +40,7 @@ DEFAULT_PRESETS = "video-global,video-local-clustered,wan-small,longcat-480p,wan
 
 
 def generate(qvattn, name, heads, seed=None):
-    """q, k [H, N, D] float32 of the first `heads` heads of a preset."""
+    """q, k, v [H, N, D] float32 of the first `heads` heads of a preset."""
     from qvattn import _ffi
     spec = _ffi.synthetic_spec(name, seed)
     spec.H = min(int(spec.H), heads)
@@ -48,30 +50,56 @@ def generate(qvattn, name, heads, seed=None):
     q, k, v = (np.empty(shape, dtype=np.float32) for _ in range(3))
     ptr = lambda a: a.ctypes.data_as(_ffi.POINTER(_ffi.ctypes.c_float))  # noqa: E731
     _ffi.synthetic_generate(spec, ptr(q), ptr(k), ptr(v))
-    return q[0], k[0]
+    return q[0], k[0], v[0]
+
+
+def _weights(q, k):
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) / np.sqrt(q.shape[-1])
+    s -= s.max(axis=-1, keepdims=True)
+    return np.exp(s), s / np.log(2.0)
 
 
 def row_masses(q, k, floors):
     """[rows, len(floors)]: each row's softmax mass with u below each floor."""
-    s = (q.astype(np.float64) @ k.astype(np.float64).T) / np.sqrt(q.shape[-1])
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    u = s / np.log(2.0)
+    p, u = _weights(q, k)
     total = p.sum(axis=-1)
     return np.stack([np.where(u < f, p, 0.0).sum(axis=-1) / total for f in floors], axis=-1)
 
 
-def study(qvattn, name, heads, rows, seed):
-    q, k = generate(qvattn, name, heads, seed)
-    rng = np.random.default_rng(seed or 0)
+def flush_errors(q, k, v, floors):
+    """Per floor, the output error of dropping the weights below it (the rest
+    renormalized, as a code sum does) against exact attention, all else
+    exact: (sum ||e||^2, sum ||ref||^2, sum <e, d>, sum ||d||^2) over the
+    rows, d = ref - mean(V) (NUMERICS §7's direction)."""
+    p, u = _weights(q, k)
+    v = v.astype(np.float64)
+    ref = (p @ v) / p.sum(axis=-1, keepdims=True)
+    d = ref - v.mean(axis=0)
     out = []
+    for f in floors:
+        w = np.where(u < f, 0.0, p)
+        e = (w @ v) / w.sum(axis=-1, keepdims=True) - ref
+        out.append(((e * e).sum(), (ref * ref).sum(), (e * d).sum(), (d * d).sum()))
+    return np.array(out)
+
+
+def study(qvattn, name, heads, rows, seed):
+    """Mass under each floor (mean, max over the rows) and the flush-only
+    output error: rel-L2 and its cos with ref - mean(V)."""
+    q, k, v = generate(qvattn, name, heads, seed)
+    rng = np.random.default_rng(seed or 0)
+    floors = [f for _, f in FLOORS]
+    out, err = [], np.zeros((len(floors), 4))
     for h in range(q.shape[0]):
         idx = rng.choice(q.shape[1], size=min(rows, q.shape[1]), replace=False)
-        out.append(row_masses(q[h, idx], k[h], [f for _, f in FLOORS]))
+        out.append(row_masses(q[h, idx], k[h], floors))
+        err += flush_errors(q[h, idx], k[h], v[h], floors)
     m = np.concatenate(out)
+    rel = np.sqrt(err[:, 0] / err[:, 1])
+    cos = err[:, 2] / np.sqrt(np.maximum(err[:, 0] * err[:, 3], 1e-300))
     return {"preset": name, "tokens": int(k.shape[1]), "heads": int(q.shape[0]),
             "rows": int(m.shape[0]), "mean": m.mean(axis=0).tolist(),
-            "max": m.max(axis=0).tolist()}
+            "max": m.max(axis=0).tolist(), "rel_l2": rel.tolist(), "cos": cos.tolist()}
 
 
 def main(argv=None):
@@ -91,6 +119,14 @@ def main(argv=None):
         res.append(r)
         cells = " | ".join(f"{a:.2e} / {b:.2e}" for a, b in zip(r["mean"], r["max"]))
         print(f"| {name} | {r['tokens']} | {r['rows']} | {cells} |", flush=True)
+    print("\nThe output error of the flush alone (the weights under the floor "
+          "dropped, the rest renormalized, all else exact): rel-L2 (cos with "
+          "ref - mean(V)).\n")
+    print("| preset | " + " | ".join(n for n, _ in FLOORS) + " |")
+    print("|---|" + "--:|" * len(FLOORS))
+    for r in res:
+        print(f"| {r['preset']} | " + " | ".join(
+            f"{a:.2e} ({c:+.2f})" for a, c in zip(r["rel_l2"], r["cos"])) + " |")
     return res
 
 

@@ -37,3 +37,15 @@ def test_mass_below_the_floor_grows_with_the_sequence():
     assert small["tokens"] < large["tokens"]
     dropped = [n for n, _ in pfm.FLOORS].index("ExpCast E4M3 dropped")
     assert large["mean"][dropped] > 5 * small["mean"][dropped] > 0
+
+
+def test_flush_error_is_a_sharpening_that_vanishes_below_every_weight():
+    """Dropping the small weights moves each row toward its large ones
+    (cos with ref - mean(V) > 0), and a floor below every weight changes
+    nothing."""
+    q, k, v = pfm.generate(qvattn, "wan-small", heads=1)
+    e = pfm.flush_errors(q[0, :32], k[0], v[0], [-14.94, -1e9])
+    rel = np.sqrt(e[:, 0] / e[:, 1])
+    cos = e[:, 2] / np.sqrt(e[:, 0] * e[:, 3] + 1e-300)
+    assert 1e-5 < rel[0] < 1e-1 and cos[0] > 0.5
+    assert rel[1] == 0.0
