@@ -23,6 +23,7 @@ sharper rows), all else exact.
 
     python3 bench/p_floor_mass.py
     python3 bench/p_floor_mass.py --presets wan2.2-720p --heads 2 --rows 128
+    python3 bench/p_floor_mass.py --presets longcat-480p --heads 1 --methods sage8,vc8
 """
 import argparse
 import os
@@ -102,14 +103,47 @@ def study(qvattn, name, heads, rows, seed):
             "max": m.max(axis=0).tolist(), "rel_l2": rel.tolist(), "cos": cos.tolist()}
 
 
+def method_rows(qvattn, name, heads, rows, seed, methods):
+    """Each method's rel-L2 and error direction on the same sampled rows:
+    the library runs the whole self-attention of the first `heads` heads
+    (V-Smooth needs every query), and the rows are compared with FP64
+    attention.  [(method, rel-L2, sharpen, cos)]."""
+    q, k, v = generate(qvattn, name, heads, seed)
+    rng = np.random.default_rng(seed or 0)
+    idx = np.sort(rng.choice(q.shape[1], size=min(rows, q.shape[1]), replace=False))
+    p, _ = _weights_heads(q[:, idx], k)
+    ref = (np.einsum("hnm,hmd->hnd", p, v.astype(np.float64)) / p.sum(-1)[..., None])[None]
+    res = []
+    for m in methods:
+        out = np.asarray(qvattn.attention(q[None], k[None], v[None], method=m),
+                         dtype=np.float64)[:, :, idx]
+        rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        d = qvattn.error_direction(np.ascontiguousarray(out, dtype=np.float32),
+                                   ref.astype(np.float32), v[None])
+        res.append((m, rel, d["sharpen"], d["cos"]))
+    return res
+
+
+def _weights_heads(q, k):
+    s = np.einsum("hnd,hmd->hnm", q.astype(np.float64), k.astype(np.float64))
+    s /= np.sqrt(q.shape[-1])
+    s -= s.max(axis=-1, keepdims=True)
+    return np.exp(s), s / np.log(2.0)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default=DEFAULT_PRESETS)
     ap.add_argument("--heads", type=int, default=2, help="first heads of each preset")
     ap.add_argument("--rows", type=int, default=128, help="random query rows per head")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--methods", default="",
+                    help="also run these qvattn methods (whole CPU calls of the "
+                         "first --heads heads) and report rel-L2 and the error's "
+                         "direction on the sampled rows")
     args = ap.parse_args(argv)
-    qvattn = use_checkout_package()
+    use_checkout_package()
+    import qvattn
     hdr = " | ".join(f"{n} (u < {f:g}) mean / max" for n, f in FLOORS)
     print(f"| preset | tokens | rows | {hdr} |")
     print("|---|--:|--:|" + "--:|" * len(FLOORS))
@@ -127,6 +161,14 @@ def main(argv=None):
     for r in res:
         print(f"| {r['preset']} | " + " | ".join(
             f"{a:.2e} ({c:+.2f})" for a, c in zip(r["rel_l2"], r["cos"])) + " |")
+    if args.methods:
+        print("\nThe methods on the same rows (whole calls): rel-L2 against FP64, "
+              "sharpen (cos).\n")
+        print("| preset | method | rel-L2 | sharpen (cos) |\n|---|---|--:|--:|")
+        for name in args.presets.split(","):
+            for m, rel, sh, cos in method_rows(qvattn, name, args.heads, args.rows,
+                                               args.seed, args.methods.split(",")):
+                print(f"| {name} | {m} | {rel:.3e} | {sh:+.2e} ({cos:+.2f}) |", flush=True)
     return res
 
 

@@ -49,3 +49,13 @@ def test_flush_error_is_a_sharpening_that_vanishes_below_every_weight():
     cos = e[:, 2] / np.sqrt(e[:, 0] * e[:, 3] + 1e-300)
     assert 1e-5 < rel[0] < 1e-1 and cos[0] > 0.5
     assert rel[1] == 0.0
+
+
+def test_method_rows_compare_the_sampled_rows_with_fp64():
+    """The library's exact method matches the script's FP64 rows; an 8-bit
+    method does not, by a plausible margin."""
+    res = dict((m, (rel, cos)) for m, rel, _, cos in
+               pfm.method_rows(qvattn, "tiny", heads=1, rows=16, seed=None,
+                               methods=["exact", "sage8"]))
+    assert res["exact"][0] < 1e-5
+    assert 1e-3 < res["sage8"][0] < 0.1
