@@ -154,6 +154,16 @@ def _weights_heads(q, k):
     return np.exp(s), s / np.log(2.0)
 
 
+def print_errors(res, rel_key, cos_key, title):
+    """One markdown table of the studies' errors per floor: rel-L2 (cos)."""
+    print(f"\n{title}\n")
+    print("| preset | " + " | ".join(n for n, _ in FLOORS) + " |")
+    print("|---|" + "--:|" * len(FLOORS))
+    for r in res:
+        print(f"| {r['preset']} | " + " | ".join(
+            f"{a:.2e} ({c:+.2f})" for a, c in zip(r[rel_key], r[cos_key])) + " |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default=DEFAULT_PRESETS)
@@ -176,23 +186,14 @@ def main(argv=None):
         res.append(r)
         cells = " | ".join(f"{a:.2e} / {b:.2e}" for a, b in zip(r["mean"], r["max"]))
         print(f"| {name} | {r['tokens']} | {r['rows']} | {cells} |", flush=True)
-    print("\nThe output error of the flush alone (the weights under the floor "
-          "dropped, the rest renormalized, all else exact): rel-L2 (cos with "
-          "ref - mean(V)).\n")
-    print("| preset | " + " | ".join(n for n, _ in FLOORS) + " |")
-    print("|---|" + "--:|" * len(FLOORS))
-    for r in res:
-        print(f"| {r['preset']} | " + " | ".join(
-            f"{a:.2e} ({c:+.2f})" for a, c in zip(r["rel_l2"], r["cos"])) + " |")
-    print("\nThe same with the dropped weights kept in the row sum and their keys "
-          "given their 128-key block's mean of V (a mean restore fed with each "
-          "block's dropped mass): rel-L2 (cos).\n")
-    print("| preset | " + " | ".join(n for n, _ in FLOORS) + " |")
-    print("|---|" + "--:|" * len(FLOORS))
-    for r in res:
-        print(f"| {r['preset']} | " + " | ".join(
-            f"{a:.2e} ({c:+.2f})" for a, c in zip(r["rel_l2_restored"], r["cos_restored"]))
-              + " |")
+    print_errors(res, "rel_l2", "cos",
+                 "The output error of the flush alone (the weights under the floor "
+                 "dropped, the rest renormalized, all else exact): rel-L2 (cos with "
+                 "ref - mean(V)).")
+    print_errors(res, "rel_l2_restored", "cos_restored",
+                 "The same with the dropped weights kept in the row sum and their keys "
+                 "given their 128-key block's mean of V (a mean restore fed with each "
+                 "block's dropped mass): rel-L2 (cos).")
     if args.methods:
         print("\nThe methods on the same rows (whole calls): rel-L2 against FP64, "
               "sharpen (cos).\n")
