@@ -41,21 +41,16 @@ DEFAULT_PRESETS = "video-global,video-local-clustered,wan-small,longcat-480p,wan
 
 
 def generate(qvattn, name, heads, seed=None):
-    """q, k, v [H, N, D] float32 of the first `heads` heads of a preset."""
-    from qvattn import _ffi
-    spec = _ffi.synthetic_spec(name, seed)
-    spec.H = min(int(spec.H), heads)
-    spec.B = 1
-    n = spec.prefix_tokens + spec.grid_t * spec.grid_h * spec.grid_w
-    shape = (spec.B, spec.H, n, spec.D)
-    q, k, v = (np.empty(shape, dtype=np.float32) for _ in range(3))
-    ptr = lambda a: a.ctypes.data_as(_ffi.POINTER(_ffi.ctypes.c_float))  # noqa: E731
-    _ffi.synthetic_generate(spec, ptr(q), ptr(k), ptr(v))
-    return q[0], k[0], v[0]
+    """q, k, v [H, N, D] float32 of the first `heads` heads of a preset
+    (batch element 0)."""
+    w = qvattn.synthetic(name, seed=seed, heads=heads)
+    return w["q"][0], w["k"][0], w["v"][0]
 
 
 def _weights(q, k):
-    s = (q.astype(np.float64) @ k.astype(np.float64).T) / np.sqrt(q.shape[-1])
+    """exp(s - max) and u = (s - max)/ln 2 of q [..., n, D] against k [..., N, D]."""
+    s = (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2))
+    s /= np.sqrt(q.shape[-1])
     s -= s.max(axis=-1, keepdims=True)
     return np.exp(s), s / np.log(2.0)
 
@@ -134,7 +129,7 @@ def method_rows(qvattn, name, heads, rows, seed, methods):
     q, k, v = generate(qvattn, name, heads, seed)
     rng = np.random.default_rng(seed or 0)
     idx = np.sort(rng.choice(q.shape[1], size=min(rows, q.shape[1]), replace=False))
-    p, _ = _weights_heads(q[:, idx], k)
+    p, _ = _weights(q[:, idx], k)
     ref = (np.einsum("hnm,hmd->hnd", p, v.astype(np.float64)) / p.sum(-1)[..., None])[None]
     res = []
     for m in methods:
@@ -145,13 +140,6 @@ def method_rows(qvattn, name, heads, rows, seed, methods):
                                    ref.astype(np.float32), v[None])
         res.append((m, rel, d["sharpen"], d["cos"]))
     return res
-
-
-def _weights_heads(q, k):
-    s = np.einsum("hnd,hmd->hnm", q.astype(np.float64), k.astype(np.float64))
-    s /= np.sqrt(q.shape[-1])
-    s -= s.max(axis=-1, keepdims=True)
-    return np.exp(s), s / np.log(2.0)
 
 
 def print_errors(res, rel_key, cos_key, title):

@@ -400,16 +400,23 @@ def synthetic_presets():
     return _ffi.synthetic_presets()
 
 
-def synthetic(name="wan-small", seed=None):
+def synthetic(name="wan-small", seed=None, heads=None):
     """A built-in synthetic workload (qva_synthetic_generate, the same
     tensors as `qvattn eval --synthetic NAME --seed S`).
 
     Returns {"q", "k", "v": float32 numpy arrays [B, H, N, D] (HND),
     "grid": (T, H, W), "prefix": prefix tokens, "name", "seed", "recipe"}.
-    An unknown name raises QvaValueError listing the presets."""
+    heads: generate only the first `heads` heads (each head is drawn on its
+    own, so they equal the full workload's; for the long presets, whose 40
+    heads take gigabytes).  An unknown name raises QvaValueError listing the
+    presets."""
     if _np is None:
         raise ImportError("qvattn.synthetic needs numpy")
     spec = _ffi.synthetic_spec(name, seed)
+    if heads is not None:
+        if int(heads) < 1:
+            raise ValueError(f"qvattn.synthetic: heads must be >= 1, not {heads!r}")
+        spec.H = min(int(spec.H), int(heads))
     n = spec.prefix_tokens + spec.grid_t * spec.grid_h * spec.grid_w
     shape = (spec.B, spec.H, n, spec.D)
     q, k, v = (_np.empty(shape, dtype=_np.float32) for _ in range(3))

@@ -481,3 +481,11 @@ def test_synthetic_workloads():
     assert p["prefix"] == 64 and p["q"].shape[2] == 64 + 4 * 16 * 24
     with pytest.raises(qvattn.QvaValueError, match="presets: tiny"):
         qvattn.synthetic("no-such-preset")
+    # heads: the first heads of the same workload (each head drawn on its own)
+    mixed = qvattn.synthetic("video-mixed")
+    one = qvattn.synthetic("video-mixed", heads=1)
+    assert one["q"].shape[1] == 1
+    assert all(np.array_equal(one[x][:, :1], mixed[x][:, :1]) for x in "qkv")
+    assert qvattn.synthetic("tiny", heads=99)["q"].shape[1] == 2
+    with pytest.raises(ValueError, match="heads"):
+        qvattn.synthetic("tiny", heads=0)

@@ -117,6 +117,7 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
 
 float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
                      uint8_t *pcodes) {
+    const float *plut = p_lut(expcast);
     float rowsum = 0.0f;
     for (int j = 0; j < nk; ++j) {
         if (s[j] == -INFINITY) {
@@ -125,14 +126,14 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
         }
         if (expcast == QVA_EXPCAST_E5M2) { /* the same code in E5M2 (NUMERICS §7) */
             pcodes[j] = qvi_expcast_e5m2(s[j] - m, QVI_EXPCAST5_BETA);
-            rowsum += p_lut(expcast)[pcodes[j]];
+            rowsum += plut[pcodes[j]];
         } else if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
             pcodes[j] = qva_expcast_e4m3_beta(s[j] - m, qvi_expcast_beta(expcast));
-            rowsum += e4m3_lut()[pcodes[j]];
+            rowsum += plut[pcodes[j]];
         } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
             float p = exp2f((s[j] - m) + QVI_SAGE_P_OFFSET);
             pcodes[j] = qva_e4m3_encode(p);
-            rowsum += sum_codes ? e4m3_lut()[pcodes[j]] : p; /* QVA_P_SUM_CODES: as ExpCast */
+            rowsum += sum_codes ? plut[pcodes[j]] : p; /* QVA_P_SUM_CODES: as ExpCast */
         }
     }
     return rowsum;
@@ -824,7 +825,8 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
         const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc);
-        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = p_lut(o->expcast)[pc[j]];
+        const float *plut = p_lut(o->expcast);
+        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]];
         return rowsum;
     }
     float rowsum = 0.0f;
