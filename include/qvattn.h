@@ -148,6 +148,24 @@ typedef enum qva_v_code {
                         ExpCast, whose codes are E4M3                     */
 } qva_v_code;
 
+/* cfg.p_floor: the keys ExpCast's E4M3 code cannot weigh (sage8, vc8 with
+ * +expcast or +expcast-centred; docs/NUMERICS.md §3, "ExpCast's floor mass
+ * put back").  Codes below 8 are E4M3's zero and subnormals: weights under
+ * 2^-14.94 of the row max drop, those up to 2^-14 come out up to 4.4x too
+ * small.  At 2K tokens that is 0.1% of a row; at Wan2.2-720p's 75,600 it
+ * is 2.6%, and all of it sharpens the row. */
+typedef enum qva_p_floor {
+    QVA_P_FLOOR_DROP = 0, /* those keys are out of numerator and row sum
+                             (VC Eq. 7, as the paper): the default        */
+    QVA_P_FLOOR_MEAN = 1  /* "+floormass": their weights, from ExpCast's
+                             code of the same score 12 binades up (one more
+                             FMA per score, x 2^-12), stay in the row sum,
+                             and their values are taken as a mean of V: the
+                             block's mean where V-Smooth demeans (the
+                             restore's row sum carries them), else the
+                             head's.  CPU reference only so far           */
+} qva_p_floor;
+
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
  * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
  * 128-row block; one per row is more faithful (the query quantizer was the
@@ -293,6 +311,7 @@ typedef struct qva_config {
                             * qva_attention); no effect on CUDA          */
     int k_mean;            /* qva_k_mean of K smoothing (sage8, vc8)        */
     int v_scale;           /* qva_v_scale of V's E4M3 scale (sage8, vc8)    */
+    int p_floor;           /* qva_p_floor of ExpCast's E4M3 P (sage8, vc8)  */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -318,8 +337,9 @@ void qva_config_default(qva_config *cfg);
  * (sage8, vc8: cfg->v_code = QVA_V_E4M3X2) and "+fp16acc" (draft:
  * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16) and "+kprev" (sage8, vc8:
  * cfg->k_mean = QVA_K_MEAN_PREVIOUS) and "+vprev" (sage8, vc8 with one E4M3
- * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS), each setting at most
- * once.
+ * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS) and "+floormass" (sage8,
+ * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN), each setting
+ * at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8 and vc8: "sage8"
  * rotates (hadamard = 1), and both, without ExpCast, sum P's codes (p_sum =

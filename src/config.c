@@ -61,6 +61,14 @@ int qvi_v_scale_applies(const qva_config *cfg) {
     return qvi_v_code_applies(cfg->method) && cfg->v_code == QVA_V_E4M3;
 }
 
+/* +floormass: ExpCast's E4M3 codes in sage8 and vc8 (the E5M2 code has
+ * no such floor; +i8pv codes P from exp2). */
+int qvi_p_floor_applies(const qva_config *cfg) {
+    return qvi_v_code_applies(cfg->method) &&
+           (cfg->expcast == QVA_EXPCAST_PAPER || cfg->expcast == QVA_EXPCAST_CENTRED) &&
+           cfg->v_code != QVA_V_INT8_PV;
+}
+
 int qvi_method_is_8bit(qva_method m) {
     return m == QVA_METHOD_FP8 || m == QVA_METHOD_SAGE8 || m == QVA_METHOD_VC8;
 }
@@ -236,6 +244,7 @@ static const method_option method_options[] = {
     {"fp16acc", offsetof(qva_config, draft.int8_acc), QVA_DRAFT_ACC_FP16},
     {"kprev", offsetof(qva_config, k_mean), QVA_K_MEAN_PREVIOUS},
     {"vprev", offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS},
+    {"floormass", offsetof(qva_config, p_floor), QVA_P_FLOOR_MEAN},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -266,7 +275,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, +qblock, "
                             "+codesum, "
-                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev or +vprev)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev or +floormass)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -320,6 +329,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.draft.int8_acc = QVA_DRAFT_ACC_FP32;
     c.k_mean = QVA_K_MEAN_CALL;
     c.v_scale = QVA_V_SCALE_CALL;
+    c.p_floor = QVA_P_FLOOR_DROP;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -331,7 +341,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, "
                         "+qblock, "
-                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev)",
+                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, "
+                        "+floormass)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -406,6 +417,14 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE,
                         "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
                         "E4M3 (drop +expcast or +i8pv)");
+    if (c.p_floor && !qvi_p_floor_applies(&c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+floormass applies to ExpCast's E4M3 P codes in sage8 and vc8 "
+                        "(with +expcast or +expcast-centred), not %s%s",
+                        method_names[c.method],
+                        c.expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2"
+                        : c.expcast                   ? ""
+                                                      : " without ExpCast");
     *cfg = c;
     return QVA_OK;
 }
@@ -457,6 +476,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     if (n >= 0 && (size_t)n < len && cfg->v_scale == QVA_V_SCALE_PREVIOUS &&
         qvi_v_scale_applies(cfg))
         n += snprintf(buf + n, len - (size_t)n, "+vprev");
+    if (n >= 0 && (size_t)n < len && cfg->p_floor == QVA_P_FLOOR_MEAN && qvi_p_floor_applies(cfg))
+        n += snprintf(buf + n, len - (size_t)n, "+floormass");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

@@ -28,6 +28,13 @@ extern "C" {
  * exp2(m_b - m) keeps the row's max at 255: log2(255) */
 #define QVI_U8_LOG2_AMP 7.99435343685885793f
 #define QVI_V_E4M3_RANGE 2.25f     /* per-channel V scale amax/2.25 (C.3)   */
+/* +floormass (qva_p_floor): a key whose E4M3 P code is below
+ * QVI_P_NORMAL_CODE (zero or subnormal) is weighed by ExpCast's code of its
+ * score QVI_FLOOR_BINADES binades up, times 2^-QVI_FLOOR_BINADES.  Those
+ * codes stay below 104, normal down to u = -26.94; what lies lower is under
+ * 2^-26.94 of the row max per key (0.09% of a row at 111,700 keys). */
+#define QVI_P_NORMAL_CODE 8
+#define QVI_FLOOR_BINADES 12
 
 /* ExpCast's beta for a qva_expcast_mode other than off (the paper's, or
  * the centred one); the kernels take the addend 120 + beta
@@ -121,6 +128,9 @@ int qvi_k_mean_applies(qva_method m);
 /* cfg->v_scale = QVA_V_SCALE_PREVIOUS is meaningful: sage8, vc8 with one
  * E4M3 digit of V. */
 int qvi_v_scale_applies(const qva_config *cfg);
+/* cfg->p_floor = QVA_P_FLOOR_MEAN is meaningful: sage8, vc8 with an E4M3
+ * ExpCast (paper or centred beta) and E4M3 V codes. */
+int qvi_p_floor_applies(const qva_config *cfg);
 /* The fields a method name sets unless a suffix does (hadamard, p_sum),
  * at cfg->method's defaults: qva_config_set_method's, and a draft warm-up
  * step's (the warm-up method by its plain name). */
@@ -261,6 +271,9 @@ typedef struct qvi_row {
     float *acc;    /* numerator [d]                                   */
     int d;
     int nonfinite; /* a score was NaN or +inf (the max ignores NaN)   */
+    float floor;   /* +floormass: weight (in l) of keys whose value is
+                      floor_mean, rescaled with acc and l             */
+    const float *floor_mean; /* [d] in acc's units, or NULL: none     */
 } qvi_row;
 
 void qvi_row_init(qvi_row *r, float *acc, int d);
@@ -290,14 +303,21 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
  * the exp2 path with sum_codes: QVA_P_SUM_CODES).  The codes are E4M3 but
  * for QVA_EXPCAST_E5M2, whose are E5M2 (qvi_e5m2_decode). */
 float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
-                     uint8_t *pcodes);
+                     uint8_t *pcodes, float *floor);
+/* floor (NULL: the paper's code): +floormass with an E4M3 ExpCast (not
+ * E5M2, not exp2).  Keys whose code is below QVI_P_NORMAL_CODE then code 0
+ * and leave the returned sum; *floor receives their weight, the FP32 key-
+ * order sum of the decoded codes qva_expcast_e4m3_beta(u, beta + 8 *
+ * QVI_FLOOR_BINADES), times 2^-QVI_FLOOR_BINADES (0 if none). */
 /* 8-bit PV: codes from qvi_probs_e4m3; partial_c = sum_k P_k V_kc (FP32,
  * key order, rounded to FP16 if fp16_partial); acc += partial * vscale;
  * mu (may be NULL): acc += rowsum * mu (VC Eq. 6).  Vlo (may be NULL): V's
- * second digit (QVA_V_E4M3X2); each key adds P_k hi_kc, then P_k lo_kc. */
+ * second digit (QVA_V_E4M3X2); each key adds P_k hi_kc, then P_k lo_kc.
+ * floor_mass (+floormass): the block's floor weight f joins the row sum,
+ * rowsum + f, in l and in the restore; without mu, r->floor += f. */
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
-                 int fp16_partial);
+                 int fp16_partial, int floor_mass);
 /* PV in integers (QVA_V_INT8_PV, docs/NUMERICS.md §3): m_b = the block's
  * largest score (keys with s = -inf are out), u_k = rint(255 * exp2(s_k -
  * m_b)) as u8, partial_c = sum_k u_k V_kc exact in int32 (V: int8 codes),
@@ -317,8 +337,8 @@ void qvi_pv_nvfp4(qvi_row *r, const float *s, const float *V, float vscale,
 /* Final output of a row (docs/NUMERICS.md §2, "Rows the arithmetic cannot
  * finish"), the rule of qvc_softmax_row on the GPU:
  *  - m and l finite, l > 0: out_c = acc_c * chan_scale_c / l (chan_scale
- *    may be NULL); returns the natural-log LSE (log2_amp: the
- *    amplification of l);
+ *    may be NULL), acc_c + floor * floor_mean_c where floor_mean is set;
+ *    returns the natural-log LSE (log2_amp: the amplification of l);
  *  - else, a row that retained no key (flags without QVI_ROW_RETAINED):
  *    zeros, returns -INFINITY (empty row);
  *  - else (a score overflowed FP32, a NaN reached the max or the sum):

@@ -237,6 +237,13 @@ static qva_status check_config(const qva_config *cfg) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "v_scale QVA_V_SCALE_PREVIOUS applies to sage8 and vc8 with v_code "
                         "QVA_V_E4M3");
+    if (cfg->p_floor != QVA_P_FLOOR_DROP && cfg->p_floor != QVA_P_FLOOR_MEAN)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "p_floor = %d (QVA_P_FLOOR_DROP or QVA_P_FLOOR_MEAN)", cfg->p_floor);
+    if (cfg->p_floor == QVA_P_FLOOR_MEAN && !qvi_p_floor_applies(cfg))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "p_floor QVA_P_FLOOR_MEAN applies to sage8 and vc8 with expcast "
+                        "QVA_EXPCAST_PAPER or QVA_EXPCAST_CENTRED");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

@@ -197,7 +197,7 @@ static void test_row_finish(void) {
         {2.0f, INFINITY, 1, ROW_NAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
-        qvi_row r = {cases[i].m, cases[i].l, acc, 4, 0};
+        qvi_row r = {.m = cases[i].m, .l = cases[i].l, .acc = acc, .d = 4};
         float lse = qvi_row_finish(&r, cases[i].retained ? QVI_ROW_RETAINED : 0, NULL, 0.0f, out);
         int nan = 1, zero = 1;
         for (int c = 0; c < 4; ++c) nan &= isnan(out[c]) != 0, zero &= out[c] == 0.0f;
@@ -209,7 +209,7 @@ static void test_row_finish(void) {
               (double)cases[i].m, (double)cases[i].l, cases[i].retained, got, cases[i].want);
     }
     /* unchanged arithmetic of a normal row */
-    qvi_row r = {2.0f, 4.0f, acc, 4, 0};
+    qvi_row r = {.m = 2.0f, .l = 4.0f, .acc = acc, .d = 4};
     float lse = qvi_row_finish(&r, QVI_ROW_RETAINED, NULL, 1.0f, out);
     CHECK(out[0] == 0.25f && out[3] == 1.0f, "normal row: %g %g", (double)out[0], (double)out[3]);
     CHECK(lse == (2.0f + 2.0f - 1.0f) * 0.69314718055994531f, "normal LSE %g", (double)lse);

@@ -153,7 +153,7 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               +expcast / +expcast-centred / +expcast-e5m2 /
               +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
-              / +vprev options
+              / +vprev / +floormass options
               (docs/CLI.md says what each does; sage8 rotates and sums its
               codes unless +nohadamard / +fp32sum, vc8 sums them
               unless +fp32sum; +v2, V in two E4M3
@@ -161,7 +161,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               product in integers, on CUDA at head dim 128 with bf16/f16
               inputs; +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
-              previous call made, both on CUDA with bf16/f16 inputs).
+              previous call made, both on CUDA with bf16/f16 inputs;
+              +floormass, ExpCast's floor mass put back, CPU only so far).
               Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
               (Q and K rotated, ExpCast at the centred beta:
               docs/NUMERICS.md §7).

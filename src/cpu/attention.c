@@ -44,6 +44,8 @@ void qvi_row_init(qvi_row *r, float *acc, int d) {
     r->acc = acc;
     r->d = d;
     r->nonfinite = 0;
+    r->floor = 0.0f;
+    r->floor_mean = NULL;
     memset(acc, 0, (size_t)d * sizeof *acc);
 }
 
@@ -59,6 +61,7 @@ void qvi_row_raise_max(qvi_row *r, const float *s, int nk) {
     if (r->m != -INFINITY) {
         float alpha = exp2f(r->m - mx); /* VC Eq. 1 */
         r->l *= alpha;
+        r->floor *= alpha;
         for (int c = 0; c < r->d; ++c) r->acc[c] *= alpha;
     }
     r->m = mx;
@@ -116,9 +119,11 @@ void qvi_pv_16(qvi_row *r, const float *s, const float *V, int nk,
 }
 
 float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes,
-                     uint8_t *pcodes) {
+                     uint8_t *pcodes, float *floor) {
     const float *plut = p_lut(expcast);
-    float rowsum = 0.0f;
+    const int floor_mass = floor && (expcast == QVA_EXPCAST_PAPER || expcast == QVA_EXPCAST_CENTRED);
+    const float beta_up = qvi_expcast_beta(expcast) + 8.0f * QVI_FLOOR_BINADES;
+    float rowsum = 0.0f, under = 0.0f;
     for (int j = 0; j < nk; ++j) {
         if (s[j] == -INFINITY) {
             pcodes[j] = 0;
@@ -129,6 +134,10 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
             rowsum += plut[pcodes[j]];
         } else if (expcast) { /* VC Eq. 7; the sum uses decoded codes (Prop. 3.1) */
             pcodes[j] = qva_expcast_e4m3_beta(s[j] - m, qvi_expcast_beta(expcast));
+            if (floor_mass && pcodes[j] < QVI_P_NORMAL_CODE) { /* weighed 12 binades up */
+                under += plut[qva_expcast_e4m3_beta(s[j] - m, beta_up)];
+                pcodes[j] = 0;
+            }
             rowsum += plut[pcodes[j]];
         } else { /* exp2 with the 8.807 offset, then cast (DA2 C.3) */
             float p = exp2f((s[j] - m) + QVI_SAGE_P_OFFSET);
@@ -136,6 +145,7 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
             rowsum += sum_codes ? plut[pcodes[j]] : p; /* QVA_P_SUM_CODES: as ExpCast */
         }
     }
+    if (floor) *floor = ldexpf(under, -QVI_FLOOR_BINADES);
     return rowsum;
 }
 
@@ -150,12 +160,13 @@ static float round_f16_sat(float x) {
 
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
-                 int fp16_partial) {
+                 int fp16_partial, int floor_mass) {
     if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t pc[QVI_BLOCK];
     float part[128] = {0};
-    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, sum_codes, pc);
+    float under = 0.0f;
+    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, sum_codes, pc, floor_mass ? &under : NULL);
     const float *lut = e4m3_lut(), *plut = p_lut(expcast);
     for (int j = 0; j < nk; ++j) {
         if (!pc[j]) continue;
@@ -166,6 +177,10 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
             const uint8_t *wj = Vlo + (size_t)j * d;
             for (int c = 0; c < d; ++c) part[c] += p * lut[wj[c]];
         }
+    }
+    if (floor_mass) { /* the floor's keys take a mean: the block's, else the head's */
+        rowsum += under;
+        if (!mu) r->floor += under;
     }
     r->l += rowsum;
     for (int c = 0; c < d; ++c) {
@@ -245,8 +260,10 @@ float qvi_row_finish(const qvi_row *r, int flags, const float *chan_scale,
         for (int c = 0; c < r->d; ++c) out[c] = empty ? 0.0f : NAN;
         return empty ? -INFINITY : NAN;
     }
-    for (int c = 0; c < r->d; ++c)
-        out[c] = (r->acc[c] * (chan_scale ? chan_scale[c] : 1.0f)) / r->l;
+    for (int c = 0; c < r->d; ++c) {
+        const float a = r->floor_mean ? r->acc[c] + r->floor * r->floor_mean[c] : r->acc[c];
+        out[c] = (a * (chan_scale ? chan_scale[c] : 1.0f)) / r->l;
+    }
     return (r->m + log2f(r->l) - log2_amp) * 0.69314718055994531f;
 }
 
@@ -379,6 +396,9 @@ typedef struct head_ops {
     int nq, nk, nq_pad, nk_pad, d;
     int expcast;
     int sum_codes;         /* cfg->p_sum == QVA_P_SUM_CODES              */
+    int floor_mass;        /* cfg->p_floor == QVA_P_FLOOR_MEAN           */
+    float *vbar;           /* +floormass without demeaning: fp16(mean of V
+                              / scale_c) (PATH_I8), else NULL            */
     qva_v_code v_code;     /* PATH_I8: V's code (cfg->v_code)            */
     int use_f16;           /* 16-bit path in FP16 (f16 inputs), else BF16 */
     int strict;            /* check_finite: a NaN/+inf score fails the row */
@@ -395,6 +415,7 @@ typedef struct head_ops {
     path_kind codes_kind;  /* PATH_F32: the method's own path (its P)  */
     float *xq, *xk, *xv;   /* PATH_F32 operands (V: the residual for vc) */
     float *xmu;            /* PATH_F32 V-Smooth means, real units, or NULL */
+    float *xvbar;          /* PATH_F32 vbar in real units, or NULL       */
 } head_ops;
 
 static void head_ops_free(head_ops *o) {
@@ -407,6 +428,8 @@ static void head_ops_free(head_ops *o) {
     free(o->xk);
     free(o->xv);
     free(o->xmu);
+    free(o->vbar);
+    free(o->xvbar);
     free(o->qi.codes);
     free(o->qi.scale);
     free(o->ki.codes);
@@ -559,6 +582,16 @@ static qva_status quantize_fp4(float *q, float *k, float *v, int demean,
 
 /* The 8- and 4-bit codes of the (already smoothed / rotated / permuted)
  * f32 operands. */
+/* +floormass without demeaning: the head's channel mean of V over its valid
+ * rows in the V codes' units, stored as the block means are (VC App. B). */
+static qva_status head_mean_hat(const float *v, head_ops *o) {
+    o->vbar = malloc((size_t)o->d * sizeof(float));
+    if (!o->vbar) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "mean of V");
+    qvi_channel_mean(v, o->nk, o->d, o->vbar);
+    for (int c = 0; c < o->d; ++c) o->vbar[c] = qva_round_f16(o->vbar[c] / o->v8.chan_scale[c]);
+    return QVA_OK;
+}
+
 static qva_status quantize_codes(float *q, float *k, float *v, int demean,
                                  const carried *cs, head_ops *o) {
     const int d = o->d;
@@ -573,10 +606,12 @@ static qva_status quantize_codes(float *q, float *k, float *v, int demean,
     if (o->kind == PATH_I8) {
         qvi_quant_i8(q, o->nq_pad, d, o->q_rows_per_scale, &o->qi);
         qvi_quant_i8(k, o->nk_pad, d, QVI_BLOCK, &o->ki);
-        return (!o->qi.codes || !o->ki.codes)
-                   ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
-                   : qvi_v8_prepare_carried(v, o->nk, d, NULL, demean, o->v_code, cs->vuse,
-                                            cs->vnext, &o->v8);
+        qva_status st = (!o->qi.codes || !o->ki.codes)
+                            ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
+                            : qvi_v8_prepare_carried(v, o->nk, d, NULL, demean, o->v_code,
+                                                     cs->vuse, cs->vnext, &o->v8);
+        if (st == QVA_OK && o->floor_mass && !demean) st = head_mean_hat(v, o);
+        return st;
     }
     return quantize_fp4(q, k, v, demean, o);
 }
@@ -601,9 +636,12 @@ static qva_status keep_fp32_operands(const float *q, const float *k,
     o->xk = copy_floats(k, (size_t)o->nk_pad * d);
     o->xv = copy_floats(v, (size_t)o->nk_pad * d);
     o->xmu = demean ? malloc((size_t)nblk * d * sizeof(float)) : NULL;
-    if (!o->xq || !o->xk || !o->xv || (demean && !o->xmu))
+    const int vbar = o->floor_mass && !demean;
+    o->xvbar = vbar ? malloc(d * sizeof(float)) : NULL;
+    if (!o->xq || !o->xk || !o->xv || (demean && !o->xmu) || (vbar && !o->xvbar))
         return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "decomposition operands");
     if (demean) block_demean(o->xv, o->nk, o->d, nblk, o->xmu);
+    if (vbar) qvi_channel_mean(v, o->nk, o->d, o->xvbar);
     return QVA_OK;
 }
 
@@ -680,6 +718,8 @@ static void dequantize_masked(head_ops *o) {
         break;
     }
     if (o->xmu && (o->mask & QVI_QUANT_MU)) dequant_means(o, o->xmu);
+    for (int c = 0; o->xvbar && (o->mask & QVI_QUANT_MU) && c < d; ++c)
+        o->xvbar[c] = o->vbar[c] * o->v8.chan_scale[c];
 }
 
 /* Quantizes the (already smoothed / rotated / permuted) f32 operands.  Takes
@@ -739,6 +779,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->nk_pad = qvi_cdiv(o->nk, QVI_BLOCK) * QVI_BLOCK;
     o->expcast = cfg->expcast;
     o->sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
+    o->floor_mass = cfg->p_floor == QVA_P_FLOOR_MEAN;
     o->v_code = cfg->v_code;
     o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
@@ -813,7 +854,8 @@ static void block_scores(const head_ops *o, int i, int j, float *s) {
  * row sum that enters l and the V-Smooth restore.  P quantized: the
  * method's own codes (qvi_probs_e4m3, or NVFP4 after an FP32 row sum, as
  * qvi_pv_nvfp4); otherwise FP32 exp2(s - m) and their FP32 sum. */
-static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
+static float fp32_probs(const head_ops *o, const float *s, float m, float *p, float *under) {
+    *under = 0.0f;
     const int quant = (o->mask & QVI_QUANT_P) != 0;
     if (quant && o->codes_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) {
         uint8_t u[QVI_BLOCK];
@@ -824,7 +866,8 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p) {
     }
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
-        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc);
+        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc,
+                                            o->floor_mass ? under : NULL);
         const float *plut = p_lut(o->expcast);
         for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]];
         return rowsum;
@@ -845,11 +888,15 @@ static void fp32_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
     const int d = o->d;
     const float *V = o->xv + (size_t)j * QVI_BLOCK * d;
     const float *mu = o->xmu ? o->xmu + (size_t)j * d : NULL;
-    float p[QVI_BLOCK], part[128] = {0};
-    const float rowsum = fp32_probs(o, s, r->m, p);
+    float p[QVI_BLOCK], part[128] = {0}, under;
+    float rowsum = fp32_probs(o, s, r->m, p, &under);
     for (int t = 0; t < QVI_BLOCK; ++t) {
         if (p[t] == 0.0f) continue;
         for (int c = 0; c < d; ++c) part[c] += p[t] * V[(size_t)t * d + c];
+    }
+    if (o->floor_mass && (o->mask & QVI_QUANT_P)) { /* as qvi_pv_e4m3 */
+        rowsum += under;
+        if (!mu) r->floor += under;
     }
     r->l += rowsum;
     for (int c = 0; c < d; ++c) r->acc[c] += part[c] + (mu ? rowsum * mu[c] : 0.0f);
@@ -870,11 +917,11 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
         else
             qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL,
                         1.0f, o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
-                        QVI_BLOCK, o->expcast, o->sum_codes, 0);
+                        QVI_BLOCK, o->expcast, o->sum_codes, 0, o->floor_mass);
         break;
     case PATH_FP8:
         qvi_pv_e4m3(r, s, o->v8b.codes + vo, NULL, o->v8b.block_scale[j], NULL,
-                    QVI_BLOCK, o->expcast, o->sum_codes, 0);
+                    QVI_BLOCK, o->expcast, o->sum_codes, 0, 0);
         break;
     case PATH_F32: fp32_pv(o, r, j, s); break;
     }
@@ -894,6 +941,7 @@ static float run_row(const head_ops *o, int i, float *out) {
     float acc[128], s[QVI_BLOCK];
     qvi_row r;
     qvi_row_init(&r, acc, o->d);
+    r.floor_mean = o->kind == PATH_F32 ? o->xvbar : o->vbar;
     const int nblk = o->nk_pad / QVI_BLOCK;
     for (int j = 0; j < nblk; ++j) {
         block_scores(o, i, j, s);
