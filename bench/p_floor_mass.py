@@ -24,6 +24,7 @@ sharper rows), all else exact.
     python3 bench/p_floor_mass.py
     python3 bench/p_floor_mass.py --presets wan2.2-720p --heads 2 --rows 128
     python3 bench/p_floor_mass.py --presets longcat-480p --heads 1 --methods sage8,vc8
+    python3 bench/p_floor_mass.py --presets wan2.2-720p --heads 1 --codes
 """
 import argparse
 import os
@@ -99,6 +100,63 @@ def flush_errors(q, k, v, floors, restore=False):
     return np.array(out)
 
 
+E4M3_VALUES = np.array([(c & 7) / 8.0 * 2.0**-6 if c >> 3 == 0 else
+                        (1 + (c & 7) / 8.0) * 2.0**((c >> 3) - 7) for c in range(127)])
+CODE_FORMS = ("ExpCast E4M3", "+floor, code 0, head mean", "+floor, code < 8, head mean",
+              "+floor, code < 8, block means", "exp2 E4M3, code sum",
+              "exp2 + floor, code < 8, head mean")
+
+
+def expcast_codes(u, beta=-0.45):
+    """ExpCast's E4M3 code of u = log2(p / p_max) (VC Eq. 7; float64 here,
+    the library's fmaf in float32)."""
+    t = 8.0 * u + 120.0 + beta
+    return np.where(t >= 0, np.rint(np.minimum(t, 120.0)), 0.0).astype(np.int64)
+
+
+def exp2_codes(u):
+    """The exp2 path's E4M3 code of 2^(u + 8.807), rounded to nearest."""
+    p = np.exp2(u + 8.807)
+    i = np.clip(np.searchsorted(E4M3_VALUES, p), 1, 126)
+    return np.where(p - E4M3_VALUES[i - 1] <= E4M3_VALUES[i] - p, i - 1, i)
+
+
+def code_errors(q, k, v):
+    """P alone coded (all else exact), per CODE_FORMS: the sums as in
+    flush_errors.  The floor forms (+floormass, docs/NUMERICS.md §7) take
+    the masked keys' weight from ExpCast's code 12 binades up, times
+    2^-12 (and 2^0.807 on the exp2 path's scale), into the row sum, and
+    give them a mean of V: the head's, or their 128-key block's."""
+    _, u = _weights(q, k)
+    v = v.astype(np.float64)
+    p = np.exp2(u)
+    ref = (p @ v) / p.sum(axis=-1, keepdims=True)
+    d = ref - v.mean(axis=0)
+    mu, blk = block_means(v)
+    up = E4M3_VALUES[expcast_codes(u + 12.0)] * 2.0**-12
+    ec, e2 = expcast_codes(u), exp2_codes(u)
+
+    def floored(codes, under_w, mask_below, block):
+        w = np.where(codes >= mask_below, E4M3_VALUES[codes], 0.0)
+        f = np.where(codes >= mask_below, 0.0, under_w)
+        if block:
+            fb = np.zeros((p.shape[0], mu.shape[0]))
+            np.add.at(fb.T, blk, f.T)
+            extra = fb @ mu
+        else:
+            extra = f.sum(axis=-1, keepdims=True) * v.mean(axis=0)
+        return (w @ v + extra) / (w.sum(axis=-1, keepdims=True) + f.sum(axis=-1, keepdims=True))
+
+    outs = [floored(ec, 0.0, 1, False), floored(ec, up, 1, False), floored(ec, up, 8, False),
+            floored(ec, up, 8, True), floored(e2, 0.0, 1, False),
+            floored(e2, up * 2.0**0.807, 8, False)]
+    res = []
+    for o in outs:
+        e = o - ref
+        res.append(((e * e).sum(), (ref * ref).sum(), (e * d).sum(), (d * d).sum()))
+    return np.array(res)
+
+
 def study(qvattn, name, heads, rows, seed):
     """Mass under each floor (mean, max over the rows) and the flush-only
     output error: rel-L2 and its cos with ref - mean(V)."""
@@ -158,6 +216,9 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=2, help="first heads of each preset")
     ap.add_argument("--rows", type=int, default=128, help="random query rows per head")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--codes", action="store_true",
+                    help="also emulate P's codes alone (all else exact): ExpCast's, "
+                         "the exp2 path's, and +floormass's forms of each")
     ap.add_argument("--methods", default="",
                     help="also run these qvattn methods (whole CPU calls of the "
                          "first --heads heads) and report rel-L2 and the error's "
@@ -182,6 +243,20 @@ def main(argv=None):
                  "The same with the dropped weights kept in the row sum and their keys "
                  "given their 128-key block's mean of V (a mean restore fed with each "
                  "block's dropped mass): rel-L2 (cos).")
+    if args.codes:
+        print("\nP's codes alone, emulated in float64 (all else exact): rel-L2 (cos).\n")
+        print("| preset | " + " | ".join(CODE_FORMS) + " |\n|---|" + "--:|" * len(CODE_FORMS))
+        for name in args.presets.split(","):
+            q, k, v = generate(qvattn, name, args.heads, args.seed)
+            rng = np.random.default_rng(args.seed or 0)
+            e = np.zeros((len(CODE_FORMS), 4))
+            for h in range(q.shape[0]):
+                idx = rng.choice(q.shape[1], size=min(args.rows, q.shape[1]), replace=False)
+                e += code_errors(q[h, idx], k[h], v[h])
+            rel = np.sqrt(e[:, 0] / e[:, 1])
+            cos = e[:, 2] / np.sqrt(np.maximum(e[:, 0] * e[:, 3], 1e-300))
+            print(f"| {name} | " + " | ".join(f"{a:.2e} ({c:+.2f})" for a, c in zip(rel, cos))
+                  + " |", flush=True)
     if args.methods:
         print("\nThe methods on the same rows (whole calls): rel-L2 against FP64, "
               "sharpen (cos).\n")

@@ -73,3 +73,24 @@ def test_block_mean_restore_matches_a_direct_sum_and_helps():
     plain = pfm.flush_errors(q[0, :16], k[0], v[0], [-14.94])
     back = pfm.flush_errors(q[0, :16], k[0], v[0], [-14.94], restore=True)
     assert back[0, 0] < 0.1 * plain[0, 0]
+
+
+def test_code_emulation_matches_the_library_codes_and_the_floor_helps():
+    """The emulated ExpCast codes are the library's (qva_expcast_e4m3_beta
+    at the centred beta, on a grid of u), and on a row set with mass
+    under the floor every +floormass form has less P error than ExpCast's
+    own code, the code < 8 mask less than the code-0 one."""
+    import ctypes
+    code = qvattn._ffi.lib.qva_expcast_e4m3_beta
+    code.argtypes, code.restype = [ctypes.c_float, ctypes.c_float], ctypes.c_uint8
+    u = -np.linspace(0.0, 30.0, 2001)
+    lib = np.array([code(float(x), -0.45) for x in u])
+    assert (pfm.expcast_codes(u) == lib).mean() > 0.999
+    assert pfm.E4M3_VALUES[120] == 256.0 and pfm.E4M3_VALUES[8] == 2.0**-6
+    q, k, v = pfm.generate(qvattn, "video-global", heads=1)
+    e = pfm.code_errors(q[0, :64], k[0], v[0])
+    rel = dict(zip(pfm.CODE_FORMS, np.sqrt(e[:, 0] / e[:, 1])))
+    assert rel["+floor, code 0, head mean"] < rel["ExpCast E4M3"]
+    assert rel["+floor, code < 8, head mean"] < rel["+floor, code 0, head mean"]
+    assert rel["+floor, code < 8, block means"] < rel["ExpCast E4M3"]
+    assert rel["exp2 + floor, code < 8, head mean"] < 1.2 * rel["exp2 E4M3, code sum"]
