@@ -1,6 +1,6 @@
 /*
- * cfg.p_floor = QVA_P_FLOOR_MEAN ("+floormass", docs/NUMERICS.md §3,
- * "ExpCast's floor mass put back") on the CPU reference:
+ * cfg.p_floor = QVA_P_FLOOR_MEAN ("+floormass", docs/NUMERICS.md §7,
+ * "`+floormass`") on the CPU reference:
  *  (a) P's codes: a key whose ExpCast code is zero or subnormal codes 0
  *      and leaves the row sum; the others keep the paper's code.  The
  *      block's floor weight is the key-order FP32 sum of the codes 12
@@ -11,11 +11,12 @@
  *      row sum where there are block means, else r->floor; the running
  *      max rescales r->floor; qvi_row_finish adds floor * floor_mean;
  *  (c) calls: where no score reaches the floor, +floormass is the method
- *      bit for bit; on rows with about a tenth of their mass under the
- *      floor, sage8+expcast (the head's mean), vc8+expcast on a grouping
- *      call (the block means) and on a plain call after it (the head's
- *      mean) each at most half the error of the paper's code, and the
- *      decomposition's P term likewise;
+ *      bit for bit; on rows with about 3% of their mass under the floor
+ *      (measured, and checked above 1%), sage8+expcast (the head's mean),
+ *      vc8+expcast on a grouping call (the block means) and on a plain
+ *      call after it (the head's mean) each under 0.95x the paper code's
+ *      error, the change between them the error's own component along
+ *      it, and the decomposition's P term under a tenth of the paper's;
  *  (d) parsing, naming and validation: sage8 and vc8 with an E4M3 ExpCast.
  * CUDA refuses +floormass (cuda_test_choose.c).
  */
@@ -137,28 +138,58 @@ static void test_row(void) {
 }
 
 /* (c) ------------------------------------------------------------ calls */
-enum { H = 1, N = 2000, DH = 64 };
+enum { H = 1, N = 1400, DH = 64 };
 
 typedef struct call_case {
     float *q, *k, *v, *ref;
 } call_case;
 
-/* Rows that each hold their own key some 15 binades above the others
- * (scores of the others N(0, 1) around that), so that about a tenth of
- * each row's mass lies under ExpCast's floor, as at 75K tokens of video;
- * values with a common mean, so that losing that mass sharpens the rows.
- * gap 0: every score within a few hundredths of the others. */
+/* The mean share of a row's softmax mass (FP64, head 0) whose weight is
+ * below 2^-14.94 of the row's max, where ExpCast's code is 0. */
+static double floor_share(const call_case *c) {
+    double share = 0.0;
+    double *s = malloc((size_t)N * sizeof *s);
+    for (int i = 0; i < N; ++i) {
+        double mx = -INFINITY, all = 0.0, under = 0.0;
+        for (int j = 0; j < N; ++j) {
+            double d = 0.0;
+            for (int x = 0; x < DH; ++x) d += (double)c->q[(size_t)i * DH + x] * c->k[(size_t)j * DH + x];
+            s[j] = d / (sqrt((double)DH) * log(2.0));
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        for (int j = 0; j < N; ++j) {
+            const double w = exp2(s[j] - mx);
+            all += w;
+            under += s[j] - mx < -14.94 ? w : 0.0;
+        }
+        share += under / all;
+    }
+    free(s);
+    return share / N;
+}
+
+/* Every row attends to one anchor key, gap nats above all the others,
+ * whose scores sit together (noise of about 0.1 nats): at 15.5 binades
+ * each of the others codes 0 under ExpCast, and together they hold about
+ * 3% of a row, as a row of Wan2.2-720p's preset holds 2.6% under the
+ * floor.  Values with a common mean, so that losing that mass sharpens
+ * the rows toward the anchor.  gap 0: every score within a few
+ * hundredths of the others. */
 static void make_case(call_case *c, double gap) {
     const size_t all = (size_t)H * N * DH;
     c->q = malloc(all * sizeof(float)), c->k = malloc(all * sizeof(float));
     c->v = malloc(all * sizeof(float)), c->ref = malloc(all * sizeof(float));
     for (size_t i = 0; i < all; ++i) {
-        c->q[i] = (float)gauss();
+        const int chan = (int)(i % DH), key = (int)(i / DH % N);
         c->v[i] = (float)(0.8 + gauss());
+        if (gap == 0.0) {
+            c->q[i] = (float)gauss(), c->k[i] = (float)(0.01 * gauss());
+        } else if (chan == 0) { /* q . k / sqrt(D) = 4 k0 / 8: the anchor's k0 = 2 gap */
+            c->q[i] = 4.0f, c->k[i] = key == N / 2 ? (float)(2.0 * gap) : 0.0f;
+        } else {
+            c->q[i] = (float)(0.3 * gauss()), c->k[i] = (float)(0.3 * gauss());
+        }
     }
-    /* k_j = a q_j + noise: s_jj - s_ij ~ a |q|^2 / sqrt(D) */
-    const double a = gap / sqrt((double)DH);
-    for (size_t i = 0; i < all; ++i) c->k[i] = (float)(a * c->q[i] + gauss() * (gap > 0 ? 1.0 : 0.01));
     qva_config cfg;
     qva_config_default(&cfg);
     CHECK(qva_config_set_method(&cfg, "exact") == QVA_OK, "exact");
@@ -170,6 +201,11 @@ static void make_case(call_case *c, double gap) {
     const qva_tensor to = qva_tensor_hnd(c->ref, QVA_F32, QVA_DEVICE_CPU, 1, H, N, DH);
     CHECK(qva_attention(ctx, &cfg, &tq, &tk, &tv, &to, NULL) == QVA_OK, "%s", qva_last_error());
     qva_context_free(ctx);
+    if (gap > 0) {
+        const double under = floor_share(c);
+        printf("  mass under ExpCast's floor: %.2f%% of a row on average\n", 100.0 * under);
+        CHECK(under > 0.01, "the case puts %.4f of a row under the floor", under);
+    }
 }
 
 static void free_case(call_case *c) { free(c->q), free(c->k), free(c->v), free(c->ref); }
@@ -214,18 +250,20 @@ static void compare(const call_case *c, const char *paper, const char *floor, co
     printf("  step %d: %s %.5f, %s %.5f (%.2fx); the change: cos %.3f with the error, %.3f of "
            "its length\n",
            steps[nsteps - 1], paper, ea, floor, eb, eb / ea, de / sqrt(dd * ee), de / dd);
-    CHECK(eb < ea, "step %d: %s %.5f against %s %.5f", steps[nsteps - 1], floor, eb, paper, ea);
-    /* the Q and K codes' error dominates these sharp rows; the change is
-     * the error's own component along it (projection about its length) */
-    CHECK(de / dd >= 0.8 && de / dd <= 1.25 && de / sqrt(dd * ee) >= 0.1,
+    CHECK(eb < 0.95 * ea, "step %d: %s %.5f against %s %.5f", steps[nsteps - 1], floor, eb, paper,
+          ea);
+    /* the other codes' error stays (V's, on the anchor's value); the
+     * change is the error's own component along it (the projection about
+     * its length) */
+    CHECK(de / dd >= 0.7 && de / dd <= 1.3 && de / sqrt(dd * ee) >= 0.3,
           "step %d: %s moves %.3f of its length along the error (cos %.3f)", steps[nsteps - 1],
           floor, de / dd, de / sqrt(dd * ee));
     qva_context_free(ca), qva_context_free(cb);
     free(a), free(b);
 }
 
-/* Only P quantized: +floormass at most half the paper's error; the Q and
- * V terms unchanged. */
+/* Only P quantized: +floormass at most a tenth of the paper's error (the
+ * floor is nearly all of it on these rows); the Q and V terms unchanged. */
 static void check_p_term(const call_case *c, const char *paper, const char *floor) {
     qva_error_terms t1, t2;
     qva_config cfg;
@@ -239,7 +277,7 @@ static void check_p_term(const call_case *c, const char *paper, const char *floo
     CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t2) == QVA_OK, "%s", qva_last_error());
     printf("  %s, head 0 terms: p %.5f -> %.5f, full %.5f -> %.5f\n", floor, t1.p, t2.p, t1.full,
            t2.full);
-    CHECK(t2.p <= 0.5 * t1.p, "%s: the P term %.5f against %.5f", floor, t2.p, t1.p);
+    CHECK(t2.p <= 0.1 * t1.p, "%s: the P term %.5f against %.5f", floor, t2.p, t1.p);
     CHECK(t2.q == t1.q && t2.v == t1.v, "%s: the Q and V terms moved", floor);
 }
 
