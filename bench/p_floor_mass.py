@@ -73,6 +73,13 @@ def block_means(v, block=128):
     return sums / counts, np.arange(n) // block
 
 
+def at_block_means(w, mu, blk):
+    """sum_j w[:, j] mu[blk[j]]: each key's weight given its block's mean."""
+    per_block = np.zeros((w.shape[0], mu.shape[0]))
+    np.add.at(per_block.T, blk, w.T)
+    return per_block @ mu
+
+
 def flush_errors(q, k, v, floors, restore=False):
     """Per floor, the output error of dropping the weights below it against
     exact attention, all else exact: (sum ||e||^2, sum ||ref||^2,
@@ -91,9 +98,7 @@ def flush_errors(q, k, v, floors, restore=False):
     for f in floors:
         w = np.where(u < f, 0.0, p)
         if restore:
-            dropped = np.zeros((p.shape[0], mu.shape[0]))
-            np.add.at(dropped.T, blk, (p - w).T)
-            e = (w @ v + dropped @ mu) / p.sum(axis=-1, keepdims=True) - ref
+            e = (w @ v + at_block_means(p - w, mu, blk)) / p.sum(axis=-1, keepdims=True) - ref
         else:
             e = (w @ v) / w.sum(axis=-1, keepdims=True) - ref
         out.append(((e * e).sum(), (ref * ref).sum(), (e * d).sum(), (d * d).sum()))
@@ -139,12 +144,8 @@ def code_errors(q, k, v):
     def floored(codes, under_w, mask_below, block):
         w = np.where(codes >= mask_below, E4M3_VALUES[codes], 0.0)
         f = np.where(codes >= mask_below, 0.0, under_w)
-        if block:
-            fb = np.zeros((p.shape[0], mu.shape[0]))
-            np.add.at(fb.T, blk, f.T)
-            extra = fb @ mu
-        else:
-            extra = f.sum(axis=-1, keepdims=True) * v.mean(axis=0)
+        extra = (at_block_means(f, mu, blk) if block
+                 else f.sum(axis=-1, keepdims=True) * v.mean(axis=0))
         return (w @ v + extra) / (w.sum(axis=-1, keepdims=True) + f.sum(axis=-1, keepdims=True))
 
     outs = [floored(ec, 0.0, 1, False), floored(ec, up, 1, False), floored(ec, up, 8, False),

@@ -41,6 +41,11 @@ static uint64_t rng_u64_of(uint64_t *s) {
 static uint64_t rng_u64(void) { return rng_u64_of(&rng_state); }
 /* Uniform in [0, 1). */
 static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
+/* Standard normal (Box-Muller, one of the pair). */
+static inline double rng_gauss(void) {
+    const double u = rng_unit() + 1e-12, w = rng_unit();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+}
 
 static int check_summary(const char *name) {
     printf("%s: %d checks, %d failures\n", name, check_count_, check_failures_);

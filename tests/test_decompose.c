@@ -33,11 +33,6 @@ typedef struct data {
     qva_tensor tq, tk, tv;
 } data;
 
-static double gauss(void) {
-    double u = rng_unit() + 1e-12, w = rng_unit();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-}
-
 /* DiT-like heads: sharp queries, a common key offset (what K smoothing
  * removes), values with a per-channel offset and a few clusters (what
  * V-Smooth groups). */
@@ -46,11 +41,11 @@ static data make_data(int64_t h, int64_t hkv, int64_t n, int64_t d) {
     const size_t nq = (size_t)(h * n * d), nk = (size_t)(hkv * n * d);
     x.q = malloc(nq * sizeof *x.q), x.k = malloc(nk * sizeof *x.k);
     x.v = malloc(nk * sizeof *x.v);
-    for (size_t i = 0; i < nq; ++i) x.q[i] = (float)(1.5 * gauss());
-    for (size_t i = 0; i < nk; ++i) x.k[i] = (float)(gauss() + 0.7 * ((i % d) % 3));
+    for (size_t i = 0; i < nq; ++i) x.q[i] = (float)(1.5 * rng_gauss());
+    for (size_t i = 0; i < nk; ++i) x.k[i] = (float)(rng_gauss() + 0.7 * ((i % d) % 3));
     for (size_t i = 0; i < nk; ++i) {
         size_t tok = i / d, c = i % d;
-        x.v[i] = (float)(0.4 * gauss() + 1.5 * ((tok * 7) % 5 == c % 5) + 0.3 * (c % 4));
+        x.v[i] = (float)(0.4 * rng_gauss() + 1.5 * ((tok * 7) % 5 == c % 5) + 0.3 * (c % 4));
     }
     x.tq = qva_tensor_hnd(x.q, QVA_F32, QVA_DEVICE_CPU, 1, h, n, d);
     x.tk = qva_tensor_hnd(x.k, QVA_F32, QVA_DEVICE_CPU, 1, hkv, n, d);

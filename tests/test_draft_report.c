@@ -40,11 +40,6 @@ typedef struct data {
     qva_tensor tq, tk, tv;
 } data;
 
-static double gauss(void) {
-    double u = rng_unit() + 1e-12, w = rng_unit();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-}
-
 /* ------------------------------------------------------------ data */
 
 /* Video tokens whose Q and K vary smoothly over the grid (random Fourier
@@ -55,10 +50,10 @@ static void fill_head(const qva_draft_params *g, int64_t d, int64_t prefix0, flo
     enum { L = 8 };
     double w[L][3], phi[L], aq[64 * L], ak[64 * L];
     for (int l = 0; l < L; ++l) {
-        for (int a = 0; a < 3; ++a) w[l][a] = 0.5 * gauss();
+        for (int a = 0; a < 3; ++a) w[l][a] = 0.5 * rng_gauss();
         phi[l] = 6.283185307179586 * rng_unit();
     }
-    for (int i = 0; i < 64 * L; ++i) aq[i] = 0.5 * gauss(), ak[i] = 0.9 * aq[i] + 0.2 * gauss();
+    for (int i = 0; i < 64 * L; ++i) aq[i] = 0.5 * rng_gauss(), ak[i] = 0.9 * aq[i] + 0.2 * rng_gauss();
     const int64_t n = (int64_t)g->grid_t * g->grid_h * g->grid_w + g->prefix_tokens;
     for (int64_t i = 0; i < n; ++i) {
         const int64_t vi = i - prefix0; /* video index */
@@ -72,9 +67,9 @@ static void fill_head(const qva_draft_params *g, int64_t d, int64_t prefix0, flo
             double sq = 0.0, sk = 0.0;
             for (int l = 0; l < L && video; ++l)
                 sq += aq[(c % 64) * L + l] * f[l], sk += ak[(c % 64) * L + l] * f[l];
-            q[i * d + c] = (float)(sq + 0.3 * gauss());
-            k[i * d + c] = (float)(sk + 0.3 * gauss());
-            v[i * d + c] = (float)gauss();
+            q[i * d + c] = (float)(sq + 0.3 * rng_gauss());
+            k[i * d + c] = (float)(sk + 0.3 * rng_gauss());
+            v[i * d + c] = (float)rng_gauss();
         }
     }
 }

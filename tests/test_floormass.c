@@ -28,11 +28,6 @@
 #include "internal.h"
 #include "method_option.h"
 
-static double gauss(void) {
-    const double u = rng_unit() + 1e-12, w = rng_unit();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-}
-
 /* (a) ------------------------------------------------------------ P */
 static void test_p_codes(void) {
     float s[QVI_BLOCK];
@@ -97,7 +92,7 @@ static void test_row(void) {
     uint8_t V[QVI_BLOCK * D], pc[QVI_BLOCK];
     for (int i = 0; i < QVI_BLOCK * D; ++i) /* E4M3 codes of magnitude <= 2.25 */
         V[i] = (uint8_t)((rng_u64() % 2 ? 0x80 : 0) | (rng_u64() % 0x41));
-    for (int c = 0; c < D; ++c) mu[c] = (float)gauss(), fm[c] = (float)gauss();
+    for (int c = 0; c < D; ++c) mu[c] = (float)rng_gauss(), fm[c] = (float)rng_gauss();
     for (int j = 0; j < QVI_BLOCK; ++j) s[j] = (float)(-22.0 * rng_unit());
     s[7] = 0.0f;
     for (int with_mu = 0; with_mu < 2; ++with_mu) {
@@ -124,7 +119,7 @@ static void test_row(void) {
     /* the running max rescales the floor weight; the finish adds its mean */
     qvi_row r;
     qvi_row_init(&r, acc, D);
-    for (int c = 0; c < D; ++c) acc[c] = (float)gauss();
+    for (int c = 0; c < D; ++c) acc[c] = (float)rng_gauss();
     r.m = 0.0f, r.l = 3.0f, r.floor = 2.0f, r.floor_mean = fm;
     const float up[1] = {1.0f};
     qvi_row_raise_max(&r, up, 1);
@@ -181,13 +176,13 @@ static void make_case(call_case *c, double gap) {
     c->v = malloc(all * sizeof(float)), c->ref = malloc(all * sizeof(float));
     for (size_t i = 0; i < all; ++i) {
         const int chan = (int)(i % DH), key = (int)(i / DH % N);
-        c->v[i] = (float)(0.8 + gauss());
+        c->v[i] = (float)(0.8 + rng_gauss());
         if (gap == 0.0) {
-            c->q[i] = (float)gauss(), c->k[i] = (float)(0.01 * gauss());
+            c->q[i] = (float)rng_gauss(), c->k[i] = (float)(0.01 * rng_gauss());
         } else if (chan == 0) { /* q . k / sqrt(D) = 4 k0 / 8: the anchor's k0 = 2 gap */
             c->q[i] = 4.0f, c->k[i] = key == N / 2 ? (float)(2.0 * gap) : 0.0f;
         } else {
-            c->q[i] = (float)(0.3 * gauss()), c->k[i] = (float)(0.3 * gauss());
+            c->q[i] = (float)(0.3 * rng_gauss()), c->k[i] = (float)(0.3 * rng_gauss());
         }
     }
     qva_config cfg;

@@ -580,8 +580,6 @@ static qva_status quantize_fp4(float *q, float *k, float *v, int demean,
     return QVA_OK;
 }
 
-/* The 8- and 4-bit codes of the (already smoothed / rotated / permuted)
- * f32 operands. */
 /* +floormass without demeaning: the head's channel mean of V over its valid
  * rows in the V codes' units, stored as the block means are (VC App. B). */
 static qva_status head_mean_hat(const float *v, head_ops *o) {
@@ -592,6 +590,8 @@ static qva_status head_mean_hat(const float *v, head_ops *o) {
     return QVA_OK;
 }
 
+/* The 8- and 4-bit codes of the (already smoothed / rotated / permuted)
+ * f32 operands. */
 static qva_status quantize_codes(float *q, float *k, float *v, int demean,
                                  const carried *cs, head_ops *o) {
     const int d = o->d;
@@ -894,7 +894,7 @@ static void fp32_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
         if (p[t] == 0.0f) continue;
         for (int c = 0; c < d; ++c) part[c] += p[t] * V[(size_t)t * d + c];
     }
-    if (o->floor_mass && (o->mask & QVI_QUANT_P)) { /* as qvi_pv_e4m3 */
+    if (o->floor_mass) { /* as qvi_pv_e4m3 (under is 0 where P is exact) */
         rowsum += under;
         if (!mu) r->floor += under;
     }
