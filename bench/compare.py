@@ -68,7 +68,8 @@ DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
 # The prefix is every token outside the grid (N - T*H*W).
 GRIDS = {"wan2.2-720p": (21, 45, 80), "wan2.2-720p-text": (21, 45, 80),
          "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32)}
-DEFAULT_METHODS = "sage8,vc8,vc8+expcast,vc8+hadamard+expcast-centred,fp8,sage8+nohadamard+fp32sum"
+DEFAULT_METHODS = ("sage8,vc8,vc8+expcast,vc8+hadamard,vc8+hadamard+expcast-centred,fp8,"
+                   "sage8+nohadamard+fp32sum")
 VSMOOTH_NUM_STEPS = 40
 # A step past V-Smooth's window (the first quarter): the stored permutation,
 # no block means, the plain kernel (three quarters of the schedule).

@@ -102,12 +102,12 @@ TINY_MODEL_SEEDS = [0]
 # The methods compared against the bf16-sdpa reference, in report order.
 METHODS = [
     "bf16", "sage8", "sage8+qblock", "vc8", "vc8+qblock", "vc8+expcast",
-    # ExpCast at the centred beta: the Python layer's default method
+    # ExpCast at the centred beta, unrotated
     "vc8+expcast-centred",
     # sage8 in SageAttention2's form (sage8 rotates and sums its codes)
-    "sage8+nohadamard+fp32sum", "vc8+hadamard",
-    # the most faithful option with the default's P path: a candidate default
-    "vc8+hadamard+expcast-centred",
+    "sage8+nohadamard+fp32sum",
+    # the Python layer's default method, and its ExpCast form
+    "vc8+hadamard", "vc8+hadamard+expcast-centred",
     # the PV product in integers (docs/NUMERICS.md §3): the most faithful
     # one-product forms on the operator presets
     "sage8+i8pv", "vc8+i8pv", "vc8+hadamard+i8pv",

@@ -163,8 +163,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
               +floormass, ExpCast's floor mass put back, CPU only so far).
-              Default: qvattn.DEFAULT_METHOD, vc8+hadamard+expcast-centred
-              (Q and K rotated, ExpCast at the centred beta:
+              Default: qvattn.DEFAULT_METHOD, vc8+hadamard (Q and K
+              rotated, P by exp2, the row sum from P's codes:
               docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).

@@ -52,6 +52,7 @@ QVA_DEVICE_CPU, QVA_DEVICE_CUDA = 0, 1
 
 QVA_SCHEDULE_PAPER, QVA_SCHEDULE_ALWAYS = 0, 1
 QVA_EXPCAST_OFF, QVA_EXPCAST_PAPER, QVA_EXPCAST_CENTRED, QVA_EXPCAST_E5M2 = 0, 1, 2, 3  # qva_expcast_mode
+QVA_P_SUM_FP32, QVA_P_SUM_CODES = 0, 1  # qva_p_sum
 QVA_LAYER_NONE = -1      # cfg.layer of a stateless call
 QVA_MAX_HEAD_DIM = 128
 QVA_STEP_GROUP, QVA_STEP_REUSE, QVA_STEP_PLAIN = 0, 1, 2
@@ -582,15 +583,16 @@ def config_method_name(cfg):
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
 # the diffusers and ComfyUI integrations): vc8 with Q and K rotated by a
-# Hadamard matrix and ExpCast at the centred beta.  Of the 8-bit methods
-# measured in the same runs as SageAttention2 it is the one that is both
-# level with its speed (within 1.5%; the plain steps run the sage8 kernel
-# with ExpCast's P path, and the rotation adds 0.3-0.7 ms of preparation)
-# and below its error on every synthetic preset and, end to end with
-# guidance, on average (bench/RESULTS.md, "Choosing the default").  The C
-# config's default (qva_config_default) keeps the paper's VC-Attention: no
-# rotation, the paper's beta.
-DEFAULT_METHOD = "vc8+hadamard+expcast-centred"
+# Hadamard matrix, P by exp2 and the row sum from P's codes.  It is the
+# fastest 8-bit method measured below SageAttention2's error both at the
+# presets' lengths and at production ones (37K-112K tokens), where
+# ExpCast's floor makes vc8+hadamard+expcast-centred (the default until
+# 2026-12-05, 15% faster) 1.6-2.3x SageAttention2's error; in the same
+# runs it is 1.41-1.52x cuDNN over a 40-step schedule against
+# SageAttention2's 1.31-1.39x (bench/RESULTS.md, "The default at
+# production lengths").  The C config's default (qva_config_default) keeps
+# the paper's VC-Attention: no rotation, ExpCast at the paper's beta.
+DEFAULT_METHOD = "vc8+hadamard"
 
 
 def make_config(method=DEFAULT_METHOD, **fields):

@@ -843,7 +843,8 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
 
     Stateless: no layer, no step -- identical inputs give identical outputs
     (V-Smooth groups afresh on each call).  method=None: qvattn.DEFAULT_METHOD
-    for self-attention (L == S), "sage8+expcast" otherwise.
+    for self-attention (L == S), the same without V-Smooth otherwise
+    ("sage8+hadamard", which is sage8).
 
     What qvattn cannot run -- is_causal, dropout_p > 0, an additive or
     dense mask, float64, scale <= 0, S or E == 0, a method the device backend
