@@ -206,8 +206,12 @@ typedef enum qva_v_scale {
 
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {
-    QVA_SCHEDULE_PAPER = 0, /* group on steps < ceil(n/4), refresh every 4 */
-    QVA_SCHEDULE_ALWAYS = 1 /* recompute the permutation on every call     */
+    QVA_SCHEDULE_PAPER = 0,  /* group on steps < ceil(n/4), refresh every 4 */
+    QVA_SCHEDULE_ALWAYS = 1, /* recompute the permutation on every call     */
+    QVA_SCHEDULE_DEMEAN = 2  /* extension: the paper's grouping steps, and
+                                every later step demeans with the stored
+                                permutation (reuse) instead of running
+                                plain: docs/NUMERICS.md §4                  */
 } qva_schedule;
 
 typedef struct qva_vsmooth_params {

@@ -490,7 +490,8 @@ qva_step_action qva_schedule_action(const qva_vsmooth_params *p, int step,
         return QVA_STEP_GROUP;
     int window = num_steps / 4 + (num_steps % 4 != 0); /* ceil(n/4): VC App. A */
     int every = p->refresh_every > 0 ? p->refresh_every : 4;
-    if (step >= window) return QVA_STEP_PLAIN;
+    if (step >= window)
+        return p->schedule == QVA_SCHEDULE_DEMEAN ? QVA_STEP_REUSE : QVA_STEP_PLAIN;
     return step % every == 0 ? QVA_STEP_GROUP : QVA_STEP_REUSE;
 }
 

@@ -258,7 +258,8 @@ static qva_status check_config(const qva_config *cfg) {
             return qvi_fail(QVA_ERR_UNSUPPORTED,
                             "vsmooth.block = %d: only B_v = 128 is implemented",
                             p->block);
-        if (p->schedule != QVA_SCHEDULE_PAPER && p->schedule != QVA_SCHEDULE_ALWAYS)
+        if (p->schedule != QVA_SCHEDULE_PAPER && p->schedule != QVA_SCHEDULE_ALWAYS &&
+            p->schedule != QVA_SCHEDULE_DEMEAN)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "unknown vsmooth schedule");
         if (p->refresh_every < 1)
             return qvi_fail(QVA_ERR_INVALID_ARGUMENT,

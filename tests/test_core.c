@@ -115,6 +115,14 @@ static void test_schedule(void) {
     CHECK(qva_schedule_action(&c.vsmooth, 7, 0) == QVA_STEP_GROUP, "unknown n groups");
     c.vsmooth.schedule = QVA_SCHEDULE_ALWAYS;
     CHECK(qva_schedule_action(&c.vsmooth, 30, 40) == QVA_STEP_GROUP, "always");
+    /* demean: the paper's window, then reuse (demean) where it runs plain */
+    c.vsmooth.schedule = QVA_SCHEDULE_DEMEAN;
+    for (int s = 0; s < 40; ++s) {
+        qva_step_action a = qva_schedule_action(&c.vsmooth, s, 40);
+        qva_step_action want = s < 10 && s % 4 == 0 ? QVA_STEP_GROUP : QVA_STEP_REUSE;
+        CHECK(a == want, "demean n=40 step %d: %d, want %d", s, (int)a, (int)want);
+    }
+    CHECK(qva_schedule_action(&c.vsmooth, 7, 0) == QVA_STEP_GROUP, "demean, unknown n groups");
 }
 
 typedef struct io_bufs {
@@ -192,6 +200,8 @@ static void test_bad_inputs(qva_context_t *ctx) {
     BAD(c2.method = QVA_METHOD_BF16; c2.hadamard = 1, QVA_ERR_INVALID_ARGUMENT, "hadamard on bf16");
     BAD(c2.method = QVA_METHOD_VC8; c2.vsmooth.clusters = 0, QVA_ERR_INVALID_ARGUMENT, "0 clusters");
     BAD(c2.method = QVA_METHOD_VC8; c2.vsmooth.block = 64, QVA_ERR_UNSUPPORTED, "B_v 64");
+    BAD(c2.method = QVA_METHOD_VC8; c2.vsmooth.schedule = (qva_schedule)3,
+        QVA_ERR_INVALID_ARGUMENT, "unknown schedule");
     BAD(c2.step = -1, QVA_ERR_INVALID_ARGUMENT, "negative step");
     BAD(c2.step = 9; c2.num_steps = 8, QVA_ERR_INVALID_ARGUMENT, "step past schedule");
     BAD(l2.dtype = QVA_BF16, QVA_ERR_SHAPE, "lse dtype");

@@ -37,7 +37,8 @@ _OPTION_FIELDS = {
     "hadamard_seed": (("hadamard_seed",), int),
     "check_finite": (("check_finite",), int),
 }
-_SCHEDULES = {"paper": _ffi.QVA_SCHEDULE_PAPER, "always": _ffi.QVA_SCHEDULE_ALWAYS}
+_SCHEDULES = {"paper": _ffi.QVA_SCHEDULE_PAPER, "always": _ffi.QVA_SCHEDULE_ALWAYS,
+              "demean": _ffi.QVA_SCHEDULE_DEMEAN}
 DENSE_BACKENDS = ("sdpa", "qvattn")
 
 

@@ -372,6 +372,29 @@ def test_options_reach_the_config():
     assert cfg.draft.prefix_at_end == 1
 
 
+def test_demean_schedule_reuses_where_the_paper_runs_plain():
+    """vsmooth.schedule "demean": past the paper's window a step demeans with
+    the stored permutation, so on the inputs that grouped it gives the reuse
+    step's output (step 1), not the plain step's."""
+    import numpy as np
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 300, 64)).astype(np.float32) for _ in range(3))
+    v += 2.0 * rng.standard_normal((1, 2, 1, 64)).astype(np.float32)  # a channel offset
+
+    def run(schedule, steps):
+        with qvattn.Context() as ctx:
+            return [np.asarray(qvattn.attention(q, k, v, method="vc8+hadamard", ctx=ctx, layer=0,
+                                                step=s, num_steps=40,
+                                                options={"vsmooth.schedule": schedule}))
+                    for s in steps]
+    _, reuse, plain = run("paper", [0, 1, 30])
+    _, late = run("demean", [0, 30])
+    assert np.array_equal(late, reuse)
+    assert not np.array_equal(late, plain)
+    cfg = ops._base_config("vc8", ops.options_string({"vsmooth.schedule": "demean"}))
+    assert cfg.vsmooth.schedule == _ffi.QVA_SCHEDULE_DEMEAN
+
+
 # ------------------------------------------------------------------ step state
 def test_step_state_counts_steps_not_calls():
     st = ops.StepState(num_steps=4)
