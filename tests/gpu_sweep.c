@@ -645,7 +645,9 @@ static void describe(const scase *c, char *buf, size_t len) {
         o += (size_t)snprintf(extra + o, sizeof extra - o,
                               " vsmooth(k=%d iters=%d warm=%d %s refresh=%d) num_steps=%d layer=%d%s",
                               g->vsmooth.clusters, g->vsmooth.iters, g->vsmooth.warm_start,
-                              g->vsmooth.schedule == QVA_SCHEDULE_ALWAYS ? "always" : "paper",
+                              g->vsmooth.schedule == QVA_SCHEDULE_ALWAYS   ? "always"
+                              : g->vsmooth.schedule == QVA_SCHEDULE_DEMEAN ? "demean"
+                                                                           : "paper",
                               g->vsmooth.refresh_every, g->num_steps, g->layer,
                               c->perturb_v ? " new-V-per-step" : "");
     if (g->method == QVA_METHOD_DRAFT)
