@@ -15,6 +15,11 @@
 # 2026-12-03), and the JSON reports of the calls, unpacked from each
 # fidelity-sample.tar.gz, join with `run.py --merge`.
 #
+# Each model trains in about 40 GB of GPU memory, so the models run as many
+# at a time as the card holds (JOBS_GPU, default total memory / 42 GB: 3 on
+# an H200, 1 on an 80 GB H100, where two at once ran out of memory on
+# 2026-12-05).
+#
 # SEEDS (default "0 1 2") picks the models; METHODS (sample; default the
 # harness's list) the methods.  A peer (sage2) runs where its package
 # imports: put its build on PYTHONPATH (bench/README.md, "Peers").  Each
@@ -38,16 +43,25 @@ if [ ! -f "$QVATTN_LIB" ]; then
 fi
 args=()
 if [ "$STEP" = train ]; then args=(--methods bf16); elif [ -n "${METHODS:-}" ]; then args=(--methods "$METHODS"); fi
+if [ -z "${JOBS_GPU:-}" ]; then
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    JOBS_GPU=$(( ${mib:-0} / 43008 ))
+    [ "$JOBS_GPU" -ge 1 ] || JOBS_GPU=1
+fi
 t0=$SECONDS
 pids=()
+rc=0
 for s in $SEEDS; do
     python3 bench/fidelity/run.py --seeds "$s" "${args[@]}" "$@" --out "$WORK/o$s" \
         >"$WORK/$STEP$s.log" 2>&1 &
     pids+=($!)
+    if [ "${#pids[@]}" -ge "$JOBS_GPU" ]; then
+        for p in "${pids[@]}"; do wait "$p" || rc=1; done
+        pids=()
+    fi
 done
-rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
-echo "fidelity $STEP: $((SECONDS - t0)) s, exit $rc"
+echo "fidelity $STEP: $((SECONDS - t0)) s, $JOBS_GPU model(s) at a time, exit $rc"
 for s in $SEEDS; do echo "== seed $s"; tail -6 "$WORK/$STEP$s.log"; done
 if [ "$STEP" = sample ]; then
     python3 bench/fidelity/run.py --merge "$WORK"/o*/fidelity-*.json --out "$WORK/merged" \
