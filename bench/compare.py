@@ -83,7 +83,9 @@ def parse_args(argv):
                    help="'default' (the three video shapes), 'small', 'all', or a "
                         "comma list of: " + ", ".join(SHAPES))
     p.add_argument("--methods", default=DEFAULT_METHODS,
-                   help="comma list of qvattn methods (default: %(default)s)")
+                   help="comma list of qvattn methods, each METHOD[:KEY=VALUE]... with "
+                        "qvattn.attention options, e.g. vc8+hadamard:vsmooth.schedule=demean "
+                        "(default: %(default)s)")
     p.add_argument("--baselines", default="cudnn,flash,sage2",
                    help="SDPA backends to time: cudnn, flash, and peers where installed "
                         "(bench/peers.py: sage2) (comma list; '' for none)")
@@ -155,10 +157,28 @@ def draft_kept_fraction(cfg, grid, n):
     return blocks * 128.0 * 128.0 / (n * n), kept
 
 
-def schedule_counts(ffi, num_steps=VSMOOTH_NUM_STEPS):
-    """{action name: steps} of V-Smooth's default schedule over num_steps,
-    as the library decides it (qva_schedule_action)."""
-    cfg = ffi.make_config("vc8")
+def method_config(ffi, name, **fields):
+    """The config of a --methods name, METHOD[:KEY=VALUE]... (the fidelity
+    harness's form: each suffix a qvattn.attention option, e.g.
+    "vc8+hadamard:vsmooth.schedule=demean"), with top-level fields set."""
+    from qvattn import _config
+    method, *suffixes = name.split(":")
+    opts = {}
+    for sfx in suffixes:
+        key, eq, value = sfx.partition("=")
+        if not eq or not key:
+            raise ValueError(f"method suffix {sfx!r} of {name!r} is not KEY=VALUE")
+        opts[key] = value
+    cfg = _config._base_config(method, _config.options_string(opts))
+    for key, value in fields.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def schedule_counts(ffi, num_steps=VSMOOTH_NUM_STEPS, cfg=None):
+    """{action name: steps} of a V-Smooth schedule over num_steps (cfg's,
+    default vc8's), as the library decides it (qva_schedule_action)."""
+    cfg = cfg if cfg is not None else ffi.make_config("vc8")
     counts = {name: 0 for name in ffi.STEP_ACTION_NAMES.values()}
     for step in range(num_steps):
         counts[ffi.schedule_action(cfg, step, num_steps)] += 1
@@ -168,7 +188,7 @@ def schedule_counts(ffi, num_steps=VSMOOTH_NUM_STEPS):
 def schedule_mean(entries, counts, key):
     """The step-weighted mean of entries' `key` (ms) over the schedule, or
     None unless every action with steps has a measured entry."""
-    by_mode = {e.get("mode"): e.get(key) for e in entries}
+    by_mode = {e.get("mode"): e.get(key) for e in entries if e.get("status") == "ok"}
     total = sum(counts.values())
     if not total or any(n and not isinstance(by_mode.get(a), (int, float))
                         for a, n in counts.items()):
@@ -392,8 +412,8 @@ class Bench:
         for method in methods:
             label = method
             try:
-                base = ffi.make_config(method)
-            except qv.QvaError as ex:
+                base = method_config(ffi, method)
+            except (qv.QvaError, ValueError) as ex:
                 entries.append({"impl": label, "label": f"qvattn {label}",
                                 "status": f"error: {ex}"})
                 continue
@@ -409,8 +429,11 @@ class Bench:
                                 "status": "unsupported: no latent grid known for this shape"})
                 continue
             vc = base.method in (ffi.QVA_METHOD_VC8, ffi.QVA_METHOD_VC4)
-            modes = ([("group", 0), ("reuse", 1), ("plain", VSMOOTH_PLAIN_STEP)] if vc
-                     else [("-", 0)])
+            # steps 0, 1 and 20 are the paper schedule's group, reuse and plain
+            # steps; a row is named for what the method's own schedule does there
+            modes = ([(ffi.schedule_action(base, st, VSMOOTH_NUM_STEPS), st)
+                      for st in (0, 1, VSMOOTH_PLAIN_STEP)] if vc else [("-", 0)])
+            counts = schedule_counts(ffi, cfg=base) if vc else None
             ctx = None
             try:
                 ctx = qv.Context(ffi.QVA_DEVICE_CUDA)
@@ -420,6 +443,8 @@ class Bench:
                 descs = [tuple(qv.describe(x)[0] for x in s) for s in sets]
                 for mode, step in modes:
                     e = {"impl": label, "label": f"qvattn {label}", "mode": mode}
+                    if counts:
+                        e["schedule_counts"] = counts
                     entries.append(e)
                     if self.out_of_time():
                         e["status"] = "skipped: time limit"
@@ -448,8 +473,8 @@ class Bench:
     def qvattn_case(self, e, ctx, method, vc, step, descs, t_out, out, ref, fl, nsets):
         """Times one (method, step) on a CUDA context; fills entry e."""
         qv, ffi, torch = self.qvattn, self.ffi, self.torch
-        cfgs = [ffi.make_config(method, layer=i, step=step,  # one layer per input set
-                                num_steps=VSMOOTH_NUM_STEPS if vc else 0)
+        cfgs = [method_config(ffi, method, layer=i, step=step,  # one layer per input set
+                              num_steps=VSMOOTH_NUM_STEPS if vc else 0)
                 for i in range(nsets)]
         if base_is_draft(ffi, cfgs[0]):
             for c in cfgs:  # a sparse step (after the dense warm-up) on the shape's grid
@@ -597,7 +622,9 @@ def markdown(res):
 def schedule_lines(res):
     """A table of each V-Smooth method's whole schedule: its measured
     grouping, reuse and plain steps weighted by their counts in the
-    library's default schedule (meta schedule_counts)."""
+    method's own schedule (its entries' schedule_counts, which a
+    vsmooth.schedule option changes), else the library's default (meta
+    schedule_counts)."""
     counts = res["meta"].get("schedule_counts")
     if not counts:
         return []
@@ -611,12 +638,15 @@ def schedule_lines(res):
                 impls.append(e["impl"])
         for impl in impls:
             es = [e for e in s["entries"] if e["impl"] == impl]
-            full = schedule_mean(es, counts, "ms")
-            kern = schedule_mean(es, counts, "kernel_ms")
+            own = es[0].get("schedule_counts") or counts  # a method's own schedule option
+            full = schedule_mean(es, own, "ms")
+            kern = schedule_mean(es, own, "kernel_ms")
             if full is None:
                 continue
+            label = f"qvattn {impl}" + ("" if own == counts else " (" + ", ".join(
+                f"{v} {k}" for k, v in own.items()) + ")")
             rows.append("| " + " | ".join([
-                s["name"], f"qvattn {impl}", fmt(full, ".3f"),
+                s["name"], label, fmt(full, ".3f"),
                 fmt(cudnn / full if cudnn else None, ".2f"), fmt(kern, ".3f"),
                 fmt(cudnn / kern if cudnn and kern else None, ".2f")]) + " |")
     if not rows:

@@ -58,3 +58,25 @@ def test_schedule_row_needs_every_step(compare):
     # a step that did not run (time limit) leaves no schedule row
     assert compare.schedule_lines(_result([("group", 170.0, 150.0),
                                            ("plain", 140.0, 130.0)])) == []
+
+
+def test_method_options_reach_the_config_and_the_schedule(compare):
+    cfg = compare.method_config(_ffi, "vc8+hadamard:vsmooth.schedule=demean", layer=2, step=5)
+    assert cfg.vsmooth.schedule == _ffi.QVA_SCHEDULE_DEMEAN and cfg.hadamard == 1
+    assert cfg.layer == 2 and cfg.step == 5
+    assert compare.schedule_counts(_ffi, cfg=cfg) == {"group": 3, "reuse": 37, "plain": 0}
+    with pytest.raises(ValueError):
+        compare.method_config(_ffi, "vc8:vsmooth.schedule")
+
+
+def test_schedule_row_uses_the_methods_own_counts(compare):
+    res = _result([("group", 170.0, 150.0), ("reuse", 160.0, 150.0), ("reuse", 150.0, 140.0)])
+    own = {"group": 3, "reuse": 37, "plain": 0}
+    for e in res["shapes"][0]["entries"]:
+        if e["impl"] == "vc8+expcast":
+            e["schedule_counts"] = own
+    rows = [ln for ln in compare.schedule_lines(res) if ln.startswith("| wan")]
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    full = (3 * 170 + 37 * 150) / 40.0  # the late (step-20) reuse entry stands for the reuse steps
+    assert cells[1] == "qvattn vc8+expcast (3 group, 37 reuse, 0 plain)"
+    assert cells[2] == f"{full:.3f}"
