@@ -49,3 +49,17 @@ def use_checkout_package():
                 os.environ["QVATTN_LIB"] = path
                 break
     sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def method_suffixes(name):
+    """A method name with options, METHOD[:KEY=VALUE]... -> (METHOD,
+    {KEY: VALUE}): the form the fidelity harness and compare.py take (each
+    suffix a qvattn.attention option).  ValueError for a suffix without "="."""
+    method, *suffixes = name.split(":")
+    opts = {}
+    for sfx in suffixes:
+        key, eq, value = sfx.partition("=")
+        if not eq or not key:
+            raise ValueError(f"method suffix {sfx!r} of {name!r} is not KEY=VALUE")
+        opts[key] = value
+    return method, opts

@@ -48,7 +48,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import OUT_HELP, git_rev, out_dir, use_checkout_package  # noqa: E402
+from benchutil import OUT_HELP, git_rev, method_suffixes, out_dir, use_checkout_package  # noqa: E402
 import peers  # noqa: E402
 
 SHAPES = {  # name -> (B, H, N, D)
@@ -162,13 +162,7 @@ def method_config(ffi, name, **fields):
     harness's form: each suffix a qvattn.attention option, e.g.
     "vc8+hadamard:vsmooth.schedule=demean"), with top-level fields set."""
     from qvattn import _config
-    method, *suffixes = name.split(":")
-    opts = {}
-    for sfx in suffixes:
-        key, eq, value = sfx.partition("=")
-        if not eq or not key:
-            raise ValueError(f"method suffix {sfx!r} of {name!r} is not KEY=VALUE")
-        opts[key] = value
+    method, opts = method_suffixes(name)
     cfg = _config._base_config(method, _config.options_string(opts))
     for key, value in fields.items():
         setattr(cfg, key, value)

@@ -18,6 +18,8 @@ Capture wraps either and keeps q, k, v of clip 0 at chosen steps.
 import torch
 import torch.nn.functional as F
 
+from benchutil import method_suffixes
+
 from . import data
 from .train import autocast, null_label
 
@@ -168,14 +170,8 @@ def parse_method(name):
     and "warm=M" is short for draft.warmup_method=M (draft whose dense
     warm-up steps run as M).  Raises ValueError for a suffix without "=".
     """
-    method, *suffixes = name.split(":")
-    opts = {}
-    for s in suffixes:
-        key, eq, value = s.partition("=")
-        if not eq or not key:
-            raise ValueError(f"method suffix {s!r} of {name!r} is not KEY=VALUE")
-        opts["draft.warmup_method" if key == "warm" else key] = value
-    return method, opts
+    method, opts = method_suffixes(name)
+    return method, {("draft.warmup_method" if k == "warm" else k): v for k, v in opts.items()}
 
 
 def split_method(name):
