@@ -587,7 +587,7 @@ def config_method_name(cfg):
 # fastest 8-bit method measured below SageAttention2's error both at the
 # presets' lengths and at production ones (37K-112K tokens), where
 # ExpCast's floor makes vc8+hadamard+expcast-centred (the default until
-# 2026-12-05, 15% faster) 1.6-2.3x SageAttention2's error; in the same
+# 2026-12-05, 14-16% faster) 1.6-2.3x SageAttention2's error; in the same
 # runs it is 1.41-1.52x cuDNN over a 40-step schedule against
 # SageAttention2's 1.31-1.39x (bench/RESULTS.md, "The default at
 # production lengths").  The C config's default (qva_config_default) keeps
