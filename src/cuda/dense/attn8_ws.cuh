@@ -43,6 +43,8 @@
  *   sage8 6%, 14%, 20% slower; issue, not MUFU, is the limit (ws20-ws22);
  *   on the three-warpgroup kernel 1 of 4: the code sum's path as fast, the
  *   FP32 sum's 9% slower; 2 of 4: 12% slower (ws35, ws36 at 40cc920)
+ *   the code sum's exp2 by ex2.approx.f16x2: on sm_90a two MUFU.EX2.F16
+ *   and a PRMT per pair, +9.6% instructions; not run (ws42)
  *   Q's INT8 codes made by the consumers from the caller's 16-bit Q: prep
  *   0.28 ms shorter, the kernel as much longer (c1b4176; bench/NOTES.md)
  *   the restore's wgmma in the next batch's first turn or at the batch's
