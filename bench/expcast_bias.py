@@ -42,12 +42,17 @@ def exact(q, k, v):
     return np.einsum("bhnm,bhmd->bhnd", p, v)
 
 
+def rel_l2(out, ref):
+    """||out - ref|| / ||ref|| in float64."""
+    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
 def measure(qvattn, out, o, v):
     """flattening = -sharpen of qvattn.error_direction (the library's FP64
     sums; o rounded to float32 for it), its cos, and rel-L2."""
     d = qvattn.error_direction(np.asarray(out, np.float32), o.astype(np.float32), v)
     return {"flattening": -d["sharpen"], "cos": d["cos"],
-            "rel_l2": float(np.linalg.norm(out.astype(np.float64) - o) / np.linalg.norm(o))}
+            "rel_l2": rel_l2(out, o)}
 
 
 def main(argv=None):

@@ -33,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchutil import use_checkout_package  # noqa: E402
-from expcast_bias import exact  # noqa: E402  (FP64 attention of [B, H, N, D] arrays)
+from expcast_bias import exact, rel_l2  # noqa: E402  (FP64 attention of [B, H, N, D] arrays)
 
 SCHEDULES = ("paper", "demean", "always")
 
@@ -41,10 +41,6 @@ SCHEDULES = ("paper", "demean", "always")
 def mixed(x0, x1, a):
     """sqrt(1-a) x0 + sqrt(a) x1 in float32."""
     return (np.sqrt(1.0 - a) * x0 + np.sqrt(a) * x1).astype(np.float32)
-
-
-def rel_l2(out, ref):
-    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
 def late_step_errors(qvattn, x0, xa, method):
