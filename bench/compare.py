@@ -68,7 +68,7 @@ DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
 # The prefix is every token outside the grid (N - T*H*W).
 GRIDS = {"wan2.2-720p": (21, 45, 80), "wan2.2-720p-text": (21, 45, 80),
          "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32)}
-DEFAULT_METHODS = ("sage8,vc8,vc8+expcast,vc8+hadamard,vc8+hadamard+expcast-centred,fp8,"
+DEFAULT_METHODS = ("sage8,vc8,vc8+expcast,vc8+expcast-centred,vc8+nohadamard,fp8,"
                    "sage8+nohadamard+fp32sum")
 VSMOOTH_NUM_STEPS = 40
 # A step past V-Smooth's window (the first quarter): the stored permutation,
@@ -84,7 +84,7 @@ def parse_args(argv):
                         "comma list of: " + ", ".join(SHAPES))
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma list of qvattn methods, each METHOD[:KEY=VALUE]... with "
-                        "qvattn.attention options, e.g. vc8+hadamard:vsmooth.schedule=demean "
+                        "qvattn.attention options, e.g. vc8:vsmooth.schedule=demean "
                         "(default: %(default)s)")
     p.add_argument("--baselines", default="cudnn,flash,sage2",
                    help="SDPA backends to time: cudnn, flash, and peers where installed "

@@ -14,8 +14,8 @@ Cases (each: --warmup untimed forwards, then the median of --iters):
              backend (the baseline),
   sage8      qvattn processors (qvattn.diffusers.apply) on the self-attention;
              cross-attention stays on SDPA (cuDNN) as in every case,
-  vc8+expcast (the paper's), vc8+hadamard (the Python default) and
-             vc8+hadamard+expcast-centred (its ExpCast form) at a grouping step (step 0: k-means), a reuse step
+  vc8 (the Python default), vc8+expcast (with the paper's beta) and
+             vc8+expcast-centred at a grouping step (step 0: k-means), a reuse step
              (step 1: stored permutation, demeaning) and a plain step (step
              12 >= ceil(40/4): stored permutation, no demeaning),
   draft@85/0/0/15 at a sparse step and at a dense warm-up step, where
@@ -75,7 +75,7 @@ TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
 LATENT_720P = (1, 16, 21, 90, 160)
 LATENT_TINY = (1, 4, 4, 16, 16)  # 4 x 8 x 8 = 256 tokens
 TEXT_TOKENS = 512
-DEFAULT_METHODS = "sage8,vc8+expcast,vc8+hadamard,vc8+hadamard+expcast-centred,draft@85/0/0/15"
+DEFAULT_METHODS = "sage8,vc8+expcast,vc8,vc8+expcast-centred,draft@85/0/0/15"
 
 
 def log(*a):

@@ -64,7 +64,7 @@ def preset(qvattn, name, seed, heads):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="wan-small")
-    ap.add_argument("--method", default="vc8+hadamard")
+    ap.add_argument("--method", default="vc8")
     ap.add_argument("--heads", type=int, default=2, help="the preset's first heads")
     ap.add_argument("--drifts", default="0,0.05,0.1,0.2,0.4,0.7,1")
     ap.add_argument("--seed-a", type=int, default=1)

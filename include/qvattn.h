@@ -345,10 +345,11 @@ void qva_config_default(qva_config *cfg);
  * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN), each setting
  * at most once.
  * The name sets every one of these fields: to the option given, else to
- * the method's default, which is zero except for sage8 and vc8: "sage8"
- * rotates (hadamard = 1), and both, without ExpCast, sum P's codes (p_sum =
+ * the method's default, which is zero except for sage8 and vc8: both
+ * rotate (hadamard = 1) and, without ExpCast, sum P's codes (p_sum =
  * QVA_P_SUM_CODES); "+nohadamard" and "+fp32sum" turn those off
- * ("sage8+nohadamard+fp32sum+qblock" is the papers' form).  A config whose
+ * ("sage8+nohadamard+fp32sum+qblock" is the papers' form,
+ * "vc8+nohadamard+expcast+qblock" the VC paper's method).  A config whose
  * fields are set by hand keeps them (qva_config_method_name names them).
  * Strict: no blanks, case folding or trailing text;
  * each quota S is a plain decimal percentage in [0,100] (digits, an

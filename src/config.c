@@ -291,16 +291,16 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
     return QVA_OK;
 }
 
-/* The defaults a method name sets where no suffix does.  sage8 rotates Q
- * and K (+hadamard), and sage8 and vc8 sum P's codes (+codesum, without
- * ExpCast): each removes an error term SageAttention2's form keeps, at the
- * same speed, and the code sum is worth 1.3-1.7 dB end to end
- * (docs/NUMERICS.md §3, "sage8's and vc8's defaults"); +nohadamard and
- * +fp32sum give that form back. */
+/* The defaults a method name sets where no suffix does.  sage8 and vc8
+ * rotate Q and K (+hadamard) and, without ExpCast, sum P's codes
+ * (+codesum): each removes an error term SageAttention2's form keeps, at
+ * the same speed; end to end the rotation is worth about 1 dB on vc8 and
+ * the code sum 1.3-1.7 dB (docs/NUMERICS.md §3, "sage8's and vc8's
+ * defaults"); +nohadamard and +fp32sum give the papers' form back. */
 static void method_defaults(qva_config *c, const option_fields *set) {
     const int sage8 = c->method == QVA_METHOD_SAGE8;
     const int int8_qk = sage8 || c->method == QVA_METHOD_VC8;
-    if (!option_field_set(set, offsetof(qva_config, hadamard))) c->hadamard = sage8;
+    if (!option_field_set(set, offsetof(qva_config, hadamard))) c->hadamard = int8_qk;
     if (!option_field_set(set, offsetof(qva_config, p_sum)))
         c->p_sum = int8_qk && qvi_p_sum_applies(c) ? QVA_P_SUM_CODES : QVA_P_SUM_FP32;
 }

@@ -17,7 +17,7 @@ static void test_method_names(void) {
     const char *good[] = {"exact", "bf16", "fp8", "sage8", "vc8", "vc8+expcast",
                           "sage8+nohadamard", "sage8+fp32sum", "sage8+expcast",
                           "sage8+nohadamard+qblock+fp32sum", "fp8+hadamard+codesum",
-                          "vc8+expcast+hadamard", "sage4", "vc4",
+                          "vc8+expcast+nohadamard", "sage4", "vc4",
                           "draft@85/0/7.5/7.5", "draft@85/0/0/15", "fp8+expcast",
                           "vc8+expcast-centred", "draft@85/0/7.5/7.5+expcast-centred",
                           "draft@85/0/7.5/7.5+fp16acc", "draft@85/0/7.5/7.5+expcast+qblock+fp16acc",
@@ -52,8 +52,8 @@ static void test_method_names(void) {
     }
 }
 
-/* sage8's and vc8's defaults (docs/NUMERICS.md §3): the name sets sage8's
- * rotation and both methods' code sum unless a suffix says otherwise; other
+/* sage8's and vc8's defaults (docs/NUMERICS.md §3): the name sets both
+ * methods' rotation and code sum unless a suffix says otherwise; other
  * methods default to neither; a config set by hand is named by its fields. */
 static void test_method_defaults(void) {
     static const struct {
@@ -66,12 +66,14 @@ static void test_method_defaults(void) {
         {"sage8+fp32sum", "sage8+fp32sum", 1, QVA_P_SUM_FP32},
         {"sage8+expcast", "sage8+expcast", 1, QVA_P_SUM_FP32},
         {"sage8+fp32sum+nohadamard+qblock", "sage8+nohadamard+qblock+fp32sum", 0, QVA_P_SUM_FP32},
-        {"vc8", "vc8", 0, QVA_P_SUM_CODES},
-        {"vc8+codesum", "vc8", 0, QVA_P_SUM_CODES},
-        {"vc8+nohadamard+fp32sum", "vc8+fp32sum", 0, QVA_P_SUM_FP32},
-        {"vc8+hadamard", "vc8+hadamard", 1, QVA_P_SUM_CODES},
-        {"vc8+expcast", "vc8+expcast", 0, QVA_P_SUM_FP32},
-        {"vc8+v2", "vc8+v2", 0, QVA_P_SUM_CODES},
+        {"vc8", "vc8", 1, QVA_P_SUM_CODES},
+        {"vc8+hadamard+codesum", "vc8", 1, QVA_P_SUM_CODES},
+        {"vc8+nohadamard", "vc8+nohadamard", 0, QVA_P_SUM_CODES},
+        {"vc8+nohadamard+fp32sum", "vc8+nohadamard+fp32sum", 0, QVA_P_SUM_FP32},
+        {"vc8+expcast", "vc8+expcast", 1, QVA_P_SUM_FP32},
+        {"vc8+expcast+nohadamard", "vc8+expcast+nohadamard", 0, QVA_P_SUM_FP32},
+        {"vc8+v2", "vc8+v2", 1, QVA_P_SUM_CODES},
+        {"vc8+nohadamard+qblock+fp32sum", "vc8+nohadamard+qblock+fp32sum", 0, QVA_P_SUM_FP32},
         {"fp8+codesum", "fp8+codesum", 0, QVA_P_SUM_CODES},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; ++i) {
@@ -93,6 +95,9 @@ static void test_method_defaults(void) {
     char buf[64] = "";
     CHECK(qva_config_method_name(&c, buf, sizeof buf) == QVA_OK &&
               !strcmp(buf, "sage8+nohadamard+fp32sum"), "sage8 by hand named %s", buf);
+    c.method = QVA_METHOD_VC8;
+    CHECK(qva_config_method_name(&c, buf, sizeof buf) == QVA_OK &&
+              !strcmp(buf, "vc8+nohadamard+fp32sum"), "vc8 by hand named %s", buf);
 }
 
 /* VC App. A: window ceil(n/4), refresh every 4 steps inside it. */

@@ -154,18 +154,16 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
               / +vprev / +floormass options
-              (docs/CLI.md says what each does; sage8 rotates and sums its
-              codes unless +nohadamard / +fp32sum, vc8 sums them
-              unless +fp32sum; +v2, V in two E4M3
-              digits, runs on CUDA at head dim 128 only; +i8pv, the PV
+              (docs/CLI.md says what each does; sage8 and vc8 rotate and
+              sum their codes unless +nohadamard / +fp32sum; +v2, V in two
+              E4M3 digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
               inputs; +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
               +floormass, ExpCast's floor mass put back, CPU only so far).
-              Default: qvattn.DEFAULT_METHOD, vc8+hadamard (Q and K
-              rotated, P by exp2, the row sum from P's codes:
-              docs/NUMERICS.md §7).
+              Default: qvattn.DEFAULT_METHOD, vc8 (Q and K rotated, P
+              by exp2, the row sum from P's codes: docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
     attn_mask None, or (torch only) a boolean key-padding mask broadcastable

@@ -582,17 +582,18 @@ def config_method_name(cfg):
 
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
-# the diffusers and ComfyUI integrations): vc8 with Q and K rotated by a
-# Hadamard matrix, P by exp2 and the row sum from P's codes.  It is the
+# the diffusers and ComfyUI integrations): vc8 as its name gives it, Q and
+# K rotated by a Hadamard matrix, P by exp2 and the row sum from P's codes
+# (named vc8+hadamard before 2026-12-05 16:00 UTC).  It is the
 # fastest 8-bit method measured below SageAttention2's error both at the
 # presets' lengths and at production ones (37K-112K tokens), where
-# ExpCast's floor makes vc8+hadamard+expcast-centred (the default until
+# ExpCast's floor makes vc8+expcast-centred (rotated; the default until
 # 2026-12-05, 14-16% faster) 1.6-2.3x SageAttention2's error; in the same
 # runs it is 1.41-1.52x cuDNN over a 40-step schedule against
 # SageAttention2's 1.31-1.39x (bench/RESULTS.md, "The default at
 # production lengths").  The C config's default (qva_config_default) keeps
 # the paper's VC-Attention: no rotation, ExpCast at the paper's beta.
-DEFAULT_METHOD = "vc8+hadamard"
+DEFAULT_METHOD = "vc8"
 
 
 def make_config(method=DEFAULT_METHOD, **fields):

@@ -219,7 +219,7 @@ def test_default_method_is_rotated_exp2_codesum(monkeypatch):
     """One default for every entry point: vc8 with the Hadamard rotation, P by
     exp2 (no ExpCast) and the row sum from P's codes; cross-attention
     (Nq != Nk) drops V-Smooth and keeps the options."""
-    assert qvattn.DEFAULT_METHOD == "vc8+hadamard"
+    assert qvattn.DEFAULT_METHOD == "vc8"
     seen = []
     real = _ffi.attention_raw
 
@@ -232,8 +232,8 @@ def test_default_method_is_rotated_exp2_codesum(monkeypatch):
     a = qvattn.attention(q, k, v)
     torch.testing.assert_close(a, qvattn.attention(q, k, v, method="vc8+codesum+hadamard"),
                                rtol=0, atol=0)
-    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8"))
-    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+hadamard+expcast-centred"))
+    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+nohadamard"))
+    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+expcast-centred"))
     s = qvattn.sdpa(q, k, v)
     torch.testing.assert_close(s, a, rtol=0, atol=0)
     qvattn.sdpa(q, k[:, :, :200], v[:, :, :200])

@@ -249,6 +249,6 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out) {
     out->method = wm;
     if (!qvi_method_is_8bit(out->method)) out->expcast = 0;
     if (!qvi_method_has_int8_q(out->method)) out->q_granularity = QVA_Q_PER_ROW;
-    qvi_method_defaults(out); /* sage8's rotation and code sum, as its name gives */
+    qvi_method_defaults(out); /* the rotation and code sum the method's name gives */
     return 1;
 }
