@@ -368,20 +368,89 @@ static void compare_backend(const char *label, const tcase *c, const tol *t, con
     CHECK(e <= t->rel_l2, "%s: rel-L2 %g vs CPU reference (limit %g)", label, e, t->rel_l2);
 }
 
+/* The inputs of a case's LSE rows, for the one-step bound below. */
+typedef struct lse_rows {
+    const tcase *c;
+    const host_io *h;
+    double sm_scale;
+} lse_rows;
+
+static int64_t elem_off(const qva_tensor *t, int b, int h, int n, int d) {
+    return b * t->stride[0] + h * t->stride[1] + n * t->stride[2] + d * t->stride[3];
+}
+
+/* Where l sums P's E4M3 codes (ExpCast, the exp2 code sum), a score one
+ * ulp off the CPU's can move a code by one step near a rounding boundary,
+ * at most 1/8 of its value (3 mantissa bits), and the row maximum's code
+ * never moves (it is fixed at the top).  So one such step moves a row's
+ * LSE by at most log(1 + w/8), w the largest weight share of any other
+ * key in the row: a bound set by the row's own data, large only where one
+ * key other than the maximum carries much of the row.  Here w comes from
+ * FP64 softmax weights of the inputs (10% margin for the quantized ones). */
+static double one_step_bound(const lse_rows *r, size_t row) {
+    const tcase *c = r->c;
+    const int i = (int)(row % (size_t)c->Nq), bh = (int)(row / (size_t)c->Nq);
+    const int b = bh / c->H, hh = bh % c->H;
+    const qva_tensor q = desc(r->h->q, c, c->Nq, QVA_DEVICE_CPU),
+                     k = desc(r->h->k, c, c->Nk, QVA_DEVICE_CPU);
+    double *s = malloc((size_t)c->Nk * sizeof *s), mx = -INFINITY;
+    if (!s) return 0;
+    for (int j = 0; j < c->Nk; ++j) {
+        double acc = 0;
+        for (int d = 0; d < c->D; ++d)
+            acc += (double)qvi_load_elem(&q, elem_off(&q, b, hh, i, d)) *
+                   qvi_load_elem(&k, elem_off(&k, b, hh, j, d));
+        s[j] = acc * r->sm_scale;
+        mx = fmax(mx, s[j]);
+    }
+    double l = 0, second = 0;
+    int top_seen = 0;
+    for (int j = 0; j < c->Nk; ++j) {
+        const double p = exp(s[j] - mx);
+        l += p;
+        if (s[j] == mx && !top_seen) top_seen = 1;
+        else second = fmax(second, p);
+    }
+    free(s);
+    return log1p(1.1 * second / l / 8);
+}
+
+/* rows for compare_lse where the method's l sums E4M3 codes (not draft,
+ * whose own tolerance covers it, nor E5M2 or +i8pv's u8 codes); else NULL. */
+static const lse_rows *e4m3_code_rows(lse_rows *r, const tcase *c, const host_io *h,
+                                      const char *method) {
+    qva_config cfg;
+    qva_config_default(&cfg);
+    if (is_draft(method) || qva_config_set_method(&cfg, method) != QVA_OK) return NULL;
+    const int e4m3 = cfg.expcast == QVA_EXPCAST_PAPER || cfg.expcast == QVA_EXPCAST_CENTRED ||
+                     (cfg.expcast == QVA_EXPCAST_OFF && cfg.p_sum == QVA_P_SUM_CODES &&
+                      cfg.v_code != QVA_V_INT8_PV);
+    if (!e4m3) return NULL;
+    *r = (lse_rows){c, h, qvi_sm_scale(&cfg, c->D)};
+    return r;
+}
+
 /* LSE against the CPU's: -inf (a row with no retained key) exactly, the
- * rest within LSE_ATOL + LSE_RTOL |ref|; NaN (unwritten) fails. */
+ * rest within LSE_ATOL + LSE_RTOL |ref|; with `rows` (methods summing E4M3
+ * codes), a row past that within it plus the one-step bound above; NaN
+ * (unwritten) fails. */
 static void compare_lse(const char *label, const char *method, const float *got,
-                        const float *ref, size_t n) {
+                        const float *ref, size_t n, const lse_rows *rows) {
     double atol, rtol, mx = 0;
     lse_tol(method, &atol, &rtol);
-    size_t bad = 0, first = n;
+    size_t bad = 0, first = n, stepped = 0;
     for (size_t i = 0; i < n; ++i) {
         const double d = fabs((double)got[i] - ref[i]);
-        const int ok = isinf(ref[i]) ? got[i] == ref[i] : d <= atol + rtol * fabs(ref[i]);
+        int ok = isinf(ref[i]) ? got[i] == ref[i] : d <= atol + rtol * fabs(ref[i]);
+        if (!ok && rows && !isinf(ref[i]) && !isnan(got[i]) &&
+            d <= atol + rtol * fabs(ref[i]) + one_step_bound(rows, i))
+            ok = 1, ++stepped;
         if (!ok && bad++ == 0) first = i;
         if (!isinf(ref[i]) && d > mx) mx = d;
     }
-    printf("%-40s cuda LSE max|diff| %.3e\n", label, mx);
+    printf("%-40s cuda LSE max|diff| %.3e%s\n", label, mx,
+           stepped ? " (rows within one code step's bound, past the flat one)" : "");
+    if (stepped) printf("%-40s %zu row(s) within one code step's bound\n", label, stepped);
     CHECK(bad == 0, "%s: %zu LSE values off (first: [b*H+h]*N + row = %zu, %g vs %g)", label, bad, first,
           bad ? (double)got[first] : 0.0, bad ? (double)ref[first] : 0.0);
 }
@@ -468,7 +537,10 @@ static void run_case(int ci, int perf) {
         if (!cuda || !qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
         CHECK(run_cuda(c, &h, t, got, lse_got) == QVA_OK, "%s cuda: %s", label, qva_last_error());
         compare_backend(label, c, t, got, ref, h.nq);
-        compare_lse(label, t->warmup_as ? t->warmup_as : t->method, lse_got, lse_ref, nl);
+        const char *lse_method = t->warmup_as ? t->warmup_as : t->method;
+        lse_rows rows;
+        compare_lse(label, lse_method, lse_got, lse_ref, nl,
+                    e4m3_code_rows(&rows, c, &h, lse_method));
         /* the kept shares: each head's count (MASS: found on the device) */
         CHECK(!memcmp(&g_stats_cpu, &g_stats_cuda, sizeof g_stats_cpu),
               "%s: draft stats cuda %lld heads %.9g..%.9g mean %.9g, cpu %lld heads "
@@ -643,10 +715,10 @@ static void run_carried(int ci) {
     const tcase *c = &CASES[ci];
     if (c->draft_only || (c->dt != QVA_BF16 && c->dt != QVA_F16)) return;
     static const char *const methods[] = {"sage8+kprev", "sage8+nohadamard+kprev",
-                                          "vc8+expcast+kprev", "sage8+vprev",
-                                          "vc8+expcast+kprev+vprev"};
-    for (int m = 0; m < 5; ++m) {
-        if ((m == 2 || m == 4) && c->Nq != c->Nk) continue; /* V-Smooth: self-attention */
+                                          "vc8+expcast+kprev", "vc8+expcast+nohadamard+kprev",
+                                          "sage8+vprev", "vc8+expcast+kprev+vprev"};
+    for (size_t m = 0; m < sizeof methods / sizeof *methods; ++m) {
+        if (!strncmp(methods[m], "vc", 2) && c->Nq != c->Nk) continue; /* V-Smooth: self-attention */
         const tol t = {methods[m], 0.12, 1e-2, 5e-2, 1e-2, 0, NULL};
         qva_config cfg;
         make_config(c, &t, &cfg);
@@ -679,7 +751,8 @@ static void run_carried(int ci) {
             tol tv = t; /* outputs, and their 8-bit error, grow with V */
             tv.atol *= v_size;
             compare_backend(label, c, &tv, got, ref, h.nq);
-            compare_lse(label, t.method, lgot, lref, nl);
+            lse_rows rows;
+            compare_lse(label, t.method, lgot, lref, nl, e4m3_code_rows(&rows, c, &h, t.method));
             if (cfg.k_mean) compare_carried(label, cc, cg, c, cfg.layer, 0);
             if (cfg.v_scale) compare_carried(label, cc, cg, c, cfg.layer, 1);
         }
