@@ -38,10 +38,10 @@ void qva_config_default(qva_config *cfg) {
 static const char *const method_names[QVA_METHOD_COUNT_] = {
     "exact", "bf16", "fp8", "sage8", "vc8", "sage4", "vc4", "draft"};
 
-/* +codesum: the dense 8-bit methods' exp2 P (ExpCast sums its codes). */
+/* +codesum / +fp32sum: the dense 8-bit methods' exp2 P, E4M3 or +i8pv's
+ * u8 codes (ExpCast sums its codes). */
 int qvi_p_sum_applies(const qva_config *cfg) {
-    return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF &&
-           cfg->v_code != QVA_V_INT8_PV; /* +i8pv always sums its codes */
+    return qvi_method_is_8bit(cfg->method) && cfg->expcast == QVA_EXPCAST_OFF;
 }
 
 /* +v2, +i8pv: the INT8-QK dense methods' V (and, for +i8pv, P). */
@@ -368,9 +368,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         !qvi_p_sum_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "+fp32sum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast and +i8pv always sum their codes), not %s%s",
-                        method_names[c.method],
-                        c.expcast ? " with +expcast" : c.v_code == QVA_V_INT8_PV ? " with +i8pv" : "");
+                        "(ExpCast always sums its codes), not %s%s",
+                        method_names[c.method], c.expcast ? " with +expcast" : "");
     method_defaults(&c, &set);
     if (c.expcast && !(qvi_method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
         return qvi_fail(QVA_ERR_PARSE,
@@ -392,9 +391,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (c.p_sum && !qvi_p_sum_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast and +i8pv always sum their codes), not %s%s",
-                        method_names[c.method],
-                        c.expcast ? " with +expcast" : c.v_code == QVA_V_INT8_PV ? " with +i8pv" : "");
+                        "(ExpCast always sums its codes), not %s%s",
+                        method_names[c.method], c.expcast ? " with +expcast" : "");
     if (c.v_code && !qvi_v_code_applies(c.method))
         return qvi_fail(QVA_ERR_PARSE, "%s applies to the V of sage8 and vc8, not %s",
                         c.v_code == QVA_V_INT8_PV ? "+i8pv" : "+v2", method_names[c.method]);

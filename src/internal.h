@@ -319,16 +319,19 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
                  int fp16_partial, int floor_mass);
 /* PV in integers (QVA_V_INT8_PV, docs/NUMERICS.md §3): m_b = the block's
- * largest score (keys with s = -inf are out), u_k = rint(255 * exp2(s_k -
- * m_b)) as u8, partial_c = sum_k u_k V_kc exact in int32 (V: int8 codes),
- * w = exp2(m_b - m); l += (float)sum_k u_k * w, acc += (float)partial * w,
- * mu (may be NULL): acc += ((float)sum_k u_k * w) * mu.  acc and l carry
- * the factor 255 (QVI_U8_LOG2_AMP). */
-void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk);
+ * largest score (keys with s = -inf are out), e_k = exp2f(s_k - m_b) * 255,
+ * u_k = rint(e_k) as u8 (0 below 0.5), partial_c = sum_k u_k V_kc exact in
+ * int32 (V: int8 codes), w = exp2(m_b - m); the block's row sum is
+ * (float)sum_k u_k * w (sum_codes: QVA_P_SUM_CODES) or (the FP32 key-order
+ * sum of e_k) * w (QVA_P_SUM_FP32: keys coded 0 stay in l); l += rowsum,
+ * acc += (float)partial * w, mu (may be NULL): acc += rowsum * mu.  acc
+ * and l carry the factor 255 (QVI_U8_LOG2_AMP). */
+void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk,
+                 int sum_codes);
 /* The u8 codes of one block (qvi_pv_u8i8's) into u and the row sum they
- * add, (float)sum_k u_k * w; returns w = exp2(m_b - m), 0 if the block
- * has no key. */
-float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u, float *rowsum);
+ * add (as qvi_pv_u8i8 says for sum_codes); returns w = exp2(m_b - m), 0 if
+ * the block has no key. */
+float qvi_probs_u8(const float *s, float m, int nk, int sum_codes, uint8_t *u, float *rowsum);
 /* 4-bit PV: p = exp2(s-m), l += sum p (FP32, before conversion), P coded
  * NVFP4 by DA2 Eq. 24 per 16 keys; V holds unscaled NVFP4 values;
  * acc += partial * vscale (+ rowsum * mu). nk is a multiple of 16. */

@@ -213,8 +213,7 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->p_sum == QVA_P_SUM_CODES && !qvi_p_sum_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "p_sum QVA_P_SUM_CODES applies to fp8, sage8 and vc8 without expcast "
-                        "or v_code QVA_V_INT8_PV (both always sum their codes: leave p_sum "
-                        "QVA_P_SUM_FP32)");
+                        "(ExpCast always sums its codes: leave p_sum QVA_P_SUM_FP32)");
     if (cfg->v_code != QVA_V_E4M3 && cfg->v_code != QVA_V_E4M3X2 &&
         cfg->v_code != QVA_V_INT8_PV)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,

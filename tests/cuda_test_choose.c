@@ -66,6 +66,7 @@ int main(void) {
         {"sage8+i8pv", 64, NULL, QVC_KERNEL_NONE, "+i8pv"},
         {"vc8+i8pv", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"vc8+hadamard+i8pv", 64, NULL, QVC_KERNEL_NONE, "+i8pv"},
+        {"vc8+fp32sum+i8pv", 128, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"vc8+expcast+floormass", 128, NULL, QVC_KERNEL_NONE, "+floormass"},
         {"sage8+expcast-centred+floormass", 64, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},

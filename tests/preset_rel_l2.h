@@ -92,6 +92,21 @@ static void case_terms(const char *method, const preset_case *c, qva_error_terms
           qva_last_error());
 }
 
+/* case_terms, and the direction of each term's error. */
+static void case_directions(const char *method, const preset_case *c, qva_error_terms *t,
+                            qva_error_term_directions *g) {
+    qva_config cfg;
+    qva_config_default(&cfg);
+    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s", method);
+    cfg.layer = QVA_LAYER_NONE;
+    const qva_synthetic_spec *sp = &c->sp;
+    const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
+    const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
+    const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
+    CHECK(qva_error_terms_directions_compute(&cfg, &tq, &tk, &tv, t, g) == QVA_OK,
+          "directions of %s: %s", method, qva_last_error());
+}
+
 /* Where a V option's gain comes from: against `base`, the decomposition's
  * V term falls by at least `factor` and the Q term (the same Q codes)
  * does not move; d1, d2 receive both methods' terms. */

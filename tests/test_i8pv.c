@@ -14,8 +14,13 @@
  *      with the decomposition's V term at most half of the E4M3 one and
  *      the Q term bit for bit the same;
  *  (d) parsing, naming and validation: sage8 and vc8 only, not with
- *      +expcast, +v2, +codesum or +fp32sum.
- * CUDA refuses +i8pv (cuda_test_choose.c); test_backend runs it on the CPU.
+ *      +expcast or +v2; the codes' sum by default, +fp32sum the FP32 sum;
+ *  (e) +fp32sum: the block's row sum is the FP32 key-order sum of the
+ *      weights before rounding, and on the same preset parts the output's
+ *      lean toward sharper rows (the codes' sum drops every key coded 0
+ *      from l) goes (vc8) or falls to a third (sage8), with less error.
+ * CUDA runs +i8pv at head dim 128 and refuses +fp32sum with it
+ * (cuda_test_choose.c); test_backend runs both on the CPU.
  */
 #define TEST_RNG_SEED 0x18B7C0DE5EEDull
 #include <stdlib.h>
@@ -72,11 +77,19 @@ static void test_p_codes(void) {
         const float m = 3.0f + 10.0f * (float)rng_unit(); /* the running max, above the block's */
         for (int j = 0; j < QVI_BLOCK; ++j)
             s[j] = j % 17 == 5 ? -INFINITY : (float)(m - 1.0 - 12.0 * rng_unit());
-        float rs;
-        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u, &rs);
+        float rs, rs_f;
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, 1, u, &rs);
+        uint8_t u_f[QVI_BLOCK];
+        CHECK(qvi_probs_u8(s, m, QVI_BLOCK, 0, u_f, &rs_f) == w && !memcmp(u, u_f, sizeof u),
+              "trial %d: +fp32sum keeps w and the codes", trial);
         float mb = -INFINITY;
         for (int j = 0; j < QVI_BLOCK; ++j) mb = s[j] > mb ? s[j] : mb;
         CHECK(w == exp2f(mb - m), "trial %d: the block weight", trial);
+        float esum = 0.0f; /* +fp32sum: the weights before rounding, FP32, key order */
+        for (int j = 0; j < QVI_BLOCK; ++j)
+            if (s[j] != -INFINITY) esum += exp2f(s[j] - mb) * 255.0f;
+        CHECK(rs_f == esum * w, "trial %d: the FP32 row sum %.8g against %.8g", trial, rs_f,
+              esum * w);
         int top = 0, bad = 0, usum = 0;
         for (int j = 0; j < QVI_BLOCK; ++j) usum += u[j];
         CHECK(rs == (float)usum * w, "trial %d: the row sum %.8g against %d codes' %.8g", trial,
@@ -96,12 +109,15 @@ static void test_p_codes(void) {
     }
     for (int j = 0; j < QVI_BLOCK; ++j) s[j] = -INFINITY;
     float rs0;
-    CHECK(qvi_probs_u8(s, 0.0f, QVI_BLOCK, u, &rs0) == 0.0f && rs0 == 0.0f && u[0] == 0 &&
-              u[QVI_BLOCK - 1] == 0,
-          "a block without keys");
+    for (int sum_codes = 0; sum_codes < 2; ++sum_codes)
+        CHECK(qvi_probs_u8(s, 0.0f, QVI_BLOCK, sum_codes, u, &rs0) == 0.0f && rs0 == 0.0f &&
+                  u[0] == 0 && u[QVI_BLOCK - 1] == 0,
+              "a block without keys (sum_codes %d)", sum_codes);
     s[0] = NAN, s[1] = 0.0f;
-    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, u, &rs0);
+    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, 1, u, &rs0);
     CHECK(u[0] == 0 && u[1] == 255, "a NaN score codes 0");
+    (void)qvi_probs_u8(s, 0.0f, QVI_BLOCK, 0, u, &rs0);
+    CHECK(isnan(rs0), "a NaN score makes the FP32 row sum NaN, as the row it reaches");
 
     /* one block's update against float64 sums of the same codes */
     enum { D = 64 };
@@ -114,9 +130,9 @@ static void test_p_codes(void) {
     qvi_row_init(&r, acc, D);
     qvi_row_raise_max(&r, s, QVI_BLOCK);
     r.m += 1.5f; /* a running max above this block's */
-    qvi_pv_u8i8(&r, s, (const uint8_t *)V, mu, QVI_BLOCK);
+    qvi_pv_u8i8(&r, s, (const uint8_t *)V, mu, QVI_BLOCK, 1);
     float rs1;
-    const float w = qvi_probs_u8(s, r.m, QVI_BLOCK, u, &rs1);
+    const float w = qvi_probs_u8(s, r.m, QVI_BLOCK, 1, u, &rs1);
     double usum = 0.0;
     for (int j = 0; j < QVI_BLOCK; ++j) usum += u[j];
     CHECK(fabs(r.l - usum * w) <= 1e-6 * usum * w && r.l == rs1, "l %.8g against %.8g", r.l,
@@ -153,29 +169,69 @@ static void test_method(const char *preset) {
 /* (d) ------------------------------------------------------------ parsing */
 static void test_parse(void) {
     static const char *const ok[] = {"sage8+i8pv", "vc8+i8pv", "vc8+hadamard+i8pv",
-                                     "vc8+qblock+i8pv", "sage8+nohadamard+i8pv"};
+                                     "vc8+qblock+i8pv", "sage8+nohadamard+i8pv",
+                                     "sage8+codesum+i8pv", "sage8+fp32sum+i8pv"};
     static const char *const bad[] = {"fp8+i8pv", "bf16+i8pv", "sage4+i8pv", "vc4+i8pv",
                                       "exact+i8pv", "draft@85/0/7.5/7.5+i8pv",
                                       "vc8+expcast+i8pv", "vc8+i8pv+expcast-centred",
-                                      "sage8+v2+i8pv", "sage8+codesum+i8pv",
-                                      "sage8+fp32sum+i8pv", "sage8+i8pv+i8pv"};
+                                      "sage8+v2+i8pv", "sage8+i8pv+i8pv",
+                                      "sage8+fp32sum+codesum+i8pv"};
     check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
                         offsetof(qva_config, v_code), QVA_V_INT8_PV, QVA_V_E4M3, "+i8pv");
+    static const char *const sums[][3] = {{"sage8+i8pv", "sage8+i8pv", "codes"},
+                                          {"vc8+i8pv+fp32sum", "vc8+fp32sum+i8pv", "fp32"}};
+    for (size_t i = 0; i < sizeof sums / sizeof *sums; ++i) {
+        qva_config c;
+        qva_config_default(&c);
+        char name[96] = "";
+        CHECK(qva_config_set_method(&c, sums[i][0]) == QVA_OK &&
+                  c.p_sum == (sums[i][2][0] == 'c' ? QVA_P_SUM_CODES : QVA_P_SUM_FP32) &&
+                  qva_config_method_name(&c, name, sizeof name) == QVA_OK &&
+                  !strcmp(name, sums[i][1]),
+              "%s sums the %s, named %s", sums[i][0], sums[i][2], name);
+    }
     qva_config c;
     qva_config_default(&c);
-    CHECK(qva_config_set_method(&c, "sage8+i8pv") == QVA_OK && c.p_sum == QVA_P_SUM_FP32,
-          "sage8+i8pv leaves p_sum at its zero (the codes are always summed)");
     CHECK(qva_config_set_method(&c, "vc8+fp32sum") == QVA_OK, "vc8+fp32sum");
     c.v_code = QVA_V_INT8_PV;
     CHECK(option_call_check(&c) == QVA_OK, "vc8 + QVA_V_INT8_PV: %s", qva_last_error());
+    c.p_sum = QVA_P_SUM_CODES;
+    CHECK(option_call_check(&c) == QVA_OK, "with p_sum QVA_P_SUM_CODES: %s", qva_last_error());
     c.expcast = QVA_EXPCAST_PAPER;
+    c.p_sum = QVA_P_SUM_FP32;
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with expcast refused");
     c.expcast = QVA_EXPCAST_OFF;
-    c.p_sum = QVA_P_SUM_CODES;
-    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with p_sum QVA_P_SUM_CODES refused");
     CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
     c.v_code = QVA_V_INT8_PV;
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "fp8 with QVA_V_INT8_PV refused");
+}
+
+/* (e) ------------------------------------------------------------ +fp32sum */
+static void test_fp32sum(const char *preset) {
+    preset_case c;
+    preset_case_make(preset, &c);
+    static const char *const pairs[][2] = {{"sage8+i8pv", "sage8+fp32sum+i8pv"},
+                                           {"vc8+i8pv", "vc8+fp32sum+i8pv"}};
+    for (size_t t = 0; t < sizeof pairs / sizeof *pairs; ++t) {
+        const double codes = case_rel_l2(pairs[t][0], &c), fp32 = case_rel_l2(pairs[t][1], &c);
+        qva_error_terms d1, d2;
+        qva_error_term_directions g1, g2;
+        case_directions(pairs[t][0], &c, &d1, &g1);
+        case_directions(pairs[t][1], &c, &d2, &g2);
+        printf("  %s: %s %.5f (cos %+.3f), %s %.5f (cos %+.3f)\n", preset, pairs[t][0], codes,
+               g1.full.cos, pairs[t][1], fp32, g2.full.cos);
+        CHECK(fp32 <= codes, "%s: %s rel-L2 %.5f above %s's %.5f", preset, pairs[t][1], fp32,
+              pairs[t][0], codes);
+        /* the keys coded 0 now weigh in as V's mean: vc8's block means
+         * (no lean left), sage8's channel mean over the sequence (a small
+         * flat lean, cos about -0.1 here) */
+        const double left = t == 1 ? 0.05 : 0.35 * g1.full.cos;
+        CHECK(g1.full.cos > 0.2 && fabs(g2.full.cos) < left,
+              "%s: the lean toward sharper rows, cos %+.3f with the codes' sum, %+.3f with "
+              "+fp32sum (limit %.3f)", preset, g1.full.cos, g2.full.cos, left);
+        CHECK(d2.q == d1.q && d2.v == d1.v, "%s: the Q and V terms moved", preset);
+    }
+    preset_case_free(&c);
 }
 
 int main(void) {
@@ -184,5 +240,7 @@ int main(void) {
     test_parse();
     test_method("video-global");
     test_method("video-local-clustered");
+    test_fp32sum("video-global");
+    test_fp32sum("video-local-clustered");
     return check_summary("test_i8pv");
 }

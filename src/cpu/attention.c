@@ -190,29 +190,35 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     }
 }
 
-float qvi_probs_u8(const float *s, float m, int nk, uint8_t *u, float *rowsum) {
+float qvi_probs_u8(const float *s, float m, int nk, int sum_codes, uint8_t *u, float *rowsum) {
     float mb = -INFINITY;
     for (int j = 0; j < nk; ++j)
         if (s[j] > mb) mb = s[j]; /* as fmaxf: a NaN score is not the max */
     int32_t usum = 0;
+    float esum = 0.0f;
     for (int j = 0; j < nk; ++j) {
         const float e = exp2f(s[j] - mb) * 255.0f; /* in [0, 255]; NaN for a
                                                      non-finite score */
         u[j] = e >= 0.5f ? (uint8_t)rintf(e) : 0;
         usum += u[j];
+        if (s[j] != -INFINITY) esum += e; /* NaN stays NaN, as it does in l */
     }
     const float w = mb == -INFINITY ? 0.0f : exp2f(mb - m);
-    *rowsum = (float)usum * w; /* usum <= 128 * 255: exact */
+    /* usum <= 128 * 255: exact.  The FP32 sum keeps the keys coded 0 in l,
+     * so the row does not lose its tail (the codes' sum drops it: sharper
+     * rows, docs/NUMERICS.md §3). */
+    *rowsum = (sum_codes ? (float)usum : esum) * w;
     return w;
 }
 
-void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk) {
+void qvi_pv_u8i8(qvi_row *r, const float *s, const uint8_t *V, const float *mu, int nk,
+                 int sum_codes) {
     if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t u[QVI_BLOCK];
     int32_t part[128] = {0};
     float rowsum;
-    const float w = qvi_probs_u8(s, r->m, nk, u, &rowsum);
+    const float w = qvi_probs_u8(s, r->m, nk, sum_codes, u, &rowsum);
     for (int j = 0; j < nk; ++j) {
         if (!u[j]) continue;
         const int8_t *vj = (const int8_t *)V + (size_t)j * d;
@@ -860,7 +866,7 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p, fl
     if (quant && o->codes_kind == PATH_I8 && o->v_code == QVA_V_INT8_PV) {
         uint8_t u[QVI_BLOCK];
         float rowsum;
-        const float w = qvi_probs_u8(s, m, QVI_BLOCK, u, &rowsum);
+        const float w = qvi_probs_u8(s, m, QVI_BLOCK, o->sum_codes, u, &rowsum);
         for (int j = 0; j < QVI_BLOCK; ++j) p[j] = (float)u[j] * w;
         return rowsum;
     }
@@ -913,7 +919,8 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
     case PATH_I8:
         if (o->v_code == QVA_V_INT8_PV)
             qvi_pv_u8i8(r, s, o->v8.codes + vo,
-                        o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL, QVI_BLOCK);
+                        o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL, QVI_BLOCK,
+                        o->sum_codes);
         else
             qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL,
                         1.0f, o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
