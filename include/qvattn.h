@@ -115,7 +115,8 @@ typedef enum qva_expcast_mode {
 } qva_expcast_mode;
 
 /* cfg.p_sum: the row sum l of the exp2 P path (expcast off; docs/NUMERICS.md
- * §3, "The row sum of an exp2 P").  ExpCast always sums its decoded codes. */
+ * §3, "The row sum of an exp2 P"), E4M3 codes or +i8pv's u8 codes.  ExpCast
+ * always sums its decoded codes.  The names sage8 and vc8 set CODES. */
 typedef enum qva_p_sum {
     QVA_P_SUM_FP32 = 0, /* FP32 sum of exp2 before the E4M3 cast (DA2 C.3,
                            SageAttention2): the default                   */
@@ -141,10 +142,12 @@ typedef enum qva_v_code {
                         unsigned 8-bit codes round(255 exp2(s - m_b)) of
                         each key block's own row max m_b, exact integer
                         sums, the block's weight exp2(m_b - m) applied to
-                        its partial; l sums the codes.  About half the
-                        PV product's error of the E4M3 forms
-                        (docs/NUMERICS.md §3, "The PV product in
-                        integers").  CUDA: head dim 128; not with
+                        its partial; l sums the codes (p_sum CODES) or
+                        the weights before rounding (p_sum FP32,
+                        "+fp32sum": keys coded 0 stay in l; CPU only so
+                        far).  About half the PV product's error of the
+                        E4M3 forms (docs/NUMERICS.md §3, "The PV product
+                        in integers").  CUDA: head dim 128; not with
                         ExpCast, whose codes are E4M3                     */
 } qva_v_code;
 
