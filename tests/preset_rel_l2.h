@@ -77,17 +77,24 @@ static double case_rel_l2(const char *method, const preset_case *c) {
     return run_rel_l2(method, &c->sp, c->q, c->k, c->v, c->ref, c->n);
 }
 
-/* The decomposition's terms of `method` on head 0 of the case (the terms
- * cost seven calls each). */
-static void case_terms(const char *method, const preset_case *c, qva_error_terms *t) {
+/* A stateless config of `method`, and head 0 of the case as CPU tensors. */
+static qva_config case_config(const char *method) {
     qva_config cfg;
     qva_config_default(&cfg);
     CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s", method);
     cfg.layer = QVA_LAYER_NONE;
-    const qva_synthetic_spec *sp = &c->sp;
-    const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
-    const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
-    const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
+    return cfg;
+}
+
+static qva_tensor case_head0(const preset_case *c, float *x) {
+    return qva_tensor_hnd(x, QVA_F32, QVA_DEVICE_CPU, c->sp.B, 1, c->n, c->sp.D);
+}
+
+/* The decomposition's terms of `method` on head 0 of the case (the terms
+ * cost seven calls each). */
+static void case_terms(const char *method, const preset_case *c, qva_error_terms *t) {
+    const qva_config cfg = case_config(method);
+    const qva_tensor tq = case_head0(c, c->q), tk = case_head0(c, c->k), tv = case_head0(c, c->v);
     CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, t) == QVA_OK, "terms of %s: %s", method,
           qva_last_error());
 }
@@ -95,14 +102,8 @@ static void case_terms(const char *method, const preset_case *c, qva_error_terms
 /* case_terms, and the direction of each term's error. */
 static void case_directions(const char *method, const preset_case *c, qva_error_terms *t,
                             qva_error_term_directions *g) {
-    qva_config cfg;
-    qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s", method);
-    cfg.layer = QVA_LAYER_NONE;
-    const qva_synthetic_spec *sp = &c->sp;
-    const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
-    const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
-    const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, sp->B, 1, c->n, sp->D);
+    const qva_config cfg = case_config(method);
+    const qva_tensor tq = case_head0(c, c->q), tk = case_head0(c, c->k), tv = case_head0(c, c->v);
     CHECK(qva_error_terms_directions_compute(&cfg, &tq, &tk, &tv, t, g) == QVA_OK,
           "directions of %s: %s", method, qva_last_error());
 }
