@@ -158,7 +158,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               sum their codes unless +nohadamard / +fp32sum; +v2, V in two
               E4M3 digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
-              inputs (with +fp32sum, l the weights' sum, CPU only so far); +kprev, K smoothed with the mean the layer's previous
+              inputs (with +fp32sum, l the weights' sum, CPU only so
+              far); +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
               +floormass, ExpCast's floor mass put back, CPU only so far).

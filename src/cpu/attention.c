@@ -201,7 +201,7 @@ float qvi_probs_u8(const float *s, float m, int nk, int sum_codes, uint8_t *u, f
                                                      non-finite score */
         u[j] = e >= 0.5f ? (uint8_t)rintf(e) : 0;
         usum += u[j];
-        if (s[j] != -INFINITY) esum += e; /* NaN stays NaN, as it does in l */
+        if (!sum_codes && s[j] != -INFINITY) esum += e; /* NaN stays NaN, as in l */
     }
     const float w = mb == -INFINITY ? 0.0f : exp2f(mb - m);
     /* usum <= 128 * 255: exact.  The FP32 sum keeps the keys coded 0 in l,
