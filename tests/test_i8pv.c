@@ -19,8 +19,8 @@
  *      weights before rounding, and on the same preset parts the output's
  *      lean toward sharper rows (the codes' sum drops every key coded 0
  *      from l) goes (vc8) or falls to a third (sage8), with less error.
- * CUDA runs +i8pv at head dim 128 and refuses +fp32sum with it
- * (cuda_test_choose.c); test_backend runs both on the CPU.
+ * CUDA runs +i8pv, with either row sum, at head dim 128
+ * (cuda_test_choose.c); test_backend checks both against the CPU.
  */
 #define TEST_RNG_SEED 0x18B7C0DE5EEDull
 #include <stdlib.h>

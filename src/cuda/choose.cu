@@ -94,11 +94,6 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
                            "reference only so far");
         return QVC_KERNEL_NONE;
     }
-    if (cfg->v_code == QVA_V_INT8_PV && cfg->p_sum == QVA_P_SUM_FP32) {
-        snprintf(why, len, "+i8pv with +fp32sum (l the FP32 sum of the weights, not of the "
-                           "u8 codes) runs on the CPU reference only so far");
-        return QVC_KERNEL_NONE;
-    }
     if (cfg->v_code == QVA_V_INT8_PV && d != 128) {
         snprintf(why, len, "+i8pv (the PV product in integers) runs on CUDA at head dim 128 "
                            "only (attn8_ws_128x128); head dim %lld",

@@ -426,11 +426,13 @@ static __device__ __forceinline__ void make_p_fused(const int (&acc)[64], float 
  * for row g, mb1 for g + 8), the rounding by the magic add 1.5 * 2^23 in
  * the FMA that scales by 255 (0 <= 255 t <= 255: the code is the word's
  * low byte); masked keys (MASK: the block holds padding keys) code 0.
- * pa[c]: keys 32c..32c+31 in the order of make_p_fused. */
-template <int MASK>
+ * pa[c]: keys 32c..32c+31 in the order of make_p_fused.  SUM (+fp32sum):
+ * rs[0] and rs[1] (rows g, g + 8) also gather this thread's exp2 values
+ * before their rounding, unscaled (the caller multiplies by 255). */
+template <int MASK, int SUM>
 static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0, float f1,
                                                  float mb0, float mb1, int key0, int nk, int tig,
-                                                 uint32_t (&pa)[4][4]) {
+                                                 float (&rs)[2], uint32_t (&pa)[4][4]) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         float a[4][4];
@@ -439,8 +441,11 @@ static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0,
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                t[i][e] = __float_as_uint(__fmaf_rn(ex2_ftz(a[i][e]), 255.0f, QVI_MAGIC));
+            for (int e = 0; e < 4; ++e) {
+                const float p = ex2_ftz(a[i][e]);
+                if (SUM) rs[e >> 1] += p;
+                t[i][e] = __float_as_uint(__fmaf_rn(p, 255.0f, QVI_MAGIC));
+            }
         pa[c][0] = pack_low_bytes(t[0][0], t[0][1], t[1][0], t[1][1]);
         pa[c][1] = pack_low_bytes(t[0][2], t[0][3], t[1][2], t[1][3]);
         pa[c][2] = pack_low_bytes(t[2][0], t[2][1], t[3][0], t[3][1]);

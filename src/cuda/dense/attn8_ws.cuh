@@ -21,6 +21,8 @@
                           V, the s32 product and code sums (ones row of 1) */
 #define A8_P_EXPCAST5 4 /* +expcast-e5m2: ExpCast's code in E5M2 (E5M2 x E4M3
                            PV), the decoded codes' sum from the ones row */
+#define A8_P_U8_FP32SUM 5 /* +i8pv+fp32sum: A8_P_U8's codes and product, l the
+                             FP32 sum of the weights before their rounding */
 
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
@@ -186,7 +188,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     /* EXPCAST: 1 ExpCast's E4M3 code, 2 its E5M2 code (make_p_fused) */
     constexpr int EXPCAST = PMODE == A8_P_EXPCAST ? 1 : PMODE == A8_P_EXPCAST5 ? 2 : 0;
     constexpr int P5 = PMODE == A8_P_EXPCAST5, ONES = PMODE != A8_P_EXP2;
-    constexpr int U8 = PMODE == A8_P_U8;
+    constexpr int U8 = PMODE == A8_P_U8 || PMODE == A8_P_U8_FP32SUM;
+    constexpr int U8_SUM32 = PMODE == A8_P_U8_FP32SUM;
     static_assert(!P5 || !F::VLO, "+expcast-e5m2 has one V code");
     static_assert(!U8 || !F::VLO, "+i8pv has one V code");
     constexpr int NT = F::CONSUMERS * 128;
@@ -234,9 +237,15 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             }
             if constexpr (U8) { /* +i8pv: the block's weight w = exp2(m_b - m) per row */
                 if ((j + 1) * WS_KEYS > ops.nk)
-                    make_p_u8<1>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig, pa);
+                    make_p_u8<1, U8_SUM32>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig,
+                                           rs, pa);
                 else
-                    make_p_u8<0>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig, pa);
+                    make_p_u8<0, U8_SUM32>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig,
+                                           rs, pa);
+                if (U8_SUM32) { /* the row's sum of this block, times 255 as the codes */
+                    rs[0] = qvc_quad_sum(rs[0]) * 255.0f;
+                    rs[1] = qvc_quad_sum(rs[1]) * 255.0f;
+                }
                 int ip[72];
                 issue_pv_u8(ip, pa, sw128_desc(sb + L::v(s)));
                 wg_wait<0>();
@@ -244,7 +253,10 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
 #pragma unroll
                 for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
                 const float w0 = ex2_ftz(mb[0] - r.m[0]), w1 = ex2_ftz(mb[1] - r.m[1]);
-                rs[0] = __int2float_rn(ip[64]) * w0, rs[1] = __int2float_rn(ip[66]) * w1;
+                if (U8_SUM32) /* the weights' sum: keys coded 0 stay in l */
+                    rs[0] *= w0, rs[1] *= w1;
+                else /* the codes' sum, from the ones rows */
+                    rs[0] = __int2float_rn(ip[64]) * w0, rs[1] = __int2float_rn(ip[66]) * w1;
                 const float wv0 = w0 * vb, wv1 = w1 * vb;
 #pragma unroll
                 for (int n = 0; n < 16; ++n) { /* |s32| < 2^24: exact floats */
@@ -354,7 +366,7 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
     /* log2 of the P codes' scale: ExpCast's 2^8 (E5M2: 2^15), +i8pv's 255 */
     const float amp = PMODE == A8_P_EXPCAST    ? 8.0f
                       : PMODE == A8_P_EXPCAST5 ? QVI_EXPCAST5_LOG2_AMP
-                      : PMODE == A8_P_U8       ? QVI_U8_LOG2_AMP
+                      : PMODE == A8_P_U8 || PMODE == A8_P_U8_FP32SUM ? QVI_U8_LOG2_AMP
                                                : QVC_P_AMP;
     const float *cs = ops.v_chan + (size_t)bh * 128;
 #pragma unroll
@@ -516,7 +528,9 @@ static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaS
     p.ops = *ops;
     p.a = *a;
     if (a->u8_pv) {
-        if constexpr (F::INT8 && !F::VLO) return attn8_launch_p<F, A8_P_U8>(m, &p, st);
+        if constexpr (F::INT8 && !F::VLO)
+            return a->sum_codes ? attn8_launch_p<F, A8_P_U8>(m, &p, st)
+                                : attn8_launch_p<F, A8_P_U8_FP32SUM>(m, &p, st);
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv needs INT8 QK and one V code");
     }
     if (a->expcast == QVA_EXPCAST_E5M2) {
