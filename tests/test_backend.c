@@ -108,9 +108,9 @@ static const tol TOLS[] = {
  *     than FP32 precision, so the scores (and m, l) differ by ~1e-3 (H200);
  *     fp8+codesum 2e-2: those score differences also move P codes across
  *     rounding boundaries, and l sums the codes (1.3e-2 seen, H200);
- *   +expcast, +codesum, +i8pv: l sums the decoded P codes, and a score or
- *     exp2 one ulp off the CPU's can move one code by one step (1/16 of that
- *     weight; +i8pv 1/255 of its block's): 2e-3;
+ *   +expcast, +codesum, +i8pv (not +i8pv+fp32sum): l sums the decoded P
+ *     codes, and a score or exp2 one ulp off the CPU's can move one code by
+ *     one step (1/16 of that weight; +i8pv 1/255 of its block's): 2e-3;
  *   the rest: l is an FP32 sum of exp2 weights, so only order and log2f
  *     ulps differ: 2e-4 + 1e-5|ref|. */
 /* " (warm-up)", " (warm-up as M)" or "" after a method in the output. */
