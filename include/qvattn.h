@@ -169,6 +169,19 @@ typedef enum qva_p_floor {
                              head's.  CPU reference only so far           */
 } qva_p_floor;
 
+/* cfg.p_max: the max that the 8-bit P codes of sage8 and vc8 are taken
+ * against (E4M3 V; docs/NUMERICS.md §3, "P coded against each block's
+ * max").  Codes start at the top of the format and fall to its floor (and
+ * ExpCast's subnormal codes) 15-18 binades lower; against the running row
+ * max, a row over 75,600 keys has much of its mass that low. */
+typedef enum qva_p_max {
+    QVA_P_MAX_ROW = 0,  /* the running row max (the papers): the default  */
+    QVA_P_MAX_BLOCK = 1 /* "+pblock": each key block's own row max m_b;
+                           the block's partial and row sum are then scaled
+                           by w = exp2(m_b - m) in FP32, as +i8pv does.
+                           CPU reference only so far                      */
+} qva_p_max;
+
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
  * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
  * 128-row block; one per row is more faithful (the query quantizer was the
@@ -319,6 +332,7 @@ typedef struct qva_config {
     int k_mean;            /* qva_k_mean of K smoothing (sage8, vc8)        */
     int v_scale;           /* qva_v_scale of V's E4M3 scale (sage8, vc8)    */
     int p_floor;           /* qva_p_floor of ExpCast's E4M3 P (sage8, vc8)  */
+    int p_max;             /* qva_p_max of the E4M3 P codes (sage8, vc8)    */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -345,7 +359,8 @@ void qva_config_default(qva_config *cfg);
  * cfg->draft.int8_acc = QVA_DRAFT_ACC_FP16) and "+kprev" (sage8, vc8:
  * cfg->k_mean = QVA_K_MEAN_PREVIOUS) and "+vprev" (sage8, vc8 with one E4M3
  * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS) and "+floormass" (sage8,
- * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN), each setting
+ * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN) and "+pblock"
+ * (sage8, vc8 with E4M3 P codes: cfg->p_max = QVA_P_MAX_BLOCK), each setting
  * at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8 and vc8: both

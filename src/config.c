@@ -61,6 +61,14 @@ int qvi_v_scale_applies(const qva_config *cfg) {
     return qvi_v_code_applies(cfg->method) && cfg->v_code == QVA_V_E4M3;
 }
 
+/* +pblock: the E4M3 P codes of sage8 and vc8 (not +i8pv, whose u8 codes
+ * already take each block's max; not with +floormass, whose floor is the
+ * running max's). */
+int qvi_p_max_applies(const qva_config *cfg) {
+    return qvi_v_code_applies(cfg->method) && cfg->v_code != QVA_V_INT8_PV &&
+           cfg->p_floor == QVA_P_FLOOR_DROP;
+}
+
 /* +floormass: ExpCast's E4M3 codes in sage8 and vc8 (the E5M2 code has
  * no such floor; +i8pv codes P from exp2). */
 int qvi_p_floor_applies(const qva_config *cfg) {
@@ -245,6 +253,7 @@ static const method_option method_options[] = {
     {"kprev", offsetof(qva_config, k_mean), QVA_K_MEAN_PREVIOUS},
     {"vprev", offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS},
     {"floormass", offsetof(qva_config, p_floor), QVA_P_FLOOR_MEAN},
+    {"pblock", offsetof(qva_config, p_max), QVA_P_MAX_BLOCK},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -275,7 +284,7 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, +qblock, "
                             "+codesum, "
-                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev or +floormass)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +floormass or +pblock)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -330,6 +339,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.k_mean = QVA_K_MEAN_CALL;
     c.v_scale = QVA_V_SCALE_CALL;
     c.p_floor = QVA_P_FLOOR_DROP;
+    c.p_max = QVA_P_MAX_ROW;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -342,7 +352,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+expcast, +expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, "
                         "+qblock, "
                         "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, "
-                        "+floormass)",
+                        "+floormass, +pblock)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -423,6 +433,14 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         c.expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2"
                         : c.expcast                   ? ""
                                                       : " without ExpCast");
+    if (c.p_max && !qvi_p_max_applies(&c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+pblock applies to the E4M3 P codes of sage8 and vc8 (not with +i8pv, "
+                        "whose codes take each block's max already, nor +floormass), not %s%s",
+                        method_names[c.method],
+                        c.v_code == QVA_V_INT8_PV ? " with +i8pv"
+                        : c.p_floor               ? " with +floormass"
+                                                  : "");
     *cfg = c;
     return QVA_OK;
 }
@@ -476,6 +494,8 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+vprev");
     if (n >= 0 && (size_t)n < len && cfg->p_floor == QVA_P_FLOOR_MEAN && qvi_p_floor_applies(cfg))
         n += snprintf(buf + n, len - (size_t)n, "+floormass");
+    if (n >= 0 && (size_t)n < len && cfg->p_max == QVA_P_MAX_BLOCK && qvi_p_max_applies(cfg))
+        n += snprintf(buf + n, len - (size_t)n, "+pblock");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

@@ -131,6 +131,7 @@ int qvi_v_scale_applies(const qva_config *cfg);
 /* cfg->p_floor = QVA_P_FLOOR_MEAN is meaningful: sage8, vc8 with an E4M3
  * ExpCast (paper or centred beta) and E4M3 V codes. */
 int qvi_p_floor_applies(const qva_config *cfg);
+int qvi_p_max_applies(const qva_config *cfg);
 /* The fields a method name sets unless a suffix does (hadamard, p_sum),
  * at cfg->method's defaults: qva_config_set_method's, and a draft warm-up
  * step's (the warm-up method by its plain name). */
@@ -314,10 +315,17 @@ float qvi_probs_e4m3(const float *s, float m, int nk, int expcast, int sum_codes
  * mu (may be NULL): acc += rowsum * mu (VC Eq. 6).  Vlo (may be NULL): V's
  * second digit (QVA_V_E4M3X2); each key adds P_k hi_kc, then P_k lo_kc.
  * floor_mass (+floormass): the block's floor weight f joins the row sum,
- * rowsum + f, in l and in the restore; without mu, r->floor += f. */
+ * rowsum + f, in l and in the restore; without mu, r->floor += f.
+ * p_block (+pblock, QVA_P_MAX_BLOCK): the codes are taken against the
+ * block's own max m_b = qvi_block_max(s, nk) instead of r->m, and with
+ * w = exp2f(m_b - r->m) the row sum becomes rowsum * w (in l and the
+ * restore) and acc += partial * (w * vscale); a block without keys adds
+ * nothing. */
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
-                 int fp16_partial, int floor_mass);
+                 int fp16_partial, int floor_mass, int p_block);
+/* The largest of s[0..nk) (-INFINITY if none; NaN is not the max). */
+float qvi_block_max(const float *s, int nk);
 /* PV in integers (QVA_V_INT8_PV, docs/NUMERICS.md §3): m_b = the block's
  * largest score (keys with s = -inf are out), e_k = exp2f(s_k - m_b) * 255,
  * u_k = rint(e_k) as u8 (0 below 0.5), partial_c = sum_k u_k V_kc exact in

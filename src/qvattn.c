@@ -243,6 +243,13 @@ static qva_status check_config(const qva_config *cfg) {
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "p_floor QVA_P_FLOOR_MEAN applies to sage8 and vc8 with expcast "
                         "QVA_EXPCAST_PAPER or QVA_EXPCAST_CENTRED");
+    if (cfg->p_max != QVA_P_MAX_ROW && cfg->p_max != QVA_P_MAX_BLOCK)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "p_max = %d (QVA_P_MAX_ROW or QVA_P_MAX_BLOCK)",
+                        cfg->p_max);
+    if (cfg->p_max == QVA_P_MAX_BLOCK && !qvi_p_max_applies(cfg))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "p_max QVA_P_MAX_BLOCK applies to sage8 and vc8 with E4M3 P codes "
+                        "(v_code not QVA_V_INT8_PV, p_floor QVA_P_FLOOR_DROP)");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;
         if (p->clusters < 1 || p->clusters > QVA_VSMOOTH_MAX_CLUSTERS)

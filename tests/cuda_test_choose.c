@@ -69,6 +69,8 @@ int main(void) {
         {"vc8+fp32sum+i8pv", 128, NULL, QVC_KERNEL_ATTN8_WS_128X128, NULL},
         {"sage8+fp32sum+i8pv", 64, NULL, QVC_KERNEL_NONE, "+i8pv"},
         {"vc8+expcast+floormass", 128, NULL, QVC_KERNEL_NONE, "+floormass"},
+        {"vc8+expcast-centred+pblock", 128, NULL, QVC_KERNEL_NONE, "+pblock"},
+        {"sage8+pblock", 64, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"sage8+expcast-centred+floormass", 64, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},

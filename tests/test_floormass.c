@@ -18,7 +18,14 @@
  *      error, the change between them the error's own component along
  *      it, and the decomposition's P term under a tenth of the paper's;
  *  (d) parsing, naming and validation: sage8 and vc8 with an E4M3 ExpCast.
- * CUDA refuses +floormass (cuda_test_choose.c).
+ *  (e) +pblock (cfg.p_max = QVA_P_MAX_BLOCK), the other answer to the
+ *      floor: one block's update is qvi_pv_e4m3's formula bit for bit
+ *      (codes against the block's max, partial and row sum times w), and
+ *      the row-max form's where the block holds the row max; on the rows
+ *      of (c), each of sage8+expcast, vc8+expcast-centred and vc8 (exp2)
+ *      has under half its error with +pblock, and on rows without a
+ *      floor within 5% of it; parsing and validation.
+ * CUDA refuses +floormass and +pblock (cuda_test_choose.c).
  */
 #define TEST_RNG_SEED 0xF1002A55ull
 #include <stdlib.h>
@@ -100,7 +107,7 @@ static void test_row(void) {
         qvi_row_init(&r, acc, D);
         qvi_row_raise_max(&r, s, QVI_BLOCK);
         qvi_pv_e4m3(&r, s, V, NULL, 1.0f, with_mu ? mu : NULL, QVI_BLOCK, QVA_EXPCAST_CENTRED, 0, 0,
-                    1);
+                    1, 0);
         float under;
         const float rs = qvi_probs_e4m3(s, r.m, QVI_BLOCK, QVA_EXPCAST_CENTRED, 0, pc, &under);
         CHECK(under > 0.0f && r.l == rs + under, "mu %d: l %.9g against %.9g + %.9g", with_mu, r.l,
@@ -334,10 +341,141 @@ static void test_parse(void) {
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with the E5M2 code refused");
 }
 
+/* (e) ------------------------------------------------------------ +pblock */
+static void test_pblock_row(void) {
+    enum { D = 64 };
+    float s[QVI_BLOCK], acc[D], acc2[D], mu[D];
+    uint8_t V[QVI_BLOCK * D], pc[QVI_BLOCK];
+    for (int i = 0; i < QVI_BLOCK * D; ++i) V[i] = qva_e4m3_encode((float)rng_gauss());
+    for (int c = 0; c < D; ++c) mu[c] = (float)(0.1 * rng_gauss());
+    for (int trial = 0; trial < 8; ++trial) {
+        const int expcast = trial % 2 ? QVA_EXPCAST_CENTRED : QVA_EXPCAST_OFF;
+        for (int j = 0; j < QVI_BLOCK; ++j)
+            s[j] = j % 23 == 5 ? -INFINITY : (float)(-3.0 * rng_unit());
+        /* a row whose max is 20 binades above this block: the row-max
+         * codes of every key are 0 */
+        qvi_row r, r0;
+        qvi_row_init(&r, acc, D), qvi_row_init(&r0, acc2, D);
+        r.m = r0.m = 20.0f, r.l = r0.l = 1.0f;
+        qvi_pv_e4m3(&r, s, V, NULL, 0.75f, trial < 4 ? mu : NULL, QVI_BLOCK, expcast, 1, 0, 0, 1);
+        qvi_pv_e4m3(&r0, s, V, NULL, 0.75f, trial < 4 ? mu : NULL, QVI_BLOCK, expcast, 1, 0, 0, 0);
+        const float mb = qvi_block_max(s, QVI_BLOCK), w = exp2f(mb - 20.0f);
+        const float rs = qvi_probs_e4m3(s, mb, QVI_BLOCK, expcast, 1, pc, NULL) * w;
+        CHECK(r.l == 1.0f + rs && rs > 0.0f, "trial %d: l %.9g against 1 + %.9g", trial, r.l, rs);
+        CHECK(r0.l == 1.0f, "trial %d: the row-max codes keep %.9g", trial, r0.l - 1.0f);
+        int bad = 0;
+        for (int c = 0; c < D; ++c) {
+            float part = 0.0f;
+            for (int j = 0; j < QVI_BLOCK; ++j)
+                if (pc[j])
+                    part += qva_e4m3_decode(pc[j]) * qva_e4m3_decode(V[j * D + c]);
+            float want = part * (w * 0.75f);
+            if (trial < 4) want += rs * mu[c];
+            bad += acc[c] != want;
+        }
+        CHECK(bad == 0, "trial %d: %d channels of acc off the formula", trial, bad);
+        /* the block holding the row max: the row-max form bit for bit */
+        qvi_row_init(&r, acc, D), qvi_row_init(&r0, acc2, D);
+        qvi_row_raise_max(&r, s, QVI_BLOCK), qvi_row_raise_max(&r0, s, QVI_BLOCK);
+        qvi_pv_e4m3(&r, s, V, NULL, 0.75f, mu, QVI_BLOCK, expcast, 1, 0, 0, 1);
+        qvi_pv_e4m3(&r0, s, V, NULL, 0.75f, mu, QVI_BLOCK, expcast, 1, 0, 0, 0);
+        CHECK(r.l == r0.l && !memcmp(acc, acc2, sizeof acc), "trial %d: the max's block moved",
+              trial);
+    }
+}
+
+/* method and method+pblock from fresh contexts at `step`: their errors */
+static void pblock_pair(const call_case *c, const char *method, int step, double *e_row,
+                        double *e_block) {
+    char name[96];
+    snprintf(name, sizeof name, "%s+pblock", method);
+    const size_t all = (size_t)H * N * DH;
+    float *a = malloc(all * sizeof *a), *b = malloc(all * sizeof *b);
+    qva_context_t *ca = NULL, *cb = NULL;
+    CHECK(qva_context_create(&ca, QVA_DEVICE_CPU) == QVA_OK, "context");
+    CHECK(qva_context_create(&cb, QVA_DEVICE_CPU) == QVA_OK, "context");
+    run(ca, method, step, c, a), run(cb, name, step, c, b);
+    *e_row = rel_l2(a, c->ref), *e_block = rel_l2(b, c->ref);
+    printf("  %s %.5f, %s %.5f (%.2fx)\n", method, *e_row, name, *e_block, *e_block / *e_row);
+    qva_context_free(ca), qva_context_free(cb);
+    free(a), free(b);
+}
+
+/* The decomposition's P term (head 0) of method and method+pblock. */
+static void pblock_p_terms(const call_case *c, const char *method, double *p_row, double *p_block) {
+    char name[96];
+    snprintf(name, sizeof name, "%s+pblock", method);
+    qva_error_terms t1, t2;
+    qva_config cfg;
+    const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
+    const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
+    const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
+    qva_config_default(&cfg);
+    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s", method);
+    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t1) == QVA_OK, "%s", qva_last_error());
+    CHECK(qva_config_set_method(&cfg, name) == QVA_OK, "%s", name);
+    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t2) == QVA_OK, "%s", qva_last_error());
+    printf("  %s, head 0's P term %.5f -> %.5f\n", name, t1.p, t2.p);
+    CHECK(t2.q == t1.q && t2.v == t1.v, "%s: the Q and V terms moved", name);
+    *p_row = t1.p, *p_block = t2.p;
+}
+
+/* On the rows of (c), ExpCast's floor is most of its P term: +pblock
+ * keeps every key outside the anchor's block, so the call's error falls
+ * and its P term falls below a fifth.  The exp2 path's floor (u < -17.8)
+ * is below these keys: its error stays within 5%. */
+static void test_pblock_calls(void) {
+    static const char *const methods[] = {"sage8+expcast", "vc8+expcast-centred", "vc8"};
+    call_case c;
+    double er, eb, pr, pb;
+    make_case(&c, 15.5 * 0.6931471805599453);
+    for (int i = 0; i < 3; ++i) {
+        pblock_pair(&c, methods[i], 0, &er, &eb);
+        pblock_p_terms(&c, methods[i], &pr, &pb);
+        if (i < 2) {
+            CHECK(eb < 0.95 * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
+            CHECK(pb < 0.2 * pr, "%s+pblock: the P term %.5f against %.5f", methods[i], pb, pr);
+        } else {
+            CHECK(eb < 1.05 * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
+        }
+    }
+    free_case(&c);
+    make_case(&c, 0.0);
+    for (int i = 0; i < 3; ++i) {
+        pblock_pair(&c, methods[i], 0, &er, &eb);
+        CHECK(eb < 1.05 * er, "no floor: %s+pblock %.5f against %.5f", methods[i], eb, er);
+    }
+    free_case(&c);
+}
+
+static void test_pblock_parse(void) {
+    static const char *const ok[] = {"vc8+pblock", "sage8+pblock", "vc8+expcast+pblock",
+                                     "vc8+expcast-centred+pblock", "sage8+v2+pblock",
+                                     "vc8+nohadamard+fp32sum+pblock", "vc8+expcast-e5m2+pblock"};
+    static const char *const bad[] = {"fp8+pblock", "bf16+pblock", "draft@85/0/7.5/7.5+pblock",
+                                      "vc8+i8pv+pblock", "vc8+expcast+floormass+pblock",
+                                      "vc8+pblock+pblock", "sage4+pblock"};
+    check_method_option(ok, sizeof ok / sizeof *ok, bad, sizeof bad / sizeof *bad,
+                        offsetof(qva_config, p_max), QVA_P_MAX_BLOCK, QVA_P_MAX_ROW, "+pblock");
+    qva_config c;
+    qva_config_default(&c);
+    CHECK(qva_config_set_method(&c, "vc8") == QVA_OK, "vc8");
+    c.p_max = QVA_P_MAX_BLOCK;
+    CHECK(option_call_check(&c) == QVA_OK, "vc8, p_max BLOCK: %s", qva_last_error());
+    c.p_max = 2;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "p_max 2 refused");
+    c.p_max = QVA_P_MAX_BLOCK;
+    c.v_code = QVA_V_INT8_PV;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with +i8pv refused");
+}
+
 int main(void) {
     test_p_codes();
     test_row();
     test_parse();
     test_calls();
+    test_pblock_row();
+    test_pblock_parse();
+    test_pblock_calls();
     return check_summary("test_floormass");
 }

@@ -153,16 +153,17 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               +expcast / +expcast-centred / +expcast-e5m2 /
               +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
-              / +vprev / +floormass options
+              / +vprev / +floormass / +pblock options
               (docs/CLI.md says what each does; sage8 and vc8 rotate and
               sum their codes unless +nohadamard / +fp32sum; +v2, V in two
               E4M3 digits, runs on CUDA at head dim 128 only; +i8pv, the PV
               product in integers, on CUDA at head dim 128 with bf16/f16
-              inputs (with +fp32sum, l the weights' sum, CPU only so
-              far); +kprev, K smoothed with the mean the layer's previous
+              inputs (with +fp32sum, l the weights' sum); +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
-              +floormass, ExpCast's floor mass put back, CPU only so far).
+              +floormass, ExpCast's floor mass put back, and +pblock, P
+              coded against each key block's own max, both CPU only so
+              far).
               Default: qvattn.DEFAULT_METHOD, vc8 (Q and K rotated, P
               by exp2, the row sum from P's codes: docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.

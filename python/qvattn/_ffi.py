@@ -274,6 +274,7 @@ class QvaConfig(_CStruct):
         ("k_mean", c_int),  # qva_k_mean (+kprev sets PREVIOUS)
         ("v_scale", c_int),  # qva_v_scale (+vprev sets PREVIOUS)
         ("p_floor", c_int),  # qva_p_floor (+floormass sets MEAN)
+        ("p_max", c_int),  # qva_p_max (+pblock sets BLOCK)
     ]
 
 

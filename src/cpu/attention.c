@@ -158,15 +158,27 @@ static float round_f16_sat(float x) {
     return r;
 }
 
+float qvi_block_max(const float *s, int nk) {
+    float mb = -INFINITY;
+    for (int j = 0; j < nk; ++j)
+        if (s[j] > mb) mb = s[j]; /* as fmaxf: a NaN score is not the max */
+    return mb;
+}
+
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
-                 int fp16_partial, int floor_mass) {
+                 int fp16_partial, int floor_mass, int p_block) {
     if (r->m == -INFINITY) return;
     const int d = r->d;
     uint8_t pc[QVI_BLOCK];
     float part[128] = {0};
     float under = 0.0f;
-    float rowsum = qvi_probs_e4m3(s, r->m, nk, expcast, sum_codes, pc, floor_mass ? &under : NULL);
+    /* +pblock: codes against the block's own max, the block scaled by w */
+    const float mb = p_block ? qvi_block_max(s, nk) : r->m;
+    if (mb == -INFINITY) return; /* no key: nothing to add */
+    const float w = p_block ? exp2f(mb - r->m) : 1.0f;
+    float rowsum = qvi_probs_e4m3(s, mb, nk, expcast, sum_codes, pc, floor_mass ? &under : NULL);
+    if (p_block) rowsum *= w;
     const float *lut = e4m3_lut(), *plut = p_lut(expcast);
     for (int j = 0; j < nk; ++j) {
         if (!pc[j]) continue;
@@ -183,17 +195,16 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
         if (!mu) r->floor += under;
     }
     r->l += rowsum;
+    const float wv = w * vscale;
     for (int c = 0; c < d; ++c) {
         float pc_c = fp16_partial ? round_f16_sat(part[c]) : part[c];
-        r->acc[c] += pc_c * vscale;
+        r->acc[c] += pc_c * wv;
         if (mu) r->acc[c] += rowsum * mu[c]; /* VC Eq. 6: r_ij mu_j^T */
     }
 }
 
 float qvi_probs_u8(const float *s, float m, int nk, int sum_codes, uint8_t *u, float *rowsum) {
-    float mb = -INFINITY;
-    for (int j = 0; j < nk; ++j)
-        if (s[j] > mb) mb = s[j]; /* as fmaxf: a NaN score is not the max */
+    const float mb = qvi_block_max(s, nk);
     int32_t usum = 0;
     float esum = 0.0f;
     for (int j = 0; j < nk; ++j) {
@@ -403,6 +414,7 @@ typedef struct head_ops {
     int expcast;
     int sum_codes;         /* cfg->p_sum == QVA_P_SUM_CODES              */
     int floor_mass;        /* cfg->p_floor == QVA_P_FLOOR_MEAN           */
+    int p_block;           /* cfg->p_max == QVA_P_MAX_BLOCK              */
     float *vbar;           /* +floormass without demeaning: fp16(mean of V
                               / scale_c) (PATH_I8), else NULL            */
     qva_v_code v_code;     /* PATH_I8: V's code (cfg->v_code)            */
@@ -786,6 +798,7 @@ static qva_status prepare_head(const qva_config *cfg, const qva_tensor *qt,
     o->expcast = cfg->expcast;
     o->sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
     o->floor_mass = cfg->p_floor == QVA_P_FLOOR_MEAN;
+    o->p_block = cfg->p_max == QVA_P_MAX_BLOCK && qvi_p_max_applies(cfg);
     o->v_code = cfg->v_code;
     o->q_rows_per_scale = qvi_q_rows_per_scale(cfg);
     o->use_f16 = qt->dtype == QVA_F16;
@@ -872,11 +885,17 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p, fl
     }
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
-        const float rowsum = qvi_probs_e4m3(s, m, QVI_BLOCK, o->expcast, o->sum_codes, pc,
+        const float mb = o->p_block ? qvi_block_max(s, QVI_BLOCK) : m;
+        if (mb == -INFINITY) {
+            for (int j = 0; j < QVI_BLOCK; ++j) p[j] = 0.0f;
+            return 0.0f;
+        }
+        const float w = o->p_block ? exp2f(mb - m) : 1.0f; /* as qvi_pv_e4m3 */
+        const float rowsum = qvi_probs_e4m3(s, mb, QVI_BLOCK, o->expcast, o->sum_codes, pc,
                                             o->floor_mass ? under : NULL);
         const float *plut = p_lut(o->expcast);
-        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]];
-        return rowsum;
+        for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]] * w;
+        return rowsum * w;
     }
     float rowsum = 0.0f;
     for (int j = 0; j < QVI_BLOCK; ++j) {
@@ -924,11 +943,11 @@ static void block_pv(const head_ops *o, qvi_row *r, int j, const float *s) {
         else
             qvi_pv_e4m3(r, s, o->v8.codes + vo, o->v8.codes_lo ? o->v8.codes_lo + vo : NULL,
                         1.0f, o->v8.mu_hat ? o->v8.mu_hat + (size_t)j * o->d : NULL,
-                        QVI_BLOCK, o->expcast, o->sum_codes, 0, o->floor_mass);
+                        QVI_BLOCK, o->expcast, o->sum_codes, 0, o->floor_mass, o->p_block);
         break;
     case PATH_FP8:
         qvi_pv_e4m3(r, s, o->v8b.codes + vo, NULL, o->v8b.block_scale[j], NULL,
-                    QVI_BLOCK, o->expcast, o->sum_codes, 0, 0);
+                    QVI_BLOCK, o->expcast, o->sum_codes, 0, 0, 0);
         break;
     case PATH_F32: fp32_pv(o, r, j, s); break;
     }

@@ -141,7 +141,7 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
         mask_tail(s, J->lay->count[b], c);
         qvi_row_raise_max(r, s, c);
         qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, NULL, 1.0f, NULL, c, J->expcast, 0,
-                    J->int8_acc16, 0);
+                    J->int8_acc16, 0, 0);
     }
     qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
 }

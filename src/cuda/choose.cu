@@ -89,6 +89,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         snprintf(why, len, "bad K/V head group %lld", (long long)kv_group);
         return QVC_KERNEL_NONE;
     }
+    if (cfg->p_max == QVA_P_MAX_BLOCK) {
+        snprintf(why, len, "+pblock (P coded against each key block's own max) runs on the CPU "
+                           "reference only so far");
+        return QVC_KERNEL_NONE;
+    }
     if (cfg->p_floor == QVA_P_FLOOR_MEAN) {
         snprintf(why, len, "+floormass (ExpCast's floor mass put back) runs on the CPU "
                            "reference only so far");
