@@ -179,7 +179,8 @@ typedef enum qva_p_max {
     QVA_P_MAX_BLOCK = 1 /* "+pblock": each key block's own row max m_b;
                            the block's partial and row sum are then scaled
                            by w = exp2(m_b - m) in FP32, as +i8pv does.
-                           CPU reference only so far                      */
+                           CUDA: head dim 128, one E4M3 digit of V, E4M3
+                           P codes (not +expcast-e5m2)                    */
 } qva_p_max;
 
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8

@@ -25,7 +25,8 @@
  *      of (c), each of sage8+expcast, vc8+expcast-centred and vc8 (exp2)
  *      has under half its error with +pblock, and on rows without a
  *      floor within 5% of it; parsing and validation.
- * CUDA refuses +floormass and +pblock (cuda_test_choose.c).
+ * CUDA refuses +floormass and runs +pblock at head dim 128
+ * (cuda_test_choose.c; test_backend checks it against the CPU).
  */
 #define TEST_RNG_SEED 0xF1002A55ull
 #include <stdlib.h>

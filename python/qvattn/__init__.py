@@ -161,9 +161,9 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               inputs (with +fp32sum, l the weights' sum); +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
-              +floormass, ExpCast's floor mass put back, and +pblock, P
-              coded against each key block's own max, both CPU only so
-              far).
+              +floormass, ExpCast's floor mass put back, CPU only so far;
+              +pblock, P coded against each key block's own max, on
+              CUDA at head dim 128).
               Default: qvattn.DEFAULT_METHOD, vc8 (Q and K rotated, P
               by exp2, the row sum from P's codes: docs/NUMERICS.md §7).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.

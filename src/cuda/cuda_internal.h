@@ -265,6 +265,8 @@ typedef struct qvc_attn_args {
                           as ExpCast's                                 */
     int u8_pv;         /* +i8pv: u8 P codes of each block's row max, INT8
                           V (v_mode 2), the s32 product (QVA_V_INT8_PV) */
+    int p_block;       /* +pblock: E4M3 P codes of each block's row max,
+                          the block scaled by exp2(m_b - m) (QVA_P_MAX_BLOCK) */
     void *out;         /* user output (strided, its dtype)             */
     int out_dtype;
     int64_t osb, osh, osn;

@@ -280,6 +280,7 @@ static qvc_attn_args make_args(const qva_config *cfg, const qva_tensor *q,
     a.expcast_add = qvi_expcast_addend(qvi_expcast_beta(cfg->expcast));
     a.sum_codes = cfg->p_sum == QVA_P_SUM_CODES;
     a.u8_pv = cfg->v_code == QVA_V_INT8_PV;
+    a.p_block = cfg->p_max == QVA_P_MAX_BLOCK && qvi_p_max_applies(cfg);
     a.out = out->data;
     a.out_dtype = (int)out->dtype;
     a.osb = out->stride[0], a.osh = out->stride[1], a.osn = out->stride[2];

@@ -23,6 +23,11 @@
                            PV), the decoded codes' sum from the ones row */
 #define A8_P_U8_FP32SUM 5 /* +i8pv+fp32sum: A8_P_U8's codes and product, l the
                              FP32 sum of the weights before their rounding */
+/* A bit beside the path (INT8 loop, E4M3 P): +pblock, the codes of each
+ * block's own row max m_b, the block's partial and row sum times
+ * w = exp2(m_b - m) */
+#define A8_P_BLOCK 8
+#define A8_P_PATH(pm) ((pm) & 7)
 
 /* The compile-time shape of the kernel for one QK format; the one place
  * where its options are chosen.  Rejected (dev/cuda/README.md):
@@ -186,10 +191,12 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                                                            int tig) {
     typedef attn8_layout<F> L;
     /* EXPCAST: 1 ExpCast's E4M3 code, 2 its E5M2 code (make_p_fused) */
-    constexpr int EXPCAST = PMODE == A8_P_EXPCAST ? 1 : PMODE == A8_P_EXPCAST5 ? 2 : 0;
-    constexpr int P5 = PMODE == A8_P_EXPCAST5, ONES = PMODE != A8_P_EXP2;
-    constexpr int U8 = PMODE == A8_P_U8 || PMODE == A8_P_U8_FP32SUM;
-    constexpr int U8_SUM32 = PMODE == A8_P_U8_FP32SUM;
+    constexpr int PM = A8_P_PATH(PMODE), PBLK = (PMODE & A8_P_BLOCK) != 0;
+    constexpr int EXPCAST = PM == A8_P_EXPCAST ? 1 : PM == A8_P_EXPCAST5 ? 2 : 0;
+    constexpr int P5 = PM == A8_P_EXPCAST5, ONES = PM != A8_P_EXP2;
+    constexpr int U8 = PM == A8_P_U8 || PM == A8_P_U8_FP32SUM;
+    constexpr int U8_SUM32 = PM == A8_P_U8_FP32SUM;
+    static_assert(!PBLK || (!U8 && !P5 && !F::VLO), "+pblock: E4M3 P, one V code");
     static_assert(!P5 || !F::VLO, "+expcast-e5m2 has one V code");
     static_assert(!U8 || !F::VLO, "+i8pv has one V code");
     constexpr int NT = F::CONSUMERS * 128;
@@ -204,7 +211,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
-            if ((F::CARRY_PMODES >> PMODE) & 1) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
+            if ((F::CARRY_PMODES >> PM) & 1) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
             const uint32_t sb = base_c; /* the shared-memory base, as carried */
             const uint64_t qdj = (qd & 0xFFFFFFFF00000000ull) | qd_lo;
             const int s = j % F::STAGES;
@@ -266,12 +273,14 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                     r.o[n * 4 + 3] = __fmaf_rn(__int2float_rn(ip[n * 4 + 3]), wv1, r.o[n * 4 + 3]);
                 }
             } else {
+                /* the max the codes are taken against: the row's, or (+pblock) the block's */
+                const float mc0 = PBLK ? mb[0] : r.m[0], mc1 = PBLK ? mb[1] : r.m[1];
                 if ((j + 1) * WS_KEYS > ops.nk)
-                    make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                    make_p_fused<EXPCAST, 1, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, mc0, mc1,
                                                                      a.expcast_add, j * WS_KEYS,
                                                                      ops.nk, tig, rs, pa);
                 else
-                    make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, r.m[0], r.m[1],
+                    make_p_fused<EXPCAST, 0, F::SHORT_CHAINS, !ONES>(sacc, f0, f1, mc0, mc1,
                                                                      a.expcast_add, j * WS_KEYS,
                                                                      ops.nk, tig, rs, pa);
                 if (!ONES) {
@@ -291,7 +300,13 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
 #pragma unroll
                 for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
                 if (ONES) rs[0] = part[64], rs[1] = part[66];
-                add_part<16>(r.o, part, 0, vb);
+                if (PBLK) { /* the block's weight per row, as +i8pv's */
+                    const float w0 = ex2_ftz(mb[0] - r.m[0]), w1 = ex2_ftz(mb[1] - r.m[1]);
+                    rs[0] *= w0, rs[1] *= w1;
+                    add_part_rows<16>(r.o, part, w0 * vb, w1 * vb);
+                } else {
+                    add_part<16>(r.o, part, 0, vb);
+                }
             }
             if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
@@ -358,10 +373,11 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
 }
 
 /* ------------------------------------------------------------ epilogue */
-template <int PMODE>
+template <int PMODE_BITS>
 static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const qvc_ops &ops,
                                                       const qvc_attn_args &a, int bh, int row0,
                                                       int g, int tig) {
+    constexpr int PMODE = A8_P_PATH(PMODE_BITS);
     const int b = bh / a.H, h = bh % a.H;
     /* log2 of the P codes' scale: ExpCast's 2^8 (E5M2: 2^15), +i8pv's 255 */
     const float amp = PMODE == A8_P_EXPCAST    ? 8.0f
@@ -422,7 +438,8 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) =
-            PMODE == A8_P_U8 ? 0x01010101u : 0x38383838u;
+            (A8_P_PATH(PMODE) == A8_P_U8 || A8_P_PATH(PMODE) == A8_P_U8_FP32SUM) ? 0x01010101u
+                                                                                 : 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(b.q, 1);
         for (int s = 0; s < F::STAGES; ++s) {
@@ -527,6 +544,16 @@ static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaS
     attn8_params p;
     p.ops = *ops;
     p.a = *a;
+    if (a->p_block) {
+        if constexpr (F::INT8 && !F::VLO) {
+            if (a->expcast == QVA_EXPCAST_E5M2)
+                return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +pblock with E5M2 codes");
+            if (a->expcast) return attn8_launch_p<F, A8_P_EXPCAST | A8_P_BLOCK>(m, &p, st);
+            if (a->sum_codes) return attn8_launch_p<F, A8_P_CODESUM | A8_P_BLOCK>(m, &p, st);
+            return attn8_launch_p<F, A8_P_EXP2 | A8_P_BLOCK>(m, &p, st);
+        }
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +pblock needs INT8 QK and one V code");
+    }
     if (a->u8_pv) {
         if constexpr (F::INT8 && !F::VLO)
             return a->sum_codes ? attn8_launch_p<F, A8_P_U8>(m, &p, st)
