@@ -265,19 +265,25 @@ static void compare(const call_case *c, const char *paper, const char *floor, co
     free(a), free(b);
 }
 
-/* Only P quantized: +floormass at most a tenth of the paper's error (the
- * floor is nearly all of it on these rows); the Q and V terms unchanged. */
-static void check_p_term(const call_case *c, const char *paper, const char *floor) {
-    qva_error_terms t1, t2;
+/* The decomposition (head 0) of methods a and b on the case. */
+static void terms_of_two(const call_case *c, const char *a, const char *b, qva_error_terms *ta,
+                         qva_error_terms *tb) {
     qva_config cfg;
     const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
     const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
     const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
     qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, paper) == QVA_OK, "%s", paper);
-    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t1) == QVA_OK, "%s", qva_last_error());
-    CHECK(qva_config_set_method(&cfg, floor) == QVA_OK, "%s", floor);
-    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t2) == QVA_OK, "%s", qva_last_error());
+    CHECK(qva_config_set_method(&cfg, a) == QVA_OK, "%s", a);
+    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, ta) == QVA_OK, "%s", qva_last_error());
+    CHECK(qva_config_set_method(&cfg, b) == QVA_OK, "%s", b);
+    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, tb) == QVA_OK, "%s", qva_last_error());
+}
+
+/* Only P quantized: +floormass at most a tenth of the paper's error (the
+ * floor is nearly all of it on these rows); the Q and V terms unchanged. */
+static void check_p_term(const call_case *c, const char *paper, const char *floor) {
+    qva_error_terms t1, t2;
+    terms_of_two(c, paper, floor, &t1, &t2);
     printf("  %s, head 0 terms: p %.5f -> %.5f, full %.5f -> %.5f\n", floor, t1.p, t2.p, t1.full,
            t2.full);
     CHECK(t2.p <= 0.1 * t1.p, "%s: the P term %.5f against %.5f", floor, t2.p, t1.p);
@@ -407,15 +413,7 @@ static void pblock_p_terms(const call_case *c, const char *method, double *p_row
     char name[96];
     snprintf(name, sizeof name, "%s+pblock", method);
     qva_error_terms t1, t2;
-    qva_config cfg;
-    const qva_tensor tq = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
-    const qva_tensor tk = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
-    const qva_tensor tv = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, 1, 1, N, DH);
-    qva_config_default(&cfg);
-    CHECK(qva_config_set_method(&cfg, method) == QVA_OK, "%s", method);
-    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t1) == QVA_OK, "%s", qva_last_error());
-    CHECK(qva_config_set_method(&cfg, name) == QVA_OK, "%s", name);
-    CHECK(qva_error_terms_compute(&cfg, &tq, &tk, &tv, &t2) == QVA_OK, "%s", qva_last_error());
+    terms_of_two(c, method, name, &t1, &t2);
     printf("  %s, head 0's P term %.5f -> %.5f\n", name, t1.p, t2.p);
     CHECK(t2.q == t1.q && t2.v == t1.v, "%s: the Q and V terms moved", name);
     *p_row = t1.p, *p_block = t2.p;
