@@ -421,8 +421,10 @@ static void pblock_p_terms(const call_case *c, const char *method, double *p_row
 
 /* On the rows of (c), ExpCast's floor is most of its P term: +pblock
  * keeps every key outside the anchor's block, so the call's error falls
- * and its P term falls below a fifth.  The exp2 path's floor (u < -17.8)
- * is below these keys: its error stays within 5%. */
+ * and (vc8's decomposition; one method, as the decomposition is the
+ * slow part under the sanitizers) its P term falls below a fifth.  The
+ * exp2 path's floor (u < -17.8) is below these keys: its error stays
+ * within 5%. */
 static void test_pblock_calls(void) {
     static const char *const methods[] = {"sage8+expcast", "vc8+expcast-centred", "vc8"};
     call_case c;
@@ -430,14 +432,10 @@ static void test_pblock_calls(void) {
     make_case(&c, 15.5 * 0.6931471805599453);
     for (int i = 0; i < 3; ++i) {
         pblock_pair(&c, methods[i], 0, &er, &eb);
-        pblock_p_terms(&c, methods[i], &pr, &pb);
-        if (i < 2) {
-            CHECK(eb < 0.95 * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
-            CHECK(pb < 0.2 * pr, "%s+pblock: the P term %.5f against %.5f", methods[i], pb, pr);
-        } else {
-            CHECK(eb < 1.05 * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
-        }
+        CHECK(eb < (i < 2 ? 0.95 : 1.05) * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
     }
+    pblock_p_terms(&c, methods[1], &pr, &pb);
+    CHECK(pb < 0.2 * pr, "%s+pblock: the P term %.5f against %.5f", methods[1], pb, pr);
     free_case(&c);
     make_case(&c, 0.0);
     for (int i = 0; i < 3; ++i) {
