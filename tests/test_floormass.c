@@ -22,9 +22,10 @@
  *      floor: one block's update is qvi_pv_e4m3's formula bit for bit
  *      (codes against the block's max, partial and row sum times w), and
  *      the row-max form's where the block holds the row max; on the rows
- *      of (c), each of sage8+expcast, vc8+expcast-centred and vc8 (exp2)
- *      has under half its error with +pblock, and on rows without a
- *      floor within 5% of it; parsing and validation.
+ *      of (c), sage8+expcast and vc8+expcast-centred have less error
+ *      with +pblock (under 0.95x and 0.85x) and vc8 (exp2, no floor that
+ *      high) within 5%, as all three on rows without a floor; parsing
+ *      and validation.
  * CUDA refuses +floormass and runs +pblock at head dim 128
  * (cuda_test_choose.c; test_backend checks it against the CPU).
  */
@@ -408,34 +409,22 @@ static void pblock_pair(const call_case *c, const char *method, int step, double
     free(a), free(b);
 }
 
-/* The decomposition's P term (head 0) of method and method+pblock. */
-static void pblock_p_terms(const call_case *c, const char *method, double *p_row, double *p_block) {
-    char name[96];
-    snprintf(name, sizeof name, "%s+pblock", method);
-    qva_error_terms t1, t2;
-    terms_of_two(c, method, name, &t1, &t2);
-    printf("  %s, head 0's P term %.5f -> %.5f\n", name, t1.p, t2.p);
-    CHECK(t2.q == t1.q && t2.v == t1.v, "%s: the Q and V terms moved", name);
-    *p_row = t1.p, *p_block = t2.p;
-}
-
 /* On the rows of (c), ExpCast's floor is most of its P term: +pblock
  * keeps every key outside the anchor's block, so the call's error falls
- * and (vc8's decomposition; one method, as the decomposition is the
- * slow part under the sanitizers) its P term falls below a fifth.  The
- * exp2 path's floor (u < -17.8) is below these keys: its error stays
- * within 5%. */
+ * to V's (vc8+expcast-centred 0.78x, sage8+expcast 0.91x seen; the
+ * decomposition would show it more sharply but is slow under the
+ * sanitizers).  The exp2 path's floor (u < -17.8) is below these keys:
+ * its error stays within 5%. */
 static void test_pblock_calls(void) {
     static const char *const methods[] = {"sage8+expcast", "vc8+expcast-centred", "vc8"};
+    static const double below[] = {0.95, 0.85, 1.05};
     call_case c;
-    double er, eb, pr, pb;
+    double er, eb;
     make_case(&c, 15.5 * 0.6931471805599453);
     for (int i = 0; i < 3; ++i) {
         pblock_pair(&c, methods[i], 0, &er, &eb);
-        CHECK(eb < (i < 2 ? 0.95 : 1.05) * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
+        CHECK(eb < below[i] * er, "%s+pblock %.5f against %.5f", methods[i], eb, er);
     }
-    pblock_p_terms(&c, methods[1], &pr, &pb);
-    CHECK(pb < 0.2 * pr, "%s+pblock: the P term %.5f against %.5f", methods[1], pb, pr);
     free_case(&c);
     make_case(&c, 0.0);
     for (int i = 0; i < 3; ++i) {
