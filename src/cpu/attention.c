@@ -165,6 +165,24 @@ float qvi_block_max(const float *s, int nk) {
     return mb;
 }
 
+/* qvi_probs_e4m3 against the row max m, or (+pblock) against the block's
+ * own max m_b with the block's weight *w = exp2f(m_b - m) (1 otherwise,
+ * 0 for a block without keys, whose codes are then all 0): the codes, and
+ * the row sum times *w. */
+static float probs_e4m3_at(const float *s, float m, int nk, int expcast, int sum_codes,
+                           int p_block, uint8_t *pc, float *floor, float *w) {
+    const float mb = p_block ? qvi_block_max(s, nk) : m;
+    if (mb == -INFINITY) {
+        memset(pc, 0, (size_t)nk);
+        if (floor) *floor = 0.0f;
+        *w = 0.0f;
+        return 0.0f;
+    }
+    *w = p_block ? exp2f(mb - m) : 1.0f;
+    const float rowsum = qvi_probs_e4m3(s, mb, nk, expcast, sum_codes, pc, floor);
+    return p_block ? rowsum * *w : rowsum;
+}
+
 void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vlo,
                  float vscale, const float *mu, int nk, int expcast, int sum_codes,
                  int fp16_partial, int floor_mass, int p_block) {
@@ -172,13 +190,10 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     const int d = r->d;
     uint8_t pc[QVI_BLOCK];
     float part[128] = {0};
-    float under = 0.0f;
-    /* +pblock: codes against the block's own max, the block scaled by w */
-    const float mb = p_block ? qvi_block_max(s, nk) : r->m;
-    if (mb == -INFINITY) return; /* no key: nothing to add */
-    const float w = p_block ? exp2f(mb - r->m) : 1.0f;
-    float rowsum = qvi_probs_e4m3(s, mb, nk, expcast, sum_codes, pc, floor_mass ? &under : NULL);
-    if (p_block) rowsum *= w;
+    float under = 0.0f, w;
+    float rowsum = probs_e4m3_at(s, r->m, nk, expcast, sum_codes, p_block, pc,
+                                 floor_mass ? &under : NULL, &w);
+    if (w == 0.0f) return; /* +pblock, a block without keys: nothing to add */
     const float *lut = e4m3_lut(), *plut = p_lut(expcast);
     for (int j = 0; j < nk; ++j) {
         if (!pc[j]) continue;
@@ -885,17 +900,12 @@ static float fp32_probs(const head_ops *o, const float *s, float m, float *p, fl
     }
     if (quant && o->codes_kind != PATH_FP4) {
         uint8_t pc[QVI_BLOCK];
-        const float mb = o->p_block ? qvi_block_max(s, QVI_BLOCK) : m;
-        if (mb == -INFINITY) {
-            for (int j = 0; j < QVI_BLOCK; ++j) p[j] = 0.0f;
-            return 0.0f;
-        }
-        const float w = o->p_block ? exp2f(mb - m) : 1.0f; /* as qvi_pv_e4m3 */
-        const float rowsum = qvi_probs_e4m3(s, mb, QVI_BLOCK, o->expcast, o->sum_codes, pc,
-                                            o->floor_mass ? under : NULL);
+        float w; /* as qvi_pv_e4m3 */
+        const float rowsum = probs_e4m3_at(s, m, QVI_BLOCK, o->expcast, o->sum_codes,
+                                           o->p_block, pc, o->floor_mass ? under : NULL, &w);
         const float *plut = p_lut(o->expcast);
         for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]] * w;
-        return rowsum * w;
+        return rowsum;
     }
     float rowsum = 0.0f;
     for (int j = 0; j < QVI_BLOCK; ++j) {

@@ -453,21 +453,11 @@ static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0,
     }
 }
 
-/* O += part * vb for the 16-column slice n0..n0+NN of O. */
+/* O += part * vb over the first NN column groups of O, vb0 for row g
+ * (elements 0, 1 of each quad) and vb1 for row g + 8 (elements 2, 3). */
 template <int NN, int N>
-static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], int n0,
-                                                float vb) {
-#pragma unroll
-    for (int n = 0; n < NN; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[(n0 + n) * 4 + e] = __fmaf_rn(part[n * 4 + e], vb, o[(n0 + n) * 4 + e]);
-}
-
-/* O += part * vb_row for the 16-column slice n0..n0+NN of O, vb0 for row
- * g (elements 0, 1 of each quad) and vb1 for row g + 8 (elements 2, 3). */
-template <int NN, int N>
-static __device__ __forceinline__ void add_part_rows(float (&o)[64], const float (&part)[N],
-                                                     float vb0, float vb1) {
+static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], float vb0,
+                                                float vb1) {
 #pragma unroll
     for (int n = 0; n < NN; ++n) {
         o[n * 4 + 0] = __fmaf_rn(part[n * 4 + 0], vb0, o[n * 4 + 0]);

@@ -303,9 +303,9 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                 if (PBLK) { /* the block's weight per row, as +i8pv's */
                     const float w0 = ex2_ftz(mb[0] - r.m[0]), w1 = ex2_ftz(mb[1] - r.m[1]);
                     rs[0] *= w0, rs[1] *= w1;
-                    add_part_rows<16>(r.o, part, w0 * vb, w1 * vb);
+                    add_part<16>(r.o, part, w0 * vb, w1 * vb);
                 } else {
-                    add_part<16>(r.o, part, 0, vb);
+                    add_part<16>(r.o, part, vb, vb);
                 }
             }
             if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
