@@ -169,7 +169,8 @@ typedef enum qva_p_floor {
                              head's.  CPU reference only so far           */
 } qva_p_floor;
 
-/* cfg.p_max: the max that the 8-bit P codes of sage8 and vc8 are taken
+/* cfg.p_max: the max that the 8-bit P codes of sage8, vc8 and draft's INT8
+ * phase are taken
  * against (E4M3 V; docs/NUMERICS.md §3, "P coded against each block's
  * max").  Codes start at the top of the format and fall to its floor (and
  * ExpCast's subnormal codes) 15-18 binades lower; against the running row
@@ -180,7 +181,8 @@ typedef enum qva_p_max {
                            the block's partial and row sum are then scaled
                            by w = exp2(m_b - m) in FP32, as +i8pv does.
                            CUDA: head dim 128, one E4M3 digit of V, E4M3
-                           P codes (not +expcast-e5m2)                    */
+                           P codes (not +expcast-e5m2); draft: both
+                           kernels                                        */
 } qva_p_max;
 
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
@@ -333,7 +335,8 @@ typedef struct qva_config {
     int k_mean;            /* qva_k_mean of K smoothing (sage8, vc8)        */
     int v_scale;           /* qva_v_scale of V's E4M3 scale (sage8, vc8)    */
     int p_floor;           /* qva_p_floor of ExpCast's E4M3 P (sage8, vc8)  */
-    int p_max;             /* qva_p_max of the E4M3 P codes (sage8, vc8)    */
+    int p_max;             /* qva_p_max of the E4M3 P codes (sage8, vc8,
+                            * draft's INT8 phase)                         */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -361,7 +364,7 @@ void qva_config_default(qva_config *cfg);
  * cfg->k_mean = QVA_K_MEAN_PREVIOUS) and "+vprev" (sage8, vc8 with one E4M3
  * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS) and "+floormass" (sage8,
  * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN) and "+pblock"
- * (sage8, vc8 with E4M3 P codes: cfg->p_max = QVA_P_MAX_BLOCK), each setting
+ * (sage8, vc8 with E4M3 P codes, draft: cfg->p_max = QVA_P_MAX_BLOCK), each setting
  * at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8 and vc8: both

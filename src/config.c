@@ -61,12 +61,12 @@ int qvi_v_scale_applies(const qva_config *cfg) {
     return qvi_v_code_applies(cfg->method) && cfg->v_code == QVA_V_E4M3;
 }
 
-/* +pblock: the E4M3 P codes of sage8 and vc8 (not +i8pv, whose u8 codes
- * already take each block's max; not with +floormass, whose floor is the
- * running max's). */
+/* +pblock: the E4M3 P codes of sage8, vc8 and draft's INT8 phase (not
+ * +i8pv, whose u8 codes already take each block's max; not with
+ * +floormass, whose floor is the running max's). */
 int qvi_p_max_applies(const qva_config *cfg) {
-    return qvi_v_code_applies(cfg->method) && cfg->v_code != QVA_V_INT8_PV &&
-           cfg->p_floor == QVA_P_FLOOR_DROP;
+    return (qvi_v_code_applies(cfg->method) || cfg->method == QVA_METHOD_DRAFT) &&
+           cfg->v_code != QVA_V_INT8_PV && cfg->p_floor == QVA_P_FLOOR_DROP;
 }
 
 /* +floormass: ExpCast's E4M3 codes in sage8 and vc8 (the E5M2 code has
@@ -435,7 +435,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                                                       : " without ExpCast");
     if (c.p_max && !qvi_p_max_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
-                        "+pblock applies to the E4M3 P codes of sage8 and vc8 (not with +i8pv, "
+                        "+pblock applies to the E4M3 P codes of sage8, vc8 and draft (not with +i8pv, "
                         "whose codes take each block's max already, nor +floormass), not %s%s",
                         method_names[c.method],
                         c.v_code == QVA_V_INT8_PV ? " with +i8pv"

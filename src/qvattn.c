@@ -248,7 +248,7 @@ static qva_status check_config(const qva_config *cfg) {
                         cfg->p_max);
     if (cfg->p_max == QVA_P_MAX_BLOCK && !qvi_p_max_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "p_max QVA_P_MAX_BLOCK applies to sage8 and vc8 with E4M3 P codes "
+                        "p_max QVA_P_MAX_BLOCK applies to sage8, vc8 and draft with E4M3 P codes "
                         "(v_code not QVA_V_INT8_PV, p_floor QVA_P_FLOOR_DROP)");
     if (cfg->method == QVA_METHOD_VC8 || cfg->method == QVA_METHOD_VC4) {
         const qva_vsmooth_params *p = &cfg->vsmooth;

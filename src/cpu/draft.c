@@ -59,6 +59,7 @@ typedef struct draft_job {
     int d, c;
     float sm_scale, scale_log2, eta;
     int use_f16, expcast, warmup;
+    int p_block; /* +pblock: INT8-phase P codes against each block's max */
     int q_rows_per_scale;
     int int8_acc16; /* the INT8 blocks' PV partials rounded to FP16 (Table 6) */
     int strict; /* check_finite: a NaN/+inf score fails the row */
@@ -120,9 +121,10 @@ static void phase_nvfp4(const draft_job *J, const draft_head *H, qvi_row *r,
 }
 
 /* INT8 phase: INT8 QK^T with one K scale per region block and Q scales per
- * row (or per region block with +qblock), E4M3 P and V, each block's
- * partial in FP32 (or rounded to FP16 as Table 6, +fp16acc), entered and
- * left through Eq. 8. */
+ * row (or per region block with +qblock), E4M3 P (against the running max,
+ * or with +pblock against the block's own and weighted by exp2(m_b - m))
+ * and V, each block's partial in FP32 (or rounded to FP16 as Table 6,
+ * +fp16acc), entered and left through Eq. 8. */
 static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
                        const uint8_t *prec, int64_t qrow, float *s) {
     int c = J->c, d = J->d;
@@ -141,7 +143,7 @@ static void phase_int8(const draft_job *J, const draft_head *H, qvi_row *r,
         mask_tail(s, J->lay->count[b], c);
         qvi_row_raise_max(r, s, c);
         qvi_pv_e4m3(r, s, H->v8.codes + b * c * d, NULL, 1.0f, NULL, c, J->expcast, 0,
-                    J->int8_acc16, 0, 0);
+                    J->int8_acc16, 0, J->p_block);
     }
     qvi_draft_phase_exit(r->acc, &r->l, d, J->eta, H->dv);
 }
@@ -423,6 +425,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
     J->sm_scale = P->sm_scale;
     J->scale_log2 = P->scale_log2;
     J->expcast = P->expcast;
+    J->p_block = P->p_block;
     J->q_rows_per_scale = P->q_rows_per_scale;
     J->int8_acc16 = P->int8_acc16;
     J->eta = P->eta;

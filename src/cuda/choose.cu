@@ -62,6 +62,10 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_grou
         snprintf(why, len, "draft.budget = %d is not a qva_draft_budget", cfg->draft.budget);
         return QVC_KERNEL_NONE;
     }
+    if (cfg->p_max == QVA_P_MAX_BLOCK) { /* measured no gain at the CPU's lengths */
+        snprintf(why, len, "draft +pblock runs on the CPU reference only");
+        return QVC_KERNEL_NONE;
+    }
     const qva_method wm = cfg->draft.warmup_method;
     if (!qvi_draft_warmup_method_ok(wm)) {
         snprintf(why, len, "draft.warmup_method = %d is not a dense method", (int)wm);

@@ -62,7 +62,8 @@ int qvi_draft_warmup_method_ok(qva_method m);
 /*
  * A draft call at a dense warm-up step (step < dense_warmup_steps) whose
  * warmup_method is not bf16 runs as that dense method: *out = cfg with
- * method = warmup_method, expcast kept only for an 8-bit method and
+ * method = warmup_method, expcast kept only for an 8-bit method, p_max
+ * only where qvi_p_max_applies, and
  * q_granularity only for one with INT8 queries (hadamard stays 0: draft
  * refuses it).  Returns 1 then, else 0 (out untouched).  The dispatcher
  * and the CUDA chooser both ask it, after qvi_draft_validate.
@@ -87,7 +88,8 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out);
  *   dense_row0, dense_rows   the rows computed by the dense 16-bit path in
  *               sequence order: all N in warm-up, else the prefix queries
  *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
- *               16-bit format is FP16 iff q is f16, else BF16), expcast,
+ *               16-bit format is FP16 iff q is f16, else BF16), expcast, p_block
+ *               (cfg->p_max: the INT8 phase's P codes as qvi_pv_e4m3's p_block),
  *   q_rows_per_scale   of the INT8 query codes: 1, or C with +qblock
  *   int8_acc16  the INT8 blocks' PV partials are rounded to FP16 (draft.int8_acc
  *               QVA_DRAFT_ACC_FP16, DA2 Table 6), else summed in FP32
@@ -106,6 +108,7 @@ typedef struct qvi_draft_plan {
     int64_t dense_row0, dense_rows;
     float sm_scale, scale_log2, eta;
     int use_f16, expcast;
+    int p_block; /* +pblock: the INT8 phase's P codes against each block's max */
     int q_rows_per_scale;
     int int8_acc16;
 } qvi_draft_plan;
