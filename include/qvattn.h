@@ -185,6 +185,17 @@ typedef enum qva_p_max {
                            kernels                                        */
 } qva_p_max;
 
+/* cfg.skip_fill: what a draft call's skipped video-region pairs add to
+ * each row (extension; docs/DRAFT.md, "The skipped pairs, pooled"). */
+typedef enum qva_skip_fill {
+    QVA_SKIP_DROP = 0,  /* nothing (DraftAttention2): the default           */
+    QVA_SKIP_POOLED = 1 /* "+pooled": each skipped pair (a, b) enters the
+                           rows of a as count_b keys at region b's mean key
+                           (the router's pooled average) with region b's
+                           mean value, in the same online softmax.  CPU
+                           reference only                                 */
+} qva_skip_fill;
+
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
  * phase; docs/NUMERICS.md, "Query scales").  The papers give one scale per
  * 128-row block; one per row is more faithful (the query quantizer was the
@@ -337,6 +348,7 @@ typedef struct qva_config {
     int p_floor;           /* qva_p_floor of ExpCast's E4M3 P (sage8, vc8)  */
     int p_max;             /* qva_p_max of the E4M3 P codes (sage8, vc8,
                             * draft's INT8 phase)                         */
+    int skip_fill;         /* qva_skip_fill of draft's skipped pairs       */
 } qva_config;
 
 /* cfg->layer = QVA_LAYER_NONE makes a call stateless: its output is a
@@ -364,7 +376,8 @@ void qva_config_default(qva_config *cfg);
  * cfg->k_mean = QVA_K_MEAN_PREVIOUS) and "+vprev" (sage8, vc8 with one E4M3
  * digit of V: cfg->v_scale = QVA_V_SCALE_PREVIOUS) and "+floormass" (sage8,
  * vc8 with an E4M3 ExpCast: cfg->p_floor = QVA_P_FLOOR_MEAN) and "+pblock"
- * (sage8, vc8 with E4M3 P codes, draft: cfg->p_max = QVA_P_MAX_BLOCK), each setting
+ * (sage8, vc8 with E4M3 P codes, draft: cfg->p_max = QVA_P_MAX_BLOCK) and
+ * "+pooled" (draft: cfg->skip_fill = QVA_SKIP_POOLED), each setting
  * at most once.
  * The name sets every one of these fields: to the option given, else to
  * the method's default, which is zero except for sage8 and vc8: both

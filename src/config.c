@@ -254,6 +254,7 @@ static const method_option method_options[] = {
     {"vprev", offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS},
     {"floormass", offsetof(qva_config, p_floor), QVA_P_FLOOR_MEAN},
     {"pblock", offsetof(qva_config, p_max), QVA_P_MAX_BLOCK},
+    {"pooled", offsetof(qva_config, skip_fill), QVA_SKIP_POOLED},
 };
 #define METHOD_OPTION_COUNT (sizeof method_options / sizeof method_options[0])
 
@@ -284,7 +285,8 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, +qblock, "
                             "+codesum, "
-                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +floormass or +pblock)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +floormass, +pblock "
+                            "or +pooled)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -340,6 +342,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     c.v_scale = QVA_V_SCALE_CALL;
     c.p_floor = QVA_P_FLOOR_DROP;
     c.p_max = QVA_P_MAX_ROW;
+    c.skip_fill = QVA_SKIP_DROP;
     size_t base = strcspn(name, "+@");
     int found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
@@ -352,7 +355,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+expcast, +expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, "
                         "+qblock, "
                         "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, "
-                        "+floormass, +pblock)",
+                        "+floormass, +pblock, +pooled)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -433,6 +436,10 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         c.expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2"
                         : c.expcast                   ? ""
                                                       : " without ExpCast");
+    if (c.skip_fill && c.method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+pooled applies to draft's skipped region pairs, not %s",
+                        method_names[c.method]);
     if (c.p_max && !qvi_p_max_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "+pblock applies to the E4M3 P codes of sage8, vc8 and draft (not with +i8pv, "
@@ -496,6 +503,9 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
         n += snprintf(buf + n, len - (size_t)n, "+floormass");
     if (n >= 0 && (size_t)n < len && cfg->p_max == QVA_P_MAX_BLOCK && qvi_p_max_applies(cfg))
         n += snprintf(buf + n, len - (size_t)n, "+pblock");
+    if (n >= 0 && (size_t)n < len && cfg->skip_fill == QVA_SKIP_POOLED &&
+        cfg->method == QVA_METHOD_DRAFT)
+        n += snprintf(buf + n, len - (size_t)n, "+pooled");
     return (n < 0 || (size_t)n >= len)
                ? qvi_fail(QVA_ERR_INVALID_ARGUMENT, "buffer too small")
                : QVA_OK;

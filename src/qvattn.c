@@ -246,6 +246,12 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->p_max != QVA_P_MAX_ROW && cfg->p_max != QVA_P_MAX_BLOCK)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "p_max = %d (QVA_P_MAX_ROW or QVA_P_MAX_BLOCK)",
                         cfg->p_max);
+    if (cfg->skip_fill != QVA_SKIP_DROP && cfg->skip_fill != QVA_SKIP_POOLED)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "skip_fill = %d (QVA_SKIP_DROP or QVA_SKIP_POOLED)", cfg->skip_fill);
+    if (cfg->skip_fill == QVA_SKIP_POOLED && cfg->method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "skip_fill QVA_SKIP_POOLED applies to draft only");
     if (cfg->p_max == QVA_P_MAX_BLOCK && !qvi_p_max_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "p_max QVA_P_MAX_BLOCK applies to sage8, vc8 and draft with E4M3 P codes "

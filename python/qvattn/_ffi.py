@@ -275,6 +275,7 @@ class QvaConfig(_CStruct):
         ("v_scale", c_int),  # qva_v_scale (+vprev sets PREVIOUS)
         ("p_floor", c_int),  # qva_p_floor (+floormass sets MEAN)
         ("p_max", c_int),  # qva_p_max (+pblock sets BLOCK)
+        ("skip_fill", c_int),  # qva_skip_fill (+pooled sets POOLED)
     ]
 
 
@@ -357,7 +358,7 @@ class QvaDraftReport(Structure):
 
 # Expected x86-64 / aarch64 LP64 layout, derived by hand from the header
 # (the test checks it against the compiler as well).
-EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 168, "qva_timings": 12,
+EXPECTED_SIZES = {"qva_tensor": 80, "qva_config": 176, "qva_timings": 12,
                   "qva_vsmooth_params": 24, "qva_draft_params": 72,
                   "qva_error_terms": 56, "qva_error_direction": 16,
                   "qva_error_term_directions": 112, "qva_draft_stats": 40,

@@ -62,7 +62,7 @@ int main(void) {
     F(qva_config, layer); F(qva_config, step); F(qva_config, num_steps);
     F(qva_config, check_finite); F(qva_config, k_mean); F(qva_config, v_scale);
     F(qva_config, p_floor);
-    F(qva_config, p_max);
+    F(qva_config, p_max); F(qva_config, skip_fill);
     Z(qva_error_direction);
     F(qva_error_direction, sharpen); F(qva_error_direction, cos);
     Z(qva_error_term_directions);

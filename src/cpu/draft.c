@@ -8,6 +8,7 @@
 #include "draft/partition.h"
 #include "draft/plan.h"
 #include "draft/route.h"
+#include "draft/router.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -60,6 +61,7 @@ typedef struct draft_job {
     float sm_scale, scale_log2, eta;
     int use_f16, expcast, warmup;
     int p_block; /* +pblock: INT8-phase P codes against each block's max */
+    int pooled;  /* +pooled: skipped pairs enter as their regions' means */
     int q_rows_per_scale;
     int int8_acc16; /* the INT8 blocks' PV partials rounded to FP16 (Table 6) */
     int strict; /* check_finite: a NaN/+inf score fails the row */
@@ -78,6 +80,7 @@ typedef struct draft_head {
     qvi_v8 v8;              /* E4M3 V, per-channel scale               */
     float *dv;              /* d: delta_c^V, 1 for an all-zero channel */
     float *qavg, *qmax, *kavg, *kmax; /* R*d pooled descriptors        */
+    float *vavg, *vmax;     /* R*d value means (+pooled); vmax scratch   */
     float *A;               /* R*R draft map                           */
     uint8_t *prec;          /* R*R precision of each region pair       */
     int64_t quota[4];       /* this head's skip/4/8/16 (QVI_Q_*)       */
@@ -179,11 +182,32 @@ static void phase_16(const draft_job *J, const draft_head *H, qvi_row *r,
             block16(J, H, r, q, L->prefix_pad + b * J->c, L->count[b], s);
 }
 
+/* +pooled: each skipped pair (a, b) enters row q of region a as count_b
+ * keys at region b's mean key with its mean value: the score
+ * q . kavg_b * scale_log2 + log2(count_b), then the 16-bit phase's update
+ * (P rounded to the 16-bit format) with V = vavg_b.  Last in the walk. */
+static void phase_pooled(const draft_job *J, const draft_head *H, qvi_row *r,
+                         const uint8_t *prec, int64_t slot, float *s) {
+    if (!J->pooled)
+        return;
+    const int d = J->d;
+    const float *q = H->qp + slot * d;
+    for (int64_t b = 0; b < J->R; ++b) {
+        if (prec[b] != 0)
+            continue;
+        qvi_scores_f32(q, H->kavg + b * d, 1, d, J->scale_log2, s);
+        s[0] += log2f((float)J->lay->count[b]);
+        qvi_row_raise_max(r, s, 1);
+        qvi_pv_16(r, s, H->vavg + b * d, 1, J->use_f16);
+    }
+}
+
 /* qvi_row_finish's flags for the rows of one video region: it retains a
- * key if the sequence has a prefix or a block of the region is kept (every
- * region holds at least one token); otherwise its rows are empty. */
+ * key if the sequence has a prefix, a block of the region is kept (every
+ * region holds at least one token) or the skipped ones enter pooled;
+ * otherwise its rows are empty. */
 static int row_flags(const draft_job *J, const uint8_t *prec) {
-    int retained = prefix_keys(J) > 0;
+    int retained = prefix_keys(J) > 0 || J->pooled;
     for (int64_t b = 0; b < J->R && !retained; ++b)
         retained = prec[b] != 0;
     return (retained ? QVI_ROW_RETAINED : 0) | (J->strict ? QVI_ROW_STRICT : 0);
@@ -204,6 +228,7 @@ static void video_region(const draft_job *J, draft_head *H, int64_t a,
         phase_nvfp4(J, H, &r, prec, qrow, s);
         phase_int8(J, H, &r, prec, qrow, s);
         phase_16(J, H, &r, prec, slot, s);
+        phase_pooled(J, H, &r, prec, slot, s);
         H->lse[orig] = qvi_row_finish(&r, row_flags(J, prec), NULL, 0.0f,
                                       H->out + (int64_t)orig * J->d);
     }
@@ -248,7 +273,7 @@ static void head_free(draft_head *H) {
     void *bufs[] = {H->q16, H->k16,  H->v16, H->qp,   H->kp,   H->vp,
                     H->q4,  H->k4,   H->v4,  H->dv,   H->qavg, H->qmax,
                     H->kavg, H->kmax, H->A,  H->prec, H->out,  H->lse,
-                    H->acc};
+                    H->acc,  H->vavg, H->vmax};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; ++i)
         free(bufs[i]);
     memset(H, 0, sizeof(*H));
@@ -284,6 +309,10 @@ static qva_status head_alloc(const draft_job *J, draft_head *H) {
         H->kmax = xmalloc(sizeof(float) * R * d, &fail);
         H->A = xmalloc(sizeof(float) * R * R, &fail);
         H->prec = xmalloc(R * R, &fail);
+        if (J->pooled) {
+            H->vavg = xmalloc(sizeof(float) * R * d, &fail);
+            H->vmax = xmalloc(sizeof(float) * R * d, &fail);
+        }
     }
     if (J->with4) {
         H->q4 = xmalloc(sizeof(float) * nv * d, &fail);
@@ -372,6 +401,9 @@ static qva_status prep_head(const draft_job *J, draft_head *H,
             st = prep_lowbit(J, H);
         if (st != QVA_OK)
             return st;
+        if (J->pooled) /* as the router pools K: FP64 means of the f32 values */
+            qvi_draft_pool(H->vp + (size_t)J->lay->prefix_pad * (size_t)J->d, J->lay->count,
+                           J->R, J->c, J->d, H->vavg, H->vmax);
         /* The 16-bit operands: input dtype if 16-bit, else bf16. */
         int64_t np = J->lay->n_pack * J->d;
         round_all(H->qp, np, J->use_f16);
@@ -426,6 +458,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
     J->scale_log2 = P->scale_log2;
     J->expcast = P->expcast;
     J->p_block = P->p_block;
+    J->pooled = P->pooled;
     J->q_rows_per_scale = P->q_rows_per_scale;
     J->int8_acc16 = P->int8_acc16;
     J->eta = P->eta;

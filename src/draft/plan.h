@@ -90,6 +90,7 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out);
  *   scale_log2 = sm_scale * log2(e), eta of the INT8 phase, use_f16 (the
  *               16-bit format is FP16 iff q is f16, else BF16), expcast, p_block
  *               (cfg->p_max: the INT8 phase's P codes as qvi_pv_e4m3's p_block),
+ *               pooled (cfg->skip_fill POOLED, not in warm-up),
  *   q_rows_per_scale   of the INT8 query codes: 1, or C with +qblock
  *   int8_acc16  the INT8 blocks' PV partials are rounded to FP16 (draft.int8_acc
  *               QVA_DRAFT_ACC_FP16, DA2 Table 6), else summed in FP32
@@ -109,6 +110,7 @@ typedef struct qvi_draft_plan {
     float sm_scale, scale_log2, eta;
     int use_f16, expcast;
     int p_block; /* +pblock: the INT8 phase's P codes against each block's max */
+    int pooled;  /* +pooled: skipped pairs enter as their regions' means */
     int q_rows_per_scale;
     int int8_acc16;
 } qvi_draft_plan;
