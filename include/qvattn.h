@@ -170,9 +170,8 @@ typedef enum qva_p_floor {
 } qva_p_floor;
 
 /* cfg.p_max: the max that the 8-bit P codes of sage8, vc8 and draft's INT8
- * phase are taken
- * against (E4M3 V; docs/NUMERICS.md §3, "P coded against each block's
- * max").  Codes start at the top of the format and fall to its floor (and
+ * phase are taken against (E4M3 V; docs/NUMERICS.md §3, "P coded against
+ * each block's max").  Codes start at the top of the format and fall to its floor (and
  * ExpCast's subnormal codes) 15-18 binades lower; against the running row
  * max, a row over 75,600 keys has much of its mass that low. */
 typedef enum qva_p_max {
@@ -181,8 +180,8 @@ typedef enum qva_p_max {
                            the block's partial and row sum are then scaled
                            by w = exp2(m_b - m) in FP32, as +i8pv does.
                            CUDA: head dim 128, one E4M3 digit of V, E4M3
-                           P codes (not +expcast-e5m2); draft: both
-                           kernels                                        */
+                           P codes (not +expcast-e5m2); draft: CPU
+                           reference only                                 */
 } qva_p_max;
 
 /* cfg.skip_fill: what a draft call's skipped video-region pairs add to
