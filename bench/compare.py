@@ -56,6 +56,7 @@ SHAPES = {  # name -> (B, H, N, D)
     "longcat-480p": (1, 32, 37440, 128),
     "hunyuanvideo1.5-720p": (1, 16, 111700, 128),
     "small": (1, 8, 8192, 128),
+    "small-d64": (1, 16, 8192, 64),
     "wan2.2-720p-text": (1, 40, 76112, 128),
 }
 DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]

@@ -63,7 +63,7 @@ static const tol TOLS[] = {
     {"vc8+expcast+floormass", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"sage8+expcast-centred+floormass", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+hadamard+expcast-centred+floormass", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
-    /* P coded against each block's own max (CUDA: head dim 128) */
+    /* P coded against each block's own max */
     {"vc8+expcast-centred+pblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"vc8+pblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"sage8+nohadamard+fp32sum+pblock", 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},

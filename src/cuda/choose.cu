@@ -99,12 +99,11 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
         return QVC_KERNEL_NONE;
     }
     if (cfg->p_max == QVA_P_MAX_BLOCK &&
-        (d != 128 || cfg->v_code != QVA_V_E4M3 || cfg->expcast == QVA_EXPCAST_E5M2)) {
-        snprintf(why, len, "+pblock (P coded against each key block's own max) runs on CUDA at "
-                           "head dim 128 with one E4M3 digit of V and E4M3 P codes "
-                           "(attn8_ws_128x128); here head dim %lld%s%s",
-                 (long long)d, cfg->v_code != QVA_V_E4M3 ? " with another V code" : "",
-                 cfg->expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2" : "");
+        (cfg->v_code != QVA_V_E4M3 || cfg->expcast == QVA_EXPCAST_E5M2)) {
+        snprintf(why, len, "+pblock (P coded against each key block's own max) runs on CUDA "
+                           "with one E4M3 digit of V and E4M3 P codes; here%s%s",
+                 cfg->v_code != QVA_V_E4M3 ? " another V code" : "",
+                 cfg->expcast == QVA_EXPCAST_E5M2 ? " +expcast-e5m2" : "");
         return QVC_KERNEL_NONE;
     }
     if (cfg->p_floor == QVA_P_FLOOR_MEAN) {

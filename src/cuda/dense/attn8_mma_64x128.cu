@@ -8,7 +8,9 @@
  *                codes comes from an extra MMA against a ones column)
  *   O += P V     mma.sync m16n8k32 e4m3 (FP32 accumulate), a fresh partial
  *                per 128-key block (two-level), times the block's V scale,
- *                plus the V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6)
+ *                plus the V-Smooth rank-1 restore r_ij mu_j (VC Eq. 6);
+ *                +pblock codes each block against its own row max and
+ *                weighs the block's partial and sum by exp2(m_b - m)
  *
  * CTA = 4 warps x 16 query rows = 64 rows; one 128-key block per iteration.
  * The QK accumulator fragment of 32 keys is repacked in registers into the
@@ -107,24 +109,39 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
         }
 
         /* ---- online softmax: raise the max, rescale (VC Eq. 1) ---- */
-        float mx[2];
-        qvc_softmax_row_max(s, m, mx);
+        const float none[2] = {-INFINITY, -INFINITY};
+        float mb[2], mx[2];
+        qvc_softmax_row_max(s, none, mb); /* the block's own row max */
+        mx[0] = fmaxf(mb[0], m[0]);
+        mx[1] = fmaxf(mb[1], m[1]);
         /* exact multiplies: O and l then meet the block's partial unfused */
         qvc_softmax_raise<QVC_SM_EXACT_MUL>(mx, m, l, o);
 
-        /* ---- P codes, packed straight into PV A fragments ---- */
+        /* ---- P codes, packed straight into PV A fragments: against the
+         * row's max, or (+pblock) the block's, then weighted by
+         * w = exp2(m_b - m), 0 for a block without keys (the CPU's
+         * probs_e4m3_at) ---- */
+        const float mc0 = a.p_block ? mb[0] : m[0], mc1 = a.p_block ? mb[1] : m[1];
+        float w[2] = {1.0f, 1.0f};
+        if (a.p_block) {
+            w[0] = mb[0] == -INFINITY ? 0.0f : exp2f(mb[0] - m[0]);
+            w[1] = mb[1] == -INFINITY ? 0.0f : exp2f(mb[1] - m[1]);
+        }
         uint32_t pa[KEYS / 32][4];
         float rs[2] = {0.0f, 0.0f};
-        const float mr0 = qvc_softmax_shift(m[0]), mr1 = qvc_softmax_shift(m[1]);
+        const float mr0 = qvc_softmax_shift(mc0), mr1 = qvc_softmax_shift(mc1);
 #pragma unroll
         for (int c = 0; c < KEYS / 32; ++c)
             qvc_pack_p32(&s[4 * c], mr0, mr1, a.expcast, a.expcast_add, rs, pa[c]);
         qvc_softmax_code_sums(pa, a.expcast || a.sum_codes, rs); /* the FP32 sums are dropped */
+        rs[0] *= w[0];
+        rs[1] *= w[1];
         l[0] += rs[0];
         l[1] += rs[1];
 
-        /* ---- O += (P V) * v_blk + r mu (VC Eq. 6) ---- */
+        /* ---- O += (P V) * w * v_blk + r mu (VC Eq. 6) ---- */
         const float vb = ops.v_blk[(size_t)bh * ops.nblk + j];
+        const float wv0 = w[0] * vb, wv1 = w[1] * vb;
         const float *mu = ops.v_mu ? ops.v_mu + ((size_t)bh * ops.nblk + j) * D : NULL;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -136,10 +153,10 @@ attn8_mma_64x128(qvc_ops ops, qvc_attn_args a) {
             }
             const int col = n * 8 + 2 * tig;
             const float mu0 = mu ? mu[col] : 0.0f, mu1 = mu ? mu[col + 1] : 0.0f;
-            o[n][0] += part[0] * vb;
-            o[n][1] += part[1] * vb;
-            o[n][2] += part[2] * vb;
-            o[n][3] += part[3] * vb;
+            o[n][0] += part[0] * wv0;
+            o[n][1] += part[1] * wv0;
+            o[n][2] += part[2] * wv1;
+            o[n][3] += part[3] * wv1;
             if (mu) {
                 o[n][0] += rs[0] * mu0;
                 o[n][1] += rs[0] * mu1;
