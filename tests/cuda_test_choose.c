@@ -80,8 +80,9 @@ int main(void) {
         {"draft@85/0/0/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
         {"draft@85/0/7.5/7.5+expcast+pblock", 128, NULL, QVC_KERNEL_NONE, "CPU reference only"},
         {"draft@85/0/7.5/7.5+pblock", 128, warmup_vc8, QVC_KERNEL_NONE, "+pblock"},
-        {"draft@85/0/0/15+pooled", 128, NULL, QVC_KERNEL_NONE, "CPU reference only"},
-        {"draft@85/0/0/15+pooled", 64, warmup_vc8, QVC_KERNEL_NONE, "+pooled"},
+        {"draft@85/0/0/15+pooled", 128, NULL, QVC_KERNEL_ATTN_DRAFT_WS_128X128, NULL},
+        {"draft@85/0/0/15+pooled", 64, warmup_vc8, QVC_KERNEL_ATTN8_MMA_64X128, NULL},
+        {"draft@p95+pooled", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
         {"draft@85/0/0/15", 64, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
         {"draft@50/20/15/15", 128, NULL, QVC_KERNEL_ATTN_DRAFT_MMA_64X128, NULL},
         /* the adaptive budget: NVFP4 blocks when its split gives 4 bits a

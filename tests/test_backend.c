@@ -103,6 +103,10 @@ static const tol TOLS[] = {
     {"draft@p95", 10.0, 2e-3, 2e-2, 2e-3, 0, NULL},
     {"draft@p90/0/50/50", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"draft@p95/20/30/50", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
+    /* the skipped pairs as their regions' means (CUDA: a pass after the
+     * kernel, merged through the LSE; a 16-bit output rounded twice) */
+    {"draft@85/0/0/15+pooled", 10.0, 4e-3, 2e-2, 4e-3, 0, NULL},
+    {"draft@p95/0/50/50+pooled", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
 };
 #define NTOLS (int)(sizeof TOLS / sizeof *TOLS)
 /* LSE of another backend vs the CPU reference, every method (natural log;

@@ -162,10 +162,10 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
               +floormass, ExpCast's floor mass put back, CPU only so far;
-              +pblock, P coded against each key block's own max, on
-              CUDA at head dim 128).
-              Default: qvattn.DEFAULT_METHOD, vc8 (Q and K rotated, P
-              by exp2, the row sum from P's codes: docs/NUMERICS.md §7).
+              +pblock, P coded against each key block's own max).
+              Default: qvattn.DEFAULT_METHOD, vc8+expcast-centred+pblock
+              (Q and K rotated, ExpCast at the centred beta against each
+              key block's max: docs/NUMERICS.md §3).
     layout    "HND" ([B,H,N,D]) or "NHD" ([B,N,H,D]) for q, k, v and out.
     sm_scale  None = 1/sqrt(D).
     attn_mask None, or (torch only) a boolean key-padding mask broadcastable

@@ -53,6 +53,7 @@ QVA_DEVICE_CPU, QVA_DEVICE_CUDA = 0, 1
 QVA_SCHEDULE_PAPER, QVA_SCHEDULE_ALWAYS, QVA_SCHEDULE_DEMEAN = 0, 1, 2
 QVA_EXPCAST_OFF, QVA_EXPCAST_PAPER, QVA_EXPCAST_CENTRED, QVA_EXPCAST_E5M2 = 0, 1, 2, 3  # qva_expcast_mode
 QVA_P_SUM_FP32, QVA_P_SUM_CODES = 0, 1  # qva_p_sum
+QVA_P_MAX_ROW, QVA_P_MAX_BLOCK = 0, 1  # qva_p_max
 QVA_LAYER_NONE = -1      # cfg.layer of a stateless call
 QVA_MAX_HEAD_DIM = 128
 QVA_STEP_GROUP, QVA_STEP_REUSE, QVA_STEP_PLAIN = 0, 1, 2
@@ -584,18 +585,18 @@ def config_method_name(cfg):
 
 
 # The method of every qvattn entry point that takes one (attention, sdpa,
-# the diffusers and ComfyUI integrations): vc8 as its name gives it, Q and
-# K rotated by a Hadamard matrix, P by exp2 and the row sum from P's codes
-# (named vc8+hadamard before 2026-12-05 16:00 UTC).  It is the
-# fastest 8-bit method measured below SageAttention2's error both at the
-# presets' lengths and at production ones (37K-112K tokens), where
-# ExpCast's floor makes vc8+expcast-centred (rotated; the default until
-# 2026-12-05, 14-16% faster) 1.6-2.3x SageAttention2's error; in the same
-# runs it is 1.41-1.52x cuDNN over a 40-step schedule against
-# SageAttention2's 1.31-1.39x (bench/RESULTS.md, "The default at
-# production lengths").  The C config's default (qva_config_default) keeps
-# the paper's VC-Attention: no rotation, ExpCast at the paper's beta.
-DEFAULT_METHOD = "vc8"
+# the diffusers and ComfyUI integrations): vc8 (V-Smooth, Q and K rotated
+# by a Hadamard matrix) with ExpCast at the centred beta and P coded against
+# each 128-key block's own max (+pblock).  On three retrained models with
+# SageAttention2 in the same run it was -0.24 dB against vc8 (exp2 P, the
+# default of 2026-12-05) and +2.68 dB over SageAttention2, every clip above
+# it, at 1.71x cuDNN over the 40-step schedule at Wan2.2-720p against vc8's
+# 1.54x (bench/RESULTS.md, "`+pblock` on three models with
+# SageAttention2").  +pblock removes the floor that made ExpCast 2.3x
+# SageAttention2's error at production lengths (docs/NUMERICS.md §3).  The
+# C config's default (qva_config_default) keeps the paper's VC-Attention:
+# no rotation, ExpCast at the paper's beta, the row max.
+DEFAULT_METHOD = "vc8+expcast-centred+pblock"
 
 
 def make_config(method=DEFAULT_METHOD, **fields):

@@ -215,33 +215,36 @@ def test_head_dim_above_128():
 
 
 # ------------------------------------------------------------------ default method
-def test_default_method_is_rotated_exp2_codesum(monkeypatch):
-    """One default for every entry point: vc8 with the Hadamard rotation, P by
-    exp2 (no ExpCast) and the row sum from P's codes; cross-attention
-    (Nq != Nk) drops V-Smooth and keeps the options."""
-    assert qvattn.DEFAULT_METHOD == "vc8"
+def test_default_method_is_rotated_expcast_pblock(monkeypatch):
+    """One default for every entry point: vc8 with the Hadamard rotation and
+    ExpCast at the centred beta against each key block's max (+pblock);
+    cross-attention (Nq != Nk) drops V-Smooth and keeps the options."""
+    assert qvattn.DEFAULT_METHOD == "vc8+expcast-centred+pblock"
     seen = []
     real = _ffi.attention_raw
 
     def rec(ctx, cfg, q, k, v, out, lse=None):
-        seen.append((cfg.method, cfg.expcast, cfg.hadamard, cfg.p_sum))
+        seen.append((cfg.method, cfg.expcast, cfg.hadamard, cfg.p_max))
         return real(ctx, cfg, q, k, v, out, lse)
 
     monkeypatch.setattr(_ffi, "attention_raw", rec)
     q, k, v = make_qkv(H=2, N=300)
     a = qvattn.attention(q, k, v)
-    torch.testing.assert_close(a, qvattn.attention(q, k, v, method="vc8+codesum+hadamard"),
-                               rtol=0, atol=0)
-    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+nohadamard"))
+    torch.testing.assert_close(
+        a, qvattn.attention(q, k, v, method="vc8+hadamard+expcast-centred+pblock"),
+        rtol=0, atol=0)
     assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8+expcast-centred"))
+    assert not torch.equal(a, qvattn.attention(q, k, v, method="vc8"))
     s = qvattn.sdpa(q, k, v)
     torch.testing.assert_close(s, a, rtol=0, atol=0)
     qvattn.sdpa(q, k[:, :, :200], v[:, :, :200])
     vc8, sage8 = _ffi.QVA_METHOD_VC8, _ffi.QVA_METHOD_SAGE8
-    off, centred, codes = _ffi.QVA_EXPCAST_OFF, _ffi.QVA_EXPCAST_CENTRED, _ffi.QVA_P_SUM_CODES
-    assert seen[:3] == [(vc8, off, 1, codes)] * 2 + [(vc8, off, 0, codes)]
-    assert seen[3][:3] == (vc8, centred, 1)
-    assert seen[4:] == [(vc8, off, 1, codes), (sage8, off, 1, codes)]
+    off, centred = _ffi.QVA_EXPCAST_OFF, _ffi.QVA_EXPCAST_CENTRED
+    block, row = _ffi.QVA_P_MAX_BLOCK, _ffi.QVA_P_MAX_ROW
+    assert seen[:2] == [(vc8, centred, 1, block)] * 2
+    assert seen[2] == (vc8, centred, 1, row)
+    assert seen[3][:2] == (vc8, off)
+    assert seen[4:] == [(vc8, centred, 1, block), (sage8, centred, 1, block)]
 
 
 # ------------------------------------------------------------------ stateless

@@ -66,11 +66,6 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_grou
         snprintf(why, len, "draft +pblock runs on the CPU reference only");
         return QVC_KERNEL_NONE;
     }
-    if (cfg->skip_fill == QVA_SKIP_POOLED) {
-        snprintf(why, len, "draft +pooled (the skipped pairs as their regions' means) runs on "
-                           "the CPU reference only");
-        return QVC_KERNEL_NONE;
-    }
     const qva_method wm = cfg->draft.warmup_method;
     if (!qvi_draft_warmup_method_ok(wm)) {
         snprintf(why, len, "draft.warmup_method = %d is not a dense method", (int)wm);

@@ -20,7 +20,8 @@
 enum { RC_OK = 0, RC_RUNTIME = 1, RC_USAGE = 2, RC_HELP = 3 };
 
 #define DEFAULT_METHODS                                                    \
-    "exact,bf16,fp8,sage8,vc8,vc8+expcast,vc8+expcast-centred,"            \
+    "exact,bf16,fp8,sage8,vc8+expcast-centred+pblock,vc8,vc8+expcast,"     \
+    "vc8+expcast-centred,"                                                 \
     "vc8+nohadamard,vc8+nohadamard+expcast,sage8+nohadamard+fp32sum,"      \
     "vc8+i8pv,draft@85/0/0/15,draft@85/0/7.5/7.5"
 #define MAX_METHODS 64

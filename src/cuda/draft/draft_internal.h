@@ -10,6 +10,8 @@
  *                             K from one read; V and the rest)
  *   attn_draft_mma_64x128.cu  the mma.sync phased kernel (any route)
  *   attn_draft_ws_128x128.cu  the Hopper kernel (head dim 128, no NVFP4)
+ *   pooled.cu                 +pooled: the skipped pairs as region means,
+ *                             merged after the kernel through the LSE
  * This header holds the block size, the operand set (dg_ops), the phased
  * kernel's parameter block (dg_params), the E4M3 / E2M1 codecs that both
  * the quantizers and the NVFP4 phase use, and the host functions one file
@@ -130,5 +132,20 @@ qva_status dg_prep_rest(const qvi_draft_plan *pl, const qvc_draft_layout *L, con
 /* The phased kernel over every video query row (D 64 or 128; f16: the
  * 16-bit operands are FP16). */
 qva_status dg_launch_mma(const dg_params *p, int BH, int D, int f16, cudaStream_t st);
+
+/* ---- pooled.cu: +pooled, the skipped pairs as their regions' means */
+typedef struct dg_pooled_buf {
+    int BH, R, D;
+    int64_t n;
+    float *vavg, *vmax; /* [BH][R][D] V pooled as the router pools K */
+    float *lse;         /* [BH][n] the kept part's LSE when the caller asks none */
+} dg_pooled_buf;
+qva_status dg_pooled_ensure(dg_pooled_buf *b, int BH, int R, int D, int64_t n);
+void dg_pooled_free(dg_pooled_buf *b);
+/* After the phased kernel has written out and a->lse (the kept keys'):
+ * the pooled keys of every video row merged into both, on stream st. */
+qva_status dg_pooled_merge(const dg_pooled_buf *b, const qvc_view *v, const qvc_draft_layout *L,
+                           const qvc_draft_route_buf *route, const dg_ops *ops,
+                           const qvc_attn_args *a, int f16, cudaStream_t st);
 
 #endif

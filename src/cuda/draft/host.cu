@@ -16,7 +16,8 @@
  *      attn_draft_ws_128x128.cu at head dim 128 without NVFP4), and the
  *      prefix query rows through the bf16 method on a row sub-view of Q
  *      (the CPU computes them exactly like `bf16`, in sequence order; the
- *      Hopper kernel computes them itself).
+ *      Hopper kernel computes them itself); with +pooled, the skipped
+ *      pairs' pass (pooled.cu) merged into out and the LSE.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ typedef struct dg_state {
     dg_ops ops;
     qvc_ops16 ops16;         /* the dense rows (prefix queries, warm-up) */
     qvc_phase_timer timer;
+    dg_pooled_buf pooled;    /* +pooled's V means and kept-part LSE */
     /* The operand preparation does not depend on the route, so it runs on
      * a second stream, forked from and joined back into the caller's
      * stream by events, while the router runs on a third one, `hi`, of
@@ -68,6 +70,7 @@ static void dg_state_free(void *ptr) {
     qvc_draft_route_free(&s->route);
     dg_ops_free(&s->ops);
     qvc_ops16_free(&s->ops16);
+    dg_pooled_free(&s->pooled);
     qvc_timer_free(&s->timer);
     if (s->fork) cudaEventDestroy(s->fork);
     if (s->join) cudaEventDestroy(s->join);
@@ -419,6 +422,15 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     if ((r = dg_route_prep(s, cfg, &pl, xv, serial, prof, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
+    /* +pooled merges through the kept part's LSE: the caller's, or ours */
+    qva_tensor lse_own;
+    if (pl.pooled && !lse) {
+        if ((r = dg_pooled_ensure(&s->pooled, BH, s->lay.regions, D, q->shape[2])) != QVA_OK)
+            return r;
+        lse_own = qva_tensor_hnd(s->pooled.lse, QVA_F32, QVA_DEVICE_CUDA, q->shape[0],
+                                 q->shape[1], q->shape[2], 1);
+        lse = &lse_own;
+    }
     const dg_params p = dg_params_of(s, &pl, q, out, lse);
     const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
                        QVC_KERNEL_ATTN_DRAFT_WS_128X128;
@@ -430,6 +442,11 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     /* The prefix queries: dense over every key, as the bf16 method.  The
      * Hopper kernel computes them itself (its prefix-query CTAs). */
     if (!hopper && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
+    if (pl.pooled &&
+        ((r = dg_pooled_ensure(&s->pooled, BH, s->lay.regions, D, q->shape[2])) != QVA_OK ||
+         (r = dg_pooled_merge(&s->pooled, &xv[2], &s->lay, &s->route, &s->ops, &p.a,
+                              pl.use_f16, st)) != QVA_OK))
+        return r;
     if ((r = dg_finish(ctx, s, prof, st)) != QVA_OK) return r;
     qvi_context_set_draft_stats_lazy(ctx, dg_stats_read, s); /* only a call that ran reports */
     return QVA_OK;
