@@ -191,8 +191,9 @@ typedef enum qva_skip_fill {
     QVA_SKIP_POOLED = 1 /* "+pooled": each skipped pair (a, b) enters the
                            rows of a as count_b keys at region b's mean key
                            (the router's pooled average) with region b's
-                           mean value, in the same online softmax.  CPU
-                           reference only                                 */
+                           mean value, in the same online softmax (on
+                           CUDA an unfused pass merged through the LSE:
+                           docs/DRAFT.md, "The skipped pairs, pooled")    */
 } qva_skip_fill;
 
 /* Scale granularity of the INT8 query codes (sage8, vc8 and draft's INT8
