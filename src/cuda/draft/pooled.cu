@@ -20,9 +20,10 @@
  *
  * The merge reads the kept O back in the output's dtype, so a 16-bit
  * output is rounded twice (within docs/NUMERICS.md §Tolerances' draft
- * entry).  Cost: 4 N R_skip D FLOPs per head on the FP32 pipe, about 14 ms
- * at Wan2.2-720p on an H100, which is why this is a pass for measuring the
- * fidelity of +pooled and not yet a fused phase.
+ * entry).  Cost: 4 N R_skip D FLOPs per head on the FP32 pipe (about
+ * 1/128 of dense attention's, at 1/15 of the tensor cores' rate), which is
+ * why this is a pass for measuring the fidelity of +pooled and not yet a
+ * fused phase (bench/RESULTS.md has its time).
  */
 #include "common/device_util.cuh"
 #include "draft_internal.h"
