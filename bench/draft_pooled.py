@@ -13,7 +13,10 @@ n_b keys at its mean key k̄_b with its mean value v̄_b,
     weight_ib = n_b exp(s·q_i·k̄_b + s²/2·Σ_c q_ic² var_b,c − m_i)   (mf2)
 
 (mf2 adds the second-order term of E[exp(q·k)] for independent channels),
-added to the kept blocks' numerator (weight_ib v̄_b) and row sum.  In a
+added to the kept blocks' numerator (weight_ib v̄_b) and row sum.  mf1v is
+mf1 with the value's first-order term: weight_ib (v̄_b + C_b q_i), with
+C_b = s/n_b Σ_j v_j (k_j − k̄_b)ᵀ, the weights' lean toward the keys the
+row prefers carried onto the values (the mass's first-order term is 0).  In a
 kernel the pooled scores are one N x R GEMM (1/128 of QK^T's work) sharing
 the online softmax.  Blocks here are 128 tokens in sequence order (DA2's 2D
 regions would be more coherent), ranked per query block by exact mass (the
@@ -59,6 +62,10 @@ def pooled_errors(q, k, v, keeps):
     cnt = np.bincount(kb, minlength=nblk).astype(float)
     pooled = {"mf1": (q @ kbar.T) * scale,
               "mf2": (q @ kbar.T) * scale + 0.5 * ((q * q) @ kvar.T) * scale * scale}
+    # mf1v: mf1's mass with the value's first-order term, v̄_b + C_b q, where
+    # C_b = s/n_b Σ_j v_j (k_j − k̄_b)ᵀ (the block's value–key covariance)
+    cov = np.stack([v[kb == b].T @ (k[kb == b] - kbar[b]) / cnt[b] for b in range(nblk)]) * scale
+    vq = vbar[None, :, :] + np.einsum("bvk,nk->nbv", cov, q)  # rows x blocks x D
     out = {}
     for keep in keeps:
         kept = np.zeros((nblk, nblk), bool)
@@ -72,6 +79,9 @@ def pooled_errors(q, k, v, keeps):
         for tag, sb in pooled.items():
             w = np.where(row_kept, 0.0, cnt * np.exp(sb - m))
             forms[tag] = (num + w @ vbar) / (den + w.sum(1, keepdims=True))
+            if tag == "mf1":
+                forms["mf1v"] = ((num + np.einsum("nb,nbv->nv", w, vq)) /
+                                 (den + w.sum(1, keepdims=True)))
         for tag, o in forms.items():
             out[(keep, tag)] = np.linalg.norm(o - ref) / np.linalg.norm(ref)
     return out
@@ -86,14 +96,16 @@ def main():
     a = ap.parse_args()
     keeps = [float(x) for x in a.keep.split(",")]
     print(f"q-scale {a.q_scale}; rel-L2 against exact attention, mean over heads")
-    print(f"{'preset':24s} {'kept':>5s} {'sparse':>8s} {'mf1':>8s} {'mf2':>8s}")
+    print(f"{'preset':24s} {'kept':>5s} {'sparse':>8s} {'mf1':>8s} {'mf2':>8s} {'mf1v':>8s}")
     for name in a.presets.split(","):
         w = qvattn.synthetic(name, heads=a.heads)
         q, k, v = (w[x][0].astype(np.float64) for x in "qkv")
         per_head = [pooled_errors(q[h] * a.q_scale, k[h], v[h], keeps) for h in range(q.shape[0])]
         for keep in keeps:
-            e = {t: np.mean([r[(keep, t)] for r in per_head]) for t in ("sparse", "mf1", "mf2")}
-            print(f"{name:24s} {keep:5.2f} {e['sparse']:8.4f} {e['mf1']:8.4f} {e['mf2']:8.4f}")
+            e = {t: np.mean([r[(keep, t)] for r in per_head])
+                 for t in ("sparse", "mf1", "mf2", "mf1v")}
+            print(f"{name:24s} {keep:5.2f} {e['sparse']:8.4f} {e['mf1']:8.4f} {e['mf2']:8.4f} "
+                  f"{e['mf1v']:8.4f}")
 
 
 if __name__ == "__main__":
