@@ -46,7 +46,7 @@ from . import _config, _ffi, ops
 __all__ = ["QvattnOverride", "attention", "optimized_attention_override",
            "patch_model", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
 
-METHODS = [_ffi.DEFAULT_METHOD, "vc8+expcast-centred", "vc8+expcast", "vc8+nohadamard",
+METHODS = [_ffi.DEFAULT_METHOD, "vc8", "vc8+expcast-centred", "vc8+expcast", "vc8+nohadamard",
            "sage8", "sage8+nohadamard+fp32sum", "fp8", "bf16", "draft@85/0/0/15", "draft@85/0/7.5/7.5",
            "sage4", "vc4", "exact"]
 
