@@ -139,7 +139,7 @@ grep -q -- "--query-sample" "$T/out" && ok "eval --help content" || bad "eval --
 for c in bench info sweep-vsmooth; do expect_ok "$c --help" "$c" --help; done
 
 # ---------------------------------------------------------------- eval
-DEFAULTS="exact bf16 fp8 sage8 vc8 vc8+expcast vc8+expcast-centred vc8+nohadamard vc8+nohadamard+expcast sage8+nohadamard+fp32sum vc8+i8pv draft@85/0/0/15 draft@85/0/7.5/7.5"
+DEFAULTS="exact bf16 fp8 sage8 vc8+expcast-centred+pblock vc8 vc8+expcast vc8+expcast-centred vc8+nohadamard vc8+nohadamard+expcast sage8+nohadamard+fp32sum vc8+i8pv draft@85/0/0/15 draft@85/0/7.5/7.5"
 run eval --synthetic tiny --json
 # On tiny (one 128-token region) draft@ may skip the only region pair, so
 # its rows can be empty (output 0, rel-L2 exactly 1, DA2 B.4): draft is
