@@ -179,9 +179,9 @@ typedef enum qva_p_max {
     QVA_P_MAX_BLOCK = 1 /* "+pblock": each key block's own row max m_b;
                            the block's partial and row sum are then scaled
                            by w = exp2(m_b - m) in FP32, as +i8pv does.
-                           CUDA: head dim 128, one E4M3 digit of V, E4M3
-                           P codes (not +expcast-e5m2); draft: CPU
-                           reference only                                 */
+                           CUDA: one E4M3 digit of V, E4M3 P codes (not
+                           +expcast-e5m2), head dim 64 and 128; draft:
+                           CPU reference only                             */
 } qva_p_max;
 
 /* cfg.skip_fill: what a draft call's skipped video-region pairs add to

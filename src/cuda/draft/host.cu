@@ -424,9 +424,10 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
 
     /* +pooled merges through the kept part's LSE: the caller's, or ours */
     qva_tensor lse_own;
+    if (pl.pooled &&
+        (r = dg_pooled_ensure(&s->pooled, BH, s->lay.regions, D, q->shape[2])) != QVA_OK)
+        return r;
     if (pl.pooled && !lse) {
-        if ((r = dg_pooled_ensure(&s->pooled, BH, s->lay.regions, D, q->shape[2])) != QVA_OK)
-            return r;
         lse_own = qva_tensor_hnd(s->pooled.lse, QVA_F32, QVA_DEVICE_CUDA, q->shape[0],
                                  q->shape[1], q->shape[2], 1);
         lse = &lse_own;
@@ -442,10 +443,8 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     /* The prefix queries: dense over every key, as the bf16 method.  The
      * Hopper kernel computes them itself (its prefix-query CTAs). */
     if (!hopper && (r = dg_dense_rows(s, &pl, q, k, v, out, lse, st)) != QVA_OK) return r;
-    if (pl.pooled &&
-        ((r = dg_pooled_ensure(&s->pooled, BH, s->lay.regions, D, q->shape[2])) != QVA_OK ||
-         (r = dg_pooled_merge(&s->pooled, &xv[2], &s->lay, &s->route, &s->ops, &p.a,
-                              pl.use_f16, st)) != QVA_OK))
+    if (pl.pooled && (r = dg_pooled_merge(&s->pooled, &xv[2], &s->lay, &s->route, &s->ops,
+                                          &p.a, pl.use_f16, st)) != QVA_OK)
         return r;
     if ((r = dg_finish(ctx, s, prof, st)) != QVA_OK) return r;
     qvi_context_set_draft_stats_lazy(ctx, dg_stats_read, s); /* only a call that ran reports */
