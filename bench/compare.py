@@ -57,6 +57,9 @@ SHAPES = {  # name -> (B, H, N, D)
     "hunyuanvideo1.5-720p": (1, 16, 111700, 128),
     "small": (1, 8, 8192, 128),
     "small-d64": (1, 16, 8192, 64),
+    # head dim 64 at a video length: CogVideoX-5B's 13x30x45 latent tokens
+    # and 226 text tokens, 48 heads
+    "cogvideox-5b": (1, 48, 17776, 64),
     "wan2.2-720p-text": (1, 40, 76112, 128),
 }
 DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]

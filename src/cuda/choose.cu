@@ -131,8 +131,8 @@ static qvc_kernel choose(const qva_config *cfg, int64_t d, int64_t kv_group, cha
     case QVA_METHOD_BF16: return QVC_KERNEL_ATTN_BF16_MMA_64X128;
     case QVA_METHOD_SAGE8:
     case QVA_METHOD_VC8:
-    case QVA_METHOD_FP8:
-        return d == 128 ? QVC_KERNEL_ATTN8_WS_128X128 : QVC_KERNEL_ATTN8_MMA_64X128;
+    case QVA_METHOD_FP8: /* head dim 64 too, in the kernel's 128-wide tiles */
+        return QVC_KERNEL_ATTN8_WS_128X128;
     case QVA_METHOD_SAGE4:
     case QVA_METHOD_VC4: return QVC_KERNEL_ATTN_FP4_SIMT_64X128;
     case QVA_METHOD_DRAFT: return choose_draft(cfg, d, kv_group, why, len);

@@ -44,9 +44,10 @@ typedef struct qvc_view {
  *   v_blk  [BH][nblk] f32 per-block scale (fp8: amax/448; sage/vc: 1)
  *   v_mu   [BH][nblk][D] f32 FP16-rounded mean/scale, or NULL
  *   v_mu_tile [BH][nbatch][QVC_MU_TILE_BYTES] the same values as FP16 in
- *          the 8-bit kernel's restore tiles (D 128 only, else NULL): 16
- *          blocks a tile (qvc_mu_tile_at), slots past nblk zero, so that
- *          the kernel's producer copies a batch's tile as it is
+ *          the 8-bit kernel's restore tiles: 16 blocks a tile
+ *          (qvc_mu_tile_at), 128 channels wide (at D 64 channels 64..127
+ *          zero), slots past nblk zero, so that the kernel's producer
+ *          copies a batch's tile as it is
  */
 typedef struct qvc_ops {
     int BH, nq, nk, nq_pad, nk_pad, nblk, D;
@@ -286,7 +287,7 @@ typedef struct qvc_attn_args {
 qva_status qvc_attn8_mma_64x128(const qvc_ops *ops, qvc_qk_format fmt,
                                 const qvc_attn_args *a, cudaStream_t st);
 /* The Hopper 8-bit kernel (dense/attn8_ws_128x128.cu): wgmma + TMA,
- * warp-specialized, head dim 128 only. */
+ * warp-specialized, head dim 64 or 128 (64 in the 128-wide tiles). */
 qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
                                 const qvc_attn_args *a, cudaStream_t st);
 

@@ -192,12 +192,15 @@ static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, 
         : "memory");
 }
 
-template <int FMT, typename SACC>
+/* S = Q K^T over KSTEPS k-steps of 32 bytes: 4 at head dim 128, 2 at 64
+ * (the tiles' second halves are never read). */
+template <int FMT, int KSTEPS = 4, typename SACC>
 static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint32_t k_addr) {
+    static_assert(KSTEPS == 2 || KSTEPS == 4, "head dim 64 or 128");
     const uint64_t kd = sw128_desc(k_addr);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < KSTEPS; ++kk) {
         /* +32 bytes per k-step inside the swizzled 128-byte row */
         if (FMT == QVC_QK_INT8)
             wgmma_qk_s8(*(int(*)[64])s, qd + 2 * kk, kd + 2 * kk, kk);
@@ -490,17 +493,27 @@ static encode_tiled_fn get_encode_tiled(void) {
     return fn;
 }
 
-/* A [rows][128] byte matrix read as box_rows x 128 tiles, 128-byte swizzle. */
-static qva_status make_map(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+/* A [rows][width] byte matrix (width 64 or 128) read as box_rows x 128
+ * tiles, 128-byte swizzle: a 64-byte row lands in the first half of a
+ * 128-byte tile row, and TMA fills the other half with zeros (the box
+ * reaches past the row; out-of-bounds bytes count toward the
+ * transaction as loaded ones). */
+static qva_status make_map_w(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows,
+                             uint64_t width) {
     encode_tiled_fn enc = get_encode_tiled();
     if (!enc) return qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled is not available");
-    const cuuint64_t dims[2] = {128, rows}, strides[1] = {128};
+    const cuuint64_t dims[2] = {width, rows}, strides[1] = {width};
     const cuuint32_t box[2] = {128, box_rows}, estr[2] = {1, 1};
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)data, dims, strides, box, estr,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? QVA_OK
                              : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
+}
+
+/* A [rows][128] byte matrix read as box_rows x 128 tiles. */
+static qva_status make_map(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+    return make_map_w(map, data, rows, box_rows, 128);
 }
 
 #endif

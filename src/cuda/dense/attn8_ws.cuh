@@ -61,9 +61,18 @@
  *   producer warp: 30 instructions per block fewer, 0.5% faster on the
  *   reuse step (ws33, at 0c7dcb4); the tiles now come ready-made from the
  *   preparation instead (attn8_restore.cuh) */
-template <int QK_FMT>
+template <int QK_FMT, int HEAD_DIM = 128>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
+    /* Head dim 64 runs in the head-dim-128 tiles: Q and K rows of 64
+     * bytes fill the first half of each 128-byte tile row, QK takes two
+     * k-steps instead of four, and V^T's 64 rows leave its last 64 rows
+     * zero (written once), so PV and the mean restore produce zero
+     * columns that the epilogue does not store.  The softmax, which sets
+     * the pace, is the same per score. */
+    static constexpr int D = HEAD_DIM;
+    static constexpr int QK_KSTEPS = D / 32;
+    static constexpr int V_BYTES = D * 128; /* V^T's rows of one stage, as loaded */
     static constexpr bool INT8 = FMT == QVC_QK_INT8;
     static constexpr int STAGES = INT8 ? 4 : 2;   /* K/V ring depth */
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
@@ -89,7 +98,7 @@ struct attn8_ws_flags {
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
  * stage (v_t_lo), whose PV product adds to the same partial; three
  * stages. */
-struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8> {
+struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8, 128> {
     static constexpr int STAGES = 3;
     static constexpr bool VLO = true;
 };
@@ -158,10 +167,10 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                       b.mt_full + 8 * u);
         }
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        mbar_expect_tx(full, (F::VLO ? 3 : 2) * A8_TILE);
+        mbar_expect_tx(full, A8_TILE + (F::VLO ? 2 : 1) * F::V_BYTES);
         tma_load_2d(base + L::k(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
-        tma_load_2d(base + L::v(s), &tv, 0, (bh * ops.nblk + j) * 128, full);
-        if (F::VLO) tma_load_2d(base + L::vlo(s), &tvl, 0, (bh * ops.nblk + j) * 128, full);
+        tma_load_2d(base + L::v(s), &tv, 0, (bh * ops.nblk + j) * F::D, full);
+        if (F::VLO) tma_load_2d(base + L::vlo(s), &tvl, 0, (bh * ops.nblk + j) * F::D, full);
     }
 }
 
@@ -217,7 +226,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
             const int s = j % F::STAGES;
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
-            issue_qk<QVC_QK_INT8>(sacc, qdj, sb + L::k(s));
+            issue_qk<QVC_QK_INT8, F::QK_KSTEPS>(sacc, qdj, sb + L::k(s));
             const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
                         f1 = (dq[1] * kscale[j]) * a.scale_log2;
             const float vb = vblk[j];
@@ -365,7 +374,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
         r.l[1] += rs[1];
         if (j + 1 < ops.nblk) {
             mbar_wait(b.full + 8 * sn, ((j + 1) / F::STAGES) & 1);
-            issue_qk<QVC_QK_E4M3>(sacc, qd, base + L::k(sn));
+            issue_qk<QVC_QK_E4M3, F::QK_KSTEPS>(sacc, qd, base + L::k(sn));
             wg_wait<0>();
             reg_fence(sacc);
         }
@@ -373,7 +382,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
 }
 
 /* ------------------------------------------------------------ epilogue */
-template <int PMODE_BITS>
+template <int PMODE_BITS, int D>
 static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const qvc_ops &ops,
                                                       const qvc_attn_args &a, int bh, int row0,
                                                       int g, int tig) {
@@ -384,7 +393,7 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
                       : PMODE == A8_P_EXPCAST5 ? QVI_EXPCAST5_LOG2_AMP
                       : PMODE == A8_P_U8 || PMODE == A8_P_U8_FP32SUM ? QVI_U8_LOG2_AMP
                                                : QVC_P_AMP;
-    const float *cs = ops.v_chan + (size_t)bh * 128;
+    const float *cs = ops.v_chan + (size_t)bh * D;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int row = row0 + g + 8 * i;
@@ -393,7 +402,7 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
         const float inv = kind ? qvc_softmax_fill(kind) : 1.0f / r.l[i]; /* NaN, or 0 times O = 0 */
         const int64_t ob = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < D / 8; ++n) { /* at D 64 the zero columns 64..127 stay */
             const int col = n * 8 + 2 * tig;
             const float2 c2 = __ldg((const float2 *)(cs + col));
             qvc_store_out2(a.out, a.out_dtype, ob + col, r.o[n * 4 + 2 * i] * c2.x * inv,
@@ -435,6 +444,14 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     static_assert(!MEANS || F::INT8, "means ride with the INT8 path only");
     const uint16_t *mtiles = MEANS ? ops.v_mu_tile + bh * (qvc_mu_head_bytes(nblk) / 2) : NULL;
 
+    static_assert(F::D == 128 || (F::D == 64 && !F::VLO), "head dim 64 or 128; +v2 at 128");
+    /* At head dim 64 V^T's rows 64..127 of each stage are never loaded:
+     * zero them once. */
+    if constexpr (F::D < 128) {
+        constexpr int per = (A8_TILE - F::V_BYTES) / 4; /* words per stage */
+        for (int i = threadIdx.x; i < F::STAGES * per; i += F::THREADS)
+            *(uint32_t *)(sm + L::v(i / per) + F::V_BYTES + 4 * (i % per)) = 0u;
+    }
     /* The ones rows after each V tile never change: write them once. */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
         *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) =
@@ -486,26 +503,31 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     } else {
         float sacc[64];
         mbar_wait(b.full, 0);
-        issue_qk<QVC_QK_E4M3>(sacc, qd, base + L::k(0));
+        issue_qk<QVC_QK_E4M3, F::QK_KSTEPS>(sacc, qd, base + L::k(0));
         wg_wait<0>();
         reg_fence(sacc);
         attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, tig);
     }
-    attn8_epilogue<PMODE>(r, ops, p.a, bh, row0, g, tig);
+    attn8_epilogue<PMODE, F::D>(r, ops, p.a, bh, row0, g, tig);
 }
 
 /* The tensor maps of the operands: Q (in boxes of the kernel's rows), K,
  * V^T and V^T's second digit (V^T again where the call has none, so that
- * the parameter is a valid map). */
-static qva_status attn8_maps(const qvc_ops *ops, int q_rows, CUtensorMap (&maps)[4]) {
-    if (ops->D != 128)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (128 only)", ops->D);
+ * the parameter is a valid map).  Q and K rows are D bytes (a 64-byte row
+ * fills half a tile row); V^T has D rows of 128 keys per block. */
+template <class F>
+static qva_status attn8_maps(const qvc_ops *ops, CUtensorMap (&maps)[4]) {
+    if (ops->D != F::D)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d in a head-dim-%d kernel",
+                        ops->D, F::D);
+    const uint64_t vrows = (uint64_t)ops->BH * ops->nblk * F::D;
     qva_status r;
-    if ((r = make_map(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, q_rows)) != QVA_OK ||
-        (r = make_map(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128)) != QVA_OK ||
-        (r = make_map(&maps[2], ops->v_t, (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK ||
-        (r = make_map(&maps[3], ops->v_t_lo ? ops->v_t_lo : ops->v_t,
-                      (uint64_t)ops->BH * ops->nblk * 128, 128)) != QVA_OK)
+    if ((r = make_map_w(&maps[0], ops->q_i8, (uint64_t)ops->BH * ops->nq_pad, F::ROWS, F::D)) !=
+            QVA_OK ||
+        (r = make_map_w(&maps[1], ops->k_i8, (uint64_t)ops->BH * ops->nk_pad, 128, F::D)) !=
+            QVA_OK ||
+        (r = make_map(&maps[2], ops->v_t, vrows, F::D)) != QVA_OK ||
+        (r = make_map(&maps[3], ops->v_t_lo ? ops->v_t_lo : ops->v_t, vrows, F::D)) != QVA_OK)
         return r;
     return QVA_OK;
 }
@@ -539,7 +561,7 @@ static qva_status attn8_launch_p(const CUtensorMap *m, const attn8_params *p, cu
 template <class F>
 static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaStream_t st) {
     CUtensorMap m[4];
-    const qva_status r = attn8_maps(ops, F::ROWS, m);
+    const qva_status r = attn8_maps<F>(ops, m);
     if (r != QVA_OK) return r;
     attn8_params p;
     p.ops = *ops;
@@ -554,16 +576,20 @@ static qva_status attn8_launch(const qvc_ops *ops, const qvc_attn_args *a, cudaS
         }
         return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +pblock needs INT8 QK and one V code");
     }
+    /* +i8pv and +expcast-e5m2 run at head dim 128 (the chooser's rule:
+     * their preparation is not built at 64) */
     if (a->u8_pv) {
-        if constexpr (F::INT8 && !F::VLO)
+        if constexpr (F::INT8 && !F::VLO && F::D == 128)
             return a->sum_codes ? attn8_launch_p<F, A8_P_U8>(m, &p, st)
                                 : attn8_launch_p<F, A8_P_U8_FP32SUM>(m, &p, st);
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: +i8pv needs INT8 QK and one V code");
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "attn8_ws_128x128: +i8pv needs INT8 QK, one V code and head dim 128");
     }
     if (a->expcast == QVA_EXPCAST_E5M2) {
-        if constexpr (F::INT8 && !F::VLO) return attn8_launch_p<F, A8_P_EXPCAST5>(m, &p, st);
+        if constexpr (F::INT8 && !F::VLO && F::D == 128)
+            return attn8_launch_p<F, A8_P_EXPCAST5>(m, &p, st);
         return qvi_fail(QVA_ERR_UNSUPPORTED,
-                        "attn8_ws_128x128: +expcast-e5m2 needs INT8 QK and one V code");
+                        "attn8_ws_128x128: +expcast-e5m2 needs INT8 QK, one V code and head dim 128");
     }
     if (a->expcast) return attn8_launch_p<F, A8_P_EXPCAST>(m, &p, st);
     if (a->sum_codes) return attn8_launch_p<F, A8_P_CODESUM>(m, &p, st);

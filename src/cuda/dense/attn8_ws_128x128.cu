@@ -43,11 +43,16 @@
 /* ------------------------------------------------------------ host */
 extern "C" qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
                                            const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt == QVC_QK_E4M3) {
-        if (ops->v_t_lo)
-            return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V's second digit with E4M3 QK");
-        return attn8_launch<attn8_ws_flags<QVC_QK_E4M3>>(ops, a, st);
-    }
+    if (ops->D != 64 && ops->D != 128)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: head dim %d (64 or 128)", ops->D);
+    if (ops->v_t_lo && (fmt == QVC_QK_E4M3 || ops->D != 128))
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn8_ws_128x128: V's second digit takes INT8 QK "
+                                             "at head dim 128");
+    const int d64 = ops->D == 64;
+    if (fmt == QVC_QK_E4M3)
+        return d64 ? attn8_launch<attn8_ws_flags<QVC_QK_E4M3, 64>>(ops, a, st)
+                   : attn8_launch<attn8_ws_flags<QVC_QK_E4M3, 128>>(ops, a, st);
     if (ops->v_t_lo) return attn8_launch<attn8_v2_flags>(ops, a, st);
-    return attn8_launch<attn8_ws_flags<QVC_QK_INT8>>(ops, a, st);
+    return d64 ? attn8_launch<attn8_ws_flags<QVC_QK_INT8, 64>>(ops, a, st)
+               : attn8_launch<attn8_ws_flags<QVC_QK_INT8, 128>>(ops, a, st);
 }

@@ -74,7 +74,7 @@ extern "C" qva_status qvc_ops_alloc(qvc_ops *ops, int BH, int nq, int nk,
         {(void **)&ops->v_blk, bh * nkb * sizeof(float)},
         {(void **)&ops->v_mu, with_mu ? bh * nkb * d * sizeof(float) : 0},
         {(void **)&ops->v_mu_tile,
-         with_mu && D == 128 ? bh * qvc_mu_head_bytes(ops->nblk) : 0},
+         with_mu && (D == 64 || D == 128) ? bh * qvc_mu_head_bytes(ops->nblk) : 0},
     };
     qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "qvc_ops_alloc: cudaMalloc");
     if (st != QVA_OK) qvc_ops_free(ops);
