@@ -14,8 +14,6 @@ static const char *kernel_what(qvc_kernel k) {
     switch (k) {
     case QVC_KERNEL_ATTN8_WS_128X128:
         return "attn8_ws_128x128 (wgmma/TMA, warp-specialized; INT8 or E4M3 QK, E4M3 PV)";
-    case QVC_KERNEL_ATTN8_MMA_64X128:
-        return "attn8_mma_64x128 (mma.sync; INT8 or E4M3 QK, E4M3 PV)";
     case QVC_KERNEL_ATTN_BF16_MMA_64X128: return "attn_bf16_mma_64x128 (mma.sync BF16/FP16)";
     case QVC_KERNEL_ATTN_FP4_SIMT_64X128:
         return "attn_fp4_simt_64x128 (NVFP4 emulated in FP32: no FP4 tensor cores on sm_90)";

@@ -283,9 +283,6 @@ typedef struct qvc_attn_args {
      * method does not smooth K. */
     const float *lse_shift;
 } qvc_attn_args;
-/* The mma.sync 8-bit kernel (dense/attn8_mma_64x128.cu): head dim 64 or 128. */
-qva_status qvc_attn8_mma_64x128(const qvc_ops *ops, qvc_qk_format fmt,
-                                const qvc_attn_args *a, cudaStream_t st);
 /* The Hopper 8-bit kernel (dense/attn8_ws_128x128.cu): wgmma + TMA,
  * warp-specialized, head dim 64 or 128 (64 in the 128-wide tiles). */
 qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
@@ -383,8 +380,7 @@ qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg, const 
 /* The kernels of the library, one per path. */
 typedef enum qvc_kernel {
     QVC_KERNEL_NONE = 0,
-    QVC_KERNEL_ATTN8_WS_128X128,       /* sage8, vc8, fp8 at head dim 128   */
-    QVC_KERNEL_ATTN8_MMA_64X128,       /* sage8, vc8, fp8 at head dim 64    */
+    QVC_KERNEL_ATTN8_WS_128X128,       /* sage8, vc8, fp8 at head dim 64, 128 */
     QVC_KERNEL_ATTN_BF16_MMA_64X128,   /* bf16; the draft's dense warm-up   */
     QVC_KERNEL_ATTN_FP4_SIMT_64X128,   /* sage4, vc4 (emulated NVFP4)       */
     QVC_KERNEL_ATTN_DRAFT_WS_128X128,  /* draft, head dim 128, no NVFP4     */

@@ -51,10 +51,9 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
     return qvc_choose_kernel(cfg, d, kv_group, why, len) != QVC_KERNEL_NONE;
 }
 
-/* The 8-bit kernel the chooser picked, or the dev driver's version of it. */
-static qva_status attn_8bit(qva_context_t *ctx, qvc_kernel k, const qvc_ops *ops,
-                            qvc_qk_format fmt, const qvc_attn_args *a, cudaStream_t st) {
-    if (k == QVC_KERNEL_ATTN8_MMA_64X128) return qvc_attn8_mma_64x128(ops, fmt, a, st);
+/* The 8-bit kernel, or the dev driver's version of it. */
+static qva_status attn_8bit(qva_context_t *ctx, const qvc_ops *ops, qvc_qk_format fmt,
+                            const qvc_attn_args *a, cudaStream_t st) {
     const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
     if (dev && dev->attn8_ws) return dev->attn8_ws(ops, fmt, a, st);
     return qvc_attn8_ws_128x128(ops, fmt, a, st);
@@ -395,7 +394,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
 
     qvc_attn_args a = make_args(cfg, q, out, lse);
     a.lse_shift = shift;
-    if ((r = attn_8bit(ctx, kern, &ops, pa.qk_format, &a, st)) != QVA_OK) return r;
+    if ((r = attn_8bit(ctx, &ops, pa.qk_format, &a, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 3, prof, st)) != QVA_OK) return r;
     return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
 }

@@ -1,10 +1,10 @@
 /*
- * Per-element pieces shared by the 8-bit attention kernels
- * (dense/attn8_mma_64x128.cu: mma.sync; dense/attn8_ws.cuh: wgmma,
- * warp-specialized).
- * Both kernels keep S and O in the m16n8 accumulator layout (row g and
- * g+8, columns 2*tig and 2*tig+1 of every 8-column chunk), so the
- * probability packing and the epilogue are the same code.
+ * Per-element pieces shared by the attention kernels with 8-bit operands
+ * (dense/attn8_ws.cuh: wgmma, warp-specialized; the draft kernels'
+ * INT8 phases, mma.sync and wgmma).
+ * All keep S and O in the m16n8 accumulator layout (row g and g+8,
+ * columns 2*tig and 2*tig+1 of every 8-column chunk), so the probability
+ * packing and the epilogue are the same code.
  */
 #ifndef QVATTN_ATTN_COMMON_CUH
 #define QVATTN_ATTN_COMMON_CUH

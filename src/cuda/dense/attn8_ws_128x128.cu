@@ -1,11 +1,11 @@
 /*
- * attn8_ws_128x128: the Hopper 8-bit attention kernel (head dim 128) of
- * sage8, vc8 (INT8 QK) and fp8 (E4M3 QK); E4M3 PV, FP32 online softmax.
+ * attn8_ws_128x128: the Hopper 8-bit attention kernel (head dim 128, and
+ * 64 in the same 128-wide tiles) of sage8, vc8 (INT8 QK) and fp8 (E4M3
+ * QK); E4M3 PV, FP32 online softmax.
  *
- * Same arithmetic as attn8_mma_64x128 (the mma.sync kernel, d = 64): QK
- * with per-block scales, E4M3 P codes from exp2 or ExpCast, a fresh FP32
- * PV partial per 128-key block, the V-Smooth rank-1 restore.  How the
- * tensor cores are fed:
+ * QK with per-row (or per-block) Q and per-block K scales, E4M3 P codes
+ * from exp2 or ExpCast, a fresh FP32 PV partial per 128-key block, the
+ * V-Smooth rank-1 restore.  How the tensor cores are fed:
  *
  *   producer   warpgroup 0: one thread TMA-loads the Q tile and a ring of
  *              K / V^T (/ V-Smooth means) stages, each completing on an
