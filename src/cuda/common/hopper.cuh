@@ -113,6 +113,14 @@ static __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
     "%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64," \
     "%65,%66,%67}"
 
+#define F32(d) F8(d, 0), F8(d, 8), F8(d, 16), F8(d, 24)
+#define ACC32                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define ACC36                                                                              \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22," \
+    "%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+
 /* S (64x128) += Q (64x32, smem) K^T (32x128, smem). INT8: s32 accumulators. */
 static __device__ __forceinline__ void wgmma_qk_s8(int (&d)[64], uint64_t da, uint64_t db,
                                                    int acc) {
@@ -150,6 +158,27 @@ static __device__ __forceinline__ void wgmma_pv_ones(float (&d)[68], const uint3
         "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 " ACC68
         ", {%68,%69,%70,%71}, %72, p, 1, 1;\n}\n"
         : F64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* Head dim 64: O_j (64x64) += P (64x32) V (32x64), and the n72 form
+ * whose columns 64..71 are the row sums (the ones rows at B row 64). */
+static __device__ __forceinline__ void wgmma_pv_n64(float (&d)[32], const uint32_t *a, uint64_t db,
+                                                    int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32
+        ", {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+        : F32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wgmma_pv_ones_n72(float (&d)[36], const uint32_t *a,
+                                                         uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 " ACC36
+        ", {%36,%37,%38,%39}, %40, p, 1, 1;\n}\n"
+        : F32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
@@ -210,16 +239,26 @@ static __device__ __forceinline__ void issue_qk(SACC (&s)[64], uint64_t qd, uint
     wg_commit();
 }
 
+/* The partial's registers per thread: D / 2 (O's columns), and 4 more
+ * where the ones rows give the row sums (EXPCAST: any path with them). */
+#define PV_REGS(D, EXPCAST) ((D) / 2 + ((EXPCAST) ? 4 : 0))
+
 /* The 4 k-steps (32 keys each) of O_j = P V for the tile at descriptor vd,
- * the first starting the partial; with ExpCast the n136 form whose columns
- * 128..135 are the decoded row sums. */
-template <int EXPCAST, int P5 = 0>
-static __device__ __forceinline__ void pv_wgmmas(float (&part)[EXPCAST ? 68 : 64],
+ * the first starting the partial; with ExpCast the n136 (head dim 64:
+ * n72) form whose last 8 columns are the decoded row sums. */
+template <int EXPCAST, int P5 = 0, int D = 128>
+static __device__ __forceinline__ void pv_wgmmas(float (&part)[PV_REGS(D, EXPCAST)],
                                                  const uint32_t (&pa)[4][4], uint64_t vd) {
     static_assert(!P5 || EXPCAST, "E5M2 P comes with the ones rows");
+    static_assert(D == 128 || (D == 64 && !P5), "head dim 64 (E4M3 P) or 128");
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        if (P5)
+        if constexpr (D == 64) {
+            if (EXPCAST)
+                wgmma_pv_ones_n72(*(float(*)[36])part, pa[c], vd + 2 * c, c);
+            else
+                wgmma_pv_n64(*(float(*)[32])part, pa[c], vd + 2 * c, c);
+        } else if (P5)
             wgmma_pv_ones_p5(*(float(*)[68])part, pa[c], vd + 2 * c, c);
         else if (EXPCAST)
             wgmma_pv_ones(*(float(*)[68])part, pa[c], vd + 2 * c, c);
@@ -229,11 +268,11 @@ static __device__ __forceinline__ void pv_wgmmas(float (&part)[EXPCAST ? 68 : 64
 }
 
 /* Issue O_j = P V (one commit group); P5: P's codes are E5M2. */
-template <int EXPCAST, int P5 = 0>
-static __device__ __forceinline__ void issue_pv(float (&part)[EXPCAST ? 68 : 64],
+template <int EXPCAST, int P5 = 0, int D = 128>
+static __device__ __forceinline__ void issue_pv(float (&part)[PV_REGS(D, EXPCAST)],
                                                 const uint32_t (&pa)[4][4], uint64_t vd) {
     wg_fence();
-    pv_wgmmas<EXPCAST, P5>(part, pa, vd);
+    pv_wgmmas<EXPCAST, P5, D>(part, pa, vd);
     wg_commit();
 }
 
@@ -458,8 +497,8 @@ static __device__ __forceinline__ void make_p_u8(const int (&acc)[64], float f0,
 
 /* O += part * vb over the first NN column groups of O, vb0 for row g
  * (elements 0, 1 of each quad) and vb1 for row g + 8 (elements 2, 3). */
-template <int NN, int N>
-static __device__ __forceinline__ void add_part(float (&o)[64], const float (&part)[N], float vb0,
+template <int NN, int NO, int N>
+static __device__ __forceinline__ void add_part(float (&o)[NO], const float (&part)[N], float vb0,
                                                 float vb1) {
 #pragma unroll
     for (int n = 0; n < NN; ++n) {

@@ -58,6 +58,16 @@ static __device__ __forceinline__ void a8r_wgmma(float (&d)[64], const uint32_t 
         : W8(d, 0), W8(d, 8), W8(d, 16), W8(d, 24), W8(d, 32), W8(d, 40), W8(d, 48), W8(d, 56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+/* Head dim 64: the tile's first 64 channels, D (64x64). */
+static __device__ __forceinline__ void a8r_wgmma(float (&d)[32], const uint32_t (&a)[4],
+                                                 uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ACC32
+        ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : W8(d, 0), W8(d, 8), W8(d, 16), W8(d, 24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 #undef W8
 
 /* This thread's pending sums: word i at ph[i * NT] (NT consumer threads),
@@ -109,14 +119,14 @@ static __device__ __forceinline__ void a8r_rescale(uint32_t *ph, const float *al
 /* The batch's restore, O += R M, from the mean tile at tile_addr once its
  * copy has landed (full, phase parity); the pending sums cleared, and the
  * tile's buffer released (empty) when the wgmma has read it. */
-template <int NT, int DOWN = 0>
-static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, uint32_t tile_addr,
+template <int NT, int DOWN = 0, int NO>
+static __device__ __forceinline__ void a8r_flush(float (&o)[NO], uint32_t *ph, uint32_t tile_addr,
                                                  uint32_t full, uint32_t parity, uint32_t empty) {
     uint32_t a[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = ph[i * NT];
     mbar_wait(full, parity);
-    float d[64];
+    float d[NO]; /* NO = 64 at head dim 128, 32 at 64 (the n64 form) */
     wg_fence();
     a8r_wgmma(d, a, a8r_tile_desc(tile_addr));
     wg_commit();
@@ -126,7 +136,7 @@ static __device__ __forceinline__ void a8r_flush(float (&o)[64], uint32_t *ph, u
     reg_fence(d);
     mbar_arrive(empty);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = DOWN ? __fmaf_rn(d[i], 128.0f, o[i]) : o[i] + d[i];
+    for (int i = 0; i < NO; ++i) o[i] = DOWN ? __fmaf_rn(d[i], 128.0f, o[i]) : o[i] + d[i];
 }
 
 #endif

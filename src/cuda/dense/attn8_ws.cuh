@@ -65,10 +65,10 @@ template <int QK_FMT, int HEAD_DIM = 128>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
     /* Head dim 64 runs in the head-dim-128 tiles: Q and K rows of 64
-     * bytes fill the first half of each 128-byte tile row, QK takes two
-     * k-steps instead of four, and V^T's 64 rows leave its last 64 rows
-     * zero (written once), so PV and the mean restore produce zero
-     * columns that the epilogue does not store.  The softmax, which sets
+     * bytes fill the first half of each 128-byte tile row (TMA zero-fills
+     * the rest), QK takes two k-steps instead of four, PV and the mean
+     * restore run at n64 (n72 with the ones rows, which sit at V^T's row
+     * 64, written once), and O is 32 registers.  The softmax, which sets
      * the pace, is the same per score. */
     static constexpr int D = HEAD_DIM;
     static constexpr int QK_KSTEPS = D / 32;
@@ -177,10 +177,11 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
 /* ------------------------------------------------------------ mainloops */
 /* The per-consumer state: O, the running max m and the row sum l of the
  * thread's two rows (g and g + 8 of its warp's 16). */
-typedef struct attn8_acc {
-    float o[64];
+template <int D>
+struct attn8_acc {
+    float o[D / 2];
     float m[2], l[2];
-} attn8_acc;
+};
 
 /* INT8 QK: each consumer warpgroup runs a block's QK, softmax, PV and O
  * update in turn, waiting for each GEMM (three warpgroups keep the tensor
@@ -192,7 +193,7 @@ typedef struct attn8_acc {
  * path through it (ptxas serializes wgmmas it finds on a conditional one).
  * Without MEANS one batch holds every block. */
 template <class F, int PMODE, int MEANS>
-static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const qvc_ops &ops,
+static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, const qvc_ops &ops,
                                                            const qvc_attn_args &a, uint32_t base,
                                                            uint8_t *sm, attn8_bars b, uint64_t qd,
                                                            const float (&dq)[2],
@@ -296,25 +297,25 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
                     rs[0] = qvc_quad_sum(rs[0]);
                     rs[1] = qvc_quad_sum(rs[1]);
                 }
-                float part[ONES ? 68 : 64];
-                if (F::VLO)
+                float part[PV_REGS(F::D, ONES)];
+                if constexpr (F::VLO)
                     issue_pv_digits<ONES>(part, pa, sw128_desc(sb + L::v(s)),
                                           sw128_desc(sb + L::vlo(s)));
                 else
-                    issue_pv<ONES, P5>(part, pa, sw128_desc(sb + L::v(s)));
+                    issue_pv<ONES, P5, F::D>(part, pa, sw128_desc(sb + L::v(s)));
                 wg_wait<0>();
                 reg_fence(part);
                 /* the wgmma reads pa until the wait; to the compiler it took
                  * pa at issue, so this use keeps pa's registers from reuse */
 #pragma unroll
                 for (int c = 0; c < 4; ++c) reg_fence(pa[c]);
-                if (ONES) rs[0] = part[64], rs[1] = part[66];
+                if (ONES) rs[0] = part[F::D / 2], rs[1] = part[F::D / 2 + 2];
                 if (PBLK) { /* the block's weight per row, as +i8pv's */
                     const float w0 = ex2_ftz(mb[0] - r.m[0]), w1 = ex2_ftz(mb[1] - r.m[1]);
                     rs[0] *= w0, rs[1] *= w1;
-                    add_part<16>(r.o, part, w0 * vb, w1 * vb);
+                    add_part<F::D / 8>(r.o, part, w0 * vb, w1 * vb);
                 } else {
-                    add_part<16>(r.o, part, vb, vb);
+                    add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
             if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
@@ -334,7 +335,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc &r, const q
  * softmax, PV in sequence.  sacc holds QK(0). */
 template <class F, int PMODE>
 static __device__ __forceinline__ void attn8_mainloop_sequential(
-    attn8_acc &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
+    attn8_acc<F::D> &r, float (&sacc)[64], const qvc_ops &ops, const qvc_attn_args &a, uint32_t base,
     attn8_bars b, uint64_t qd, const float (&dq)[2], const float *kscale, const float *vblk,
     int tig) {
     typedef attn8_layout<F> L;
@@ -357,14 +358,14 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
             rs[0] = qvc_quad_sum(rs[0]);
             rs[1] = qvc_quad_sum(rs[1]);
         }
-        float part[ONES ? 68 : 64];
-        issue_pv<ONES>(part, pa, sw128_desc(base + L::v(s)));
+        float part[PV_REGS(F::D, ONES)];
+        issue_pv<ONES, 0, F::D>(part, pa, sw128_desc(base + L::v(s)));
         wg_wait<0>();
         reg_fence(part);
-        if (ONES) rs[0] = part[64], rs[1] = part[66]; /* any column: the same sum */
+        if (ONES) rs[0] = part[F::D / 2], rs[1] = part[F::D / 2 + 2]; /* any column: the same sum */
         mbar_arrive(b.empty + 8 * s);
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < F::D / 8; ++n) {
             r.o[n * 4 + 0] += part[n * 4 + 0] * vb;
             r.o[n * 4 + 1] += part[n * 4 + 1] * vb;
             r.o[n * 4 + 2] += part[n * 4 + 2] * vb;
@@ -383,7 +384,7 @@ static __device__ __forceinline__ void attn8_mainloop_sequential(
 
 /* ------------------------------------------------------------ epilogue */
 template <int PMODE_BITS, int D>
-static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const qvc_ops &ops,
+static __device__ __forceinline__ void attn8_epilogue(const attn8_acc<D> &r, const qvc_ops &ops,
                                                       const qvc_attn_args &a, int bh, int row0,
                                                       int g, int tig) {
     constexpr int PMODE = A8_P_PATH(PMODE_BITS);
@@ -402,7 +403,7 @@ static __device__ __forceinline__ void attn8_epilogue(const attn8_acc &r, const 
         const float inv = kind ? qvc_softmax_fill(kind) : 1.0f / r.l[i]; /* NaN, or 0 times O = 0 */
         const int64_t ob = b * a.osb + h * a.osh + (int64_t)row * a.osn;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) { /* at D 64 the zero columns 64..127 stay */
+        for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
             const float2 c2 = __ldg((const float2 *)(cs + col));
             qvc_store_out2(a.out, a.out_dtype, ob + col, r.o[n * 4 + 2 * i] * c2.x * inv,
@@ -445,16 +446,10 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const uint16_t *mtiles = MEANS ? ops.v_mu_tile + bh * (qvc_mu_head_bytes(nblk) / 2) : NULL;
 
     static_assert(F::D == 128 || (F::D == 64 && !F::VLO), "head dim 64 or 128; +v2 at 128");
-    /* At head dim 64 V^T's rows 64..127 of each stage are never loaded:
-     * zero them once. */
-    if constexpr (F::D < 128) {
-        constexpr int per = (A8_TILE - F::V_BYTES) / 4; /* words per stage */
-        for (int i = threadIdx.x; i < F::STAGES * per; i += F::THREADS)
-            *(uint32_t *)(sm + L::v(i / per) + F::V_BYTES + 4 * (i % per)) = 0u;
-    }
-    /* The ones rows after each V tile never change: write them once. */
+    /* The ones rows after each V tile's D rows never change: write them
+     * once (at head dim 64 into the tile's row 64, which TMA never loads). */
     for (int i = threadIdx.x; i < F::STAGES * A8_ONES / 4; i += F::THREADS)
-        *(uint32_t *)(sm + L::ones(i / (A8_ONES / 4)) + 4 * (i % (A8_ONES / 4))) =
+        *(uint32_t *)(sm + L::v(i / (A8_ONES / 4)) + F::V_BYTES + 4 * (i % (A8_ONES / 4))) =
             (A8_P_PATH(PMODE) == A8_P_U8 || A8_P_PATH(PMODE) == A8_P_U8_FP32SUM) ? 0x01010101u
                                                                                  : 0x38383838u;
     if (threadIdx.x == 0) {
@@ -491,9 +486,9 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     const float *kscale = ops.k_scale + (size_t)bh * nblk;
     const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
-    attn8_acc r;
+    attn8_acc<F::D> r;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    for (int i = 0; i < F::D / 2; ++i) r.o[i] = 0.0f;
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
     mbar_wait(b.q, 0);
