@@ -83,10 +83,15 @@ struct attn8_ws_flags {
     static constexpr int CONSUMERS = INT8 ? (D == 64 ? 4 : 3) : 2;
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    /* registers per consumer thread after setmaxnreg: the file (64K)
-     * minus the producer's 128 x 24, in multiples of 8 */
+    /* registers per consumer thread after setmaxnreg: what the launch
+     * gave the CTA (THREADS x the per-thread cap of __launch_bounds__, in
+     * multiples of 8) minus the producer's 128 x 24, in multiples of 8.
+     * Asking for more than the CTA holds makes setmaxnreg.inc wait
+     * forever (640 threads get 96 each: 61,440, not the whole 64K file). */
     static constexpr int PRODUCER_REGS = 24;
-    static constexpr int CONSUMER_REGS = (65536 / 128 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int CONSUMER_REGS =
+        (LAUNCH_REGS * THREADS - PRODUCER_REGS * 128) / (CONSUMERS * 128) / 8 * 8;
     static constexpr bool VLO = false;            /* V's second digit (below) */
     /* the P paths (bits 1 << A8_P_*) whose INT8 loop carries the
      * shared-memory base and Q's descriptor from block to block instead of
