@@ -46,8 +46,9 @@ typedef struct qvc_view {
  *   v_mu_tile [BH][nbatch][QVC_MU_TILE_BYTES] the same values as FP16 in
  *          the 8-bit kernel's restore tiles: 16 blocks a tile
  *          (qvc_mu_tile_at), 128 channels wide (at D 64 channels 64..127
- *          zero), slots past nblk zero, so that the kernel's producer
- *          copies a batch's tile as it is
+ *          zero and unread: the restore runs at n64), slots past nblk
+ *          zero, so that the kernel's producer copies a batch's tile as
+ *          it is
  */
 typedef struct qvc_ops {
     int BH, nq, nk, nq_pad, nk_pad, nblk, D;

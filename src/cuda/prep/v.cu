@@ -73,7 +73,9 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
 /* v_channel_scale, then mu_hat = fp16(mu / scale) (VC App. B), as floats
  * into v_mu and (v_mu_tile) as FP16 into the 8-bit kernel's restore tiles,
  * whose slots past the last block get +0, and at D 64 channels 64..127
- * too (the tiles are 128 channels wide).  A CTA takes
+ * too: the restore's n64 wgmma reads only channels 0..63 (the tile's
+ * first 2 KB), but the producer copies whole tiles, which stay defined.
+ * A CTA takes
  * VS_CH channels of one bh, VS_JL threads per channel striding over the
  * blocks (a thread per channel looping over all nblk blocks left the GPU
  * idle: 40 CTAs at Wan).  Maxima are order-independent, so this is the
@@ -119,7 +121,7 @@ v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const
         if (!tile) continue;
         uint16_t *t = tile + (int64_t)(j / QVC_MU_BATCH) * (QVC_MU_TILE_BYTES / 2);
         t[qvc_mu_tile_at(c, j % QVC_MU_BATCH) / 2] = __half_as_ushort(__float2half_rn(m));
-        if (D == 64) t[qvc_mu_tile_at(c + 64, j % QVC_MU_BATCH) / 2] = 0; /* the tile is 128 wide */
+        if (D == 64) t[qvc_mu_tile_at(c + 64, j % QVC_MU_BATCH) / 2] = 0; /* never read */
     }
 }
 
