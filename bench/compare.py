@@ -69,9 +69,11 @@ DEFAULT_SHAPES = ["wan2.2-720p", "longcat-480p", "hunyuanvideo1.5-720p"]
 # HunyuanVideo-1.5 720p x 121 frames: 31 x 45 x 80 latent tokens + 100
 # prefix tokens (111,700 in all).  wan2.2-720p-text: the Wan2.2 grid with a
 # 512-token text prefix (umT5's length) in the same sequence, prefix first.
+# cogvideox-5b: 13 x 30 x 45 latent tokens after the text's 226.
 # The prefix is every token outside the grid (N - T*H*W).
 GRIDS = {"wan2.2-720p": (21, 45, 80), "wan2.2-720p-text": (21, 45, 80),
-         "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32)}
+         "hunyuanvideo1.5-720p": (31, 45, 80), "small": (8, 32, 32),
+         "small-d64": (8, 32, 32), "cogvideox-5b": (13, 30, 45)}
 DEFAULT_METHODS = ("sage8,vc8,vc8+expcast,vc8+expcast-centred,vc8+nohadamard,fp8,"
                    "sage8+nohadamard+fp32sum")
 VSMOOTH_NUM_STEPS = 40

@@ -73,7 +73,7 @@ static qvc_kernel choose_draft(const qva_config *cfg, int64_t d, int64_t kv_grou
     if (qvi_draft_warmup_config(cfg, &warm)) return choose(&warm, d, kv_group, why, len);
     if (cfg->step < cfg->draft.dense_warmup_steps)
         return QVC_KERNEL_ATTN_BF16_MMA_64X128; /* the dense warm-up is the bf16 method */
-    if (d == 128 && !draft_with4(&cfg->draft)) return QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    if ((d == 128 || d == 64) && !draft_with4(&cfg->draft)) return QVC_KERNEL_ATTN_DRAFT_WS_128X128;
     return QVC_KERNEL_ATTN_DRAFT_MMA_64X128;
 }
 

@@ -298,7 +298,7 @@ qva_status qvc_attn8_ws_128x128(const qvc_ops *ops, qvc_qk_format fmt,
  * of the call may have INT8 blocks (the plan's; the 8-bit buffers may be
  * allocated from an earlier call either way). */
 typedef struct qvc_draft_ws_args {
-    int BH, R, prefix, expcast, f16, with8;
+    int BH, R, D, prefix, expcast, f16, with8; /* D: head dim, 64 or 128 */
     int int8_acc16; /* INT8 blocks' PV partials rounded to FP16 (Table 6) */
     int64_t n_pack, prefix_pad;
     const uint16_t *q16, *k16, *v16t;

@@ -72,15 +72,17 @@ static __device__ __forceinline__ dw_bars dw_bars_at(uint32_t base) {
     return b;
 }
 
-/* What every thread of the CTA does first: the ones rows after each V
- * tile (ExpCast's row sum; they never change), the mbarriers (and, when
- * extra is nonzero, one more of every consumer thread at that address),
- * made visible to the async proxy before anyone uses them. */
-template <class L, int EXPCAST>
+/* What every thread of the CTA does first: the ones rows after each INT8
+ * V^T tile's D rows (ExpCast's row sum; they never change: at head dim 64
+ * they sit where the tile's rows 64..71 would, which no load writes), the
+ * mbarriers (and, when extra is nonzero, one more of every consumer
+ * thread at that address), made visible to the async proxy before anyone
+ * uses them. */
+template <class L, int EXPCAST, int D = 128>
 static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra) {
     if (EXPCAST && L::INT8)
         for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
-            *(uint32_t *)(sm + DW_ONES_OFF(i / 256) + 4 * (i % 256)) = 0x38383838u;
+            *(uint32_t *)(sm + DW_V8_OFF(i / 256) + D * 128 + 4 * (i % 256)) = 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(b.q8, 1);
         mbar_init(b.q16, 1);
@@ -167,8 +169,10 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
 }
 
 /* ------------------------------------------------------------ producer */
-/* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks, Q16. */
-template <class L>
+/* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks (at head
+ * dim 64 a 64-byte row in a 128-byte box, TMA zero-filling the rest and
+ * counting it in the transaction), Q16 (head dim 64: the first half). */
+template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const CUtensorMap &tq8,
                                                  const qvc_draft_ws_args &w, const dw_walk &wk,
                                                  int a, int bh, uint32_t base, dw_bars b) {
@@ -178,66 +182,72 @@ static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const 
         mbar_expect_tx(b.q8, DW_HALF);
         tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
     }
-    mbar_expect_tx(b.q16, 2 * DW_HALF);
+    mbar_expect_tx(b.q16, D / 64 * DW_HALF);
     tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
-    tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
+    if (D == 128) tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
 }
 
 /* Block i of the walk (INT8 blocks first: ring2 only) into stage s, its
- * arrival on mbarrier full. */
-template <class L>
+ * arrival on mbarrier full.  V^T tiles hold D rows (channels) of 128 keys;
+ * K tiles at head dim 64 as Q's. */
+template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, const CUtensorMap &tv16,
                                                      const CUtensorMap &tk8, const CUtensorMap &tv8,
                                                      const qvc_draft_ws_args &w, const dw_walk &wk,
                                                      int bh, int i, int s, uint32_t base,
                                                      uint32_t full) {
     if (L::INT8 && i < wk.nb8) {
-        const int row = (int)(((int64_t)bh * w.R + w.cols[wk.e1 + i]) * DW_ROWS);
-        mbar_expect_tx(full, 2 * DW_HALF);
-        tma_load_2d(base + DW_K_OFF(s), &tk8, 0, row, full);
-        tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, row, full);
+        const int64_t blk = (int64_t)bh * w.R + w.cols[wk.e1 + i];
+        mbar_expect_tx(full, DW_HALF + D * 128);
+        tma_load_2d(base + DW_K_OFF(s), &tk8, 0, (int)(blk * DW_ROWS), full);
+        tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, (int)(blk * D), full);
     } else {
         const int i16 = i - wk.nb8;
         const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
                                          : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
-        const int row = (int)((int64_t)bh * w.n_pack + k0);
-        mbar_expect_tx(full, 4 * DW_HALF);
-        tma_load_2d(base + L::k(s), &tk16, 0, row, full);
-        tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, row, full);
-        tma_load_2d(base + L::v(s), &tv16, 0, row, full);
-        tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, row, full);
+        const int64_t row = (int64_t)bh * w.n_pack + k0; /* a multiple of 128 */
+        const int vrow = (int)(row / DW_ROWS * D);
+        mbar_expect_tx(full, D / 64 * DW_HALF + 2 * D * 128);
+        tma_load_2d(base + L::k(s), &tk16, 0, (int)row, full);
+        if (D == 128) tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, (int)row, full);
+        tma_load_2d(base + L::v(s), &tv16, 0, vrow, full);
+        tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, vrow, full);
     }
 }
 
 /* One thread walks the CTA's route and TMA-loads each block's K and V^T
  * into ring L. */
-template <class L>
+template <class L, int D = 128>
 static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
                                                    const CUtensorMap &tv16, const CUtensorMap &tq8,
                                                    const CUtensorMap &tk8, const CUtensorMap &tv8,
                                                    const qvc_draft_ws_args &w, const dw_walk &wk,
                                                    int a, int bh, uint32_t base, dw_bars b) {
-    dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
+    dw_load_q<L, D>(tq16, tq8, w, wk, a, bh, base, b);
     for (int j = 0; j < wk.total; ++j) {
         const int s = j % L::STAGES;
         mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
-        dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, j, s, base, b.full + 8 * s);
+        dw_load_block<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, j, s, base, b.full + 8 * s);
     }
 }
 
 /* ------------------------------------------------------------ mainloop */
-/* The consumer state: O, the running max m and row sum l of the thread's
- * two rows, and j, the blocks consumed so far (the ring position). */
-typedef struct dw_acc {
-    float o[64];
+/* The consumer state: O (D / 2 columns of the thread's two rows), the
+ * running max m and row sum l of those rows, and j, the blocks consumed so
+ * far (the ring position). */
+template <int D>
+struct dw_accd {
+    float o[D / 2];
     float m[2], l[2];
     int j;
-} dw_acc;
+};
+typedef dw_accd<128> dw_acc;
 
 /* A fresh item: O and l zero, no max yet (the ring position j stays). */
-static __device__ __forceinline__ void dw_acc_reset(dw_acc &r) {
+template <int D>
+static __device__ __forceinline__ void dw_acc_reset(dw_accd<D> &r) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) r.o[i] = 0.0f;
+    for (int i = 0; i < D / 2; ++i) r.o[i] = 0.0f;
     r.m[0] = r.m[1] = -INFINITY;
     r.l[0] = r.l[1] = 0.0f;
 }
@@ -269,13 +279,13 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
  * QK(i+1) while the other makes its P codes.  The route's scalars are
  * loaded ahead, off the block's serial path: the key region two blocks
  * ahead, its valid keys and scale one block ahead. */
-template <int EXPCAST>
-static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+template <int EXPCAST, int D>
+static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
                                                      uint32_t base, dw_bars b, int cw, int tig,
                                                      uint32_t q8par = 0) {
     const int64_t hr = (int64_t)bh * w.R;
-    const float *dv = w.dv + (int64_t)bh * 128;
+    const float *dv = w.dv + (int64_t)bh * D;
     /* entry's unit change: the identity on the zero O and l (phase_exit) */
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
     float dq[2], f[2];
@@ -288,7 +298,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
     int sacc[64];
     int s = r.j % DW_STAGES;
     mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-    issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(s));
+    issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(s));
     wg_wait<0>();
     reg_fence(sacc);
     if (cw == 1) named_arrive(1, 256);
@@ -304,16 +314,16 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
         softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
         named_sync(1 + cw, 256);
-        float part[EXPCAST ? 68 : 64];
-        issue_pv<EXPCAST>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        float part[PV_REGS(D, EXPCAST)];
+        issue_pv<EXPCAST, 0, D>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
         /* always issued (no wgmma on a divergent path); after the last INT8
          * block it re-reads this K tile, unused */
-        issue_qk<QVC_QK_INT8>(sacc, qd, base + DW_K_OFF(more ? sn : s));
+        issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(more ? sn : s));
         named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);
-        add_part8<EXPCAST>(r.o, r.l, part, rs, w.int8_acc16);
+        add_part8<EXPCAST, D>(r.o, r.l, part, rs, w.int8_acc16);
         wg_wait<0>();
         reg_fence(sacc);
         cnt = cnt_n, dk = dk_n, kb_n = kb_2;
@@ -325,8 +335,8 @@ static __device__ __forceinline__ void dw_int8_phase(dw_acc &r, const qvc_draft_
 /* The softmax of one 16-bit block: the row max, the new running max (O
  * and l rescaled), the probabilities; keys of column groups >= FROM
  * masked by valid. */
-template <int F16, int FROM>
-static __device__ __forceinline__ void softmax16(dw_acc &r, const float (&sacc)[64], float f,
+template <int F16, int FROM, int D>
+static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sacc)[64], float f,
                                                  int valid, int tig, float (&rs)[2],
                                                  uint32_t (&pa)[8][4]) {
     float mx[2];
@@ -340,8 +350,8 @@ static __device__ __forceinline__ void softmax16(dw_acc &r, const float (&sacc)[
  * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
  * valid keys are loaded during the block before (its code two blocks
  * ahead), off the path from the QK wait to the row max. */
-template <int F16, class L>
-static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft_ws_args &w,
+template <int F16, class L, int D>
+static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
                                                       int cw, int tig, uint32_t q16par = 0) {
     const int nb16 = wk.total - wk.nb8;
@@ -353,7 +363,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft
     float sacc[64];
     int s = r.j % L::STAGES;
     mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
-    issue_qk16_w<F16>(sacc, qa, base + L::k(s));
+    issue_qk16_w<F16, D>(sacc, qa, base + L::k(s));
     wg_wait<0>();
     reg_fence(sacc);
     if (cw == 1) named_arrive(1, 256);
@@ -370,10 +380,10 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft
             softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
         named_sync(1 + cw, 256);
-        issue_pv16<F16>(r.o, pa, base + L::v(s));
+        issue_pv16<F16, D>(r.o, pa, base + L::v(s));
         /* always issued (no wgmma on a divergent path); after the last
          * block it re-reads this K tile, unused */
-        issue_qk16_w<F16>(sacc, qa, base + L::k(more ? sn : s));
+        issue_qk16_w<F16, D>(sacc, qa, base + L::k(more ? sn : s));
         named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(r.o);
@@ -389,7 +399,8 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_acc &r, const qvc_draft
 
 /* ------------------------------------------------------------ epilogue */
 /* qvi_row_finish, scattered back to the sequence order. */
-static __device__ __forceinline__ void dw_epilogue(const dw_acc &r, const qvc_draft_ws_args &w,
+template <int D>
+static __device__ __forceinline__ void dw_epilogue(const dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                    const dw_walk &wk, int a, int bh, int lr0,
                                                    int tig) {
     const qvc_attn_args &A = w.a;
@@ -405,7 +416,7 @@ static __device__ __forceinline__ void dw_epilogue(const dw_acc &r, const qvc_dr
         const float fill = qvc_softmax_fill(kind);
         const int64_t ob = b * A.osb + h * A.osh + orig * A.osn;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + 2 * tig;
             qvc_store_out2(A.out, A.out_dtype, ob + col,
                            kind ? fill : __fdiv_rn(r.o[n * 4 + 2 * i], r.l[i]),
@@ -419,12 +430,13 @@ static __device__ __forceinline__ void dw_epilogue(const dw_acc &r, const qvc_dr
 }
 
 /* ------------------------------------------------------------ host */
-/* A [rows][128] 16-bit matrix read as box_rows x 64 tiles (128 bytes
- * wide, the swizzle span), 128-byte swizzle. */
-static qva_status make_map16(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows) {
+/* A [rows][width] 16-bit matrix (width 64 or 128) read as box_rows x 64
+ * tiles (128 bytes wide, the swizzle span), 128-byte swizzle. */
+static qva_status make_map16(CUtensorMap *map, const void *data, uint64_t rows, uint32_t box_rows,
+                             uint64_t width) {
     encode_tiled_fn enc = get_encode_tiled();
     if (!enc) return qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled is not available");
-    const cuuint64_t dims[2] = {128, rows}, strides[1] = {256};
+    const cuuint64_t dims[2] = {width, rows}, strides[1] = {2 * width};
     const cuuint32_t box[2] = {64, box_rows}, estr[2] = {1, 1};
     CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)data, dims, strides, box, estr,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -433,25 +445,28 @@ static qva_status make_map16(CUtensorMap *map, const void *data, uint64_t rows, 
                              : qvi_fail(QVA_ERR_DEVICE, "cuTensorMapEncodeTiled failed (%d)", (int)r);
 }
 
-/* The layout checks, the six tensor maps and the launch parameters. */
+/* The layout checks, the six tensor maps and the launch parameters: Q and
+ * K rows of D channels, V^T tiles of D rows of 128 keys. */
+template <int D>
 static qva_status dw_setup(const qvc_draft_ws_args *w, CUtensorMap *maps, dw_params *p) {
     if (w->prefix_pad % DW_ROWS || w->n_pack != w->prefix_pad + (int64_t)w->R * DW_ROWS ||
         (int64_t)w->BH * w->n_pack > INT32_MAX)
         return qvi_fail(QVA_ERR_SHAPE, "attn_draft_ws_128x128: layout (n_pack %lld, prefix_pad %lld, R %d, BH %d)",
                         (long long)w->n_pack, (long long)w->prefix_pad, w->R, w->BH);
     const uint64_t rows16 = (uint64_t)w->BH * w->n_pack, rows8 = (uint64_t)w->BH * w->R * DW_ROWS;
+    const uint64_t vrows16 = rows16 / DW_ROWS * D, vrows8 = rows8 / DW_ROWS * D;
     /* Without an INT8 phase the 8-bit maps are never read: point them at
      * a valid 16-bit buffer. */
     const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->q16;
     const void *k8 = w->k8 ? (const void *)w->k8 : (const void *)w->k16;
     const void *v8 = w->v8t ? (const void *)w->v8t : (const void *)w->v16t;
     qva_status r;
-    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS)) != QVA_OK ||
-        (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS)) != QVA_OK ||
-        (r = make_map16(&maps[2], w->v16t, rows16, DW_ROWS)) != QVA_OK ||
-        (r = make_map(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
-        (r = make_map(&maps[4], k8, w->k8 ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK ||
-        (r = make_map(&maps[5], v8, w->v8t ? rows8 : DW_ROWS, DW_ROWS)) != QVA_OK)
+    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS, D)) != QVA_OK ||
+        (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS, D)) != QVA_OK ||
+        (r = make_map16(&maps[2], w->v16t, vrows16, D, 128)) != QVA_OK ||
+        (r = make_map_w(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS, D)) != QVA_OK ||
+        (r = make_map_w(&maps[4], k8, w->k8 ? rows8 : DW_ROWS, DW_ROWS, D)) != QVA_OK ||
+        (r = make_map(&maps[5], v8, w->v8t ? vrows8 : D, D)) != QVA_OK)
         return r;
     p->w = *w;
     p->npre = (int)(w->prefix_pad / DW_ROWS);
@@ -475,13 +490,17 @@ static qva_status dw_launch_kernel(dw_kernel_fn k, dim3 grid, int smem, const CU
 /* The instance a call runs, chosen here for the library and dev/cuda's
  * versions alike: the 3-stage ring when the plan has no INT8 blocks
  * (ExpCast is the INT8 phase's, so it changes nothing there), else the
- * 2-stage ring; the 16-bit format and ExpCast as template flags.
- * RUN::go<F16, EXPCAST, L>(maps, params, stream) launches one instance. */
-template <class RUN>
+ * 2-stage ring; the 16-bit format and ExpCast as template flags, the head
+ * dim D as RUN's.  RUN::go<F16, EXPCAST, L>(maps, params, stream)
+ * launches one instance. */
+template <class RUN, int D = 128>
 static qva_status dw_dispatch(const qvc_draft_ws_args *w, cudaStream_t st) {
+    if (w->D != D)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "attn_draft_ws_128x128: head dim %d (this instance: %d)",
+                        w->D, D);
     CUtensorMap maps[6];
     dw_params p;
-    const qva_status r = dw_setup(w, maps, &p);
+    const qva_status r = dw_setup<D>(w, maps, &p);
     if (r != QVA_OK) return r;
     const int f16 = w->f16 != 0, ec = w->expcast != 0;
     if (!w->with8)

@@ -1,9 +1,9 @@
 /*
  * attn_draft_ws_128x128: DraftAttention2's phased kernel on Hopper's own
- * instructions (DA2 §3.2-3.3, C.3; docs/DRAFT.md §5), head dim 128, routes
- * without an NVFP4 phase (those run attn_draft_mma_64x128; the chooser,
- * choose.cu, decides).  A block-sparse form of the dense 8-bit kernel's
- * pipeline (dense/attn8_ws_128x128.cu):
+ * instructions (DA2 §3.2-3.3, C.3; docs/DRAFT.md §5), head dim 128 or 64,
+ * routes without an NVFP4 phase (those run attn_draft_mma_64x128; the
+ * chooser, choose.cu, decides).  A block-sparse form of the dense 8-bit
+ * kernel's pipeline (dense/attn8_ws_128x128.cu):
  *
  *   one CTA per (video query region a, head bh): 128 packed query rows,
  *   producer   warpgroup 0: one thread walks the route of (bh, a) -- the
@@ -25,6 +25,13 @@
  *   in both phases a block of >= 120 valid keys masks only its last
  *   column group, and the route's per-block scalars are loaded ahead
  *   epilogue   O / l scattered back to the sequence order, and the LSE
+ *
+ * Head dim 64 (the template's D) keeps the head-dim-128 shared-memory
+ * layout: Q and K rows fill the first 64-channel half of their tiles (the
+ * INT8 ones a 64-byte row in a 128-byte box, zero-filled by TMA), QK takes
+ * half the k-steps, V^T tiles hold 64 rows, PV runs at n64 (n72 with the
+ * ExpCast ones rows, which sit at the INT8 V^T tile's row 64) and O takes
+ * 32 registers.
  *
  * Prefix queries (a text prefix; DA2 C.1: dense over every valid key) run
  * in the same kernel as extra CTAs whose walk is every prefix block and
@@ -51,7 +58,7 @@
 #include "draft/attn_draft_ws.cuh"
 
 /* ------------------------------------------------------------ kernel */
-template <int F16, int EXPCAST, class L>
+template <int F16, int EXPCAST, class L, int D>
 __global__ void __launch_bounds__(DW_THREADS, 1)
 attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
                       const __grid_constant__ CUtensorMap tk16,
@@ -67,18 +74,18 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     int a, bh;
     dw_walk wk;
     dw_work(w, p.npre, a, bh, wk);
-    dw_cta_init<L, EXPCAST>(sm, b, 0);
+    dw_cta_init<L, EXPCAST, D>(sm, b, 0);
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
     const int ctid = threadIdx.x - 128, cw = ctid >> 7;
     const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    dw_acc r;
+    dw_accd<D> r;
     dw_acc_reset(r);
     r.j = 0;
     if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
@@ -87,16 +94,18 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 }
 
 /* ------------------------------------------------------------ host */
+template <int D>
 struct dw_launch {
     template <int F16, int EXPCAST, class L>
     static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
         /* linear index = prefix-query CTAs, then video CTAs (dw_work) */
         const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-        return dw_launch_kernel(attn_draft_ws_128x128<F16, EXPCAST, L>, grid, (int)L::SMEM, m, p, st,
+        return dw_launch_kernel(attn_draft_ws_128x128<F16, EXPCAST, L, D>, grid, (int)L::SMEM, m, p, st,
                                 "attn_draft_ws_128x128");
     }
 };
 
 extern "C" qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return dw_dispatch<dw_launch>(w, st);
+    return w->D == 64 ? dw_dispatch<dw_launch<64>, 64>(w, st)
+                      : dw_dispatch<dw_launch<128>, 128>(w, st);
 }

@@ -44,6 +44,25 @@ static __device__ __forceinline__ void wgmma_pv16(float (&d)[64], const uint32_t
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/* Head dim 64: O (64x64) += P (64x16) V (16x64, the V^T tile's 64 rows). */
+template <int F16>
+static __device__ __forceinline__ void wgmma_pv16_n64(float (&d)[32], const uint32_t *a, uint64_t db) {
+    if (F16)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ACC32
+            ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+            : F32(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ACC32
+            ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+            : F32(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
 /* First k-step of a fresh accumulator: outputs only (scale-d = 0), so
  * neither the compiler nor ptxas sees a read of the old values. */
 #define W64(d) "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
@@ -76,18 +95,19 @@ static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_
 }
 
 /* S = Q K^T of one block, the first k-step write-only (scale-d 0), so
- * neither the compiler nor ptxas sees a read of the old S. */
-template <int F16>
+ * neither the compiler nor ptxas sees a read of the old S; D / 16 k-steps
+ * (head dim 64: the tiles' first halves only). */
+template <int F16, int D = 128>
 static __device__ __forceinline__ void issue_qk16_w(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
     wg_fence();
     wgmma_qk16_first<F16>(s, desc16(q_addr, 0, DW_HALF), desc16(k_addr, 0, DW_HALF));
 #pragma unroll
-    for (int kk = 1; kk < 8; ++kk)
+    for (int kk = 1; kk < D / 16; ++kk)
         wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), 1);
     wg_commit();
 }
-template <int F16>
-static __device__ __forceinline__ void issue_pv16(float (&o)[64], uint32_t (&pa)[8][4],
+template <int F16, int D = 128>
+static __device__ __forceinline__ void issue_pv16(float (&o)[D / 2], uint32_t (&pa)[8][4],
                                                   uint32_t v_addr) {
     /* P and O are final before the fence: otherwise the compiler may sink
      * their last writes between the wgmmas, and ptxas serializes them */
@@ -96,7 +116,12 @@ static __device__ __forceinline__ void issue_pv16(float (&o)[64], uint32_t (&pa)
     reg_fence(o);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+    for (int kk = 0; kk < 8; ++kk) {
+        if constexpr (D == 64)
+            wgmma_pv16_n64<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+        else
+            wgmma_pv16<F16>(o, pa[kk], desc16(v_addr, kk, DW_HALF));
+    }
     wg_commit();
 }
 
@@ -169,10 +194,11 @@ static __device__ __forceinline__ float2 f16_sat2(float a, float b) {
  * phase is the walk's first, so O and l are still zero, and eta*delta_c
  * is positive (prep writes delta_c = 1 where a channel's scale is not
  * positive), so every quotient is +0, as on the CPU. */
-static __device__ __forceinline__ void phase_exit(float (&o)[64], float *l, const float *dv,
+template <int N>
+static __device__ __forceinline__ void phase_exit(float (&o)[N], float *l, const float *dv,
                                                   float eta, int tig) {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < N / 4; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             o[n * 4 + e] = __fmul_rn(o[n * 4 + e], __fmul_rn(eta, __ldg(dv + n * 8 + 2 * tig + (e & 1))));
@@ -185,10 +211,10 @@ static __device__ __forceinline__ void phase_exit(float (&o)[64], float *l, cons
  * running max (O and l rescaled), and the E4M3 P codes by one FMA per
  * score; rs gets the FP32 row sums (quad-partial) without ExpCast.  Keys
  * of column groups >= FROM masked by valid (all valid: no mask). */
-template <int EXPCAST, int MASK, int FROM>
+template <int EXPCAST, int MASK, int FROM, int N>
 static __device__ __forceinline__ void softmax8_part(int (&sacc)[64], const float (&f)[2], int valid,
                                                      float ec_add, int tig, float (&m)[2],
-                                                     float (&l)[2], float (&o)[64],
+                                                     float (&l)[2], float (&o)[N],
                                                      float (&rs)[2], uint32_t (&pa)[4][4]) {
     float mx[2];
     rs[0] = rs[1] = 0.0f;
@@ -199,10 +225,10 @@ static __device__ __forceinline__ void softmax8_part(int (&sacc)[64], const floa
     make_p_fused<EXPCAST, MASK, 1, 1, FROM>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs,
                                             pa);
 }
-template <int EXPCAST>
+template <int EXPCAST, int N>
 static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f)[2], int valid,
                                                 float ec_add, int tig, float (&m)[2], float (&l)[2],
-                                                float (&o)[64], float (&rs)[2],
+                                                float (&o)[N], float (&rs)[2],
                                                 uint32_t (&pa)[4][4]) {
     if (valid >= WS_KEYS)
         softmax8_part<EXPCAST, 0, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
@@ -214,28 +240,29 @@ static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f
 
 /* O += the block's PV partial, in FP32 or (acc16) rounded to FP16 with
  * saturation (Table 6); l += its row sum (ExpCast: the decoded sum from the
- * ones rows).  acc16 is uniform over the call: a branch per block, where
- * a second copy of the loop made ptxas spill (120 bytes of stack). */
-template <int EXPCAST>
-static __device__ __forceinline__ void add_part8(float (&o)[64], float (&l)[2],
-                                                 const float (&part)[EXPCAST ? 68 : 64],
+ * ones rows, the partial's columns D..D+7).  acc16 is uniform over the
+ * call: a branch per block, where a second copy of the loop made ptxas
+ * spill (120 bytes of stack). */
+template <int EXPCAST, int D = 128>
+static __device__ __forceinline__ void add_part8(float (&o)[D / 2], float (&l)[2],
+                                                 const float (&part)[PV_REGS(D, EXPCAST)],
                                                  float (&rs)[2], int acc16) {
     if (EXPCAST) {
-        rs[0] = part[64], rs[1] = part[66];
+        rs[0] = part[D / 2], rs[1] = part[D / 2 + 2];
     } else {
         rs[0] = qvc_quad_sum(rs[0]);
         rs[1] = qvc_quad_sum(rs[1]);
     }
     if (acc16) {
 #pragma unroll
-        for (int i2 = 0; i2 < 64; i2 += 2) {
+        for (int i2 = 0; i2 < D / 2; i2 += 2) {
             const float2 h = f16_sat2(part[i2], part[i2 + 1]);
             o[i2] = __fadd_rn(o[i2], h.x);
             o[i2 + 1] = __fadd_rn(o[i2 + 1], h.y);
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] = __fadd_rn(o[i], part[i]);
+        for (int i = 0; i < D / 2; ++i) o[i] = __fadd_rn(o[i], part[i]);
     }
     l[0] = __fadd_rn(l[0], rs[0]);
     l[1] = __fadd_rn(l[1], rs[1]);

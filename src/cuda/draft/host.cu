@@ -12,8 +12,8 @@
  *      uploaded once per (grid, prefix)), the router (router.cu: CSR key
  *      lists per (head, query region, phase)) on a high-priority stream while
  *      the operand preparation (prep.cu) runs on the side stream, then the
- *      kernel the chooser names (attn_draft_mma_64x128.cu, or
- *      attn_draft_ws_128x128.cu at head dim 128 without NVFP4), and the
+ *      kernel the chooser names (attn_draft_ws_128x128.cu without NVFP4,
+ *      else attn_draft_mma_64x128.cu), and the
  *      prefix query rows through the bf16 method on a row sub-view of Q
  *      (the CPU computes them exactly like `bf16`, in sequence order; the
  *      Hopper kernel computes them itself); with +pooled, the skipped
@@ -212,11 +212,11 @@ static qva_status dg_layout(dg_state *s, qva_context_t *ctx, const qva_config *c
 }
 
 /* The Hopper block-sparse kernel, or the dev driver's version of it. */
-static qva_status dg_launch_ws(const dg_params *p, int BH, int f16, const qvc_dev_kernels *dev,
-                               cudaStream_t st) {
+static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16,
+                               const qvc_dev_kernels *dev, cudaStream_t st) {
     qvc_draft_ws_args w;
     memset(&w, 0, sizeof w);
-    w.BH = BH, w.R = p->R, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
+    w.BH = BH, w.R = p->R, w.D = D, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
     w.with8 = p->with8, w.int8_acc16 = p->int8_acc16;
     w.n_pack = p->n_pack, w.prefix_pad = p->prefix_pad;
     w.q16 = p->ops.q16, w.k16 = p->ops.k16, w.v16t = p->ops.v16t;
@@ -435,9 +435,9 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
     const dg_params p = dg_params_of(s, &pl, q, out, lse);
     const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
                        QVC_KERNEL_ATTN_DRAFT_WS_128X128;
-    if (hopper == (D != 128 || pl.with4))
+    if (hopper == pl.with4) /* dg_check_shape allowed head dims 64 and 128 only */
         return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
-    r = hopper ? dg_launch_ws(&p, BH, pl.use_f16, dev, st)
+    r = hopper ? dg_launch_ws(&p, BH, D, pl.use_f16, dev, st)
                : dg_launch_mma(&p, BH, D, pl.use_f16, st);
     if (r != QVA_OK) return r;
     /* The prefix queries: dense over every key, as the bf16 method.  The
