@@ -9,11 +9,9 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
- *   ws37  head dim 64 with four INT8 consumer warpgroups (256 query rows a
- *         CTA, 112 registers each): O and the PV partial are half as large
- *         there, so a fourth warpgroup fits the registers
  *
- * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
+ * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
+ * CTA) was promoted; it is at 6872baa.  The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
  * loops without the softmax or the O update; ws31, ws32: three consumer
  * warpgroups, promoted) and ws9 (the restore's tiles from global memory)
@@ -39,19 +37,3 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     return attn8_launch<ws5_flags>(ops, a, st);
 }
 
-/* ------------------------------------------------------------ ws37 */
-struct ws37_flags : attn8_ws_flags<QVC_QK_INT8, 64> {
-    static constexpr int CONSUMERS = 4;
-    static constexpr int ROWS = 64 * CONSUMERS;
-    static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
-    static constexpr int CONSUMER_REGS =
-        (LAUNCH_REGS * THREADS - PRODUCER_REGS * 128) / (CONSUMERS * 128) / 8 * 8;
-};
-
-extern "C" qva_status dev_attn8_ws37(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->D != 64 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws37: INT8 QK at head dim 64, one V code");
-    return attn8_launch<ws37_flags>(ops, a, st);
-}

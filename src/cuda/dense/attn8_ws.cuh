@@ -78,9 +78,10 @@ struct attn8_ws_flags {
     static constexpr bool SHORT_CHAINS = true;    /* 4-way row max, 4 partial exp2 sums */
     /* INT8: three warpgroups of 64 query rows, each running QK, softmax and
      * PV of a block in turn, so that every scheduler holds three consumer
-     * warps (bench/NOTES.md, "Three consumer warpgroups"); E4M3: two.
-     * Four at head dim 64 are untried (bench/NOTES.md). */
-    static constexpr int CONSUMERS = INT8 ? 3 : 2;
+     * warps (bench/NOTES.md, "Three consumer warpgroups"); at head dim 64,
+     * whose O and PV partial are half as large, four fit the registers
+     * (sage8 12% faster, bench/NOTES.md, ws37); E4M3: two. */
+    static constexpr int CONSUMERS = INT8 ? (D == 64 ? 4 : 3) : 2;
     static constexpr int ROWS = 64 * CONSUMERS;
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     /* registers per consumer thread after setmaxnreg: what the launch
