@@ -26,12 +26,6 @@
  *         registers (below); with them back, 0.99x at 85/0/0/15 and
  *         1.01x with every kept block in INT8 (15/0): no gain.  Kept as the
  *         persistent frame; bench/NOTES.md has the runs.
- *   dw20  the library kernel with the 16-bit phase's two warpgroups not
- *         taking turns (each issues its PV and next QK as soon as its P is
- *         ready), head dim 128 and 64: at head dim 64 the GEMMs are short
- *         and the ping-pong leaves one warpgroup's softmax alone on the
- *         schedulers
- *   dw21  dw20 with the INT8 phase's turns dropped too
  * dw17-dw19 (row sums on the tensor core; dw16 + dw17; dw17 + a lazy
  * rescale) lost and left the folder: git show b1163e3 has them.
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
@@ -301,55 +295,4 @@ struct launch_persist {
 
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
     return dw_dispatch<launch_persist>(w, st);
-}
-
-/* ------------------------------------------------------------ dw20 */
-template <int F16, int EXPCAST, class L, int D, int INT8_TURNS>
-__global__ void __launch_bounds__(DW_THREADS, 1)
-dw20_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
-            const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
-            const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
-            const dw_params p) {
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t base = smem_addr(sm);
-    const dw_bars b = dw_bars_at<L>(base);
-    const qvc_draft_ws_args &w = p.w;
-    int a, bh;
-    dw_walk wk;
-    dw_work(w, p.npre, a, bh, wk);
-    dw_cta_init<L, EXPCAST, D>(sm, b, 0);
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    dw_accd<D> r;
-    dw_acc_reset(r);
-    r.j = 0;
-    if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST, INT8_TURNS>(r, w, wk, a, bh, base, b, cw, tig);
-    dw_16bit_phase<F16, L, 0>(r, w, wk, base, b, cw, tig);
-    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
-}
-
-template <int D, int INT8_TURNS>
-struct launch_dw20 {
-    template <int F16, int EXPCAST, class L>
-    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-        const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-        return dw_launch_kernel(dw20_kernel<F16, EXPCAST, L, D, INT8_TURNS>, grid, (int)L::SMEM, m,
-                                p, st, "dev dw20");
-    }
-};
-
-extern "C" qva_status dev_draft_ws_dw20(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return w->D == 64 ? dw_dispatch<launch_dw20<64, 1>, 64>(w, st)
-                      : dw_dispatch<launch_dw20<128, 1>, 128>(w, st);
-}
-extern "C" qva_status dev_draft_ws_dw21(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return w->D == 64 ? dw_dispatch<launch_dw20<64, 0>, 64>(w, st)
-                      : dw_dispatch<launch_dw20<128, 0>, 128>(w, st);
 }

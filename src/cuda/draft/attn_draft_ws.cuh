@@ -275,11 +275,11 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
 
 /* 1. The INT8 blocks (ring2 only; the walk's first phase, so r is fresh),
  * inside the Eq. 8 unit change; the two consumer warpgroups in ping-pong
- * as in the 16-bit phase (TURNS): one issues PV(i) into a fresh partial
- * and QK(i+1) while the other makes its P codes.  The route's scalars are
+ * as in the 16-bit phase: one issues PV(i) into a fresh partial and
+ * QK(i+1) while the other makes its P codes.  The route's scalars are
  * loaded ahead, off the block's serial path: the key region two blocks
  * ahead, its valid keys and scale one block ahead. */
-template <int EXPCAST, int TURNS = 1, int D>
+template <int EXPCAST, int D>
 static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
                                                      uint32_t base, dw_bars b, int cw, int tig,
@@ -301,7 +301,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
     issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(s));
     wg_wait<0>();
     reg_fence(sacc);
-    if (TURNS && cw == 1) named_arrive(1, 256);
+    if (cw == 1) named_arrive(1, 256);
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
         s = r.j % DW_STAGES;
         const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
@@ -313,13 +313,13 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
         uint32_t pa[4][4];
         softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
-        if (TURNS) named_sync(1 + cw, 256);
+        named_sync(1 + cw, 256);
         float part[PV_REGS(D, EXPCAST)];
         issue_pv<EXPCAST, 0, D>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
         /* always issued (no wgmma on a divergent path); after the last INT8
          * block it re-reads this K tile, unused */
         issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(more ? sn : s));
-        if (TURNS) named_arrive(2 - cw, 256);
+        named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);
@@ -328,7 +328,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
         reg_fence(sacc);
         cnt = cnt_n, dk = dk_n, kb_n = kb_2;
     }
-    if (TURNS && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
     phase_exit(r.o, r.l, dv, w.eta, tig);
 }
 
@@ -346,12 +346,11 @@ static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sa
 }
 
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
- * two consumer warpgroups in ping-pong (TURNS): one issues PV(i) into O
- * and QK(i+1) while the other makes its P; warpgroup 0 first.  Without
- * TURNS each warpgroup issues as soon as its P is ready.  Each block's
+ * two consumer warpgroups in ping-pong: one issues PV(i) into O and
+ * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
  * valid keys are loaded during the block before (its code two blocks
  * ahead), off the path from the QK wait to the row max. */
-template <int F16, class L, int TURNS = 1, int D>
+template <int F16, class L, int D>
 static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
                                                       int cw, int tig, uint32_t q16par = 0) {
@@ -367,7 +366,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
     issue_qk16_w<F16, D>(sacc, qa, base + L::k(s));
     wg_wait<0>();
     reg_fence(sacc);
-    if (TURNS && cw == 1) named_arrive(1, 256);
+    if (cw == 1) named_arrive(1, 256);
     for (int i = 0; i < nb16; ++i, ++r.j) {
         s = r.j % L::STAGES;
         const int sn = (r.j + 1) % L::STAGES, more = i + 1 < nb16;
@@ -380,12 +379,12 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         else
             softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
-        if (TURNS) named_sync(1 + cw, 256);
+        named_sync(1 + cw, 256);
         issue_pv16<F16, D>(r.o, pa, base + L::v(s));
         /* always issued (no wgmma on a divergent path); after the last
          * block it re-reads this K tile, unused */
         issue_qk16_w<F16, D>(sacc, qa, base + L::k(more ? sn : s));
-        if (TURNS) named_arrive(2 - cw, 256);
+        named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(r.o);
         mbar_arrive(b.empty + 8 * s);
@@ -395,7 +394,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         reg_fence(sacc);
         valid = valid_n, code_n = code_2;
     }
-    if (TURNS && cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
+    if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }
 
 /* ------------------------------------------------------------ epilogue */
