@@ -26,10 +26,6 @@
  *         registers (below); with them back, 0.99x at 85/0/0/15 and
  *         1.01x with every kept block in INT8 (15/0): no gain.  Kept as the
  *         persistent frame; bench/NOTES.md has the runs.
- *   dw22  the library kernel with the 16-bit phase's exp2 of 1 of every 4
- *         k-steps on the FMA pipe (ex2_fma), dw23 with 2 of 4: at head dim
- *         64 MUFU.EX2 holds the most warp samples and the issue slots are
- *         39% busy
  * dw17-dw19 (row sums on the tensor core; dw16 + dw17; dw17 + a lazy
  * rescale) lost and left the folder: git show b1163e3 has them.
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
@@ -299,55 +295,4 @@ struct launch_persist {
 
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
     return dw_dispatch<launch_persist>(w, st);
-}
-
-/* ------------------------------------------------------------ dw22, dw23 */
-template <int F16, int EXPCAST, class L, int D, int FMA_EXP>
-__global__ void __launch_bounds__(DW_THREADS, 1)
-dw22_kernel(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
-            const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
-            const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
-            const dw_params p) {
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const uint32_t base = smem_addr(sm);
-    const dw_bars b = dw_bars_at<L>(base);
-    const qvc_draft_ws_args &w = p.w;
-    int a, bh;
-    dw_walk wk;
-    dw_work(w, p.npre, a, bh, wk);
-    dw_cta_init<L, EXPCAST, D>(sm, b, 0);
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
-    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
-    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
-    dw_accd<D> r;
-    dw_acc_reset(r);
-    r.j = 0;
-    if (L::INT8 && wk.nb8) dw_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
-    dw_16bit_phase<F16, L, FMA_EXP>(r, w, wk, base, b, cw, tig);
-    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
-}
-
-template <int D, int FMA_EXP>
-struct launch_dw22 {
-    template <int F16, int EXPCAST, class L>
-    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
-        const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
-        return dw_launch_kernel(dw22_kernel<F16, EXPCAST, L, D, FMA_EXP>, grid, (int)L::SMEM, m, p,
-                                st, "dev dw22");
-    }
-};
-
-extern "C" qva_status dev_draft_ws_dw22(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return w->D == 64 ? dw_dispatch<launch_dw22<64, 1>, 64>(w, st)
-                      : dw_dispatch<launch_dw22<128, 1>, 128>(w, st);
-}
-extern "C" qva_status dev_draft_ws_dw23(const qvc_draft_ws_args *w, cudaStream_t st) {
-    return w->D == 64 ? dw_dispatch<launch_dw22<64, 2>, 64>(w, st)
-                      : dw_dispatch<launch_dw22<128, 2>, 128>(w, st);
 }

@@ -51,22 +51,6 @@ static __device__ __forceinline__ float ex2_ftz(float x) {
     return y;
 }
 
-/* exp2 on the FMA pipe (dev/cuda versions): n by the 1.5 * 2^23 magic add,
- * a degree-5 polynomial for 2^f on [-0.5, 0.5] (relative error 2.3e-7, as
- * ex2.approx's 2 ulp), n into the exponent field; inputs below -126 give
- * 2^-126. */
-static __device__ __forceinline__ float ex2_fma(float t) {
-    t = fmaxf(t, -126.0f);
-    const float j = __fadd_rn(t, 12582912.0f);
-    const float f = __fsub_rn(t, __fsub_rn(j, 12582912.0f));
-    float p = __fmaf_rn(1.327647129073739e-3f, f, 9.675541892647743e-3f);
-    p = __fmaf_rn(p, f, 5.550713092088699e-2f);
-    p = __fmaf_rn(p, f, 2.4022120237350464e-1f);
-    p = __fmaf_rn(p, f, 6.931469440460205e-1f);
-    p = __fmaf_rn(p, f, 1.0000001192092896f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
-}
-
 /* Correctly rounded exp2 in FP32. */
 static __device__ __forceinline__ float exp2_rn(float x) {
     return __double2float_rn(exp2((double)x));

@@ -335,23 +335,22 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
 /* The softmax of one 16-bit block: the row max, the new running max (O
  * and l rescaled), the probabilities; keys of column groups >= FROM
  * masked by valid. */
-template <int F16, int FROM, int FMA_EXP, int D>
+template <int F16, int FROM, int D>
 static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sacc)[64], float f,
                                                  int valid, int tig, float (&rs)[2],
                                                  uint32_t (&pa)[8][4]) {
     float mx[2];
     raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-    probs16_fused<F16, FROM, FMA_EXP>(sacc, f, r.m, valid, tig, rs, pa);
+    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
 }
 
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
  * two consumer warpgroups in ping-pong: one issues PV(i) into O and
  * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
  * valid keys are loaded during the block before (its code two blocks
- * ahead), off the path from the QK wait to the row max.  FMA_EXP as in
- * probs16_fused. */
-template <int F16, class L, int FMA_EXP = 0, int D>
+ * ahead), off the path from the QK wait to the row max. */
+template <int F16, class L, int D>
 static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
                                                       int cw, int tig, uint32_t q16par = 0) {
@@ -376,9 +375,9 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         float rs[2];
         uint32_t pa[8][4];
         if (valid >= DW_NEAR_FULL)
-            softmax16<F16, DW_NEAR_FULL / 8, FMA_EXP>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+            softmax16<F16, DW_NEAR_FULL / 8>(r, sacc, w.scale_log2, valid, tig, rs, pa);
         else
-            softmax16<F16, 0, FMA_EXP>(r, sacc, w.scale_log2, valid, tig, rs, pa);
+            softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
         named_sync(1 + cw, 256);
         issue_pv16<F16, D>(r.o, pa, base + L::v(s));

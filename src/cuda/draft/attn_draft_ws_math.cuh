@@ -149,19 +149,16 @@ static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, 
 }
 
 /* p = 2^(x f - m) with one FMA per score; keys >= valid give 0 (FROM as
- * in raw_max16).  FMA_EXP: the exp2 of k-steps kk with kk % 4 < FMA_EXP on
- * the FMA pipe (ex2_fma), the rest on MUFU. */
-template <int F16, int FROM = 0, int FMA_EXP = 0>
+ * in raw_max16). */
+template <int F16, int FROM = 0>
 static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float f, const float *m,
                                                      int valid, int tig, float *rs,
                                                      uint32_t (&pa)[8][4]) {
     const float m0 = -qvc_softmax_shift(m[0]), m1 = -qvc_softmax_shift(m[1]);
     const int lim = valid - 2 * tig;
     float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
-#define DW_P(x, nt, e1, mm)                                                               \
-    ((nt) < FROM || (nt) * 8 + (e1) < lim                                                 \
-         ? ((kk & 3) < FMA_EXP ? ex2_fma(__fmaf_rn((x), f, (mm))) : ex2_ftz(__fmaf_rn((x), f, (mm)))) \
-         : 0.0f)
+#define DW_P(x, nt, e1, mm) \
+    ((nt) < FROM || (nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
         const float *lo = s + 8 * kk, *hi = lo + 4;
