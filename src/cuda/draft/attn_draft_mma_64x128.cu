@@ -1,10 +1,11 @@
 /*
  * attn_draft_mma_64x128, the phased DraftAttention2 kernel (DA2 §3.3,
  * C.3, C.4; docs/DRAFT.md §4): correct-first (mma.sync, no pipelining),
- * every route, head dim 64 or 128.  One CTA of 64 query rows per (half
- * region, head) walks its route's phases NVFP4 -> INT8 -> 16-bit with ONE
- * online-softmax state, on the operands of prep.cu and the route of
- * router.cu; host.cu launches it through dg_launch_mma.
+ * any route at head dim 64 or 128; the chooser sends it the routes with
+ * NVFP4 blocks (the others run attn_draft_ws_128x128).  One CTA of 64
+ * query rows per (half region, head) walks its route's phases NVFP4 ->
+ * INT8 -> 16-bit with ONE online-softmax state, on the operands of prep.cu
+ * and the route of router.cu; host.cu launches it through dg_launch_mma.
  *
  * Numerics against the CPU reference (src/cpu/draft.c):
  *   - 16-bit phase: the bf16 kernel's math (P rounded to 16 bits, FP32
