@@ -80,3 +80,14 @@ def test_schedule_row_uses_the_methods_own_counts(compare):
     full = (3 * 170 + 37 * 150) / 40.0  # the late (step-20) reuse entry stands for the reuse steps
     assert cells[1] == "qvattn vc8+expcast (3 group, 37 reuse, 0 plain)"
     assert cells[2] == f"{full:.3f}"
+
+
+def test_grids_fit_their_shapes(compare):
+    # each latent grid names a shape, and its tokens fit the sequence: the
+    # rest is the prefix compare.py passes (N - T*H*W)
+    for name, (t, h, w) in compare.GRIDS.items():
+        assert name in compare.SHAPES
+        n = compare.SHAPES[name][2]
+        assert 0 <= n - t * h * w < n
+    assert compare.SHAPES["cogvideox-5b"][2] - 13 * 30 * 45 == 226  # CogVideoX's text tokens
+    assert compare.SHAPES["small-d64"][2] == 8 * 32 * 32
