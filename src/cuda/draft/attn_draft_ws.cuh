@@ -21,9 +21,9 @@
 #define DW_STAGE_BYTES (4 * DW_HALF + 1024) /* K 32 KB | V 32 KB | ones */
 #define DW_K_OFF(s) (DW_STAGE0 + (s) * DW_STAGE_BYTES)
 #define DW_V_OFF(s) (DW_K_OFF(s) + 2 * DW_HALF)
-/* INT8 V^T goes in the high half, so the ones rows follow it (n136) */
+/* INT8 V^T goes in the high half, so the ones rows follow its D rows
+ * (n136; n72 at head dim 64): DW_V8_OFF(s) + D * 128 */
 #define DW_V8_OFF(s) (DW_V_OFF(s) + DW_HALF)
-#define DW_ONES_OFF(s) (DW_V_OFF(s) + 2 * DW_HALF)
 #define DW_BAR_OFF (DW_STAGE0 + DW_STAGES * DW_STAGE_BYTES)
 #define DW_SMEM_BYTES (DW_BAR_OFF + 64 + 1024)
 #define DW_THREADS 384
