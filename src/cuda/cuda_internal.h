@@ -384,8 +384,8 @@ typedef enum qvc_kernel {
     QVC_KERNEL_ATTN8_WS_128X128,       /* sage8, vc8, fp8 at head dim 64, 128 */
     QVC_KERNEL_ATTN_BF16_MMA_64X128,   /* bf16; the draft's dense warm-up   */
     QVC_KERNEL_ATTN_FP4_SIMT_64X128,   /* sage4, vc4 (emulated NVFP4)       */
-    QVC_KERNEL_ATTN_DRAFT_WS_128X128,  /* draft, head dim 128, no NVFP4     */
-    QVC_KERNEL_ATTN_DRAFT_MMA_64X128,  /* draft with NVFP4 blocks, or d 64  */
+    QVC_KERNEL_ATTN_DRAFT_WS_128X128,  /* draft, head dim 64, 128, no NVFP4 */
+    QVC_KERNEL_ATTN_DRAFT_MMA_64X128,  /* draft with NVFP4 blocks           */
 } qvc_kernel;
 /* The one decision of which kernel runs cfg at head dim d with kv_group
  * query heads per K/V head (1: as many K/V heads as query heads); both

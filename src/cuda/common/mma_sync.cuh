@@ -1,7 +1,7 @@
 /*
  * mma.sync wrappers and small warp helpers shared by the correct-first
- * kernels (dense/attn_bf16_mma_64x128.cu, draft/attn_draft_mma_64x128.cu).  Fragment layouts are PTX's m16n8k16
- * (16-bit) and m16n8k32 (8-bit) ones.
+ * kernels (dense/attn_bf16_mma_64x128.cu, draft/attn_draft_mma_64x128.cu).
+ * Fragment layouts are PTX's m16n8k16 (16-bit) and m16n8k32 (8-bit) ones.
  */
 #ifndef QVATTN_MMA_SYNC_CUH
 #define QVATTN_MMA_SYNC_CUH

@@ -125,6 +125,9 @@ struct attn8_layout {
     static constexpr int Q = 0;
     static constexpr int QB = F::ROWS * 128;
     static constexpr int v(int s) { return QB + s * A8_STAGE_BYTES; }
+    /* the ones rows' room at head dim 128; at 64 they sit at v(s) +
+     * F::V_BYTES, inside the V^T tile's room (its rows 64..127 are never
+     * loaded), and this room stays unused */
     static constexpr int ones(int s) { return v(s) + A8_TILE; }
     static constexpr int k(int s) { return ones(s) + A8_ONES; }
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
