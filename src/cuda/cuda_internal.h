@@ -309,11 +309,6 @@ typedef struct qvc_draft_ws_args {
     const int32_t *count, *pack, *offsets, *cols;
     float scale_log2, eta;
     qvc_attn_args a;
-    /* direct: the 16-bit phase reads its Q and K rows from the caller's
-     * tensors qv, kv (row pack[slot] of each head; draft/host.cu: dg_direct_ok),
-     * and q16, k16 are neither written nor read */
-    int direct;
-    qvc_view qv, kv;
 } qvc_draft_ws_args;
 qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st);
 

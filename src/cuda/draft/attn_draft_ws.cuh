@@ -28,8 +28,6 @@
 #define DW_SMEM_BYTES (DW_BAR_OFF + 64 + 1024)
 #define DW_THREADS 384
 #define DW_PRODUCER_REGS 24
-#define DW_GATHER_THREADS 128 /* the producer warpgroup, when Q and K are gathered */
-#define DW_GATHER_BAR 3       /* its named barrier (the consumers use 1 and 2) */
 #define DW_CONSUMER_REGS 240
 
 /* The K/V ring of a launch: its depth, where stage s's tiles sit, the
@@ -81,18 +79,15 @@ static __device__ __forceinline__ dw_bars dw_bars_at(uint32_t base) {
  * thread at that address), made visible to the async proxy before anyone
  * uses them. */
 template <class L, int EXPCAST, int D = 128>
-static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra,
-                                                   int direct = 0) {
+static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra) {
     if (EXPCAST && L::INT8)
         for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
             *(uint32_t *)(sm + DW_V8_OFF(i / 256) + D * 128 + 4 * (i % 256)) = 0x38383838u;
     if (threadIdx.x == 0) {
-        /* direct: each producer thread's cp.async arrival, and a block's
-         * full barrier also the one expect_tx arrival of its V^T load */
         mbar_init(b.q8, 1);
-        mbar_init(b.q16, direct ? DW_GATHER_THREADS : 1);
+        mbar_init(b.q16, 1);
         for (int s = 0; s < L::STAGES; ++s) {
-            mbar_init(b.full + 8 * s, direct ? DW_GATHER_THREADS + 1 : 1);
+            mbar_init(b.full + 8 * s, 1);
             mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
         }
         if (extra) mbar_init(extra, 256);
@@ -174,54 +169,19 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
 }
 
 /* ------------------------------------------------------------ producer */
-/* Direct Q and K (w.direct): the 128 rows from slot slot0 of a head's
- * packed order, row pack[slot] of view x (a padding slot, -1: zeros), into
- * D / 64 [128 rows][128 B] halves at dst in TMA's 128-byte swizzle (the
- * 16-byte chunk c of row r at c ^ (r & 7)), so that the wgmma descriptors
- * are those of a TMA-loaded tile.  The producer warpgroup's 128 threads
- * share it: warp wp takes rows 32 wp .. 32 wp + 31, each lane reads one
- * of their pack entries, and a pass copies 32 / (D / 8) whole rows, one
- * 16-byte chunk a lane (a row's chunks on adjacent lanes: whole 128-byte
- * lines per request).  Then each thread's arrival on bar waits for its
- * copies. */
-template <int D>
-static __device__ __forceinline__ void dw_gather16(uint32_t dst, const qvc_view &x, int bh,
-                                                   const int32_t *pack, int64_t slot0,
-                                                   uint32_t bar) {
-    constexpr int CPR = D / 8, RPP = 32 / CPR; /* 16-byte chunks a row, rows a pass */
-    const int wp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-    const int mine = __ldg(pack + slot0 + 32 * wp + lane);
-    const uint16_t *src = (const uint16_t *)x.data + qvc_head_base(x, bh) + (lane % CPR) * 8;
-    const uint32_t col = (uint32_t)(lane % CPR / 8) * DW_HALF, c = (uint32_t)(lane % 8);
-#pragma unroll 4
-    for (int p = 0; p < 32 / RPP; ++p) {
-        const int rr = p * RPP + lane / CPR, r = 32 * wp + rr;
-        const int orig = __shfl_sync(0xffffffffu, mine, rr);
-        cp_async16(dst + col + (uint32_t)r * 128 + ((c ^ (uint32_t)(r & 7)) << 4),
-                   src + (int64_t)max(orig, 0) * x.sn, orig >= 0);
-    }
-    cp_async_arrive(bar);
-}
-
 /* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks (at head
  * dim 64 a 64-byte row in a 128-byte box, TMA zero-filling the rest and
- * counting it in the transaction), Q16 (head dim 64: the first half),
- * gathered by the warpgroup when direct (else thread 0 alone runs this). */
+ * counting it in the transaction), Q16 (head dim 64: the first half). */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const CUtensorMap &tq8,
                                                  const qvc_draft_ws_args &w, const dw_walk &wk,
                                                  int a, int bh, uint32_t base, dw_bars b) {
     const int64_t nv = (int64_t)w.R * DW_ROWS;
-    const bool lead = threadIdx.x == 0;
-    if (L::INT8 && wk.nb8 && lead) {
+    const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
+    if (L::INT8 && wk.nb8) {
         mbar_expect_tx(b.q8, DW_HALF);
         tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
     }
-    if (w.direct) {
-        dw_gather16<D>(base + DW_Q16_OFF, w.qv, bh, w.pack, query_row0(w, wk, a), b.q16);
-        return;
-    }
-    const int qrow16 = (int)((int64_t)bh * w.n_pack + query_row0(w, wk, a));
     mbar_expect_tx(b.q16, D / 64 * DW_HALF);
     tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
     if (D == 128) tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
@@ -229,48 +189,34 @@ static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const 
 
 /* Block i of the walk (INT8 blocks first: ring2 only) into stage s, its
  * arrival on mbarrier full.  V^T tiles hold D rows (channels) of 128 keys;
- * K tiles at head dim 64 as Q's.  Thread 0 expects the TMA bytes and
- * loads all but direct K, which the warpgroup gathers (and on an INT8
- * block only arrives). */
+ * K tiles at head dim 64 as Q's. */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, const CUtensorMap &tv16,
                                                      const CUtensorMap &tk8, const CUtensorMap &tv8,
                                                      const qvc_draft_ws_args &w, const dw_walk &wk,
                                                      int bh, int i, int s, uint32_t base,
                                                      uint32_t full) {
-    const bool lead = threadIdx.x == 0;
     if (L::INT8 && i < wk.nb8) {
-        if (lead) {
-            const int64_t blk = (int64_t)bh * w.R + w.cols[wk.e1 + i];
-            mbar_expect_tx(full, DW_HALF + D * 128);
-            tma_load_2d(base + DW_K_OFF(s), &tk8, 0, (int)(blk * DW_ROWS), full);
-            tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, (int)(blk * D), full);
-        }
-        if (w.direct) mbar_arrive(full);
-        return;
-    }
-    const int i16 = i - wk.nb8;
-    const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
-                                     : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
-    const int64_t row = (int64_t)bh * w.n_pack + k0; /* a multiple of 128 */
-    const int vrow = (int)(row / DW_ROWS * D);
-    if (lead) {
-        mbar_expect_tx(full, (w.direct ? 0 : D / 64 * DW_HALF) + 2 * D * 128);
-        if (!w.direct) {
-            tma_load_2d(base + L::k(s), &tk16, 0, (int)row, full);
-            if (D == 128) tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, (int)row, full);
-        }
+        const int64_t blk = (int64_t)bh * w.R + w.cols[wk.e1 + i];
+        mbar_expect_tx(full, DW_HALF + D * 128);
+        tma_load_2d(base + DW_K_OFF(s), &tk8, 0, (int)(blk * DW_ROWS), full);
+        tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, (int)(blk * D), full);
+    } else {
+        const int i16 = i - wk.nb8;
+        const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
+                                         : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
+        const int64_t row = (int64_t)bh * w.n_pack + k0; /* a multiple of 128 */
+        const int vrow = (int)(row / DW_ROWS * D);
+        mbar_expect_tx(full, D / 64 * DW_HALF + 2 * D * 128);
+        tma_load_2d(base + L::k(s), &tk16, 0, (int)row, full);
+        if (D == 128) tma_load_2d(base + L::k(s) + DW_HALF, &tk16, 64, (int)row, full);
         tma_load_2d(base + L::v(s), &tv16, 0, vrow, full);
         tma_load_2d(base + L::v(s) + DW_HALF, &tv16, 64, vrow, full);
     }
-    if (w.direct) dw_gather16<D>(base + L::k(s), w.kv, bh, w.pack, k0, full);
 }
 
-/* The producer: thread 0 alone, or direct the warpgroup, walks the CTA's
- * route and loads each block's K and V^T into ring L.  Direct, thread 0
- * alone spins on a stage's empty barrier and the others sleep on a named
- * barrier meanwhile (warps spinning on every SM sub-partition would take
- * the consumers' issue slots). */
+/* One thread walks the CTA's route and TMA-loads each block's K and V^T
+ * into ring L. */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
                                                    const CUtensorMap &tv16, const CUtensorMap &tq8,
@@ -280,8 +226,7 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
     dw_load_q<L, D>(tq16, tq8, w, wk, a, bh, base, b);
     for (int j = 0; j < wk.total; ++j) {
         const int s = j % L::STAGES;
-        if (threadIdx.x == 0) mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
-        if (w.direct) named_sync(DW_GATHER_BAR, DW_GATHER_THREADS);
+        mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
         dw_load_block<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, j, s, base, b.full + 8 * s);
     }
 }
@@ -515,19 +460,9 @@ static qva_status dw_setup(const qvc_draft_ws_args *w, CUtensorMap *maps, dw_par
     const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->q16;
     const void *k8 = w->k8 ? (const void *)w->k8 : (const void *)w->k16;
     const void *v8 = w->v8t ? (const void *)w->v8t : (const void *)w->v16t;
-    if ((!w->direct && (!w->q16 || !w->k16)) || !w->v16t || !w->pack)
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws_128x128: NULL operand");
-    if (w->direct && (w->qv.D != D || w->kv.D != D || w->qv.B * w->qv.H != w->BH ||
-                      w->kv.B * w->kv.H != w->BH))
-        return qvi_fail(QVA_ERR_SHAPE, "attn_draft_ws_128x128: direct Q/K views (D %lld, %lld)",
-                        (long long)w->qv.D, (long long)w->kv.D);
-    /* Direct, Q16 and K16 are gathered (no packed copy): their maps,
-     * never read, over V^T's rows (as many). */
-    const void *q16 = w->direct ? (const void *)w->v16t : (const void *)w->q16;
-    const void *k16 = w->direct ? (const void *)w->v16t : (const void *)w->k16;
     qva_status r;
-    if ((r = make_map16(&maps[0], q16, rows16, DW_ROWS, D)) != QVA_OK ||
-        (r = make_map16(&maps[1], k16, rows16, DW_ROWS, D)) != QVA_OK ||
+    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS, D)) != QVA_OK ||
+        (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS, D)) != QVA_OK ||
         (r = make_map16(&maps[2], w->v16t, vrows16, D, 128)) != QVA_OK ||
         (r = make_map_w(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS, D)) != QVA_OK ||
         (r = make_map_w(&maps[4], k8, w->k8 ? rows8 : DW_ROWS, DW_ROWS, D)) != QVA_OK ||

@@ -21,9 +21,7 @@
  * Operands (all per bh; nv = R*128 video slots; "packed" = the layout's
  * slot order, prefix blocks first):
  *   q16, k16 [n_pack][D], v16t [n_pack/128][D][128]   16-bit (FP16 iff q is
- *            f16, else BF16), RNE of the input; padding slots +0.  q16 and
- *            k16 are NULL when the Hopper kernel reads Q and K directly
- *            (host.cu: dg_direct_ok)
+ *            f16, else BF16), RNE of the input; padding slots +0
  *   q4, k4   [nv][D] BF16 bits of the unscaled NVFP4 reconstruction
  *            sigma*e2m1 (groups of 16 channels); v4t [R][D][128] the same
  *            for V (groups of 16 keys per channel), transposed; g4 [3] the
@@ -117,17 +115,15 @@ static __device__ __forceinline__ float dg_e2m1_decode(uint32_t code) {
 }
 
 /* ---- prep_qk.cu (dg_prep_qk), prep.cu (the rest) */
-/* Every operand the plan needs, from the user views, on stream st
- * (direct: all but the 16-bit Q and K, which the kernel reads itself). */
+/* Every operand the plan needs, from the user views, on stream st. */
 qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
-                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, int direct,
-                   cudaStream_t st);
-/* dg_prep in two parts: the 16-bit Q and K (with NVFP4, their region amax;
- * not when direct), their INT8 codes where the plan has an INT8 phase, and
- * with pool non-NULL the router's pooling into pool->qavg .. kmax, all
- * from one read of Q and K; then everything else. */
+                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st);
+/* dg_prep in two parts: the 16-bit Q and K (with NVFP4, their region amax), their
+ * INT8 codes where the plan has an INT8 phase, and with pool non-NULL the
+ * router's pooling into pool->qavg .. kmax, all from one read of Q and K;
+ * then everything else. */
 qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
-                      const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool, int direct,
+                      const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool,
                       cudaStream_t st);
 qva_status dg_prep_rest(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
                         const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st);

@@ -102,20 +102,18 @@ static dg_state *dg_get_state(qva_context_t *ctx) {
     return (dg_state *)*slot;
 }
 
-/* with16qk: room for the packed 16-bit Q and K (not needed when the
- * kernel reads them directly). */
 static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack, int with4,
-                                int with8, int with16qk) {
-    if (o->v16t && o->BH == BH && o->R == R && o->D == D && o->n_pack == n_pack &&
-        (o->with4 || !with4) && (o->with8 || !with8) && (o->q16 || !with16qk))
+                                int with8) {
+    if (o->q16 && o->BH == BH && o->R == R && o->D == D && o->n_pack == n_pack &&
+        (o->with4 || !with4) && (o->with8 || !with8))
         return QVA_OK;
     dg_ops_free(o);
     o->BH = BH, o->R = R, o->D = D, o->n_pack = n_pack, o->with4 = with4, o->with8 = with8;
     const size_t bh = (size_t)BH, d = (size_t)D, np = (size_t)n_pack, nv = (size_t)R * DG_KEYS;
     const size_t lowbit = (with4 || with8) ? 1 : 0;
     const qvc_alloc req[] = {
-        {(void **)&o->q16, with16qk ? bh * np * d * 2 : 0},
-        {(void **)&o->k16, with16qk ? bh * np * d * 2 : 0},
+        {(void **)&o->q16, bh * np * d * 2},
+        {(void **)&o->k16, bh * np * d * 2},
         {(void **)&o->v16t, bh * np * d * 2},
         {(void **)&o->q4, with4 ? bh * nv * d * 2 : 0},
         {(void **)&o->k4, with4 ? bh * nv * d * 2 : 0},
@@ -213,21 +211,9 @@ static qva_status dg_layout(dg_state *s, qva_context_t *ctx, const qva_config *c
     return QVA_OK;
 }
 
-/* Whether the Hopper kernel reads this call's 16-bit Q and K in place
- * (qvc_draft_ws_args.direct): both already in the operand's format (FP16
- * for f16 Q, else BF16: the packed rows would be their very bits), every
- * row on a 16-byte boundary (cp.async), and no +pooled (which reads the
- * packed Q).  The dev driver's versions keep the packed operands. */
-static int dg_direct_ok(const qvi_draft_plan *pl, const qvc_view *qv, const qvc_view *kv,
-                        int hopper, const qvc_dev_kernels *dev) {
-    const int dt = pl->use_f16 ? QVA_F16 : QVA_BF16;
-    return hopper && !(dev && dev->draft_ws) && !pl->pooled && qv->dtype == dt &&
-           kv->dtype == dt && qvc_view_vec_ok(qv, 8) && qvc_view_vec_ok(kv, 8);
-}
-
 /* The Hopper block-sparse kernel, or the dev driver's version of it. */
-static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16, int direct,
-                               const qvc_view xv[3], const qvc_dev_kernels *dev, cudaStream_t st) {
+static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16,
+                               const qvc_dev_kernels *dev, cudaStream_t st) {
     qvc_draft_ws_args w;
     memset(&w, 0, sizeof w);
     w.BH = BH, w.R = p->R, w.D = D, w.prefix = p->prefix, w.expcast = p->expcast, w.f16 = f16;
@@ -240,7 +226,6 @@ static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16, int d
     w.count = p->count, w.pack = p->pack, w.offsets = p->offsets, w.cols = p->cols;
     w.scale_log2 = p->scale_log2, w.eta = p->eta;
     w.a = p->a;
-    w.direct = direct, w.qv = xv[0], w.kv = xv[1];
     if (dev && dev->draft_ws) return dev->draft_ws(&w, st);
     return qvc_attn_draft_ws_128x128(&w, st);
 }
@@ -261,7 +246,7 @@ static qva_status dg_check_shape(const qvi_draft_plan *pl, const qva_tensor *q) 
 
 /* The layout, the route buffers and the operands for this call's shape. */
 static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *cfg,
-                             const qvi_draft_plan *pl, int BH, int D, int direct) {
+                             const qvi_draft_plan *pl, int BH, int D) {
     qva_status r = dg_layout(s, ctx, cfg, pl);
     if (r != QVA_OK) return r;
     const qvc_draft_layout *L = &s->lay;
@@ -270,7 +255,7 @@ static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *
         qvc_draft_route_free(&s->route);
         if ((r = qvc_draft_route_alloc(&s->route, BH, R, D)) != QVA_OK) return r;
     }
-    return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8, !direct);
+    return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8);
 }
 
 /* The rest of the preparation forked onto the side stream: it starts
@@ -334,8 +319,7 @@ static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
     return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft (cuda): stats");
 }
 
-/* The Q and K packs, which also pool for the router (direct: the pooling
- * and INT8 codes only), then the router on
+/* The Q and K packs, which also pool for the router, then the router on
  * the high-priority stream and the rest of the preparation beside it; the
  * caller's stream waits for both before the kernel.  Timings: grouping_ms is the packs and the
  * router, prep_ms the part of the rest not hidden under them.  serial
@@ -343,13 +327,12 @@ static qva_status dg_stats_read(void *arg, qva_draft_stats *out) {
  * pooling first and the whole preparation after it, on the caller's
  * stream. */
 static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_draft_plan *pl,
-                                const qvc_view xv[3], int serial, int direct, int prof,
-                                cudaStream_t st) {
+                                const qvc_view xv[3], int serial, int prof, cudaStream_t st) {
     qva_status r;
     if (serial) {
         r = qvc_draft_route(&xv[0], &xv[1], cfg, &s->lay, &s->route, st);
     } else {
-        if ((r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, direct, st)) != QVA_OK ||
+        if ((r = dg_prep_qk(pl, &s->lay, &xv[0], &xv[1], &s->ops, &s->route, st)) != QVA_OK ||
             (r = dg_fork_prep(s, pl, xv, st)) != QVA_OK)
             return r;
         cudaError_t e;
@@ -368,7 +351,7 @@ static qva_status dg_route_prep(dg_state *s, const qva_config *cfg, const qvi_dr
         return qvi_fail(QVA_ERR_SHAPE, "draft (cuda): router quotas differ from the plan's");
     if ((r = dg_stats_mark(s, pl, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 1, prof, st)) != QVA_OK) return r;
-    if (serial) return dg_prep(pl, &s->lay, &xv[0], &xv[1], &xv[2], &s->ops, direct, st);
+    if (serial) return dg_prep(pl, &s->lay, &xv[0], &xv[1], &xv[2], &s->ops, st);
     const cudaError_t e = cudaStreamWaitEvent(st, s->join, 0);
     return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "draft: wait for the preparation");
 }
@@ -433,15 +416,10 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         return dg_finish(ctx, s, prof, st);
     }
 
+    if ((r = dg_buffers(s, ctx, cfg, &pl, BH, D)) != QVA_OK) return r;
     const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
-    const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
-                       QVC_KERNEL_ATTN_DRAFT_WS_128X128;
-    if (hopper == pl.with4) /* dg_check_shape allowed head dims 64 and 128 only */
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
-    const int direct = dg_direct_ok(&pl, &xv[0], &xv[1], hopper, dev);
-    if ((r = dg_buffers(s, ctx, cfg, &pl, BH, D, direct)) != QVA_OK) return r;
     const int serial = dev && dev->serial_draft_prep;
-    if ((r = dg_route_prep(s, cfg, &pl, xv, serial, direct, prof, st)) != QVA_OK) return r;
+    if ((r = dg_route_prep(s, cfg, &pl, xv, serial, prof, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
 
     /* +pooled merges through the kept part's LSE: the caller's, or ours */
@@ -455,7 +433,11 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         lse = &lse_own;
     }
     const dg_params p = dg_params_of(s, &pl, q, out, lse);
-    r = hopper ? dg_launch_ws(&p, BH, D, pl.use_f16, direct, xv, dev, st)
+    const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
+                       QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    if (hopper == pl.with4) /* dg_check_shape allowed head dims 64 and 128 only */
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
+    r = hopper ? dg_launch_ws(&p, BH, D, pl.use_f16, dev, st)
                : dg_launch_mma(&p, BH, D, pl.use_f16, st);
     if (r != QVA_OK) return r;
     /* The prefix queries: dense over every key, as the bf16 method.  The

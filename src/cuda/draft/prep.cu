@@ -340,8 +340,7 @@ qva_status dg_prep_rest(const qvi_draft_plan *pl, const qvc_draft_layout *L, con
 }
 
 qva_status dg_prep(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
-                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, int direct,
-                   cudaStream_t st) {
-    const qva_status r = dg_prep_qk(pl, L, qv, kv, o, NULL, direct, st);
+                   const qvc_view *kv, const qvc_view *vv, dg_ops *o, cudaStream_t st) {
+    const qva_status r = dg_prep_qk(pl, L, qv, kv, o, NULL, st);
     return r != QVA_OK ? r : dg_prep_rest(pl, L, qv, kv, vv, o, st);
 }

@@ -357,7 +357,6 @@ static void dg_launch_pack_qk(const qvc_view &x, const qvc_draft_layout *L, int 
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
     const bool vec = qvc_view_vec_ok(&x, 8), tiled = pool.avg || i8.codes;
-    if (!dst && !tiled && !amax) return; /* nothing asked of this read */
     if (vec && tiled)
         dg_launch_tiled_pack<DT, F16, true>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
     else if (tiled)
@@ -402,14 +401,14 @@ extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout
     return qvc_launch_check("qvc_draft_pool16");
 }
 
-/* The 16-bit operand of tensor w (0 Q, 1 K; none when direct) and, with
- * amax, each region's channel amax into amax [3][BH][R][D]; pool and i8:
- * the router's pooling and the INT8 codes of the same reads. */
+/* The 16-bit operand of tensor w (0 Q, 1 K) and, with amax, each
+ * region's channel amax into amax [3][BH][R][D]; pool and i8: the
+ * router's pooling and the INT8 codes of the same reads. */
 static qva_status dg_prep16_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L,
                                const qvc_view &x, int w, dg_ops *o, float *amax, dg_pool_out pool,
-                               dg_int8_out i8, int direct, cudaStream_t st) {
+                               dg_int8_out i8, cudaStream_t st) {
     const int BH = o->BH, R = o->R;
-    uint16_t *dst = direct ? NULL : w ? o->k16 : o->q16;
+    uint16_t *dst = w ? o->k16 : o->q16;
     float *am = amax ? amax + (size_t)w * BH * R * o->D : NULL;
     if (pl->use_f16)
         QVC_DISPATCH_DTYPE(x.dtype,
@@ -421,7 +420,7 @@ static qva_status dg_prep16_qk(const qvi_draft_plan *pl, const qvc_draft_layout 
 }
 
 qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const qvc_view *qv,
-                      const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool, int direct,
+                      const qvc_view *kv, dg_ops *o, const qvc_draft_route_buf *pool,
                       cudaStream_t st) {
     /* Q's and K's region amax feed only the NVFP4 tensor scales
      * (dg_scale_kernel); V's channel scales come from V's own. */
@@ -433,7 +432,7 @@ qva_status dg_prep_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L, const
     o->q_rows_per_scale = pl->q_rows_per_scale;
     const dg_int8_out q8 = pl->with8 ? dg_int8_out{o->q8, o->q8s, o->q_rows_per_scale} : no8;
     const dg_int8_out k8 = pl->with8 ? dg_int8_out{o->k8, o->k8s, DG_KEYS} : no8;
-    const qva_status r = dg_prep16_qk(pl, L, *qv, 0, o, amax, pq, q8, direct, st);
-    return r != QVA_OK ? r : dg_prep16_qk(pl, L, *kv, 1, o, amax, pk, k8, direct, st);
+    const qva_status r = dg_prep16_qk(pl, L, *qv, 0, o, amax, pq, q8, st);
+    return r != QVA_OK ? r : dg_prep16_qk(pl, L, *kv, 1, o, amax, pk, k8, st);
 }
 
