@@ -333,8 +333,8 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
 }
 
 /* The softmax of one 16-bit block: the row max, the new running max (O
- * and l rescaled), the probabilities; keys of column groups >= FROM
- * masked by valid. */
+ * and l rescaled), the probabilities and this thread's part of their row
+ * sums; keys of column groups >= FROM masked by valid. */
 template <int F16, int FROM, int D>
 static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sacc)[64], float f,
                                                  int valid, int tig, float (&rs)[2],
@@ -342,14 +342,19 @@ static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sa
     float mx[2];
     raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
+    probs16_fused<F16, FROM, false>(sacc, f, r.m, valid, tig, rs, pa);
 }
 
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
  * two consumer warpgroups in ping-pong: one issues PV(i) into O and
  * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
  * valid keys are loaded during the block before (its code two blocks
- * ahead), off the path from the QK wait to the row max. */
+ * ahead), off the path from the QK wait to the row max.  Through the
+ * loop l holds each thread's part of its rows' sums (the quad's lane 0
+ * also what the INT8 phase summed), added over the quad at the end: the
+ * two shuffle-add steps per row and block would otherwise sit between the
+ * P packing and the PV issue.  The rescales multiply every part alike
+ * (the max is the quad's). */
 template <int F16, class L, int D>
 static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
@@ -360,6 +365,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
     if (nb16 <= 0) return;
     int valid = block_valid(w, wk, 0);
     int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
+    if (tig != 0) r.l[0] = r.l[1] = 0.0f; /* the whole sums on lane 0 */
     float sacc[64];
     int s = r.j % L::STAGES;
     mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
@@ -394,6 +400,8 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         reg_fence(sacc);
         valid = valid_n, code_n = code_2;
     }
+    r.l[0] = qvc_quad_sum(r.l[0]);
+    r.l[1] = qvc_quad_sum(r.l[1]);
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
 }
 
