@@ -136,13 +136,18 @@ template <int FROM = 0>
 static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, int valid, int tig,
                                                  const float *m, float *mx) {
     const int lim = valid - 2 * tig; /* key nt*8 + 2 tig + e1 is valid iff nt*8 + e1 < lim */
-    float a0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    float a1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    /* The four chains start at their first column group, not at -inf:
+     * fmaxf(-inf, x) is x but for a NaN x, and a chain of NaNs only ever
+     * meets fmaxf below (the quad, m), which drops it as it drops -inf,
+     * so mx is the same and a max per chain is saved. */
+    float a0[4], a1[4];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
         const bool v0 = nt < FROM || nt * 8 < lim, v1 = nt < FROM || nt * 8 + 1 < lim;
-        a0[nt & 3] = fmaxf(a0[nt & 3], fmaxf(v0 ? s[nt * 4 + 0] : -INFINITY, v1 ? s[nt * 4 + 1] : -INFINITY));
-        a1[nt & 3] = fmaxf(a1[nt & 3], fmaxf(v0 ? s[nt * 4 + 2] : -INFINITY, v1 ? s[nt * 4 + 3] : -INFINITY));
+        const float b0 = fmaxf(v0 ? s[nt * 4 + 0] : -INFINITY, v1 ? s[nt * 4 + 1] : -INFINITY);
+        const float b1 = fmaxf(v0 ? s[nt * 4 + 2] : -INFINITY, v1 ? s[nt * 4 + 3] : -INFINITY);
+        a0[nt & 3] = nt < 4 ? b0 : fmaxf(a0[nt & 3], b0);
+        a1[nt & 3] = nt < 4 ? b1 : fmaxf(a1[nt & 3], b1);
     }
     mx[0] = fmaxf(m[0], qvc_quad_max(fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3]))) * f);
     mx[1] = fmaxf(m[1], qvc_quad_max(fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]))) * f);
@@ -158,7 +163,7 @@ static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float
                                                      uint32_t (&pa)[8][4]) {
     const float m0 = -qvc_softmax_shift(m[0]), m1 = -qvc_softmax_shift(m[1]);
     const int lim = valid - 2 * tig;
-    float r0[2] = {0.0f, 0.0f}, r1[2] = {0.0f, 0.0f};
+    float r0[2], r1[2]; /* from the first two k-steps' sums: p >= +0, so 0 + x is x */
 #define DW_P(x, nt, e1, mm) \
     ((nt) < FROM || (nt) * 8 + (e1) < lim ? ex2_ftz(__fmaf_rn((x), f, (mm))) : 0.0f)
 #pragma unroll
@@ -169,8 +174,8 @@ static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float
         const float p2 = DW_P(lo[2], na, 0, m1), p3 = DW_P(lo[3], na, 1, m1);
         const float p4 = DW_P(hi[0], nb, 0, m0), p5 = DW_P(hi[1], nb, 1, m0);
         const float p6 = DW_P(hi[2], nb, 0, m1), p7 = DW_P(hi[3], nb, 1, m1);
-        r0[kk & 1] += (p0 + p1) + (p4 + p5);
-        r1[kk & 1] += (p2 + p3) + (p6 + p7);
+        r0[kk & 1] = kk < 2 ? (p0 + p1) + (p4 + p5) : r0[kk & 1] + ((p0 + p1) + (p4 + p5));
+        r1[kk & 1] = kk < 2 ? (p2 + p3) + (p6 + p7) : r1[kk & 1] + ((p2 + p3) + (p6 + p7));
         pa[kk][0] = qvc_pack2<F16>(p0, p1);
         pa[kk][1] = qvc_pack2<F16>(p2, p3);
         pa[kk][2] = qvc_pack2<F16>(p4, p5);
