@@ -92,8 +92,8 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
         raw_max16(sacc, w.scale_log2, valid, tig, r.m, mx);
         qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
         probs16_fused<F16>(sacc, w.scale_log2, r.m, valid, tig, rs, pa);
-        r.l[0] += rs[0];
-        r.l[1] += rs[1];
+        r.l[0] += qvc_quad_sum(rs[0]);
+        r.l[1] += qvc_quad_sum(rs[1]);
         ++r.j;
     }
     if (PP && cw == 1) named_arrive(1, 256);

@@ -342,7 +342,7 @@ static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sa
     float mx[2];
     raw_max16<FROM>(sacc, f, valid, tig, r.m, mx);
     qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
-    probs16_fused<F16, FROM, false>(sacc, f, r.m, valid, tig, rs, pa);
+    probs16_fused<F16, FROM>(sacc, f, r.m, valid, tig, rs, pa);
 }
 
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the

@@ -154,10 +154,9 @@ static __device__ __forceinline__ void raw_max16(const float (&s)[64], float f, 
 }
 
 /* p = 2^(x f - m) with one FMA per score; keys >= valid give 0 (FROM as
- * in raw_max16).  rs: the rows' sums, over the quad (QUAD), or this
- * thread's part of them (its 32 scores), which the caller sums over the
- * quad once, after its last block. */
-template <int F16, int FROM = 0, bool QUAD = true>
+ * in raw_max16).  rs: this thread's part of the rows' sums (its 32
+ * scores); the quad's four parts make a row's. */
+template <int F16, int FROM = 0>
 static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float f, const float *m,
                                                      int valid, int tig, float *rs,
                                                      uint32_t (&pa)[8][4]) {
@@ -182,8 +181,8 @@ static __device__ __forceinline__ void probs16_fused(const float (&s)[64], float
         pa[kk][3] = qvc_pack2<F16>(p6, p7);
     }
 #undef DW_P
-    rs[0] = QUAD ? qvc_quad_sum(r0[0] + r0[1]) : r0[0] + r0[1];
-    rs[1] = QUAD ? qvc_quad_sum(r1[0] + r1[1]) : r1[0] + r1[1];
+    rs[0] = r0[0] + r0[1];
+    rs[1] = r1[0] + r1[1];
 }
 
 /* Two values rounded to FP16 with saturation in one conversion:
