@@ -76,16 +76,18 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
                                                         const dw_walk &wk, uint32_t base,
                                                         dw_bars b, int cw, int tig) {
     const int nb16 = wk.total - wk.nb8;
-    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
     mbar_wait(b.q16, 0);
     if (nb16 <= 0) return;
+    const int ctid = threadIdx.x - 128;
+    uint32_t qf[8][4];
+    load_q16_frags<128>(base + DW_Q16_OFF, (ctid >> 5) * 16 + ((ctid & 31) >> 2), tig, qf);
     uint32_t pa[8][4];
     int sp = r.j % DW_STAGES; /* stage of the block whose P is in pa */
     {
         const int valid = block_valid(w, wk, 0);
         float sacc[64];
         mbar_wait(b.full + 8 * sp, (r.j / DW_STAGES) & 1);
-        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(sp));
+        issue_qk16<F16>(sacc, qf, base + DW_K_OFF(sp));
         wg_wait<0>();
         reg_fence(sacc);
         float mx[2], rs[2];
@@ -102,7 +104,7 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
         float sacc[64];
         mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
         if (PP) named_sync(1 + cw, 256);
-        issue_qk16_w<F16>(sacc, qa, base + DW_K_OFF(s));
+        issue_qk16<F16>(sacc, qf, base + DW_K_OFF(s));
         issue_pv16<F16>(r.o, pa, base + DW_V_OFF(sp));
         if (PP) named_arrive(2 - cw, 256);
         wg_wait<1>(); /* QK(i) done, PV(i-1) may still run */
@@ -296,3 +298,4 @@ struct launch_persist {
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
     return dw_dispatch<launch_persist>(w, st);
 }
+

@@ -354,22 +354,26 @@ static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sa
  * also what the INT8 phase summed), added over the quad at the end: the
  * two shuffle-add steps per row and block would otherwise sit between the
  * P packing and the PV issue.  The rescales multiply every part alike
- * (the max is the quad's). */
+ * (the max is the quad's).  Q's A fragments are loaded once
+ * (load_q16_frags), so each block's QK reads only K from shared memory. */
 template <int F16, class L, int D>
 static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                       const dw_walk &wk, uint32_t base, dw_bars b,
                                                       int cw, int tig, uint32_t q16par = 0) {
     const int nb16 = wk.total - wk.nb8;
-    const uint32_t qa = base + DW_Q16_OFF + cw * 64 * 128;
     mbar_wait(b.q16, q16par);
     if (nb16 <= 0) return;
+    /* rows cw * 64 + warp * 16 + g and 8 below it */
+    const int ctid = threadIdx.x - 128;
+    uint32_t qf[D / 16][4];
+    load_q16_frags<D>(base + DW_Q16_OFF, (ctid >> 5) * 16 + ((ctid & 31) >> 2), tig, qf);
     int valid = block_valid(w, wk, 0);
     int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
     if (tig != 0) r.l[0] = r.l[1] = 0.0f; /* the whole sums on lane 0 */
     float sacc[64];
     int s = r.j % L::STAGES;
     mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
-    issue_qk16_w<F16, D>(sacc, qa, base + L::k(s));
+    issue_qk16<F16, D>(sacc, qf, base + L::k(s));
     wg_wait<0>();
     reg_fence(sacc);
     if (cw == 1) named_arrive(1, 256);
@@ -389,7 +393,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         issue_pv16<F16, D>(r.o, pa, base + L::v(s));
         /* always issued (no wgmma on a divergent path); after the last
          * block it re-reads this K tile, unused */
-        issue_qk16_w<F16, D>(sacc, qa, base + L::k(more ? sn : s));
+        issue_qk16<F16, D>(sacc, qf, base + L::k(more ? sn : s));
         named_arrive(2 - cw, 256);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(r.o);

@@ -19,7 +19,8 @@
  *              ones rows give the decoded row sum), rounded to FP16 with
  *              saturation (Table 6) and added; entered and left by the
  *              Eq. 8 unit change; the two warpgroups in ping-pong
- *     16-bit   S = Q16 K16^T wgmma m64n128k16 bf16/f16 (SS); P in 16 bits
+ *     16-bit   S = Q16 K16^T wgmma m64n128k16 bf16/f16 (RS: each thread's
+ *              Q fragments loaded once per item); P in 16 bits
  *              from the S registers; O += P V16 by wgmma (RS) straight into
  *              the O accumulator; the two warpgroups in ping-pong
  *   in both phases a block of >= 120 valid keys masks only its last

@@ -8,23 +8,39 @@
 #define QVATTN_ATTN_DRAFT_WS_MATH_CUH
 
 /* ------------------------------------------------------------ 16-bit wgmma */
-/* S (64x128) += Q (64x16, smem) K^T (16x128, smem), both K-major. */
-template <int F16>
-static __device__ __forceinline__ void wgmma_qk16(float (&d)[64], uint64_t da, uint64_t db,
-                                                  int acc) {
-    if (F16)
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : F64(d)
-            : "l"(da), "l"(db), "r"(acc));
-    else
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : F64(d)
-            : "l"(da), "l"(db), "r"(acc));
+/* First k-step of a fresh accumulator: outputs only (scale-d = 0), so
+ * neither the compiler nor ptxas sees a read of the old values. */
+#define W64(d) "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
+    "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), \
+    "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), \
+    "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), \
+    "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), \
+    "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), \
+    "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), \
+    "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+#define QK16_RS(T)                                                                           \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                             \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " ACC64                         \
+    ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+/* S (64x128) = (ACC: +=) Q (64x16, the thread's A fragment in registers)
+ * K^T (16x128, smem, K-major); ACC 0 is the first k-step, write-only. */
+template <int F16, int ACC>
+static __device__ __forceinline__ void wgmma_qk16(float (&d)[64], const uint32_t (&a)[4],
+                                                  uint64_t db) {
+    if (ACC) {
+        if (F16)
+            asm volatile(QK16_RS("f16") : F64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        else
+            asm volatile(QK16_RS("bf16") : F64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    } else {
+        if (F16)
+            asm volatile(QK16_RS("f16") : W64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+        else
+            asm volatile(QK16_RS("bf16") : W64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+    }
 }
+#undef QK16_RS
+#undef W64
 /* O (64x128) += P (64x16, registers) V (16x128, smem V^T, K-major). */
 template <int F16>
 static __device__ __forceinline__ void wgmma_pv16(float (&d)[64], const uint32_t *a, uint64_t db) {
@@ -63,47 +79,46 @@ static __device__ __forceinline__ void wgmma_pv16_n64(float (&d)[32], const uint
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* First k-step of a fresh accumulator: outputs only (scale-d = 0), so
- * neither the compiler nor ptxas sees a read of the old values. */
-#define W64(d) "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
-    "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), \
-    "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), \
-    "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), \
-    "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), \
-    "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), \
-    "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), \
-    "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-template <int F16>
-static __device__ __forceinline__ void wgmma_qk16_first(float (&d)[64], uint64_t da, uint64_t db) {
-    if (F16)
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : W64(d)
-            : "l"(da), "l"(db));
-    else
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ACC64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : W64(d)
-            : "l"(da), "l"(db));
-}
 /* Descriptor of k-step kk (16 channels = 32 bytes) of a [rows][128] 16-bit
  * tile stored as two swizzled halves of 64 channels, `half` bytes apart. */
 static __device__ __forceinline__ uint64_t desc16(uint32_t addr, int kk, uint32_t half) {
     return sw128_desc(addr + (uint32_t)(kk >> 2) * half) + 2 * (kk & 3);
 }
 
-/* S = Q K^T of one block, the first k-step write-only (scale-d 0), so
- * neither the compiler nor ptxas sees a read of the old S; D / 16 k-steps
- * (head dim 64: the tiles' first halves only). */
-template <int F16, int D = 128>
-static __device__ __forceinline__ void issue_qk16_w(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
-    wg_fence();
-    wgmma_qk16_first<F16>(s, desc16(q_addr, 0, DW_HALF), desc16(k_addr, 0, DW_HALF));
+/* The consumer thread's Q16 A fragments, loaded once per work item so that
+ * the QK of every 16-bit block reads only K from shared memory (48 KB of
+ * the 160 KB a block pair's wgmmas read) and builds no Q descriptors: rows
+ * R and R + 8 of the Q16 tile at q_addr (two 64-channel halves DW_HALF
+ * apart, 128-byte rows whose 16-byte chunks sit at chunk ^ (row & 7), the
+ * TMA's 128-byte swizzle); k-step kk holds channels 16 kk + 2 tig (+1) in
+ * words 0 (row R) and 1 (row R + 8), eight channels on in words 2 and 3. */
+template <int D>
+static __device__ __forceinline__ void load_q16_frags(uint32_t q_addr, int R, int tig,
+                                                      uint32_t (&qf)[D / 16][4]) {
 #pragma unroll
-    for (int kk = 1; kk < D / 16; ++kk)
-        wgmma_qk16<F16>(s, desc16(q_addr, kk, DW_HALF), desc16(k_addr, kk, DW_HALF), 1);
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int row = R + 8 * (u & 1), c = 16 * kk + 2 * tig + 8 * (u >> 1);
+            const int byte = (c & 63) * 2;
+            const uint32_t a = q_addr + (uint32_t)(c >> 6) * DW_HALF + (uint32_t)row * 128 +
+                               (uint32_t)((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(qf[kk][u]) : "r"(a));
+        }
+}
+
+/* S = Q K^T of one block from Q's fragments, the first k-step write-only
+ * (scale-d 0), so neither the compiler nor ptxas sees a read of the old S;
+ * D / 16 k-steps (head dim 64: the K tile's first half only). */
+template <int F16, int D = 128>
+static __device__ __forceinline__ void issue_qk16(float (&s)[64], uint32_t (&qf)[D / 16][4],
+                                                  uint32_t k_addr) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) reg_fence(qf[kk]);
+    wg_fence();
+    wgmma_qk16<F16, 0>(s, qf[0], desc16(k_addr, 0, DW_HALF));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; ++kk) wgmma_qk16<F16, 1>(s, qf[kk], desc16(k_addr, kk, DW_HALF));
     wg_commit();
 }
 template <int F16, int D = 128>
