@@ -192,8 +192,8 @@ static __device__ int g_dw16_next;
  * overwritten) and the item index the producer publishes with Q16. */
 template <class L>
 struct dw16_extra {
-    static constexpr uint32_t QFREE = L::BAR + 64, ITEM = L::BAR + 72;
-    static constexpr uint32_t SMEM = L::SMEM + 64;
+    static constexpr uint32_t QFREE = L::BAR + 96, ITEM = L::BAR + 104; /* past the valid words */
+    static constexpr uint32_t SMEM = L::SMEM;
 };
 
 /* dw16's producer: items from the counter until it passes n_items, each
@@ -222,11 +222,8 @@ static __device__ __forceinline__ void dw16_producer(const CUtensorMap &tq16, co
         dw_walk wk;
         dw_work_at(w, p.npre, idx, a, bh, wk);
         dw_load_q<L>(tq16, tq8, w, wk, a, bh, base, b);
-        for (int i = 0; i < wk.total; ++i, ++j) {
-            const int s = (int)(j % L::STAGES);
-            mbar_wait(b.empty + 8 * s, (uint32_t)((j / L::STAGES) & 1) ^ 1);
-            dw_load_block<L>(tk16, tv16, tk8, tv8, w, wk, bh, i, s, base, b.full + 8 * s);
-        }
+        dw_load_walk<L>(tk16, tv16, tk8, tv8, w, wk, bh, base, b, j);
+        j += wk.total;
     }
 }
 
@@ -298,4 +295,5 @@ struct launch_persist {
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
     return dw_dispatch<launch_persist>(w, st);
 }
+
 

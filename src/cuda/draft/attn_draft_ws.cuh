@@ -25,13 +25,17 @@
  * (n136; n72 at head dim 64): DW_V8_OFF(s) + D * 128 */
 #define DW_V8_OFF(s) (DW_V_OFF(s) + DW_HALF)
 #define DW_BAR_OFF (DW_STAGE0 + DW_STAGES * DW_STAGE_BYTES)
-#define DW_SMEM_BYTES (DW_BAR_OFF + 64 + 1024)
+/* the mbarriers (64 bytes at most), then a word per stage (DW_VALID_AT) */
+#define DW_BAR_BYTES 128
+#define DW_VALID_AT 64
+#define DW_SMEM_BYTES (DW_BAR_OFF + DW_BAR_BYTES + 1024)
 #define DW_THREADS 384
 #define DW_PRODUCER_REGS 24
 #define DW_CONSUMER_REGS 240
 
 /* The K/V ring of a launch: its depth, where stage s's tiles sit, the
- * mbarriers and the shared memory.  dw_ring2 is the layout above (the Q8
+ * mbarriers, the stages' valid-key words and the shared memory.  dw_ring2
+ * is the layout above (the Q8
  * tile and each stage's ones rows for the INT8 phase); dw_ring3 is for
  * routes without INT8 blocks: three stages in the room of the Q8 tile and
  * the ones rows, so each 64 KB block load has one more block's time. */
@@ -40,13 +44,15 @@ struct dw_ring2 {
     static constexpr uint32_t BAR = DW_BAR_OFF, SMEM = DW_SMEM_BYTES;
     static __device__ __forceinline__ uint32_t k(int s) { return DW_K_OFF(s); }
     static __device__ __forceinline__ uint32_t v(int s) { return DW_V_OFF(s); }
+    static __device__ __forceinline__ uint32_t valid(int s) { return BAR + DW_VALID_AT + 4 * s; }
 };
 struct dw_ring3 {
     static constexpr int STAGES = 3, INT8 = 0;
     static constexpr uint32_t STAGE0 = 2 * DW_HALF, STAGE_BYTES = 4 * DW_HALF;
-    static constexpr uint32_t BAR = STAGE0 + STAGES * STAGE_BYTES, SMEM = BAR + 64 + 1024;
+    static constexpr uint32_t BAR = STAGE0 + STAGES * STAGE_BYTES, SMEM = BAR + DW_BAR_BYTES + 1024;
     static __device__ __forceinline__ uint32_t k(int s) { return STAGE0 + s * STAGE_BYTES; }
     static __device__ __forceinline__ uint32_t v(int s) { return k(s) + 2 * DW_HALF; }
+    static __device__ __forceinline__ uint32_t valid(int s) { return BAR + DW_VALID_AT + 4 * s; }
 };
 /* Blocks with at least this many valid keys (a multiple of 8) mask only
  * the column groups at and above it: every region of the Wan2.2 and
@@ -187,24 +193,27 @@ static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const 
     if (D == 128) tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
 }
 
-/* Block i of the walk (INT8 blocks first: ring2 only) into stage s, its
- * arrival on mbarrier full.  V^T tiles hold D rows (channels) of 128 keys;
- * K tiles at head dim 64 as Q's. */
+/* Block j's code: its INT8 key region (j < nb8), else block_code. */
+static __device__ __forceinline__ int walk_code(const qvc_draft_ws_args &w, const dw_walk &wk, int j) {
+    return j < wk.nb8 ? w.cols[wk.e1 + j] : block_code(w, wk, j - wk.nb8);
+}
+
+/* Block j of the walk (INT8 blocks first: ring2 only), whose code is c,
+ * into stage s, its arrival on mbarrier full.  V^T tiles hold D rows
+ * (channels) of 128 keys; K tiles at head dim 64 as Q's. */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, const CUtensorMap &tv16,
                                                      const CUtensorMap &tk8, const CUtensorMap &tv8,
                                                      const qvc_draft_ws_args &w, const dw_walk &wk,
-                                                     int bh, int i, int s, uint32_t base,
+                                                     int bh, int j, int c, int s, uint32_t base,
                                                      uint32_t full) {
-    if (L::INT8 && i < wk.nb8) {
-        const int64_t blk = (int64_t)bh * w.R + w.cols[wk.e1 + i];
+    if (L::INT8 && j < wk.nb8) {
+        const int64_t blk = (int64_t)bh * w.R + c;
         mbar_expect_tx(full, DW_HALF + D * 128);
         tma_load_2d(base + DW_K_OFF(s), &tk8, 0, (int)(blk * DW_ROWS), full);
         tma_load_2d(base + DW_V8_OFF(s), &tv8, 0, (int)(blk * D), full);
     } else {
-        const int i16 = i - wk.nb8;
-        const int64_t k0 = i16 < wk.npre ? (int64_t)i16 * DW_ROWS
-                                         : w.prefix_pad + (int64_t)video_block(w, wk, i16) * DW_ROWS;
+        const int64_t k0 = c < 0 ? (int64_t)(-1 - c) * DW_ROWS : w.prefix_pad + (int64_t)c * DW_ROWS;
         const int64_t row = (int64_t)bh * w.n_pack + k0; /* a multiple of 128 */
         const int vrow = (int)(row / DW_ROWS * D);
         mbar_expect_tx(full, D / 64 * DW_HALF + 2 * D * 128);
@@ -215,8 +224,34 @@ static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, co
     }
 }
 
-/* One thread walks the CTA's route and TMA-loads each block's K and V^T
- * into ring L. */
+/* The walk's blocks into ring L from ring position j0 on.  The route's
+ * global loads run ahead of the stage waits (the code of block j + 2, the
+ * valid keys of block j + 1), so neither a TMA issue nor a consumer waits
+ * on one; each 16-bit block's valid keys go to its stage's word before the
+ * stage's arrive, whose release the consumers' wait acquires (they read it
+ * there instead of loading the route themselves). */
+template <class L, int D = 128>
+static __device__ __forceinline__ void dw_load_walk(const CUtensorMap &tk16, const CUtensorMap &tv16,
+                                                    const CUtensorMap &tk8, const CUtensorMap &tv8,
+                                                    const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                    int bh, uint32_t base, dw_bars b, int64_t j0) {
+    const int n = wk.total;
+    int c0 = n > 0 ? walk_code(w, wk, 0) : 0, c1 = n > 1 ? walk_code(w, wk, 1) : 0;
+    int v0 = n > 0 && wk.nb8 == 0 ? code_valid(w, c0) : 0;
+    for (int j = 0; j < n; ++j) {
+        const int64_t jr = j0 + j;
+        const int s = (int)(jr % L::STAGES);
+        const int c2 = j + 2 < n ? walk_code(w, wk, j + 2) : 0;
+        const int v1 = j + 1 < n && j + 1 >= wk.nb8 ? code_valid(w, c1) : 0;
+        mbar_wait(b.empty + 8 * s, (uint32_t)((jr / L::STAGES) & 1) ^ 1);
+        if (j >= wk.nb8) st_shared_u32(base + L::valid(s), (uint32_t)v0);
+        dw_load_block<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, j, c0, s, base, b.full + 8 * s);
+        c0 = c1, c1 = c2, v0 = v1;
+    }
+}
+
+/* One thread walks the CTA's route and TMA-loads Q and each block's K and
+ * V^T into ring L. */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, const CUtensorMap &tk16,
                                                    const CUtensorMap &tv16, const CUtensorMap &tq8,
@@ -224,11 +259,7 @@ static __device__ __forceinline__ void dw_producer(const CUtensorMap &tq16, cons
                                                    const qvc_draft_ws_args &w, const dw_walk &wk,
                                                    int a, int bh, uint32_t base, dw_bars b) {
     dw_load_q<L, D>(tq16, tq8, w, wk, a, bh, base, b);
-    for (int j = 0; j < wk.total; ++j) {
-        const int s = j % L::STAGES;
-        mbar_wait(b.empty + 8 * s, ((j / L::STAGES) & 1) ^ 1);
-        dw_load_block<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, j, s, base, b.full + 8 * s);
-    }
+    dw_load_walk<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, base, b, 0);
 }
 
 /* ------------------------------------------------------------ mainloop */
@@ -348,8 +379,10 @@ static __device__ __forceinline__ void softmax16(dw_accd<D> &r, const float (&sa
 /* 2. The 16-bit blocks (every prefix block, then the 16-bit regions), the
  * two consumer warpgroups in ping-pong: one issues PV(i) into O and
  * QK(i+1) while the other makes its P; warpgroup 0 first.  Each block's
- * valid keys are loaded during the block before (its code two blocks
- * ahead), off the path from the QK wait to the row max.  Through the
+ * valid keys come from its stage's word (the producer's, dw_load_walk),
+ * read during the block before, right after its stage's wait: the
+ * route's dependent global loads and their branches were 40 instructions
+ * of every block's serial path (dev/cuda README, dw25).  Through the
  * loop l holds each thread's part of its rows' sums (the quad's lane 0
  * also what the INT8 phase summed), added over the quad at the end: the
  * two shuffle-add steps per row and block would otherwise sit between the
@@ -367,12 +400,11 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
     const int ctid = threadIdx.x - 128;
     uint32_t qf[D / 16][4];
     load_q16_frags<D>(base + DW_Q16_OFF, (ctid >> 5) * 16 + ((ctid & 31) >> 2), tig, qf);
-    int valid = block_valid(w, wk, 0);
-    int code_n = nb16 > 1 ? block_code(w, wk, 1) : 0;
     if (tig != 0) r.l[0] = r.l[1] = 0.0f; /* the whole sums on lane 0 */
     float sacc[64];
     int s = r.j % L::STAGES;
     mbar_wait(b.full + 8 * s, (r.j / L::STAGES) & 1);
+    int valid = (int)ld_shared_u32(base + L::valid(s));
     issue_qk16<F16, D>(sacc, qf, base + L::k(s));
     wg_wait<0>();
     reg_fence(sacc);
@@ -380,15 +412,17 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
     for (int i = 0; i < nb16; ++i, ++r.j) {
         s = r.j % L::STAGES;
         const int sn = (r.j + 1) % L::STAGES, more = i + 1 < nb16;
-        const int code_2 = i + 2 < nb16 ? block_code(w, wk, i + 2) : 0;
-        const int valid_n = more ? code_valid(w, code_n) : 0;
         float rs[2];
         uint32_t pa[8][4];
         if (valid >= DW_NEAR_FULL)
             softmax16<F16, DW_NEAR_FULL / 8>(r, sacc, w.scale_log2, valid, tig, rs, pa);
         else
             softmax16<F16, 0>(r, sacc, w.scale_log2, valid, tig, rs, pa);
-        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
+        int valid_n = 0;
+        if (more) {
+            mbar_wait(b.full + 8 * sn, ((r.j + 1) / L::STAGES) & 1);
+            valid_n = (int)ld_shared_u32(base + L::valid(sn));
+        }
         named_sync(1 + cw, 256);
         issue_pv16<F16, D>(r.o, pa, base + L::v(s));
         /* always issued (no wgmma on a divergent path); after the last
@@ -402,7 +436,7 @@ static __device__ __forceinline__ void dw_16bit_phase(dw_accd<D> &r, const qvc_d
         r.l[1] += rs[1];
         wg_wait<0>();
         reg_fence(sacc);
-        valid = valid_n, code_n = code_2;
+        valid = valid_n;
     }
     r.l[0] = qvc_quad_sum(r.l[0]);
     r.l[1] = qvc_quad_sum(r.l[1]);
