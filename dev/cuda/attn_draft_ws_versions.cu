@@ -26,6 +26,9 @@
  *         registers (below); with them back, 0.99x at 85/0/0/15 and
  *         1.01x with every kept block in INT8 (15/0): no gain.  Kept as the
  *         persistent frame; bench/NOTES.md has the runs.
+ *   dw27  the library kernel with the INT8 QK's A operand from registers
+ *         (wgmma RS, as the 16-bit QK): each consumer thread loads its
+ *         Q8 A fragments (4 k-steps x 4 words) once per item
  * dw17-dw19 (row sums on the tensor core; dw16 + dw17; dw17 + a lazy
  * rescale) lost and left the folder: git show b1163e3 has them.
  * dw12 (the route's scalars loaded ahead), dw13 (+ near-full blocks mask
@@ -297,3 +300,135 @@ extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t
 }
 
 
+
+/* ------------------------------------------------------------ dw27 */
+/* S (64x128, s32) (+)= Q8 (64x32, registers) K8^T (32x128, smem). */
+static __device__ __forceinline__ void dw27_wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                                     int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " ACC64
+        ", {%64,%65,%66,%67}, %68, p;\n}\n"
+        : R64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* Q8's A fragments: k-step kk (32 channel bytes) holds row R's bytes
+ * 32 kk + 4 tig .. + 3 in word 0, row R + 8's in word 1, 16 bytes on in
+ * words 2 and 3; the Q8 tile is 128-byte rows, chunk ^ (row & 7). */
+static __device__ __forceinline__ void dw27_load_q8(uint32_t q_addr, int R, int tig, uint32_t (&qf)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int row = R + 8 * (u & 1), byte = 32 * kk + 4 * tig + 16 * (u >> 1);
+            qf[kk][u] = ld_shared_u32(q_addr + (uint32_t)row * 128 +
+                                      (uint32_t)((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15)));
+        }
+}
+
+static __device__ __forceinline__ void dw27_issue_qk(int (&s)[64], uint32_t (&qf)[4][4], uint32_t k_addr) {
+    const uint64_t kd = sw128_desc(k_addr);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) reg_fence(qf[kk]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) dw27_wgmma_s8(s, qf[kk], kd + 2 * kk, kk);
+    wg_commit();
+}
+
+template <int EXPCAST>
+static __device__ __forceinline__ void dw27_int8_phase(dw_acc &r, const qvc_draft_ws_args &w,
+                                                       const dw_walk &wk, int a, int bh,
+                                                       uint32_t base, dw_bars b, int cw, int tig) {
+    const int64_t hr = (int64_t)bh * w.R;
+    const float *dv = w.dv + (int64_t)bh * 128;
+    float dq[2], f[2];
+    dw_q_deltas(w, hr, a, dq);
+    mbar_wait(b.q8, 0);
+    const int ctid = threadIdx.x - 128;
+    uint32_t qf[4][4];
+    dw27_load_q8(base + DW_Q8_OFF, (ctid >> 5) * 16 + ((ctid & 31) >> 2), tig, qf);
+    int sacc[64];
+    int s = r.j % DW_STAGES;
+    mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+    int cnt = (int)ld_shared_u32(base + dw_ring2::valid(s));
+    float dk = __uint_as_float(ld_shared_u32(base + dw_ring2::dk(s)));
+    dw27_issue_qk(sacc, qf, base + DW_K_OFF(s));
+    wg_wait<0>();
+    reg_fence(sacc);
+    if (cw == 1) named_arrive(1, 256);
+    for (int i = 0; i < wk.nb8; ++i, ++r.j) {
+        s = r.j % DW_STAGES;
+        const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
+        dw_score_scales(dq, dk, w.scale_log2, f);
+        float rs[2];
+        uint32_t pa[4][4];
+        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
+        int cnt_n = 0;
+        float dk_n = 0.0f;
+        if (more) {
+            mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
+            cnt_n = (int)ld_shared_u32(base + dw_ring2::valid(sn));
+            dk_n = __uint_as_float(ld_shared_u32(base + dw_ring2::dk(sn)));
+        }
+        named_sync(1 + cw, 256);
+        float part[PV_REGS(128, EXPCAST)];
+        issue_pv<EXPCAST, 0, 128>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
+        dw27_issue_qk(sacc, qf, base + DW_K_OFF(more ? sn : s));
+        named_arrive(2 - cw, 256);
+        wg_wait<1>();
+        reg_fence(part);
+        mbar_arrive(b.empty + 8 * s);
+        add_part8<EXPCAST, 128>(r.o, r.l, part, rs, w.int8_acc16);
+        wg_wait<0>();
+        reg_fence(sacc);
+        cnt = cnt_n, dk = dk_n;
+    }
+    if (cw == 0) named_sync(1, 256);
+    phase_exit(r.o, r.l, dv, w.eta, tig);
+}
+
+template <int F16, int EXPCAST, class L>
+__global__ void __launch_bounds__(DW_THREADS, 1)
+dev_draft_ws_dw27k(const __grid_constant__ CUtensorMap tq16, const __grid_constant__ CUtensorMap tk16,
+                   const __grid_constant__ CUtensorMap tv16, const __grid_constant__ CUtensorMap tq8,
+                   const __grid_constant__ CUtensorMap tk8, const __grid_constant__ CUtensorMap tv8,
+                   const dw_params p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = smem_addr(sm);
+    const dw_bars b = dw_bars_at<L>(base);
+    const qvc_draft_ws_args &w = p.w;
+    int a, bh;
+    dw_walk wk;
+    dw_work(w, p.npre, a, bh, wk);
+    dw_cta_init<L, EXPCAST>(sm, b, 0);
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (threadIdx.x == 0) dw_producer<L>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DW_CONSUMER_REGS));
+    const int ctid = threadIdx.x - 128, cw = ctid >> 7;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31, g = lane >> 2, tig = lane & 3;
+    dw_acc r;
+    dw_acc_reset(r);
+    r.j = 0;
+    if (L::INT8 && wk.nb8) dw27_int8_phase<EXPCAST>(r, w, wk, a, bh, base, b, cw, tig);
+    dw_16bit_phase<F16, L>(r, w, wk, base, b, cw, tig);
+    dw_epilogue(r, w, wk, a, bh, cw * 64 + warp * 16 + g, tig);
+}
+
+struct launch_dw27 {
+    template <int F16, int EXPCAST, class L>
+    static qva_status go(const CUtensorMap *m, const dw_params *p, cudaStream_t st) {
+        const dim3 grid((unsigned)(p->w.R + p->npre), (unsigned)p->w.BH);
+        return dw_launch_kernel(dev_draft_ws_dw27k<F16, EXPCAST, L>, grid, (int)L::SMEM, m, p, st,
+                                "dev draft ws dw27");
+    }
+};
+
+extern "C" qva_status dev_draft_ws_dw27(const qvc_draft_ws_args *w, cudaStream_t st) {
+    return dw_dispatch<launch_dw27>(w, st);
+}
