@@ -25,11 +25,9 @@
  * (n136; n72 at head dim 64): DW_V8_OFF(s) + D * 128 */
 #define DW_V8_OFF(s) (DW_V_OFF(s) + DW_HALF)
 #define DW_BAR_OFF (DW_STAGE0 + DW_STAGES * DW_STAGE_BYTES)
-/* the mbarriers (64 bytes at most), then words per stage: each block's
- * valid keys (DW_VALID_AT) and an INT8 block's K scale (DW_DK_AT) */
+/* the mbarriers (64 bytes at most), then a word per stage (DW_VALID_AT) */
 #define DW_BAR_BYTES 128
 #define DW_VALID_AT 64
-#define DW_DK_AT 80
 #define DW_SMEM_BYTES (DW_BAR_OFF + DW_BAR_BYTES + 1024)
 #define DW_THREADS 384
 #define DW_PRODUCER_REGS 24
@@ -47,7 +45,6 @@ struct dw_ring2 {
     static __device__ __forceinline__ uint32_t k(int s) { return DW_K_OFF(s); }
     static __device__ __forceinline__ uint32_t v(int s) { return DW_V_OFF(s); }
     static __device__ __forceinline__ uint32_t valid(int s) { return BAR + DW_VALID_AT + 4 * s; }
-    static __device__ __forceinline__ uint32_t dk(int s) { return BAR + DW_DK_AT + 4 * s; }
 };
 struct dw_ring3 {
     static constexpr int STAGES = 3, INT8 = 0;
@@ -56,7 +53,6 @@ struct dw_ring3 {
     static __device__ __forceinline__ uint32_t k(int s) { return STAGE0 + s * STAGE_BYTES; }
     static __device__ __forceinline__ uint32_t v(int s) { return k(s) + 2 * DW_HALF; }
     static __device__ __forceinline__ uint32_t valid(int s) { return BAR + DW_VALID_AT + 4 * s; }
-    static __device__ __forceinline__ uint32_t dk(int s) { return BAR + DW_DK_AT + 4 * s; }
 };
 /* Blocks with at least this many valid keys (a multiple of 8) mask only
  * the column groups at and above it: every region of the Wan2.2 and
@@ -230,32 +226,27 @@ static __device__ __forceinline__ void dw_load_block(const CUtensorMap &tk16, co
 
 /* The walk's blocks into ring L from ring position j0 on.  The route's
  * global loads run ahead of the stage waits (the code of block j + 2, the
- * valid keys and K scale of block j + 1), so neither a TMA issue nor a
- * consumer waits on one; each block's valid keys (and an INT8 block's K
- * scale) go to its stage's words before the stage's arrive, whose release
- * the consumers' wait acquires (they read them there instead of loading
- * the route themselves). */
+ * valid keys of block j + 1), so neither a TMA issue nor a consumer waits
+ * on one; each 16-bit block's valid keys go to its stage's word before the
+ * stage's arrive, whose release the consumers' wait acquires (they read it
+ * there instead of loading the route themselves). */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_walk(const CUtensorMap &tk16, const CUtensorMap &tv16,
                                                     const CUtensorMap &tk8, const CUtensorMap &tv8,
                                                     const qvc_draft_ws_args &w, const dw_walk &wk,
                                                     int bh, uint32_t base, dw_bars b, int64_t j0) {
     const int n = wk.total;
-    const float *k8s = w.k8s + (int64_t)bh * w.R;
     int c0 = n > 0 ? walk_code(w, wk, 0) : 0, c1 = n > 1 ? walk_code(w, wk, 1) : 0;
-    int v0 = n > 0 ? code_valid(w, c0) : 0;
-    float d0 = L::INT8 && wk.nb8 > 0 ? k8s[c0] : 0.0f;
+    int v0 = n > 0 && wk.nb8 == 0 ? code_valid(w, c0) : 0;
     for (int j = 0; j < n; ++j) {
         const int64_t jr = j0 + j;
         const int s = (int)(jr % L::STAGES);
         const int c2 = j + 2 < n ? walk_code(w, wk, j + 2) : 0;
-        const int v1 = j + 1 < n ? code_valid(w, c1) : 0;
-        const float d1 = L::INT8 && j + 1 < wk.nb8 ? k8s[c1] : 0.0f;
+        const int v1 = j + 1 < n && j + 1 >= wk.nb8 ? code_valid(w, c1) : 0;
         mbar_wait(b.empty + 8 * s, (uint32_t)((jr / L::STAGES) & 1) ^ 1);
-        st_shared_u32(base + L::valid(s), (uint32_t)v0);
-        if (L::INT8 && j < wk.nb8) st_shared_u32(base + L::dk(s), __float_as_uint(d0));
+        if (j >= wk.nb8) st_shared_u32(base + L::valid(s), (uint32_t)v0);
         dw_load_block<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, j, c0, s, base, b.full + 8 * s);
-        c0 = c1, c1 = c2, v0 = v1, d0 = d1;
+        c0 = c1, c1 = c2, v0 = v1;
     }
 }
 
@@ -316,9 +307,9 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
 /* 1. The INT8 blocks (ring2 only; the walk's first phase, so r is fresh),
  * inside the Eq. 8 unit change; the two consumer warpgroups in ping-pong
  * as in the 16-bit phase: one issues PV(i) into a fresh partial and
- * QK(i+1) while the other makes its P codes.  Each block's valid keys
- * and K scale come from its stage's words (dw_load_walk), read during the
- * block before, right after its stage's wait. */
+ * QK(i+1) while the other makes its P codes.  The route's scalars are
+ * loaded ahead, off the block's serial path: the key region two blocks
+ * ahead, its valid keys and scale one block ahead. */
 template <int EXPCAST, int D>
 static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
@@ -330,12 +321,14 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
     const uint64_t qd = sw128_desc(base + DW_Q8_OFF + cw * 64 * 128);
     float dq[2], f[2];
     dw_q_deltas(w, hr, a, dq);
+    const int *cols = w.cols + wk.e1;
+    int kb_n = wk.nb8 > 1 ? cols[1] : cols[0];
+    int cnt = w.count[cols[0]];
+    float dk = w.k8s[hr + cols[0]];
     mbar_wait(b.q8, q8par);
     int sacc[64];
     int s = r.j % DW_STAGES;
     mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
-    int cnt = (int)ld_shared_u32(base + dw_ring2::valid(s));
-    float dk = __uint_as_float(ld_shared_u32(base + dw_ring2::dk(s)));
     issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(s));
     wg_wait<0>();
     reg_fence(sacc);
@@ -343,17 +336,14 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
     for (int i = 0; i < wk.nb8; ++i, ++r.j) {
         s = r.j % DW_STAGES;
         const int sn = (r.j + 1) % DW_STAGES, more = i + 1 < wk.nb8;
+        const int kb_2 = i + 2 < wk.nb8 ? cols[i + 2] : kb_n;
+        const int cnt_n = w.count[kb_n];
+        const float dk_n = w.k8s[hr + kb_n];
         dw_score_scales(dq, dk, w.scale_log2, f);
         float rs[2];
         uint32_t pa[4][4];
         softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
-        int cnt_n = 0;
-        float dk_n = 0.0f;
-        if (more) {
-            mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
-            cnt_n = (int)ld_shared_u32(base + dw_ring2::valid(sn));
-            dk_n = __uint_as_float(ld_shared_u32(base + dw_ring2::dk(sn)));
-        }
+        if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
         named_sync(1 + cw, 256);
         float part[PV_REGS(D, EXPCAST)];
         issue_pv<EXPCAST, 0, D>(part, pa, sw128_desc(base + DW_V8_OFF(s)));
@@ -367,7 +357,7 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
         add_part8<EXPCAST, D>(r.o, r.l, part, rs, w.int8_acc16);
         wg_wait<0>();
         reg_fence(sacc);
-        cnt = cnt_n, dk = dk_n;
+        cnt = cnt_n, dk = dk_n, kb_n = kb_2;
     }
     if (cw == 0) named_sync(1, 256); /* warpgroup 1's last arrive */
     phase_exit(r.o, r.l, dv, w.eta, tig);
