@@ -24,7 +24,9 @@
  *              from the S registers; O += P V16 by wgmma (RS) straight into
  *              the O accumulator; the two warpgroups in ping-pong
  *   in both phases a block of >= 120 valid keys masks only its last
- *   column group, and the route's per-block scalars are loaded ahead
+ *   column group; the producer loads the route ahead of its stage waits
+ *   and hands each block's valid keys to the consumers in a word of its
+ *   ring stage (the INT8 phase loads its scalars a block ahead itself)
  *   epilogue   O / l scattered back to the sequence order, and the LSE
  *
  * Head dim 64 (the template's D) keeps the head-dim-128 shared-memory
