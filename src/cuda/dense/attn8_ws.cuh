@@ -100,6 +100,10 @@ struct attn8_ws_flags {
      * faster, the exp2 path's 1% slower (bench/NOTES.md, ws34) */
     static constexpr int CARRY_PMODES =
         (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM) | (1 << A8_P_EXPCAST5);
+    /* INT8 loop: each block's K scale and V block scale handed over by the
+     * producer in two words of its stage (attn8_layout::SCAL) instead of
+     * the consumers' global loads (dev/cuda ws43, not yet measured) */
+    static constexpr bool STAGE_SCALES = false;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -133,14 +137,17 @@ struct attn8_layout {
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
     /* Q, full[S], empty[S], the mean tiles' full[2] and empty[2] */
     static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES + 4);
-    static constexpr int TILES = (BARS_END + 1023) & ~1023;
+    /* STAGE_SCALES: block j's K scale and V block scale, two floats a stage */
+    static constexpr int SCAL = BARS_END;
+    static constexpr int SCAL_END = SCAL + (F::STAGE_SCALES ? 8 * F::STAGES : 0);
+    static constexpr int TILES = (SCAL_END + 1023) & ~1023;
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
     /* dynamic shared memory, with 1024 bytes for the alignment */
     static constexpr int bytes(bool means) {
-        return (F::VLO ? VLO + F::STAGES * A8_TILE : means ? PEND_END : BARS_END) + 1024;
+        return (F::VLO ? VLO + F::STAGES * A8_TILE : means ? PEND_END : SCAL_END) + 1024;
     }
 };
 
@@ -165,9 +172,16 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
     typedef attn8_layout<F> L;
     mbar_expect_tx(b.q, L::QB);
     tma_load_2d(base + L::Q, &tq, 0, bh * ops.nq_pad + tile * F::ROWS, b.q);
+    const float *kscale = ops.k_scale + (size_t)bh * ops.nblk;
+    const float *vblk = ops.v_blk + (size_t)bh * ops.nblk;
+    float ks_n = 0.0f, vb_n = 0.0f; /* block j + 1's, loaded before block j's wait */
+    if constexpr (F::STAGE_SCALES) ks_n = kscale[0], vb_n = vblk[0];
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
+        const float ks = ks_n, vb = vb_n;
+        if constexpr (F::STAGE_SCALES)
+            if (j + 1 < ops.nblk) ks_n = kscale[j + 1], vb_n = vblk[j + 1];
         if (mtiles && j % QVC_MU_BATCH == 0) { /* batch t's mean tile into buffer t mod 2 */
             const int t = j / QVC_MU_BATCH, u = t & 1;
             mbar_wait(b.mt_empty + 8 * u, ((t >> 1) & 1) ^ 1);
@@ -177,6 +191,10 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                       b.mt_full + 8 * u);
         }
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
+        if constexpr (F::STAGE_SCALES) { /* before the arrive, which releases them */
+            st_shared_u32(base + L::SCAL + 8 * s, __float_as_uint(ks));
+            st_shared_u32(base + L::SCAL + 8 * s + 4, __float_as_uint(vb));
+        }
         mbar_expect_tx(full, A8_TILE + (F::VLO ? 2 : 1) * F::V_BYTES);
         tma_load_2d(base + L::k(s), &tk, 0, bh * ops.nk_pad + j * WS_KEYS, full);
         tma_load_2d(base + L::v(s), &tv, 0, (bh * ops.nblk + j) * F::D, full);
@@ -238,9 +256,15 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
             issue_qk<QVC_QK_INT8, F::QK_KSTEPS>(sacc, qdj, sb + L::k(s));
-            const float f0 = (dq[0] * kscale[j]) * a.scale_log2,
-                        f1 = (dq[1] * kscale[j]) * a.scale_log2;
-            const float vb = vblk[j];
+            float f0, f1, vb;
+            if constexpr (F::STAGE_SCALES) {
+                const float ksj = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s));
+                f0 = (dq[0] * ksj) * a.scale_log2, f1 = (dq[1] * ksj) * a.scale_log2;
+                vb = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s + 4));
+            } else {
+                f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
+                vb = vblk[j];
+            }
             wg_wait<0>();
             reg_fence(sacc);
             uint32_t pa[4][4];
