@@ -84,9 +84,9 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
     uint32_t pa[8][4];
     int sp = r.j % DW_STAGES; /* stage of the block whose P is in pa */
     {
-        const int valid = block_valid(w, wk, 0);
         float sacc[64];
         mbar_wait(b.full + 8 * sp, (r.j / DW_STAGES) & 1);
+        const int valid = (int)ld_shared_u32(base + dw_ring2::valid(sp));
         issue_qk16<F16>(sacc, qf, base + DW_K_OFF(sp));
         wg_wait<0>();
         reg_fence(sacc);
@@ -100,9 +100,10 @@ static __device__ __forceinline__ void dw10_16bit_phase(dw_acc &r, const qvc_dra
     }
     if (PP && cw == 1) named_arrive(1, 256);
     for (int i = 1; i < nb16; ++i, ++r.j) {
-        const int s = r.j % DW_STAGES, valid = block_valid(w, wk, i);
+        const int s = r.j % DW_STAGES;
         float sacc[64];
         mbar_wait(b.full + 8 * s, (r.j / DW_STAGES) & 1);
+        const int valid = (int)ld_shared_u32(base + dw_ring2::valid(s));
         if (PP) named_sync(1 + cw, 256);
         issue_qk16<F16>(sacc, qf, base + DW_K_OFF(s));
         issue_pv16<F16>(r.o, pa, base + DW_V_OFF(sp));
@@ -295,5 +296,3 @@ struct launch_persist {
 extern "C" qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *w, cudaStream_t st) {
     return dw_dispatch<launch_persist>(w, st);
 }
-
-

@@ -158,10 +158,6 @@ static __device__ __forceinline__ int block_code(const qvc_draft_ws_args &w, con
 static __device__ __forceinline__ int code_valid(const qvc_draft_ws_args &w, int c) {
     return c < 0 ? min(w.prefix - (-1 - c) * DW_ROWS, DW_ROWS) : w.count[c];
 }
-static __device__ __forceinline__ int block_valid(const qvc_draft_ws_args &w, const dw_walk &wk,
-                                                  int i) {
-    return code_valid(w, block_code(w, wk, i));
-}
 
 /* First packed row of the CTA's query block (in one head's n_pack rows)
  * and its valid rows. */

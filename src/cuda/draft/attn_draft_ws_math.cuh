@@ -103,7 +103,7 @@ static __device__ __forceinline__ void load_q16_frags(uint32_t q_addr, int R, in
             const int byte = (c & 63) * 2;
             const uint32_t a = q_addr + (uint32_t)(c >> 6) * DW_HALF + (uint32_t)row * 128 +
                                (uint32_t)((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(qf[kk][u]) : "r"(a));
+            qf[kk][u] = ld_shared_u32(a);
         }
 }
 
