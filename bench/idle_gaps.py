@@ -2,10 +2,13 @@
 """GPU idle time inside back-to-back qvattn calls (torch profiler trace).
 
   python3 bench/idle_gaps.py METHOD[,METHOD...] [--timeline] [--step S]
+                             [--shape wan|hunyuan] [--compare-data]
 
 For each method: four calls at Wan2.2-720p (bf16, layer 0, step S of 40,
 default 20: a plain step of V-Smooth's schedule; 1 is a reuse step;
-draft methods on the 21x45x80 grid) after three warm-up calls, profiled
+draft methods on the 21x45x80 grid), or with --shape hunyuan at
+HunyuanVideo-1.5-720p (1,16,111700,128; grid 31x45x80 after 100 prefix
+tokens), after three warm-up calls, profiled
 with CPU and CUDA activities.  Prints the calls' window on the GPU, the
 time some kernel, copy or memset ran, the idle gaps between them (by
 the kernel pair around each gap, with when the next kernel's launch call
@@ -14,7 +17,9 @@ and the host's CUDA runtime calls per call.  --timeline also lists the
 last call's GPU work in order: start and end (us from the call's first
 kernel), stream and name, to see which preparation chains overlap.  The
 chrome traces go to
-/tmp.  For profiling only; speed figures come from bench/compare.py.
+/tmp.  --compare-data: bench/compare.py's inputs instead (Q times 2, K and
+V with a mean per head and channel, two input sets on layers 0 and 1 in
+turn).  For profiling only; speed figures come from bench/compare.py.
 """
 import collections
 import json
@@ -35,18 +40,43 @@ if "--step" in argv:
         sys.exit(__doc__)
     step = int(argv[i + 1])
     del argv[i:i + 2]
-args = [a for a in argv if a != "--timeline"]
+SHAPES = {"wan": ((1, 40, 75600, 128), (21, 45, 80)),
+          "hunyuan": ((1, 16, 111700, 128), (31, 45, 80))}
+shape = "wan"
+if "--shape" in argv:
+    i = argv.index("--shape")
+    if i + 1 >= len(argv) or argv[i + 1] not in SHAPES:
+        sys.exit(__doc__)
+    shape = argv[i + 1]
+    del argv[i:i + 2]
+args = [a for a in argv if a not in ("--timeline", "--compare-data")]
 timeline = "--timeline" in argv
+compare_data = "--compare-data" in argv
 if len(args) != 1:
     sys.exit(__doc__)
-B, H, N, D = 1, 40, 75600, 128
+(B, H, N, D), GRID = SHAPES[shape]
 g = torch.Generator(device="cuda").manual_seed(0)
-q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g))
+
+
+def inputs():
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    if compare_data:
+        q.mul_(2.0)
+        k.add_(0.5 * torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g))
+    v.add_(torch.randn(1, H, 1, D, device="cuda", dtype=torch.bfloat16, generator=g))
+    return q, k, v
+
+
+sets = [inputs() for _ in range(2 if compare_data else 1)]
 methods = args[0].split(",")
 for m in methods:
-    kw = dict(grid=(21, 45, 80)) if m.startswith("draft") else {}
-    call = lambda: qvattn.attention(q, k, v, method=m, layer=0, step=step, num_steps=40, **kw)
+    kw = dict(grid=GRID) if m.startswith("draft") else {}
+    turn = [0]
+
+    def call():
+        i = turn[0] % len(sets)
+        turn[0] += 1
+        return qvattn.attention(*sets[i], method=m, layer=i, step=step, num_steps=40, **kw)
     for _ in range(3): call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -9,15 +9,11 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
- *   ws43  the library kernel with STAGE_SCALES: each block's K scale and
- *         V block scale written by the producer into two words of its
- *         stage before the stage's arrive, the consumers reading them
- *         after their wait instead of two global loads a block (the draft
- *         kernel's valid-key words, e80be0a, gave 6-9%; these loads have
- *         no branch and no dependence, so less is expected)
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
- * CTA) was promoted; it is at 6872baa.  The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
+ * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
+ * scales in stage words, STAGE_SCALES) was promoted; it is at d316081.
+ * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
  * loops without the softmax or the O update; ws31, ws32: three consumer
  * warpgroups, promoted) and ws9 (the restore's tiles from global memory)
@@ -41,21 +37,4 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return attn8_launch<ws5_flags>(ops, a, st);
-}
-
-
-/* ------------------------------------------------------------ ws43 */
-template <int D>
-struct ws43_flags : attn8_ws_flags<QVC_QK_INT8, D> {
-    static constexpr bool STAGE_SCALES = true;
-};
-
-extern "C" qva_status dev_attn8_ws43(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws43: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws43_flags<64> >(ops, a, st)
-                        : attn8_launch<ws43_flags<128> >(ops, a, st);
 }

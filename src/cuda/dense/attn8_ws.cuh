@@ -101,9 +101,12 @@ struct attn8_ws_flags {
     static constexpr int CARRY_PMODES =
         (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM) | (1 << A8_P_EXPCAST5);
     /* INT8 loop: each block's K scale and V block scale handed over by the
-     * producer in two words of its stage (attn8_layout::SCAL) instead of
-     * the consumers' global loads (dev/cuda ws43, not yet measured) */
-    static constexpr bool STAGE_SCALES = false;
+     * producer in two words of its stage (attn8_layout::SCAL), read with
+     * one LDS each after the stage wait, instead of two global loads whose
+     * addresses the consumers computed there (sage8 2.7-3.2% faster, the
+     * default's plain step 0.2-1.0%: bench/NOTES.md, ws43).  The E4M3 QK
+     * loop takes its scales elsewhere. */
+    static constexpr bool STAGE_SCALES = INT8;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
