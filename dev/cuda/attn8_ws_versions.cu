@@ -9,6 +9,14 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
+ *   ws44  the library kernel with PEND_QUADS: V-Smooth's pending row sums
+ *         one word per block and quad, stored by every lane of the quad
+ *         (one conversion and one store a block, at an address only the
+ *         uniform block index moves), instead of a predicated pair of
+ *         16-bit stores into the owning thread's fragment words and their
+ *         per-thread addressing, which the reuse step's loop recomputes
+ *         from the thread index every block (about 20 of its 509
+ *         instructions on the near-full path)
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
@@ -37,4 +45,21 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return attn8_launch<ws5_flags>(ops, a, st);
+}
+
+
+/* ------------------------------------------------------------ ws44 */
+template <int D>
+struct ws44_flags : attn8_ws_flags<QVC_QK_INT8, D> {
+    static constexpr bool PEND_QUADS = true;
+};
+
+extern "C" qva_status dev_attn8_ws44(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws44: INT8 QK (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<ws44_flags<64> >(ops, a, st)
+                        : attn8_launch<ws44_flags<128> >(ops, a, st);
 }

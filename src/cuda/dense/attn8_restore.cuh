@@ -139,4 +139,102 @@ static __device__ __forceinline__ void a8r_flush(float (&o)[NO], uint32_t *ph, u
     for (int i = 0; i < NO; ++i) o[i] = DOWN ? __fmaf_rn(d[i], 128.0f, o[i]) : o[i] + d[i];
 }
 
+/* ------------------------------------------------ the pending sums by quad
+ * (attn8_ws_flags::PEND_QUADS) The same FP16 r_j, stored one word per
+ * block and quad: block k's two rows {g low, g + 8 high} at word
+ * k * A8Q_STRIDE + q of the pending area (q: the thread's quad among the
+ * NT consumer threads; the stride's 4 extra words put the four lanes of a
+ * quad, which own different k, in different banks).  All four lanes of the
+ * quad store it, with the same value (the ONES sums are a tensor-core
+ * column of which each lane holds a copy; the quad sums are butterfly
+ * sums), so a block costs one conversion and one 32-bit store at an
+ * address that only the uniform k moves, where the thread's own fragment
+ * words cost a predicated pair of 16-bit stores and their addressing
+ * (about 20 instructions a block, on the consumer's serial path).  Lane
+ * tig owns k = 2tig, 2tig + 1, 2tig + 8, 2tig + 9, its A fragment's, for
+ * the rescale and the flush: the lanes exchange words through shared
+ * memory, so __syncwarp orders them.  The slots are zeroed once: at the
+ * flush of a last, partial batch, a slot not written since holds an older
+ * finite sum, which meets the tile's +0 mean, as a zero does. */
+template <int NT>
+struct a8q {
+    static constexpr int STRIDE = NT / 4 + 4; /* words between blocks k and k + 1 */
+    static constexpr int BYTES = QVC_MU_BATCH * STRIDE * 4;
+    static __device__ __forceinline__ uint32_t slot(uint32_t qa, int k) {
+        return qa + 4u * (uint32_t)(k * STRIDE);
+    }
+    /* lane tig's four slots, in A-register order a[2 hi + row] pairs */
+    static __device__ __forceinline__ int own(int i, int tig) {
+        return 2 * tig + (i & 1) + 8 * (i >> 1);
+    }
+};
+
+/* The shared address of this thread's quad column; its slots zeroed. */
+template <int NT>
+static __device__ __forceinline__ uint32_t a8q_init(uint8_t *sm, int pend_off, int tig) {
+    const uint32_t qa = smem_addr(sm + pend_off) + 4u * ((threadIdx.x - 128) >> 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st_shared_u32(a8q<NT>::slot(qa, a8q<NT>::own(i, tig)), 0u);
+    __syncwarp();
+    return qa;
+}
+
+/* Block j's row sums into slot j mod 16 (every lane of the quad). */
+template <int NT, int DOWN = 0>
+static __device__ __forceinline__ void a8q_pend(uint32_t qa, const float *rs, int j) {
+    const float down = DOWN ? 0.0078125f : 1.0f;
+    const __half2 h = __floats2half2_rn(DOWN ? rs[0] * down : rs[0], DOWN ? rs[1] * down : rs[1]);
+    uint32_t w;
+    memcpy(&w, &h, sizeof w);
+    st_shared_u32(a8q<NT>::slot(qa, j & (QVC_MU_BATCH - 1)), w);
+}
+
+/* A row max rose: the lane's slots take alpha[0] (row g) and alpha[1]
+ * (row g + 8), as O does; the same roundings as a8r_rescale's. */
+template <int NT>
+static __device__ __forceinline__ void a8q_rescale(uint32_t qa, const float *alpha, int tig) {
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t at = a8q<NT>::slot(qa, a8q<NT>::own(i, tig));
+        const uint32_t u = ld_shared_u32(at);
+        __half2 h;
+        memcpy(&h, &u, sizeof h);
+        const float2 f = __half22float2(h);
+        h = __floats2half2_rn(f.x * alpha[0], f.y * alpha[1]);
+        uint32_t w;
+        memcpy(&w, &h, sizeof w);
+        st_shared_u32(at, w);
+    }
+    __syncwarp();
+}
+
+/* The batch's restore from the quad slots, as a8r_flush: the lane's four
+ * slots regrouped into its A fragment (rows in the words' halves, k in
+ * the registers' halves). */
+template <int NT, int DOWN = 0, int NO>
+static __device__ __forceinline__ void a8q_flush(float (&o)[NO], uint32_t qa, int tig,
+                                                 uint32_t tile_addr, uint32_t full,
+                                                 uint32_t parity, uint32_t empty) {
+    __syncwarp();
+    uint32_t w[4], a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = ld_shared_u32(a8q<NT>::slot(qa, a8q<NT>::own(i, tig)));
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        a[2 * hi] = __byte_perm(w[2 * hi], w[2 * hi + 1], 0x5410);     /* row g */
+        a[2 * hi + 1] = __byte_perm(w[2 * hi], w[2 * hi + 1], 0x7632); /* row g + 8 */
+    }
+    mbar_wait(full, parity);
+    float d[NO];
+    wg_fence();
+    a8r_wgmma(d, a, a8r_tile_desc(tile_addr));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(d);
+    mbar_arrive(empty);
+#pragma unroll
+    for (int i = 0; i < NO; ++i) o[i] = DOWN ? __fmaf_rn(d[i], 128.0f, o[i]) : o[i] + d[i];
+}
+
 #endif
