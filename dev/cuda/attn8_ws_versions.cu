@@ -63,3 +63,42 @@ extern "C" qva_status dev_attn8_ws44(const qvc_ops *ops, qvc_qk_format fmt,
     return ops->D == 64 ? attn8_launch<ws44_flags<64> >(ops, a, st)
                         : attn8_launch<ws44_flags<128> >(ops, a, st);
 }
+
+
+/* ------------------------------------------------------------ ws45, ws46 */
+/* Diagnostics (wrong outputs; perf only): the reuse step without the
+ * restore's flush wgmma (ws45), without its pending sums (ws46), or
+ * without either (ws47), or with its pending sums stored but never
+ * rescaled (ws48). */
+template <int DIAG>
+struct diag_flags : attn8_ws_flags<QVC_QK_INT8, 128> {
+    static constexpr int DIAG_RESTORE = DIAG;
+};
+
+extern "C" qva_status dev_attn8_ws45(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws45: INT8 QK at head dim 128");
+    return attn8_launch<diag_flags<1> >(ops, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws46(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws46: INT8 QK at head dim 128");
+    return attn8_launch<diag_flags<2> >(ops, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws47(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws47: INT8 QK at head dim 128");
+    return attn8_launch<diag_flags<3> >(ops, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws48(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws48: INT8 QK at head dim 128");
+    return attn8_launch<diag_flags<4> >(ops, a, st);
+}

@@ -33,6 +33,10 @@
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_attn8_ws44(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+qva_status dev_attn8_ws45(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+qva_status dev_attn8_ws46(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+qva_status dev_attn8_ws47(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+qva_status dev_attn8_ws48(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
@@ -47,6 +51,10 @@ static const version VERSIONS[] = {
     {"lib", -1, {NULL, NULL, 0}},
     {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
     {"ws44", 0, {dev_attn8_ws44, NULL, 0}},
+    {"ws45", 0, {dev_attn8_ws45, NULL, 0}},
+    {"ws46", 0, {dev_attn8_ws46, NULL, 0}},
+    {"ws47", 0, {dev_attn8_ws47, NULL, 0}},
+    {"ws48", 0, {dev_attn8_ws48, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},

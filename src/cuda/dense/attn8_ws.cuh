@@ -111,6 +111,10 @@ struct attn8_ws_flags {
      * attn8_restore.cuh) instead of in each thread's fragment words
      * (dev/cuda ws44, not yet measured) */
     static constexpr bool PEND_QUADS = false;
+    /* dev diagnostics of the restore's cost (wrong outputs), bits: 1 the
+     * flush without its wgmma and O update, 2 no pending sums stored or
+     * rescaled, 4 the pending sums not rescaled */
+    static constexpr int DIAG_RESTORE = 0;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -292,7 +296,9 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
                 if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
                     qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
-                    if constexpr (PQ)
+                    if constexpr ((F::DIAG_RESTORE & 6) != 0)
+                        ;
+                    else if constexpr (PQ)
                         a8q_rescale<NT>(pq, alpha, tig);
                     else
                         a8r_rescale<NT>(ph, alpha);
@@ -366,7 +372,9 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                     add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
-            if constexpr (PQ)
+            if constexpr ((F::DIAG_RESTORE & 2) != 0)
+                ;
+            else if constexpr (PQ)
                 a8q_pend<NT, P5>(pq, rs, j);
             else if (MEANS)
                 a8r_pend<NT, P5>(ph_s, rs, j, tig);
@@ -377,7 +385,10 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
         if (MEANS) {
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
             const uint32_t tile = base_c + L::TILES + u * QVC_MU_TILE_BYTES;
-            if constexpr (PQ)
+            if constexpr ((F::DIAG_RESTORE & 1) != 0) {
+                mbar_wait(b.mt_full + 8 * u, (t >> 1) & 1);
+                mbar_arrive(b.mt_empty + 8 * u);
+            } else if constexpr (PQ)
                 a8q_flush<NT, P5>(r.o, pq, tig, tile, b.mt_full + 8 * u, (t >> 1) & 1,
                                   b.mt_empty + 8 * u);
             else
