@@ -9,18 +9,12 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
- *   ws44  the library kernel with PEND_QUADS: V-Smooth's pending row sums
- *         one word per block and quad, stored by every lane of the quad
- *         (one conversion and one store a block, at an address only the
- *         uniform block index moves), instead of a predicated pair of
- *         16-bit stores into the owning thread's fragment words and their
- *         per-thread addressing, which the reuse step's loop recomputes
- *         from the thread index every block (about 20 of its 509
- *         instructions on the near-full path)
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
  * scales in stage words, STAGE_SCALES) was promoted; it is at d316081.
+ * ws44 (V-Smooth's pending row sums one word per block and quad) and the
+ * diagnostics ws45-ws48 (the restore's parts left out) are at 2d64c00.
  * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
  * loops without the softmax or the O update; ws31, ws32: three consumer
@@ -45,60 +39,4 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return attn8_launch<ws5_flags>(ops, a, st);
-}
-
-
-/* ------------------------------------------------------------ ws44 */
-template <int D>
-struct ws44_flags : attn8_ws_flags<QVC_QK_INT8, D> {
-    static constexpr bool PEND_QUADS = true;
-};
-
-extern "C" qva_status dev_attn8_ws44(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws44: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws44_flags<64> >(ops, a, st)
-                        : attn8_launch<ws44_flags<128> >(ops, a, st);
-}
-
-
-/* ------------------------------------------------------------ ws45, ws46 */
-/* Diagnostics (wrong outputs; perf only): the reuse step without the
- * restore's flush wgmma (ws45), without its pending sums (ws46), or
- * without either (ws47), or with its pending sums stored but never
- * rescaled (ws48). */
-template <int DIAG>
-struct diag_flags : attn8_ws_flags<QVC_QK_INT8, 128> {
-    static constexpr int DIAG_RESTORE = DIAG;
-};
-
-extern "C" qva_status dev_attn8_ws45(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws45: INT8 QK at head dim 128");
-    return attn8_launch<diag_flags<1> >(ops, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws46(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws46: INT8 QK at head dim 128");
-    return attn8_launch<diag_flags<2> >(ops, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws47(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws47: INT8 QK at head dim 128");
-    return attn8_launch<diag_flags<3> >(ops, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws48(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8 || ops->D != 128 || ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws48: INT8 QK at head dim 128");
-    return attn8_launch<diag_flags<4> >(ops, a, st);
 }

@@ -107,14 +107,6 @@ struct attn8_ws_flags {
      * default's plain step 0.2-1.0%: bench/NOTES.md, ws43).  The E4M3 QK
      * loop takes its scales elsewhere. */
     static constexpr bool STAGE_SCALES = INT8;
-    /* V-Smooth's pending row sums one word per block and quad (a8q in
-     * attn8_restore.cuh) instead of in each thread's fragment words
-     * (dev/cuda ws44, not yet measured) */
-    static constexpr bool PEND_QUADS = false;
-    /* dev diagnostics of the restore's cost (wrong outputs), bits: 1 the
-     * flush without its wgmma and O update, 2 no pending sums stored or
-     * rescaled, 4 the pending sums not rescaled */
-    static constexpr int DIAG_RESTORE = 0;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -153,8 +145,7 @@ struct attn8_layout {
     static constexpr int SCAL_END = SCAL + (F::STAGE_SCALES ? 8 * F::STAGES : 0);
     static constexpr int TILES = (SCAL_END + 1023) & ~1023;
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
-    static constexpr int PEND_END =
-        PEND + (F::PEND_QUADS ? a8q<F::CONSUMERS * 128>::BYTES : F::CONSUMERS * 128 * 16);
+    static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
     /* dynamic shared memory, with 1024 bytes for the alignment */
@@ -250,10 +241,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
     static_assert(!P5 || !F::VLO, "+expcast-e5m2 has one V code");
     static_assert(!U8 || !F::VLO, "+i8pv has one V code");
     constexpr int NT = F::CONSUMERS * 128;
-    constexpr bool PQ = MEANS && F::PEND_QUADS;
-    uint32_t *ph = MEANS && !PQ ? a8r_pending<NT>(sm, L::PEND) : NULL;
-    const uint32_t ph_s = MEANS && !PQ ? smem_addr(ph) : 0u;
-    uint32_t pq = PQ ? a8q_init<NT>(sm, L::PEND, tig) : 0u; /* carried as base_c */
+    uint32_t *ph = MEANS ? a8r_pending<NT>(sm, L::PEND) : NULL;
+    const uint32_t ph_s = MEANS ? smem_addr(ph) : 0u;
     const int batch = MEANS ? QVC_MU_BATCH : ops.nblk;
     /* The shared-memory base and Q's descriptor (its high word is a
      * constant) carried through the loop as values the compiler cannot
@@ -264,7 +253,6 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
             if ((F::CARRY_PMODES >> PM) & 1) asm volatile("" : "+r"(base_c), "+r"(qd_lo));
-            if (PQ) asm volatile("" : "+r"(pq));
             const uint32_t sb = base_c; /* the shared-memory base, as carried */
             const uint64_t qdj = (qd & 0xFFFFFFFF00000000ull) | qd_lo;
             const int s = j % F::STAGES;
@@ -296,12 +284,7 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
                 if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
                     qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
-                    if constexpr ((F::DIAG_RESTORE & 6) != 0)
-                        ;
-                    else if constexpr (PQ)
-                        a8q_rescale<NT>(pq, alpha, tig);
-                    else
-                        a8r_rescale<NT>(ph, alpha);
+                    a8r_rescale<NT>(ph, alpha);
                 }
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
@@ -372,28 +355,15 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                     add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
-            if constexpr ((F::DIAG_RESTORE & 2) != 0)
-                ;
-            else if constexpr (PQ)
-                a8q_pend<NT, P5>(pq, rs, j);
-            else if (MEANS)
-                a8r_pend<NT, P5>(ph_s, rs, j, tig);
+            if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
         if (MEANS) {
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
-            const uint32_t tile = base_c + L::TILES + u * QVC_MU_TILE_BYTES;
-            if constexpr ((F::DIAG_RESTORE & 1) != 0) {
-                mbar_wait(b.mt_full + 8 * u, (t >> 1) & 1);
-                mbar_arrive(b.mt_empty + 8 * u);
-            } else if constexpr (PQ)
-                a8q_flush<NT, P5>(r.o, pq, tig, tile, b.mt_full + 8 * u, (t >> 1) & 1,
-                                  b.mt_empty + 8 * u);
-            else
-                a8r_flush<NT, P5>(r.o, ph, tile, b.mt_full + 8 * u, (t >> 1) & 1,
-                                  b.mt_empty + 8 * u);
+            a8r_flush<NT, P5>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES,
+                              b.mt_full + 8 * u, (t >> 1) & 1, b.mt_empty + 8 * u);
         }
     }
 }
