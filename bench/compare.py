@@ -18,7 +18,11 @@ One run times, for each shape, bf16 inputs in HND layout [B, H, N, D]:
         and idle clocks to the first phases).
 Timing: CUDA events around every call on the current stream, warm-up first,
 then the median of >= --iters calls, rotating over --sets input sets so the
-L2 cache never holds the operands of the next call.
+L2 cache never holds the operands of the next call.  --rounds R times every
+case of a shape R times, baselines and methods in turn, and reports medians
+over the rounds (ratios to cuDNN taken within each round): a GPU whose speed
+drifts through a run then favours no case (bench/NOTES.md, "The draft
+call's run order").
 TOPS = 4*B*H*N^2*D / t / 1e12.  "vs cuDNN" = cuDNN time / this time.
 Fidelity: rel-L2 of each output against a float64 reference computed on the
 GPU for --rows sampled query rows of --heads heads (input set 0).
@@ -104,6 +108,11 @@ def parse_args(argv):
     p.add_argument("--q-scale", type=float, default=2.0,
                    help="std of q (k, v are N(0,1) plus per-head channel offsets); "
                         "larger = sharper softmax")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every case of a shape this many times, the baselines and "
+                        "the methods in turn; each figure is the median over the rounds "
+                        "and each ratio to cuDNN the median of the rounds' ratios, so a "
+                        "GPU whose speed drifts through the run biases no case")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=30.0,
                    help="max seconds of timed calls per case; a slower case runs "
@@ -204,6 +213,64 @@ def tops(fl, ms):
     return fl / (ms * 1e-3) / 1e12 if ms else None
 
 
+def ratios_to_cudnn(entries):
+    """Each entry's vs_cudnn and kernel_vs_cudnn against the cuDNN entry of
+    the same list (one round of one shape)."""
+    cudnn = next((e for e in entries if e.get("impl") == "sdpa-cudnn" and e.get("ms")), None)
+    if cudnn is None:
+        return
+    for e in entries:
+        if e.get("ms"):
+            e["vs_cudnn"] = cudnn["ms"] / e["ms"]
+        if e.get("kernel_ms"):
+            e["kernel_vs_cudnn"] = cudnn["ms"] / e["kernel_ms"]
+
+
+# what --rounds takes the median of; the rest of an entry is its first round's
+ROUND_KEYS = ("ms", "ms_min", "ms_max", "kernel_ms", "prep_ms", "grouping_ms",
+              "vs_cudnn", "kernel_vs_cudnn")
+
+
+def merge_rounds(rounds, fl):
+    """One entry list from several rounds of the same cases: each case as
+    its first round's entry, with the ROUND_KEYS replaced by their medians
+    over the rounds that have them, the values of every round under
+    "rounds", and TOPS from the median times.  A case is its impl, row
+    name and step, and its place among equal ones (a method listed twice,
+    or two steps a schedule names alike, stay apart)."""
+    if len(rounds) <= 1:
+        return list(rounds[0]) if rounds else []
+
+    def keyed(entries):
+        seen, out = {}, {}
+        for e in entries:
+            k = (e.get("impl"), e.get("mode"), e.get("step"))
+            out[k + (seen.get(k, 0),)] = e
+            seen[k] = seen.get(k, 0) + 1
+        return out
+
+    by_round = [keyed(r) for r in rounds]
+    merged = []
+    for k, e in by_round[0].items():
+        same = [r[k] for r in by_round if k in r]
+        m = dict(e)
+        per = {}
+        for k in ROUND_KEYS:
+            vals = [x[k] for x in same if isinstance(x.get(k), (int, float))]
+            if vals:
+                m[k] = statistics.median(vals)
+                per[k] = vals
+        if per:
+            m["rounds"] = per
+            m["tops"] = tops(fl, m.get("ms"))
+            if m.get("kernel_ms"):
+                m["kernel_tops"] = tops(fl, m["kernel_ms"])
+                if m.get("kept_fraction"):
+                    m["block_tops"] = tops(fl * m["kept_fraction"], m["kernel_ms"])
+        merged.append(m)
+    return merged
+
+
 
 
 class Timer:
@@ -277,7 +344,10 @@ class Bench:
             "git": git_rev(),
             "timing": ("CUDA events per call on the current stream; warm-up %d; median "
                        "of %d calls rotating over %d input sets" %
-                       (max(self.args.warmup, self.args.sets), self.args.iters, self.args.sets)),
+                       (max(self.args.warmup, self.args.sets), self.args.iters, self.args.sets)
+                       + ("; %d rounds of every case per shape (baselines, then methods), "
+                          "medians over the rounds, ratios to cuDNN within each round"
+                          % self.args.rounds if self.args.rounds > 1 else "")),
             "flops": "4*B*H*N^2*D",
             "data": ("bf16 HND; q ~ %g*N(0,1); k ~ N(0,1) + 0.5*N(0,1)[head,channel]; "
                      "v ~ N(0,1) + N(0,1)[head,channel]; seed %d" %
@@ -535,18 +605,20 @@ class Bench:
             return
         sets = self.make_inputs(B, H, N, D)
         ref = self.reference(*sets[0], H, N, D)
-        rec["entries"] += self.sdpa_entries(sets, ref, fl)
         self.cur_grid = GRIDS.get(name)
         self.cur_n = N
-        rec["entries"] += self.qvattn_entries(sets, ref, fl, B, H, N, D)
-        cudnn = next((e for e in rec["entries"]
-                      if e["impl"] == "sdpa-cudnn" and e.get("ms")), None)
-        for e in rec["entries"]:
-            if cudnn:
-                if e.get("ms"):
-                    e["vs_cudnn"] = cudnn["ms"] / e["ms"]
-                if e.get("kernel_ms"):
-                    e["kernel_vs_cudnn"] = cudnn["ms"] / e["kernel_ms"]
+        rounds = []
+        for r in range(max(self.args.rounds, 1)):
+            if r and self.out_of_time():
+                break
+            if self.args.rounds > 1:
+                log(f"  -- round {r + 1} of {self.args.rounds}")
+            entries = self.sdpa_entries(sets, ref, fl)
+            entries += self.qvattn_entries(sets, ref, fl, B, H, N, D)
+            ratios_to_cudnn(entries)
+            rounds.append(entries)
+        rec["entries"] = merge_rounds(rounds, fl)
+        rec["rounds"] = len(rounds)
         del sets, ref
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -91,3 +91,60 @@ def test_grids_fit_their_shapes(compare):
         assert 0 <= n - t * h * w < n
     assert compare.SHAPES["cogvideox-5b"][2] - 13 * 30 * 45 == 226  # CogVideoX's text tokens
     assert compare.SHAPES["small-d64"][2] == 8 * 32 * 32
+
+
+def _round(cudnn_ms, cases):
+    """One round of one shape: cuDNN, then (impl, mode, step, ms, kernel_ms)."""
+    entries = [{"impl": "sdpa-cudnn", "label": "SDPA cuDNN BF16", "mode": "-", "ms": cudnn_ms,
+                "status": "ok"}]
+    for impl, mode, step, ms, kms in cases:
+        e = {"impl": impl, "label": f"qvattn {impl}", "mode": mode, "step": step, "ms": ms,
+             "status": "ok"}
+        if kms is not None:
+            e["kernel_ms"] = kms
+        entries.append(e)
+    return entries
+
+
+def test_rounds_take_medians_and_ratios_within_each_round(compare):
+    # the GPU slows through the run: cuDNN and sage8 both take longer in
+    # round 2; the ratio of each round is the same, and so is the merged one
+    rounds = [_round(200.0, [("sage8", "-", 0, 100.0, 90.0)]),
+              _round(220.0, [("sage8", "-", 0, 110.0, 99.0)]),
+              _round(210.0, [("sage8", "-", 0, 130.0, None)])]
+    for r in rounds:
+        compare.ratios_to_cudnn(r)
+    fl = compare.flops(1, 1, 1000, 128)
+    merged = compare.merge_rounds(rounds, fl)
+    assert [e["impl"] for e in merged] == ["sdpa-cudnn", "sage8"]
+    cudnn, sage = merged
+    assert cudnn["ms"] == 210.0 and cudnn["rounds"]["ms"] == [200.0, 220.0, 210.0]
+    assert sage["ms"] == 110.0
+    assert sage["vs_cudnn"] == pytest.approx(2.0)  # median of 2.0, 2.0, 210/130
+    assert sage["rounds"]["vs_cudnn"] == pytest.approx([2.0, 2.0, 210.0 / 130.0])
+    assert sage["kernel_ms"] == pytest.approx(94.5)  # the two rounds that have it
+    assert sage["tops"] == pytest.approx(compare.tops(fl, 110.0))
+    assert sage["kernel_tops"] == pytest.approx(compare.tops(fl, 94.5))
+
+
+def test_rounds_keep_equal_rows_apart(compare):
+    # a demean schedule names steps 1 and 20 both "reuse"; a method listed
+    # twice gives two equal rows; each pairs with its own in every round
+    cases = lambda a, b, c: [("vc8", "reuse", 1, a, None), ("vc8", "reuse", 20, b, None),  # noqa: E731
+                             ("sage8", "-", 0, c, None), ("sage8", "-", 0, c + 50.0, None)]
+    second = cases(170.0, 140.0, 120.0)  # listed in another order, equal rows in theirs
+    rounds = [_round(200.0, cases(160.0, 150.0, 100.0)),
+              _round(200.0, [second[1], second[2], second[0], second[3]])]
+    merged = compare.merge_rounds(rounds, 1.0)
+    got = [(e["impl"], e.get("step"), e["ms"]) for e in merged]
+    assert got == [("sdpa-cudnn", None, 200.0), ("vc8", 1, 165.0), ("vc8", 20, 145.0),
+                   ("sage8", 0, 110.0), ("sage8", 0, 160.0)]
+
+
+def test_one_round_is_left_as_it_is(compare):
+    r = _round(200.0, [("sage8", "-", 0, 100.0, None)])
+    compare.ratios_to_cudnn(r)
+    merged = compare.merge_rounds([r], 1.0)
+    assert merged == r and "rounds" not in merged[1]
+    assert merged[1]["vs_cudnn"] == 2.0
+    assert compare.merge_rounds([], 1.0) == []
