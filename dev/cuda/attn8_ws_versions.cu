@@ -9,6 +9,14 @@
  *         as one chain and the exp2 row sum in one accumulator per row
  *         (measured as fast as the default on sage8, 1% slower on vc8
  *         with the two-warpgroup ping-pong kernel)
+ *   ws49  the library kernel with DEFER_PEND: on V-Smooth's steps, block
+ *         j's pending row sums are stored after block j + 1's QK is
+ *         issued (under its latency) instead of between block j's PV wait
+ *         and its release of the stage; the values and their order in
+ *         the restore are the same, so the outputs should be bit-identical
+ *         (not yet run: bench/NOTES.md, "The reuse step's restore, taken
+ *         apart", put the stores and rescales at 1.3-2.1% of the reuse
+ *         step)
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
@@ -39,4 +47,21 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
     if (ops->v_t_lo)
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return attn8_launch<ws5_flags>(ops, a, st);
+}
+
+
+/* ------------------------------------------------------------ ws49 */
+template <int D>
+struct ws49_flags : attn8_ws_flags<QVC_QK_INT8, D> {
+    static constexpr bool DEFER_PEND = true;
+};
+
+extern "C" qva_status dev_attn8_ws49(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws49: INT8 QK (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<ws49_flags<64> >(ops, a, st)
+                        : attn8_launch<ws49_flags<128> >(ops, a, st);
 }

@@ -107,6 +107,10 @@ struct attn8_ws_flags {
      * default's plain step 0.2-1.0%: bench/NOTES.md, ws43).  The E4M3 QK
      * loop takes its scales elsewhere. */
     static constexpr bool STAGE_SCALES = INT8;
+    /* V-Smooth's steps: block j's pending row sums stored after block
+     * j + 1's QK is issued, under its latency, instead of after block j's
+     * PV wait (dev/cuda ws49, not yet run) */
+    static constexpr bool DEFER_PEND = false;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -249,6 +253,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
      * recompute: at 160 registers it otherwise rebuilt both from the
      * special registers every block (about 30 instructions). */
     uint32_t base_c = base, qd_lo = (uint32_t)qd;
+    constexpr bool DEFER = MEANS && F::DEFER_PEND;
+    float rs_prev[2] = {0.0f, 0.0f}; /* DEFER: block j - 1's row sums */
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
@@ -259,6 +265,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
             issue_qk<QVC_QK_INT8, F::QK_KSTEPS>(sacc, qdj, sb + L::k(s));
+            if constexpr (DEFER) /* before this block's rescale, which then covers it */
+                if (j > j0) a8r_pend<NT, P5>(ph_s, rs_prev, j - 1, tig);
             float f0, f1, vb;
             if constexpr (F::STAGE_SCALES) {
                 const float ksj = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s));
@@ -355,12 +363,16 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                     add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
-            if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
+            if constexpr (DEFER)
+                rs_prev[0] = rs[0], rs_prev[1] = rs[1];
+            else if (MEANS)
+                a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
         if (MEANS) {
+            if constexpr (DEFER) a8r_pend<NT, P5>(ph_s, rs_prev, j1 - 1, tig);
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
             a8r_flush<NT, P5>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES,
                               b.mt_full + 8 * u, (t >> 1) & 1, b.mt_empty + 8 * u);
