@@ -17,6 +17,10 @@
  *         (not yet run: bench/NOTES.md, "The reuse step's restore, taken
  *         apart", put the stores and rescales at 1.3-2.1% of the reuse
  *         step)
+ *   ws50  ws49 with DEFER_RESCALE: the pending sums' rescale for a row max
+ *         that rose at block j also moved under block j + 1's QK (before
+ *         block j's sums are stored there, so they are not rescaled);
+ *         bit-identical by construction, not yet run
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
@@ -64,4 +68,22 @@ extern "C" qva_status dev_attn8_ws49(const qvc_ops *ops, qvc_qk_format fmt,
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return ops->D == 64 ? attn8_launch<ws49_flags<64> >(ops, a, st)
                         : attn8_launch<ws49_flags<128> >(ops, a, st);
+}
+
+
+/* ------------------------------------------------------------ ws50 */
+template <int D>
+struct ws50_flags : attn8_ws_flags<QVC_QK_INT8, D> {
+    static constexpr bool DEFER_PEND = true;
+    static constexpr bool DEFER_RESCALE = true;
+};
+
+extern "C" qva_status dev_attn8_ws50(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws50: INT8 QK (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<ws50_flags<64> >(ops, a, st)
+                        : attn8_launch<ws50_flags<128> >(ops, a, st);
 }

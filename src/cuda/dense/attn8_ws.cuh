@@ -111,6 +111,10 @@ struct attn8_ws_flags {
      * j + 1's QK is issued, under its latency, instead of after block j's
      * PV wait (dev/cuda ws49, not yet run) */
     static constexpr bool DEFER_PEND = false;
+    /* with DEFER_PEND: the pending sums' rescale for a rise at block j
+     * also done under block j + 1's QK, its factors kept in shared memory
+     * meanwhile (attn8_layout::ALPHA; dev/cuda ws50, not yet run) */
+    static constexpr bool DEFER_RESCALE = false;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -149,7 +153,9 @@ struct attn8_layout {
     static constexpr int SCAL_END = SCAL + (F::STAGE_SCALES ? 8 * F::STAGES : 0);
     static constexpr int TILES = (SCAL_END + 1023) & ~1023;
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
-    static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
+    /* DEFER_RESCALE: each consumer thread's two rescale factors */
+    static constexpr int ALPHA = PEND + F::CONSUMERS * 128 * 16;
+    static constexpr int PEND_END = ALPHA + (F::DEFER_RESCALE ? F::CONSUMERS * 128 * 8 : 0);
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
     /* dynamic shared memory, with 1024 bytes for the alignment */
@@ -254,7 +260,16 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
      * special registers every block (about 30 instructions). */
     uint32_t base_c = base, qd_lo = (uint32_t)qd;
     constexpr bool DEFER = MEANS && F::DEFER_PEND;
+    constexpr bool DEFER_RS = DEFER && F::DEFER_RESCALE;
     float rs_prev[2] = {0.0f, 0.0f}; /* DEFER: block j - 1's row sums */
+    bool rose = false;               /* DEFER_RS: a row of the warp rose at block j - 1 */
+    /* DEFER_RS: this thread's rescale factors, held over one block */
+    const auto alpha_at = [&](uint32_t sb) { return sb + L::ALPHA + 8u * (threadIdx.x - 128); };
+    const auto pend_rescale = [&](uint32_t sb) {
+        const float al[2] = {__uint_as_float(ld_shared_u32(alpha_at(sb))),
+                             __uint_as_float(ld_shared_u32(alpha_at(sb) + 4))};
+        a8r_rescale<NT>(ph, al);
+    };
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
@@ -265,6 +280,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
             issue_qk<QVC_QK_INT8, F::QK_KSTEPS>(sacc, qdj, sb + L::k(s));
+            if constexpr (DEFER_RS) /* block j - 1's rise, on the sums before it */
+                if (rose) pend_rescale(sb);
             if constexpr (DEFER) /* before this block's rescale, which then covers it */
                 if (j > j0) a8r_pend<NT, P5>(ph_s, rs_prev, j - 1, tig);
             float f0, f1, vb;
@@ -290,10 +307,16 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                           * where some row of the warp rose (x 1 is exact) */
                 float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                const bool up = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+                if (up) {
                     qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
-                    a8r_rescale<NT>(ph, alpha);
+                    if constexpr (DEFER_RS) {
+                        st_shared_u32(alpha_at(sb), __float_as_uint(alpha[0]));
+                        st_shared_u32(alpha_at(sb) + 4, __float_as_uint(alpha[1]));
+                    } else
+                        a8r_rescale<NT>(ph, alpha);
                 }
+                if constexpr (DEFER_RS) rose = up;
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
@@ -372,6 +395,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             mbar_arrive(b.empty + 8 * s);
         }
         if (MEANS) {
+            if constexpr (DEFER_RS)
+                if (rose) pend_rescale(base_c), rose = false;
             if constexpr (DEFER) a8r_pend<NT, P5>(ph_s, rs_prev, j1 - 1, tig);
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
             a8r_flush<NT, P5>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES,
