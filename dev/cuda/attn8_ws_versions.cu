@@ -21,6 +21,11 @@
  *         that rose at block j also moved under block j + 1's QK (before
  *         block j's sums are stored there, so they are not rescaled);
  *         bit-identical by construction, not yet run
+ *   ws51  the library kernel with LATE_RESCALE: O's rescale for a rising
+ *         row max (64 FMUL) issued after the PV wgmma, under it, instead
+ *         of between the QK wait and the P codes (the PV writes a fresh
+ *         partial, not O); plain and V-Smooth steps; not yet run
+ *   ws52  ws50 with LATE_RESCALE; not yet run
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
@@ -86,4 +91,36 @@ extern "C" qva_status dev_attn8_ws50(const qvc_ops *ops, qvc_qk_format fmt,
         return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
     return ops->D == 64 ? attn8_launch<ws50_flags<64> >(ops, a, st)
                         : attn8_launch<ws50_flags<128> >(ops, a, st);
+}
+
+
+/* ------------------------------------------------------------ ws51, ws52 */
+template <int D>
+struct ws51_flags : attn8_ws_flags<QVC_QK_INT8, D> {
+    static constexpr bool LATE_RESCALE = true;
+};
+
+template <int D>
+struct ws52_flags : ws50_flags<D> {
+    static constexpr bool LATE_RESCALE = true;
+};
+
+extern "C" qva_status dev_attn8_ws51(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws51: INT8 QK (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<ws51_flags<64> >(ops, a, st)
+                        : attn8_launch<ws51_flags<128> >(ops, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws52(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws52: INT8 QK (sage8, vc8)");
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<ws52_flags<64> >(ops, a, st)
+                        : attn8_launch<ws52_flags<128> >(ops, a, st);
 }

@@ -115,6 +115,10 @@ struct attn8_ws_flags {
      * also done under block j + 1's QK, its factors kept in shared memory
      * meanwhile (attn8_layout::ALPHA; dev/cuda ws50, not yet run) */
     static constexpr bool DEFER_RESCALE = false;
+    /* O's rescale for a rising row max after the PV issue, under the PV,
+     * instead of between the QK wait and the P codes, its factors kept in
+     * shared memory meanwhile (E4M3 P paths; dev ws51, ws52, not yet run) */
+    static constexpr bool LATE_RESCALE = false;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -151,16 +155,19 @@ struct attn8_layout {
     /* STAGE_SCALES: block j's K scale and V block scale, two floats a stage */
     static constexpr int SCAL = BARS_END;
     static constexpr int SCAL_END = SCAL + (F::STAGE_SCALES ? 8 * F::STAGES : 0);
-    static constexpr int TILES = (SCAL_END + 1023) & ~1023;
+    /* LATE_RESCALE, DEFER_RESCALE: each consumer thread's two rescale
+     * factors, from the block whose max rose to their use */
+    static constexpr int ALPHA = SCAL_END;
+    static constexpr int ALPHA_END =
+        ALPHA + (F::LATE_RESCALE || F::DEFER_RESCALE ? F::CONSUMERS * 128 * 8 : 0);
+    static constexpr int TILES = (ALPHA_END + 1023) & ~1023;
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
-    /* DEFER_RESCALE: each consumer thread's two rescale factors */
-    static constexpr int ALPHA = PEND + F::CONSUMERS * 128 * 16;
-    static constexpr int PEND_END = ALPHA + (F::DEFER_RESCALE ? F::CONSUMERS * 128 * 8 : 0);
+    static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
     static constexpr int vlo(int s) { return VLO + s * A8_TILE; }
     /* dynamic shared memory, with 1024 bytes for the alignment */
     static constexpr int bytes(bool means) {
-        return (F::VLO ? VLO + F::STAGES * A8_TILE : means ? PEND_END : SCAL_END) + 1024;
+        return (F::VLO ? VLO + F::STAGES * A8_TILE : means ? PEND_END : ALPHA_END) + 1024;
     }
 };
 
@@ -263,11 +270,20 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
     constexpr bool DEFER_RS = DEFER && F::DEFER_RESCALE;
     float rs_prev[2] = {0.0f, 0.0f}; /* DEFER: block j - 1's row sums */
     bool rose = false;               /* DEFER_RS: a row of the warp rose at block j - 1 */
-    /* DEFER_RS: this thread's rescale factors, held over one block */
+    /* LATE, DEFER_RS: this thread's rescale factors, held in shared memory
+     * (in registers they cost spills on the path after the QK wait) */
     const auto alpha_at = [&](uint32_t sb) { return sb + L::ALPHA + 8u * (threadIdx.x - 128); };
+    const auto alpha_put = [&](uint32_t sb, const float *al) {
+        st_shared_u32(alpha_at(sb), __float_as_uint(al[0]));
+        st_shared_u32(alpha_at(sb) + 4, __float_as_uint(al[1]));
+    };
+    const auto alpha_get = [&](uint32_t sb, float *al) {
+        al[0] = __uint_as_float(ld_shared_u32(alpha_at(sb)));
+        al[1] = __uint_as_float(ld_shared_u32(alpha_at(sb) + 4));
+    };
     const auto pend_rescale = [&](uint32_t sb) {
-        const float al[2] = {__uint_as_float(ld_shared_u32(alpha_at(sb))),
-                             __uint_as_float(ld_shared_u32(alpha_at(sb) + 4))};
+        float al[2];
+        alpha_get(sb, al);
         a8r_rescale<NT>(ph, al);
     };
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
@@ -303,23 +319,28 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             (void)mb;
             mx[0] = fmaxf(mx[0], r.m[0]);
             mx[1] = fmaxf(mx[1], r.m[1]);
+            /* LATE: O (which the PV does not touch) rescaled after the PV issue */
+            constexpr bool LATE = F::LATE_RESCALE && !U8;
+            float alpha[2];
+            bool up = false;
             if (MEANS) { /* the pending row sums are rescaled as O is, both
                           * where some row of the warp rose (x 1 is exact) */
-                float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-                const bool up = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+                up = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+                if constexpr (LATE) alpha_put(sb, alpha); /* every block: see below */
                 if (up) {
-                    qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
-                    if constexpr (DEFER_RS) {
-                        st_shared_u32(alpha_at(sb), __float_as_uint(alpha[0]));
-                        st_shared_u32(alpha_at(sb) + 4, __float_as_uint(alpha[1]));
-                    } else
-                        a8r_rescale<NT>(ph, alpha);
+                    if constexpr (!LATE) qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
+                    if constexpr (DEFER_RS && !LATE) alpha_put(sb, alpha);
+                    if constexpr (!DEFER_RS) a8r_rescale<NT>(ph, alpha);
                 }
                 if constexpr (DEFER_RS) rose = up;
+            } else if constexpr (LATE) {
+                qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
+                alpha_put(sb, alpha);
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
+            (void)up;
             if constexpr (U8) { /* +i8pv: the block's weight w = exp2(m_b - m) per row */
                 if ((j + 1) * WS_KEYS > ops.nk)
                     make_p_u8<1, U8_SUM32>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig,
@@ -371,6 +392,13 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                                           sw128_desc(sb + L::vlo(s)));
                 else
                     issue_pv<ONES, P5, F::D>(part, pa, sw128_desc(sb + L::v(s)));
+                if constexpr (LATE) { /* the factors read back and the warp's
+                                       * vote taken again here, so that nothing
+                                       * stays live across the P codes */
+                    float al[2];
+                    alpha_get(sb, al);
+                    qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), al);
+                }
                 wg_wait<0>();
                 reg_fence(part);
                 /* the wgmma reads pa until the wait; to the compiler it took
