@@ -16,7 +16,7 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, ws49-ws52 (8-bit methods), dw10, dw11, dw16,
+ * Kernels: lib (the library's), ws5, ws49-ws52 (8-bit methods), dw10, dw11, dw16, dw28,
  * serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
@@ -38,6 +38,7 @@ qva_status dev_attn8_ws51(const qvc_ops *, qvc_qk_format, const qvc_attn_args *,
 qva_status dev_attn8_ws52(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
+qva_status dev_draft_ws_dw28(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
 
 typedef struct version {
@@ -55,6 +56,7 @@ static const version VERSIONS[] = {
     {"ws52", 0, {dev_attn8_ws52, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
+    {"dw28", 1, {NULL, dev_draft_ws_dw28, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
     {"serial-prep", 1, {NULL, NULL, 1}},
 };
@@ -304,7 +306,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,ws49,ws50,ws51,ws52";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,dw28,serial-prep" : "lib,ws5,ws49,ws50,ws51,ws52";
     }
     return 1;
 }
