@@ -59,42 +59,30 @@ extern "C" qva_status dev_attn8_ws5(const qvc_ops *ops, qvc_qk_format fmt,
 }
 
 
-/* ------------------------------------------------------------ ws49 */
+/* A version over the library's flags at head dim 64 or 128: INT8 QK, one
+ * V code. */
+template <template <int> class FLAGS>
+static qva_status launch_int8_version(const char *name, const qvc_ops *ops, qvc_qk_format fmt,
+                                      const qvc_attn_args *a, cudaStream_t st) {
+    if (fmt != QVC_QK_INT8)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev %s: INT8 QK (sage8, vc8)", name);
+    if (ops->v_t_lo)
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
+    return ops->D == 64 ? attn8_launch<FLAGS<64> >(ops, a, st)
+                        : attn8_launch<FLAGS<128> >(ops, a, st);
+}
+
+/* ------------------------------------------------------------ ws49-ws52 */
 template <int D>
 struct ws49_flags : attn8_ws_flags<QVC_QK_INT8, D> {
     static constexpr bool DEFER_PEND = true;
 };
 
-extern "C" qva_status dev_attn8_ws49(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws49: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws49_flags<64> >(ops, a, st)
-                        : attn8_launch<ws49_flags<128> >(ops, a, st);
-}
-
-
-/* ------------------------------------------------------------ ws50 */
 template <int D>
-struct ws50_flags : attn8_ws_flags<QVC_QK_INT8, D> {
-    static constexpr bool DEFER_PEND = true;
+struct ws50_flags : ws49_flags<D> {
     static constexpr bool DEFER_RESCALE = true;
 };
 
-extern "C" qva_status dev_attn8_ws50(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws50: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws50_flags<64> >(ops, a, st)
-                        : attn8_launch<ws50_flags<128> >(ops, a, st);
-}
-
-
-/* ------------------------------------------------------------ ws51, ws52 */
 template <int D>
 struct ws51_flags : attn8_ws_flags<QVC_QK_INT8, D> {
     static constexpr bool LATE_RESCALE = true;
@@ -105,22 +93,22 @@ struct ws52_flags : ws50_flags<D> {
     static constexpr bool LATE_RESCALE = true;
 };
 
+extern "C" qva_status dev_attn8_ws49(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return launch_int8_version<ws49_flags>("ws49", ops, fmt, a, st);
+}
+
+extern "C" qva_status dev_attn8_ws50(const qvc_ops *ops, qvc_qk_format fmt,
+                                     const qvc_attn_args *a, cudaStream_t st) {
+    return launch_int8_version<ws50_flags>("ws50", ops, fmt, a, st);
+}
+
 extern "C" qva_status dev_attn8_ws51(const qvc_ops *ops, qvc_qk_format fmt,
                                      const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws51: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws51_flags<64> >(ops, a, st)
-                        : attn8_launch<ws51_flags<128> >(ops, a, st);
+    return launch_int8_version<ws51_flags>("ws51", ops, fmt, a, st);
 }
 
 extern "C" qva_status dev_attn8_ws52(const qvc_ops *ops, qvc_qk_format fmt,
                                      const qvc_attn_args *a, cudaStream_t st) {
-    if (fmt != QVC_QK_INT8)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev ws52: INT8 QK (sage8, vc8)");
-    if (ops->v_t_lo)
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "dev attn8 versions: not V in two digits (+v2)");
-    return ops->D == 64 ? attn8_launch<ws52_flags<64> >(ops, a, st)
-                        : attn8_launch<ws52_flags<128> >(ops, a, st);
+    return launch_int8_version<ws52_flags>("ws52", ops, fmt, a, st);
 }
