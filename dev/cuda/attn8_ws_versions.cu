@@ -93,22 +93,14 @@ struct ws52_flags : ws50_flags<D> {
     static constexpr bool LATE_RESCALE = true;
 };
 
-extern "C" qva_status dev_attn8_ws49(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_int8_version<ws49_flags>("ws49", ops, fmt, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws50(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_int8_version<ws50_flags>("ws50", ops, fmt, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws51(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_int8_version<ws51_flags>("ws51", ops, fmt, a, st);
-}
-
-extern "C" qva_status dev_attn8_ws52(const qvc_ops *ops, qvc_qk_format fmt,
-                                     const qvc_attn_args *a, cudaStream_t st) {
-    return launch_int8_version<ws52_flags>("ws52", ops, fmt, a, st);
-}
+/* the driver's entry points, dev_attn8_wsN */
+#define INT8_VERSION(N)                                                                    \
+    extern "C" qva_status dev_attn8_ws##N(const qvc_ops *ops, qvc_qk_format fmt,          \
+                                          const qvc_attn_args *a, cudaStream_t st) {      \
+        return launch_int8_version<ws##N##_flags>("ws" #N, ops, fmt, a, st);             \
+    }
+INT8_VERSION(49)
+INT8_VERSION(50)
+INT8_VERSION(51)
+INT8_VERSION(52)
+#undef INT8_VERSION
