@@ -255,11 +255,11 @@ def merge_rounds(rounds, fl):
         same = [r[k] for r in by_round if k in r]
         m = dict(e)
         per = {}
-        for k in ROUND_KEYS:
-            vals = [x[k] for x in same if isinstance(x.get(k), (int, float))]
+        for key in ROUND_KEYS:
+            vals = [x[key] for x in same if isinstance(x.get(key), (int, float))]
             if vals:
-                m[k] = statistics.median(vals)
-                per[k] = vals
+                m[key] = statistics.median(vals)
+                per[key] = vals
         if per:
             m["rounds"] = per
             m["tops"] = tops(fl, m.get("ms"))

@@ -29,7 +29,7 @@
  *
  * ws37 (head dim 64 with four INT8 consumer warpgroups, 256 query rows a
  * CTA) was promoted; it is at 6872baa.  ws43 (the INT8 loop's block
- * scales in stage words, STAGE_SCALES) was promoted; it is at d316081.
+ * scales in stage words) was promoted; it is at d316081.
  * ws44 (V-Smooth's pending row sums one word per block and quad) and the
  * diagnostics ws45-ws48 (the restore's parts left out) are at 2d64c00.
  * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong

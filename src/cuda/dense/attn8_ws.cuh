@@ -100,13 +100,6 @@ struct attn8_ws_flags {
      * faster, the exp2 path's 1% slower (bench/NOTES.md, ws34) */
     static constexpr int CARRY_PMODES =
         (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM) | (1 << A8_P_EXPCAST5);
-    /* INT8 loop: each block's K scale and V block scale handed over by the
-     * producer in two words of its stage (attn8_layout::SCAL), read with
-     * one LDS each after the stage wait, instead of two global loads whose
-     * addresses the consumers computed there (sage8 2.7-3.2% faster, the
-     * default's plain step 0.2-1.0%: bench/NOTES.md, ws43).  The E4M3 QK
-     * loop takes its scales elsewhere. */
-    static constexpr bool STAGE_SCALES = INT8;
     /* V-Smooth's steps: block j's pending row sums stored after block
      * j + 1's QK is issued, under its latency, instead of after block j's
      * PV wait (dev/cuda ws49, not yet run) */
@@ -152,9 +145,14 @@ struct attn8_layout {
     static constexpr int BARS = QB + F::STAGES * A8_STAGE_BYTES;
     /* Q, full[S], empty[S], the mean tiles' full[2] and empty[2] */
     static constexpr int BARS_END = BARS + 8 * (1 + 2 * F::STAGES + 4);
-    /* STAGE_SCALES: block j's K scale and V block scale, two floats a stage */
+    /* INT8 QK: block j's K scale and V block scale, two floats a stage,
+     * handed over by the producer (read with one LDS each after the stage
+     * wait, where two global loads and their addressing sat on the
+     * consumers' path: sage8 2.7-3.2% faster, the default's plain step
+     * 0.2-1.0%, bench/NOTES.md, ws43); the E4M3 QK loop reads them from
+     * global memory */
     static constexpr int SCAL = BARS_END;
-    static constexpr int SCAL_END = SCAL + (F::STAGE_SCALES ? 8 * F::STAGES : 0);
+    static constexpr int SCAL_END = SCAL + (F::INT8 ? 8 * F::STAGES : 0);
     /* LATE_RESCALE, DEFER_RESCALE: each consumer thread's two rescale
      * factors, from the block whose max rose to their use */
     static constexpr int ALPHA = SCAL_END;
@@ -195,12 +193,12 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
     const float *kscale = ops.k_scale + (size_t)bh * ops.nblk;
     const float *vblk = ops.v_blk + (size_t)bh * ops.nblk;
     float ks_n = 0.0f, vb_n = 0.0f; /* block j + 1's, loaded before block j's wait */
-    if constexpr (F::STAGE_SCALES) ks_n = kscale[0], vb_n = vblk[0];
+    if constexpr (F::INT8) ks_n = kscale[0], vb_n = vblk[0];
     for (int j = 0; j < ops.nblk; ++j) {
         const int s = j % F::STAGES;
         const uint32_t full = b.full + 8 * s;
         const float ks = ks_n, vb = vb_n;
-        if constexpr (F::STAGE_SCALES)
+        if constexpr (F::INT8)
             if (j + 1 < ops.nblk) ks_n = kscale[j + 1], vb_n = vblk[j + 1];
         if (mtiles && j % QVC_MU_BATCH == 0) { /* batch t's mean tile into buffer t mod 2 */
             const int t = j / QVC_MU_BATCH, u = t & 1;
@@ -211,7 +209,7 @@ static __device__ __forceinline__ void attn8_producer(const CUtensorMap &tq, con
                       b.mt_full + 8 * u);
         }
         mbar_wait(b.empty + 8 * s, ((j / F::STAGES) & 1) ^ 1);
-        if constexpr (F::STAGE_SCALES) { /* before the arrive, which releases them */
+        if constexpr (F::INT8) { /* before the arrive, which releases them */
             st_shared_u32(base + L::SCAL + 8 * s, __float_as_uint(ks));
             st_shared_u32(base + L::SCAL + 8 * s + 4, __float_as_uint(vb));
         }
@@ -244,9 +242,7 @@ template <class F, int PMODE, int MEANS>
 static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, const qvc_ops &ops,
                                                            const qvc_attn_args &a, uint32_t base,
                                                            uint8_t *sm, attn8_bars b, uint64_t qd,
-                                                           const float (&dq)[2],
-                                                           const float *kscale, const float *vblk,
-                                                           int tig) {
+                                                           const float (&dq)[2], int tig) {
     typedef attn8_layout<F> L;
     /* EXPCAST: 1 ExpCast's E4M3 code, 2 its E5M2 code (make_p_fused) */
     constexpr int PM = A8_P_PATH(PMODE), PBLK = (PMODE & A8_P_BLOCK) != 0;
@@ -300,15 +296,9 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                 if (rose) pend_rescale(sb);
             if constexpr (DEFER) /* before this block's rescale, which then covers it */
                 if (j > j0) a8r_pend<NT, P5>(ph_s, rs_prev, j - 1, tig);
-            float f0, f1, vb;
-            if constexpr (F::STAGE_SCALES) {
-                const float ksj = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s));
-                f0 = (dq[0] * ksj) * a.scale_log2, f1 = (dq[1] * ksj) * a.scale_log2;
-                vb = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s + 4));
-            } else {
-                f0 = (dq[0] * kscale[j]) * a.scale_log2, f1 = (dq[1] * kscale[j]) * a.scale_log2;
-                vb = vblk[j];
-            }
+            const float ksj = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s));
+            const float f0 = (dq[0] * ksj) * a.scale_log2, f1 = (dq[1] * ksj) * a.scale_log2;
+            const float vb = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s + 4));
             wg_wait<0>();
             reg_fence(sacc);
             uint32_t pa[4][4];
@@ -585,8 +575,6 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
      * multiple of 128): those rows are never stored, and their scales are
      * read at the head's last rows instead of past the array. */
     qvc_q_scales(ops, bh, min(row0, ops.nq_pad - 16) + g, dq);
-    const float *kscale = ops.k_scale + (size_t)bh * nblk;
-    const float *vblk = ops.v_blk + (size_t)bh * nblk;
 
     attn8_acc<F::D> r;
 #pragma unroll
@@ -595,14 +583,15 @@ attn8_ws_128x128(const __grid_constant__ CUtensorMap tq, const __grid_constant__
     r.l[0] = r.l[1] = 0.0f;
     mbar_wait(b.q, 0);
     if constexpr (F::INT8) {
-        attn8_mainloop_int8<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq, kscale, vblk,
-                                             tig);
+        attn8_mainloop_int8<F, PMODE, MEANS>(r, ops, p.a, base, sm, b, qd, dq, tig);
     } else {
         float sacc[64];
         mbar_wait(b.full, 0);
         issue_qk<QVC_QK_E4M3, F::QK_KSTEPS>(sacc, qd, base + L::k(0));
         wg_wait<0>();
         reg_fence(sacc);
+        const float *kscale = ops.k_scale + (size_t)bh * nblk;
+        const float *vblk = ops.v_blk + (size_t)bh * nblk;
         attn8_mainloop_sequential<F, PMODE>(r, sacc, ops, p.a, base, b, qd, dq, kscale, vblk, tig);
     }
     attn8_epilogue<PMODE, F::D>(r, ops, p.a, bh, row0, g, tig);
