@@ -404,8 +404,14 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                     add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
-            if constexpr (DEFER)
-                rs_prev[0] = rs[0], rs_prev[1] = rs[1];
+            if constexpr (DEFER) {
+                /* Without +pblock rs is the PV partial's ones columns; held
+                 * there, ptxas waited for the next QK before the deferred
+                 * store (C7517).  + 0 (rs >= +0: the same value) gives it
+                 * a register of its own. */
+                rs_prev[0] = PBLK ? rs[0] : __fadd_rn(rs[0], 0.0f);
+                rs_prev[1] = PBLK ? rs[1] : __fadd_rn(rs[1], 0.0f);
+            }
             else if (MEANS)
                 a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
