@@ -16,8 +16,8 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, ws49-ws52 (8-bit methods), dw10, dw11, dw16, dw28,
- * serial-prep (draft).  Without --kernels the list comes from
+ * Kernels: lib (the library's), ws5 (8-bit methods), dw10, dw11, dw16, serial-prep
+ * (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
  */
@@ -32,13 +32,8 @@
 #include "cuda_internal.h"
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws49(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws50(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws51(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-qva_status dev_attn8_ws52(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
-qva_status dev_draft_ws_dw28(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
 
 typedef struct version {
@@ -50,13 +45,8 @@ typedef struct version {
 static const version VERSIONS[] = {
     {"lib", -1, {NULL, NULL, 0}},
     {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
-    {"ws49", 0, {dev_attn8_ws49, NULL, 0}},
-    {"ws50", 0, {dev_attn8_ws50, NULL, 0}},
-    {"ws51", 0, {dev_attn8_ws51, NULL, 0}},
-    {"ws52", 0, {dev_attn8_ws52, NULL, 0}},
     {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
-    {"dw28", 1, {NULL, dev_draft_ws_dw28, 0}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
     {"serial-prep", 1, {NULL, NULL, 1}},
 };
@@ -306,7 +296,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,dw28,serial-prep" : "lib,ws5,ws49,ws50,ws51,ws52";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5";
     }
     return 1;
 }

@@ -100,18 +100,13 @@ struct attn8_ws_flags {
      * faster, the exp2 path's 1% slower (bench/NOTES.md, ws34) */
     static constexpr int CARRY_PMODES =
         (1 << A8_P_EXPCAST) | (1 << A8_P_CODESUM) | (1 << A8_P_EXPCAST5);
-    /* V-Smooth's steps: block j's pending row sums stored after block
-     * j + 1's QK is issued, under its latency, instead of after block j's
-     * PV wait (dev/cuda ws49, not yet run) */
-    static constexpr bool DEFER_PEND = false;
-    /* with DEFER_PEND: the pending sums' rescale for a rise at block j
-     * also done under block j + 1's QK, its factors kept in shared memory
-     * meanwhile (attn8_layout::ALPHA; dev/cuda ws50, not yet run) */
-    static constexpr bool DEFER_RESCALE = false;
-    /* O's rescale for a rising row max after the PV issue, under the PV,
-     * instead of between the QK wait and the P codes, its factors kept in
-     * shared memory meanwhile (E4M3 P paths; dev ws51, ws52, not yet run) */
-    static constexpr bool LATE_RESCALE = false;
+    /* the P paths (bits 1 << PMODE) whose plain-step loop rescales O for
+     * a rising row max after the PV issue, under the PV, instead of
+     * between the QK wait and the P codes (the PV writes a fresh partial,
+     * not O), its factors kept in shared memory meanwhile: sage8 3.6-4.3%
+     * faster; the default's ExpCast with +pblock 2.6% slower, so not there
+     * (bench/NOTES.md, ws51).  Head dim 128 only, where it was timed. */
+    static constexpr int LATE_RESCALE_PMODES = D == 128 ? 1 << A8_P_EXP2 : 0;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -120,6 +115,7 @@ struct attn8_ws_flags {
 struct attn8_v2_flags : attn8_ws_flags<QVC_QK_INT8, 128> {
     static constexpr int STAGES = 3;
     static constexpr bool VLO = true;
+    static constexpr int LATE_RESCALE_PMODES = 0; /* not timed with V's two digits */
 };
 
 #define A8_TILE 16384 /* 128 rows x 128 bytes */
@@ -153,12 +149,12 @@ struct attn8_layout {
      * global memory */
     static constexpr int SCAL = BARS_END;
     static constexpr int SCAL_END = SCAL + (F::INT8 ? 8 * F::STAGES : 0);
-    /* LATE_RESCALE, DEFER_RESCALE: each consumer thread's two rescale
-     * factors, from the block whose max rose to their use */
-    static constexpr int ALPHA = SCAL_END;
-    static constexpr int ALPHA_END =
-        ALPHA + (F::LATE_RESCALE || F::DEFER_RESCALE ? F::CONSUMERS * 128 * 8 : 0);
-    static constexpr int TILES = (ALPHA_END + 1023) & ~1023;
+    static constexpr int TILES = (SCAL_END + 1023) & ~1023;
+    /* LATE_RESCALE_PMODES (plain steps): each consumer thread's two
+     * rescale factors, from the block whose max rose to their use, in the
+     * room that V-Smooth's steps give the mean tiles */
+    static constexpr int ALPHA = TILES;
+    static constexpr int ALPHA_END = ALPHA + (F::LATE_RESCALE_PMODES ? F::CONSUMERS * 128 * 8 : 0);
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
@@ -262,26 +258,11 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
      * recompute: at 160 registers it otherwise rebuilt both from the
      * special registers every block (about 30 instructions). */
     uint32_t base_c = base, qd_lo = (uint32_t)qd;
-    constexpr bool DEFER = MEANS && F::DEFER_PEND;
-    constexpr bool DEFER_RS = DEFER && F::DEFER_RESCALE;
-    float rs_prev[2] = {0.0f, 0.0f}; /* DEFER: block j - 1's row sums */
-    bool rose = false;               /* DEFER_RS: a row of the warp rose at block j - 1 */
-    /* LATE, DEFER_RS: this thread's rescale factors, held in shared memory
-     * (in registers they cost spills on the path after the QK wait) */
+    /* LATE: O rescaled after the PV issue (LATE_RESCALE_PMODES); this
+     * thread's factors held in shared memory meanwhile (in registers they
+     * cost spills on the path after the QK wait) */
+    constexpr bool LATE = !MEANS && !U8 && ((F::LATE_RESCALE_PMODES >> PMODE) & 1);
     const auto alpha_at = [&](uint32_t sb) { return sb + L::ALPHA + 8u * (threadIdx.x - 128); };
-    const auto alpha_put = [&](uint32_t sb, const float *al) {
-        st_shared_u32(alpha_at(sb), __float_as_uint(al[0]));
-        st_shared_u32(alpha_at(sb) + 4, __float_as_uint(al[1]));
-    };
-    const auto alpha_get = [&](uint32_t sb, float *al) {
-        al[0] = __uint_as_float(ld_shared_u32(alpha_at(sb)));
-        al[1] = __uint_as_float(ld_shared_u32(alpha_at(sb) + 4));
-    };
-    const auto pend_rescale = [&](uint32_t sb) {
-        float al[2];
-        alpha_get(sb, al);
-        a8r_rescale<NT>(ph, al);
-    };
     for (int j0 = 0; j0 < ops.nblk; j0 += batch) {
         const int j1 = min(j0 + batch, ops.nblk);
         for (int j = j0; j < j1; ++j) {
@@ -292,10 +273,6 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             int sacc[64];
             mbar_wait(b.full + 8 * s, (j / F::STAGES) & 1);
             issue_qk<QVC_QK_INT8, F::QK_KSTEPS>(sacc, qdj, sb + L::k(s));
-            if constexpr (DEFER_RS) /* block j - 1's rise, on the sums before it */
-                if (rose) pend_rescale(sb);
-            if constexpr (DEFER) /* before this block's rescale, which then covers it */
-                if (j > j0) a8r_pend<NT, P5>(ph_s, rs_prev, j - 1, tig);
             const float ksj = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s));
             const float f0 = (dq[0] * ksj) * a.scale_log2, f1 = (dq[1] * ksj) * a.scale_log2;
             const float vb = __uint_as_float(ld_shared_u32(sb + L::SCAL + 8 * s + 4));
@@ -309,28 +286,22 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
             (void)mb;
             mx[0] = fmaxf(mx[0], r.m[0]);
             mx[1] = fmaxf(mx[1], r.m[1]);
-            /* LATE: O (which the PV does not touch) rescaled after the PV issue */
-            constexpr bool LATE = F::LATE_RESCALE && !U8;
-            float alpha[2];
-            bool up = false;
             if (MEANS) { /* the pending row sums are rescaled as O is, both
                           * where some row of the warp rose (x 1 is exact) */
+                float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-                up = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
-                if constexpr (LATE) alpha_put(sb, alpha); /* every block: see below */
-                if (up) {
-                    if constexpr (!LATE) qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
-                    if constexpr (DEFER_RS && !LATE) alpha_put(sb, alpha);
-                    if constexpr (!DEFER_RS) a8r_rescale<NT>(ph, alpha);
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                    qvc_softmax_rescale<0>(qvc_rows_of(r.o), alpha);
+                    a8r_rescale<NT>(ph, alpha);
                 }
-                if constexpr (DEFER_RS) rose = up;
-            } else if constexpr (LATE) {
+            } else if constexpr (LATE) { /* the factors stored every block */
+                float alpha[2];
                 qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, alpha);
-                alpha_put(sb, alpha);
+                st_shared_u32(alpha_at(sb), __float_as_uint(alpha[0]));
+                st_shared_u32(alpha_at(sb) + 4, __float_as_uint(alpha[1]));
             } else {
                 qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, r.m, r.l, qvc_rows_of(r.o));
             }
-            (void)up;
             if constexpr (U8) { /* +i8pv: the block's weight w = exp2(m_b - m) per row */
                 if ((j + 1) * WS_KEYS > ops.nk)
                     make_p_u8<1, U8_SUM32>(sacc, f0, f1, mb[0], mb[1], j * WS_KEYS, ops.nk, tig,
@@ -385,8 +356,8 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                 if constexpr (LATE) { /* the factors read back and the warp's
                                        * vote taken again here, so that nothing
                                        * stays live across the P codes */
-                    float al[2];
-                    alpha_get(sb, al);
+                    const float al[2] = {__uint_as_float(ld_shared_u32(alpha_at(sb))),
+                                         __uint_as_float(ld_shared_u32(alpha_at(sb) + 4))};
                     qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), al);
                 }
                 wg_wait<0>();
@@ -404,24 +375,12 @@ static __device__ __forceinline__ void attn8_mainloop_int8(attn8_acc<F::D> &r, c
                     add_part<F::D / 8>(r.o, part, vb, vb);
                 }
             }
-            if constexpr (DEFER) {
-                /* Without +pblock rs is the PV partial's ones columns; held
-                 * there, ptxas waited for the next QK before the deferred
-                 * store (C7517).  + 0 (rs >= +0: the same value) gives it
-                 * a register of its own. */
-                rs_prev[0] = PBLK ? rs[0] : __fadd_rn(rs[0], 0.0f);
-                rs_prev[1] = PBLK ? rs[1] : __fadd_rn(rs[1], 0.0f);
-            }
-            else if (MEANS)
-                a8r_pend<NT, P5>(ph_s, rs, j, tig);
+            if (MEANS) a8r_pend<NT, P5>(ph_s, rs, j, tig);
             r.l[0] += rs[0];
             r.l[1] += rs[1];
             mbar_arrive(b.empty + 8 * s);
         }
         if (MEANS) {
-            if constexpr (DEFER_RS)
-                if (rose) pend_rescale(base_c), rose = false;
-            if constexpr (DEFER) a8r_pend<NT, P5>(ph_s, rs_prev, j1 - 1, tig);
             const int t = j0 / QVC_MU_BATCH, u = t & 1;
             a8r_flush<NT, P5>(r.o, ph, base_c + L::TILES + u * QVC_MU_TILE_BYTES,
                               b.mt_full + 8 * u, (t >> 1) & 1, b.mt_empty + 8 * u);

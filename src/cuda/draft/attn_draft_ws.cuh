@@ -306,7 +306,7 @@ static __device__ __forceinline__ void dw_score_scales(const float (&dq)[2], flo
  * QK(i+1) while the other makes its P codes.  The route's scalars are
  * loaded ahead, off the block's serial path: the key region two blocks
  * ahead, its valid keys and scale one block ahead. */
-template <int EXPCAST, bool LATE = false, int D>
+template <int EXPCAST, int D>
 static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_draft_ws_args &w,
                                                      const dw_walk &wk, int a, int bh,
                                                      uint32_t base, dw_bars b, int cw, int tig,
@@ -336,9 +336,9 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
         const int cnt_n = w.count[kb_n];
         const float dk_n = w.k8s[hr + kb_n];
         dw_score_scales(dq, dk, w.scale_log2, f);
-        float rs[2], alpha[2];
+        float rs[2];
         uint32_t pa[4][4];
-        softmax8<EXPCAST, LATE>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa, alpha);
+        softmax8<EXPCAST>(sacc, f, cnt, w.a.expcast_add, tig, r.m, r.l, r.o, rs, pa);
         if (more) mbar_wait(b.full + 8 * sn, ((r.j + 1) / DW_STAGES) & 1);
         named_sync(1 + cw, 256);
         float part[PV_REGS(D, EXPCAST)];
@@ -347,8 +347,6 @@ static __device__ __forceinline__ void dw_int8_phase(dw_accd<D> &r, const qvc_dr
          * block it re-reads this K tile, unused */
         issue_qk<QVC_QK_INT8, D / 32>(sacc, qd, base + DW_K_OFF(more ? sn : s));
         named_arrive(2 - cw, 256);
-        /* LATE: O, which neither GEMM in flight touches, rescaled under them */
-        if constexpr (LATE) qvc_softmax_rescale<QVC_SM_SKIP_UNCHANGED>(qvc_rows_of(r.o), alpha);
         wg_wait<1>(); /* PV of block i; QK of i+1 may still run */
         reg_fence(part);
         mbar_arrive(b.empty + 8 * s);

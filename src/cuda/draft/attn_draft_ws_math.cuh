@@ -232,38 +232,31 @@ static __device__ __forceinline__ void phase_exit(float (&o)[N], float *l, const
  * running max (O and l rescaled), and the E4M3 P codes by one FMA per
  * score; rs gets the FP32 row sums (quad-partial) without ExpCast.  Keys
  * of column groups >= FROM masked by valid (all valid: no mask). */
-/* LATE: O is left unscaled and alpha returned, for the caller to rescale
- * O after its PV issue (dev/cuda dw28). */
-template <int EXPCAST, int MASK, int FROM, bool LATE, int N>
+template <int EXPCAST, int MASK, int FROM, int N>
 static __device__ __forceinline__ void softmax8_part(int (&sacc)[64], const float (&f)[2], int valid,
                                                      float ec_add, int tig, float (&m)[2],
                                                      float (&l)[2], float (&o)[N],
-                                                     float (&rs)[2], uint32_t (&pa)[4][4],
-                                                     float (&alpha)[2]) {
+                                                     float (&rs)[2], uint32_t (&pa)[4][4]) {
     float mx[2];
     rs[0] = rs[1] = 0.0f;
     int_row_max<1, FROM>(sacc, f[0], f[1], 0, valid, tig, mx);
     mx[0] = fmaxf(mx[0], m[0]);
     mx[1] = fmaxf(mx[1], m[1]);
-    if constexpr (LATE)
-        qvc_softmax_new_max<QVC_SM_SKIP_UNCHANGED>(mx, m, l, alpha);
-    else
-        qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
+    qvc_softmax_raise<QVC_SM_SKIP_UNCHANGED>(mx, m, l, qvc_rows_of(o));
     make_p_fused<EXPCAST, MASK, 1, 1, FROM>(sacc, f[0], f[1], m[0], m[1], ec_add, 0, valid, tig, rs,
                                             pa);
 }
-template <int EXPCAST, bool LATE = false, int N>
+template <int EXPCAST, int N>
 static __device__ __forceinline__ void softmax8(int (&sacc)[64], const float (&f)[2], int valid,
                                                 float ec_add, int tig, float (&m)[2], float (&l)[2],
                                                 float (&o)[N], float (&rs)[2],
-                                                uint32_t (&pa)[4][4], float (&alpha)[2]) {
+                                                uint32_t (&pa)[4][4]) {
     if (valid >= WS_KEYS)
-        softmax8_part<EXPCAST, 0, 0, LATE>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa, alpha);
+        softmax8_part<EXPCAST, 0, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
     else if (valid >= DW_NEAR_FULL)
-        softmax8_part<EXPCAST, 1, DW_NEAR_FULL / 8, LATE>(sacc, f, valid, ec_add, tig, m, l, o, rs,
-                                                          pa, alpha);
+        softmax8_part<EXPCAST, 1, DW_NEAR_FULL / 8>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
     else
-        softmax8_part<EXPCAST, 1, 0, LATE>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa, alpha);
+        softmax8_part<EXPCAST, 1, 0>(sacc, f, valid, ec_add, tig, m, l, o, rs, pa);
 }
 
 /* O += the block's PV partial, in FP32 or (acc16) rounded to FP16 with
