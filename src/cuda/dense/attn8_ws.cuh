@@ -103,8 +103,8 @@ struct attn8_ws_flags {
     /* the P paths (bits 1 << PMODE) whose plain-step loop rescales O for
      * a rising row max after the PV issue, under the PV, instead of
      * between the QK wait and the P codes (the PV writes a fresh partial,
-     * not O), its factors kept in shared memory meanwhile: sage8 3.6-4.3%
-     * faster; the default's ExpCast with +pblock 2.6% slower, so not there
+     * not O), its factors kept in shared memory meanwhile: sage8 4.1-4.7%
+     * faster; the default's ExpCast with +pblock 2.4% slower, so not there
      * (bench/NOTES.md, ws51).  Head dim 128 only, where it was timed. */
     static constexpr int LATE_RESCALE_PMODES = D == 128 ? 1 << A8_P_EXP2 : 0;
 };
