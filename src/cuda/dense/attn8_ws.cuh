@@ -103,10 +103,11 @@ struct attn8_ws_flags {
     /* the P paths (bits 1 << PMODE) whose plain-step loop rescales O for
      * a rising row max after the PV issue, under the PV, instead of
      * between the QK wait and the P codes (the PV writes a fresh partial,
-     * not O), its factors kept in shared memory meanwhile: sage8 4.1-4.7%
-     * faster; the default's ExpCast with +pblock 2.4% slower, so not there
-     * (bench/NOTES.md, ws51).  Head dim 128 only, where it was timed. */
-    static constexpr int LATE_RESCALE_PMODES = D == 128 ? 1 << A8_P_EXP2 : 0;
+     * not O), its factors kept in shared memory meanwhile: the code sum's
+     * path (sage8's and vc8's default) 4.1-4.7% faster; the default's
+     * ExpCast with +pblock 2.4% slower, so not there (bench/NOTES.md,
+     * ws51).  Head dim 128 only, where it was timed. */
+    static constexpr int LATE_RESCALE_PMODES = D == 128 ? 1 << A8_P_CODESUM : 0;
 };
 
 /* V in two E4M3 digits (QVA_V_E4M3X2, INT8 QK): a third 16 KB tile per
@@ -154,7 +155,8 @@ struct attn8_layout {
      * rescale factors, from the block whose max rose to their use, in the
      * room that V-Smooth's steps give the mean tiles */
     static constexpr int ALPHA = TILES;
-    static constexpr int ALPHA_END = ALPHA + (F::LATE_RESCALE_PMODES ? F::CONSUMERS * 128 * 8 : 0);
+    static constexpr int ALPHA_END =
+        F::LATE_RESCALE_PMODES ? ALPHA + F::CONSUMERS * 128 * 8 : SCAL_END;
     static constexpr int PEND = TILES + 2 * QVC_MU_TILE_BYTES;
     static constexpr int PEND_END = PEND + F::CONSUMERS * 128 * 16;
     static constexpr int VLO = (PEND_END + 1023) & ~1023;
