@@ -17,7 +17,7 @@
  * diagnostics ws45-ws48 (the restore's parts left out) are at 2d64c00.
  * ws49-ws52 (the reuse step's pending sums and their rescale under the
  * next QK; O's rescale after the PV issue) are at 3488159; ws51 was
- * promoted for the exp2 path's plain steps (LATE_RESCALE_PMODES).
+ * promoted for the code sum's plain steps (LATE_RESCALE_PMODES).
  * The versions of the three-warpgroup kernel's trial (ws27: the ping-pong
  * with each warpgroup's PV under its next softmax; ws28-ws30: diagnostic
  * loops without the softmax or the O update; ws31, ws32: three consumer
