@@ -104,7 +104,7 @@ struct attn8_ws_flags {
      * a rising row max after the PV issue, under the PV, instead of
      * between the QK wait and the P codes (the PV writes a fresh partial,
      * not O), its factors kept in shared memory meanwhile: the code sum's
-     * path (sage8's and vc8's default) 4.1-4.7% faster; the default's
+     * path (sage8's and vc8's default) 3.3-4.7% faster; the default's
      * ExpCast with +pblock 2.4% slower, so not there (bench/NOTES.md,
      * ws51).  Head dim 128 only, where it was timed. */
     static constexpr int LATE_RESCALE_PMODES = D == 128 ? 1 << A8_P_CODESUM : 0;
