@@ -60,7 +60,12 @@
  *   one mean tile per batch shared by the three warpgroups, filled by a
  *   producer warp: 30 instructions per block fewer, 0.5% faster on the
  *   reuse step (ws33, at 0c7dcb4); the tiles now come ready-made from the
- *   preparation instead (attn8_restore.cuh) */
+ *   preparation instead (attn8_restore.cuh)
+ *   V-Smooth's pending row sums one word per block and quad: 17
+ *   instructions fewer, no faster (ws44, at 2d64c00)
+ *   those sums stored, and rescaled on a rise, under the next block's QK
+ *   instead of after the PV wait: 0.2-1.8% slower on the reuse step
+ *   (ws49, ws50, ws52, at 3488159) */
 template <int QK_FMT, int HEAD_DIM = 128>
 struct attn8_ws_flags {
     static constexpr int FMT = QK_FMT;
