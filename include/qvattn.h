@@ -213,26 +213,45 @@ typedef enum qva_q_granularity {
 typedef enum qva_k_mean {
     QVA_K_MEAN_CALL = 0,    /* this call's channel mean (SageAttention, the
                                papers): the default                        */
-    QVA_K_MEAN_PREVIOUS = 1 /* "+kprev": the mean this layer's previous call
+    QVA_K_MEAN_PREVIOUS = 1, /* "+kprev": the mean this layer's previous call
                                left (cfg.layer's state; this call's own on
                                a layer's first call and on stateless calls),
                                so the preparation need not read K once for
                                its mean before coding it.  CUDA: bf16/f16
                                with 16-byte aligned rows                   */
+    QVA_K_MEAN_SAMPLE = 2   /* "+ksample": the channel mean of this call's
+                               QVA_STAT_SAMPLE sampled keys (QVA_STAT_ROW),
+                               stateless; the preparation reads K once     */
 } qva_k_mean;
 
 /* cfg.v_scale: V's per-channel E4M3 scale (sage8, vc8 with one E4M3 digit;
  * docs/NUMERICS.md §3, "V's scale from the previous call"). */
 typedef enum qva_v_scale {
     QVA_V_SCALE_CALL = 0,    /* this call's: amax / 2.25 (the default)       */
-    QVA_V_SCALE_PREVIOUS = 1 /* "+vprev": on calls without V-Smooth's
+    QVA_V_SCALE_PREVIOUS = 1, /* "+vprev": on calls without V-Smooth's
                                 demeaning, the scales this layer's previous
                                 call made, where they serve this call (every
                                 code within E4M3's +-448; else the head's
                                 own), so the preparation need not read V for
                                 its amax before coding it.  CUDA: bf16/f16
                                 V with 16-byte aligned rows                */
+    QVA_V_SCALE_SAMPLE = 2   /* "+vsample": as +vprev, with the scales of
+                                this call's QVA_STAT_SAMPLE sampled values
+                                (amax / 2.25 over QVA_STAT_ROW's rows)
+                                instead of the previous call's: stateless  */
 } qva_v_scale;
+
+/* +ksample and +vsample take their statistics over n' = QVA_STAT_COUNT(n)
+ * = min(n, QVA_STAT_SAMPLE) of a head's n tokens in the caller's token
+ * order, token QVA_STAT_ROW(i, n) for i = 0 .. n' - 1: spread evenly over
+ * the sequence, so every frame of a video is sampled.  Any K mean keeps
+ * attention exact, and a V scale from fewer values is at most the call's
+ * own (where a code would pass E4M3's range the head's own scales serve),
+ * so only where the codes sit changes (docs/NUMERICS.md §3, "Statistics
+ * from a sample"). */
+#define QVA_STAT_SAMPLE 1024
+#define QVA_STAT_COUNT(n) ((int64_t)(n) < QVA_STAT_SAMPLE ? (int64_t)(n) : (int64_t)QVA_STAT_SAMPLE)
+#define QVA_STAT_ROW(i, n) ((int64_t)(i) * (int64_t)(n) / QVA_STAT_COUNT(n))
 
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {

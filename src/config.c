@@ -252,6 +252,8 @@ static const method_option method_options[] = {
     {"fp16acc", offsetof(qva_config, draft.int8_acc), QVA_DRAFT_ACC_FP16},
     {"kprev", offsetof(qva_config, k_mean), QVA_K_MEAN_PREVIOUS},
     {"vprev", offsetof(qva_config, v_scale), QVA_V_SCALE_PREVIOUS},
+    {"ksample", offsetof(qva_config, k_mean), QVA_K_MEAN_SAMPLE},
+    {"vsample", offsetof(qva_config, v_scale), QVA_V_SCALE_SAMPLE},
     {"floormass", offsetof(qva_config, p_floor), QVA_P_FLOOR_MEAN},
     {"pblock", offsetof(qva_config, p_max), QVA_P_MAX_BLOCK},
     {"pooled", offsetof(qva_config, skip_fill), QVA_SKIP_POOLED},
@@ -285,8 +287,8 @@ static qva_status parse_suffixes(const char *s, qva_config *c, option_fields *se
                             "unknown method option '+%.*s' (expected +expcast, "
                             "+expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, +qblock, "
                             "+codesum, "
-                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +floormass, +pblock "
-                            "or +pooled)",
+                            "+fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +ksample, +vsample, "
+                            "+floormass, +pblock or +pooled)",
                             (int)len, s);
         if (option_field_set(set, opt->field))
             return qvi_fail(QVA_ERR_PARSE,
@@ -354,8 +356,8 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
                         "+expcast, +expcast-centred, +expcast-e5m2, +hadamard, +nohadamard, "
                         "+qblock, "
-                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, "
-                        "+floormass, +pblock, +pooled)",
+                        "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +ksample, "
+                        "+vsample, +floormass, +pblock, +pooled)",
                         name);
     c.method = (qva_method)found;
     const char *rest = name + base;
@@ -416,13 +418,14 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         method_names[c.method]);
     if (c.k_mean && !qvi_k_mean_applies(c.method))
         return qvi_fail(QVA_ERR_PARSE,
-                        "+kprev applies to the INT8 K of sage8 and vc8 (the smoothed K "
-                        "whose codes carry the next mean), not %s",
+                        "%s applies to the INT8 K of sage8 and vc8 (the smoothed K), not %s",
+                        c.k_mean == QVA_K_MEAN_SAMPLE ? "+ksample" : "+kprev",
                         method_names[c.method]);
     if (c.v_scale && !qvi_v_scale_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
-                        "+vprev applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
+                        "%s applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
                         "or +i8pv), not %s%s",
+                        c.v_scale == QVA_V_SCALE_SAMPLE ? "+vsample" : "+vprev",
                         method_names[c.method], c.v_code ? " with that V code" : "");
     if (c.v_code == QVA_V_INT8_PV && c.expcast)
         return qvi_fail(QVA_ERR_PARSE,
@@ -496,9 +499,15 @@ qva_status qva_config_method_name(const qva_config *cfg, char *buf, size_t len) 
     if (n >= 0 && (size_t)n < len && cfg->k_mean == QVA_K_MEAN_PREVIOUS &&
         qvi_k_mean_applies(cfg->method))
         n += snprintf(buf + n, len - (size_t)n, "+kprev");
+    if (n >= 0 && (size_t)n < len && cfg->k_mean == QVA_K_MEAN_SAMPLE &&
+        qvi_k_mean_applies(cfg->method))
+        n += snprintf(buf + n, len - (size_t)n, "+ksample");
     if (n >= 0 && (size_t)n < len && cfg->v_scale == QVA_V_SCALE_PREVIOUS &&
         qvi_v_scale_applies(cfg))
         n += snprintf(buf + n, len - (size_t)n, "+vprev");
+    if (n >= 0 && (size_t)n < len && cfg->v_scale == QVA_V_SCALE_SAMPLE &&
+        qvi_v_scale_applies(cfg))
+        n += snprintf(buf + n, len - (size_t)n, "+vsample");
     if (n >= 0 && (size_t)n < len && cfg->p_floor == QVA_P_FLOOR_MEAN && qvi_p_floor_applies(cfg))
         n += snprintf(buf + n, len - (size_t)n, "+floormass");
     if (n >= 0 && (size_t)n < len && cfg->p_max == QVA_P_MAX_BLOCK && qvi_p_max_applies(cfg))

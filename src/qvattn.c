@@ -224,18 +224,26 @@ static qva_status check_config(const qva_config *cfg) {
     if (cfg->v_code == QVA_V_INT8_PV && cfg->expcast)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "v_code QVA_V_INT8_PV codes P from exp2: not with expcast");
-    if (cfg->k_mean != QVA_K_MEAN_CALL && cfg->k_mean != QVA_K_MEAN_PREVIOUS)
+    if (cfg->k_mean != QVA_K_MEAN_CALL && cfg->k_mean != QVA_K_MEAN_PREVIOUS &&
+        cfg->k_mean != QVA_K_MEAN_SAMPLE)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "k_mean = %d (QVA_K_MEAN_CALL or QVA_K_MEAN_PREVIOUS)", cfg->k_mean);
-    if (cfg->k_mean == QVA_K_MEAN_PREVIOUS && !qvi_k_mean_applies(cfg->method))
-        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "k_mean QVA_K_MEAN_PREVIOUS applies to sage8 and vc8");
-    if (cfg->v_scale != QVA_V_SCALE_CALL && cfg->v_scale != QVA_V_SCALE_PREVIOUS)
+                        "k_mean = %d (QVA_K_MEAN_CALL, QVA_K_MEAN_PREVIOUS or QVA_K_MEAN_SAMPLE)",
+                        cfg->k_mean);
+    if (cfg->k_mean != QVA_K_MEAN_CALL && !qvi_k_mean_applies(cfg->method))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "k_mean %s applies to sage8 and vc8",
+                        cfg->k_mean == QVA_K_MEAN_SAMPLE ? "QVA_K_MEAN_SAMPLE"
+                                                         : "QVA_K_MEAN_PREVIOUS");
+    if (cfg->v_scale != QVA_V_SCALE_CALL && cfg->v_scale != QVA_V_SCALE_PREVIOUS &&
+        cfg->v_scale != QVA_V_SCALE_SAMPLE)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "v_scale = %d (QVA_V_SCALE_CALL or QVA_V_SCALE_PREVIOUS)", cfg->v_scale);
-    if (cfg->v_scale == QVA_V_SCALE_PREVIOUS && !qvi_v_scale_applies(cfg))
+                        "v_scale = %d (QVA_V_SCALE_CALL, QVA_V_SCALE_PREVIOUS or "
+                        "QVA_V_SCALE_SAMPLE)",
+                        cfg->v_scale);
+    if (cfg->v_scale != QVA_V_SCALE_CALL && !qvi_v_scale_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "v_scale QVA_V_SCALE_PREVIOUS applies to sage8 and vc8 with v_code "
-                        "QVA_V_E4M3");
+                        "v_scale %s applies to sage8 and vc8 with v_code QVA_V_E4M3",
+                        cfg->v_scale == QVA_V_SCALE_SAMPLE ? "QVA_V_SCALE_SAMPLE"
+                                                           : "QVA_V_SCALE_PREVIOUS");
     if (cfg->p_floor != QVA_P_FLOOR_DROP && cfg->p_floor != QVA_P_FLOOR_MEAN)
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
                         "p_floor = %d (QVA_P_FLOOR_DROP or QVA_P_FLOOR_MEAN)", cfg->p_floor);

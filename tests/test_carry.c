@@ -109,8 +109,8 @@ static void test_parse(void) {
     qva_config c;
     qva_config_default(&c);
     CHECK(qva_config_set_method(&c, "sage8") == QVA_OK, "sage8");
-    c.k_mean = 2;
-    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "k_mean 2 refused");
+    c.k_mean = 3;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "k_mean 3 refused");
     c.k_mean = QVA_K_MEAN_PREVIOUS;
     CHECK(option_call_check(&c) == QVA_OK, "sage8 + QVA_K_MEAN_PREVIOUS: %s", qva_last_error());
     CHECK(qva_config_set_method(&c, "fp8") == QVA_OK, "fp8");
@@ -328,8 +328,8 @@ static void test_vprev_parse(void) {
     CHECK(option_call_check(&c) == QVA_OK, "vc8 + QVA_V_SCALE_PREVIOUS: %s", qva_last_error());
     c.v_code = QVA_V_E4M3X2;
     CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "with v_code E4M3X2 refused");
-    c.v_code = QVA_V_E4M3, c.v_scale = 2;
-    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "v_scale 2 refused");
+    c.v_code = QVA_V_E4M3, c.v_scale = 3;
+    CHECK(option_call_check(&c) == QVA_ERR_INVALID_ARGUMENT, "v_scale 3 refused");
 }
 
 /* (h) ------------------------------------------------------------ +vprev calls */

@@ -153,7 +153,7 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               +expcast / +expcast-centred / +expcast-e5m2 /
               +hadamard / +nohadamard /
               +qblock / +codesum / +fp32sum / +v2 / +i8pv / +fp16acc / +kprev
-              / +vprev / +floormass / +pblock options
+              / +vprev / +ksample / +vsample / +floormass / +pblock options
               (docs/CLI.md says what each does; sage8 and vc8 rotate and
               sum their codes unless +nohadamard / +fp32sum; +v2, V in two
               E4M3 digits, runs on CUDA at head dim 128 only; +i8pv, the PV
@@ -161,6 +161,9 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               inputs (with +fp32sum, l the weights' sum); +kprev, K smoothed with the mean the layer's previous
               call left, and +vprev, V coded with the scales the layer's
               previous call made, both on CUDA with bf16/f16 inputs;
+              +ksample and +vsample, the same statistics from 1,024
+              sampled tokens of this call (stateless; +vsample on CUDA
+              with bf16/f16 inputs);
               +floormass, ExpCast's floor mass put back, CPU only so far;
               +pblock, P coded against each key block's own max).
               Default: qvattn.DEFAULT_METHOD, vc8+expcast-centred+pblock

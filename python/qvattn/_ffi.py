@@ -272,8 +272,8 @@ class QvaConfig(_CStruct):
         ("step", c_int),
         ("num_steps", c_int),
         ("check_finite", c_int),
-        ("k_mean", c_int),  # qva_k_mean (+kprev sets PREVIOUS)
-        ("v_scale", c_int),  # qva_v_scale (+vprev sets PREVIOUS)
+        ("k_mean", c_int),  # qva_k_mean (+kprev: PREVIOUS, +ksample: SAMPLE)
+        ("v_scale", c_int),  # qva_v_scale (+vprev: PREVIOUS, +vsample: SAMPLE)
         ("p_floor", c_int),  # qva_p_floor (+floormass sets MEAN)
         ("p_max", c_int),  # qva_p_max (+pblock sets BLOCK)
         ("skip_fill", c_int),  # qva_skip_fill (+pooled sets POOLED)

@@ -1136,6 +1136,43 @@ static void keep_finite(float *dst, int *dst_d, const float *x, int d) {
     }
 }
 
+/* +ksample / +vsample: this call's statistics of K/V head (b, hk) over
+ * its sampled tokens (QVA_STAT_ROW, in the caller's token order): K's
+ * channel mean (FP64 sum in sample order, divided by the count, rounded
+ * to float) and V's channel scales (amax / 2.25 as v_channel_scale's, 1
+ * for an all-zero channel), into kuse / vuse as if carried.  Nothing is
+ * kept for a next call. */
+static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const qva_tensor *v,
+                             int64_t b, int64_t hk, float (*buf)[128], carried *cs) {
+    const int ks = cfg->k_mean == QVA_K_MEAN_SAMPLE, vs = cfg->v_scale == QVA_V_SCALE_SAMPLE;
+    if (!ks && !vs) return QVA_OK;
+    const int n = (int)k->shape[2], d = (int)k->shape[3], m = (int)QVA_STAT_COUNT(n);
+    float *raw = malloc((size_t)n * d * sizeof *raw);
+    if (!raw) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "sampled statistics");
+    if (ks) {
+        qvi_load_head(k, b, hk, raw);
+        for (int c = 0; c < d; ++c) {
+            double s = 0.0;
+            for (int i = 0; i < m; ++i) s += raw[(size_t)QVA_STAT_ROW(i, n) * d + c];
+            buf[0][c] = (float)(s / (double)m);
+        }
+        cs->kuse = buf[0];
+    }
+    if (vs) {
+        qvi_load_head(v, b, hk, raw);
+        for (int c = 0; c < d; ++c) {
+            float amax = 0.0f;
+            for (int i = 0; i < m; ++i)
+                amax = fmaxf(amax, fabsf(raw[(size_t)QVA_STAT_ROW(i, n) * d + c]));
+            const float s = fmaxf(amax / QVI_V_E4M3_RANGE, 0.0f);
+            buf[1][c] = s > 0.0f ? s : 1.0f;
+        }
+        cs->vuse = buf[1];
+    }
+    free(raw);
+    return QVA_OK;
+}
+
 static qva_status carried_store(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
                                 int d, const int64_t shape[3], const carried *cs) {
     qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
@@ -1172,14 +1209,16 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
     float buf[4][128];
     carried cs = {NULL, NULL, NULL, NULL};
     const int64_t shape[3] = {q->shape[0], q->shape[1], k->shape[1]};
-    if ((cfg->k_mean || cfg->v_scale) && cfg->layer != QVA_LAYER_NONE)
+    if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale == QVA_V_SCALE_PREVIOUS) &&
+        cfg->layer != QVA_LAYER_NONE)
         qvi_context_carry_shape(ctx, cfg->layer, shape);
     for (int64_t b = 0; b < q->shape[0] && st == QVA_OK; ++b)
         for (int64_t h = 0; h < q->shape[1] && st == QVA_OK; ++h) {
             const int64_t hk = h / group;
             if (h % group == 0 &&
                 ((st = kv_head_order(ctx, cfg, v, b, hk, &perm, &demean)) != QVA_OK ||
-                 (st = carried_of(ctx, cfg, b, hk, (int)d, buf, &cs)) != QVA_OK))
+                 (st = carried_of(ctx, cfg, b, hk, (int)d, buf, &cs)) != QVA_OK ||
+                 (st = sampled_of(cfg, k, v, b, hk, buf, &cs)) != QVA_OK))
                 break;
             /* the group's heads use one carried set; the last leaves the next */
             const int last = h % group == group - 1;

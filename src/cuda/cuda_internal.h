@@ -134,6 +134,13 @@ typedef struct qvc_prep_args {
      * second read of its V), and leaves its own scales in their place. */
     float *vprev_scale;
     int *vprev_valid;
+    /* +ksample (cfg.k_mean): K smooths with the mean of its sampled rows
+     * (the CPU's sampled_of), and the preparation reads K once */
+    int k_sample;
+    /* +vsample (cfg.v_scale): undemeaned E4M3 V codes with the scales of
+     * its sampled rows where they serve, by +vprev's path (v.cu) with
+     * those scales in place of carried ones; same inputs as +vprev */
+    int v_sample;
 } qvc_prep_args;
 /* Two side streams for the independent chains of one call (streams.cu):
  * qvc_fork_begin makes them wait for the caller's stream, qvc_fork_end

@@ -38,10 +38,10 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale == QVA_V_SCALE_PREVIOUS) &&
+    if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale != QVA_V_SCALE_CALL) &&
         dt != QVA_BF16 && dt != QVA_F16) {
-        snprintf(why, len, "+kprev and +vprev on CUDA take bf16 or f16 inputs (their statistics "
-                           "come from the preparation's 16-bit path)");
+        snprintf(why, len, "+kprev, +vprev and +vsample on CUDA take bf16 or f16 inputs (their "
+                           "statistics come from the preparation's 16-bit path)");
         return 0;
     }
     if (cfg->v_code == QVA_V_INT8_PV && dt != QVA_BF16 && dt != QVA_F16) {
@@ -385,6 +385,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.lse_shift = shift;
     pa.sm_scale = qvi_sm_scale(cfg, D);
     if ((r = carry_state(s, cfg, q, k, &pa, st)) != QVA_OK) return r;
+    pa.k_sample = cfg->k_mean == QVA_K_MEAN_SAMPLE;
+    pa.v_sample = cfg->v_scale == QVA_V_SCALE_SAMPLE;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;

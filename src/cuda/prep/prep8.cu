@@ -40,7 +40,10 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, qvc_block_ext kext, cudaStream_t st) {
     qva_status s = QVA_OK;
-    if (kmean) s = qvc_kmean(k, a->perm, nk, BH, kmean, kext, a->kprev_mean, a->kprev_valid, st);
+    if (kmean)
+        s = a->k_sample ? qvc_stat_sample(k, BH, 1, kmean, NULL, st)
+                        : qvc_kmean(k, a->perm, nk, BH, kmean, kext, a->kprev_mean, a->kprev_valid,
+                                    st);
     if (s == QVA_OK && a->lse_shift)
         s = launch_lse_shift(q, kmean, a->sm_scale, a->lse_shift, BH, st);
     return s;
@@ -110,7 +113,7 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
                               float *bamax, qvc_block_ext kext, int32_t *csum, float *vscratch,
-                              int demean, const cudaStream_t sts[3]) {
+                              float *vsample, int demean, const cudaStream_t sts[3]) {
     const int D = ops->D, BH = ops->BH;
     qk_params p;
     memset(&p, 0, sizeof p);
@@ -150,8 +153,14 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
         s = qvc_kmean_next(csum, ops->k_scale, kmean, a->hadamard, a->had_signs, ops->nk,
                            ops->nblk, BH, D, a->kprev_mean, a->kprev_valid, sts[1]);
 
-    /* V' = V[perm]. */
-    if (s == QVA_OK) s = qvc_prep_v8(v, a, demean, bmu, bamax, ops, vscratch, sts[2]);
+    /* V' = V[perm]; +vsample's scales through +vprev's path, as if carried */
+    qvc_prep_args av = *a;
+    if (s == QVA_OK && a->v_sample && !demean) {
+        av.vprev_scale = vsample;
+        av.vprev_valid = (int *)(vsample + (size_t)BH * D);
+        s = qvc_stat_sample(v, BH, 0, av.vprev_scale, av.vprev_valid, sts[2]);
+    }
+    if (s == QVA_OK) s = qvc_prep_v8(v, &av, demean, bmu, bamax, ops, vscratch, sts[2]);
     return s;
 }
 
@@ -189,6 +198,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_prep: +vprev on CUDA takes one E4M3 digit of bf16/f16 V with "
                         "16-byte aligned rows at head dim 64 or 128 (v_plain.cu codes it)");
+    if (a->v_sample && (a->vprev_scale || a->v_mode != 0 || ops->v_t_lo || !qvc_v_plain_ok(v, 0)))
+        return qvi_fail(QVA_ERR_UNSUPPORTED,
+                        "qvc_prep: +vsample on CUDA takes one E4M3 digit of bf16/f16 V with "
+                        "16-byte aligned rows at head dim 64 or 128 (v_plain.cu codes it), "
+                        "without +vprev");
     /* K's quantization as qvc_prep_qk8 sees it (qk_plain.cu or qk.cu) */
     qk_params kp;
     memset(&kp, 0, sizeof kp);
@@ -200,17 +214,25 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                         "qvc_prep: +kprev on CUDA takes INT8 K of bf16/f16 with 16-byte aligned "
                         "rows at head dim 64 or 128 (its code sums come from qk_plain.cu)");
 
+    if (a->k_sample && (kprev || !a->smooth_k))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
+                        "qvc_prep: +ksample smooths K (smooth_k), not with +kprev");
+
     /* Temporaries: K channel mean [BH][D]; V block means and residual
      * amax [BH][nblk][D] (v_mode 0). One stream-ordered allocation. */
     const size_t mean_b = a->smooth_k ? align256((size_t)BH * D * sizeof(float)) : 0;
     const size_t stat_b = a->v_mode != 1 ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     /* K's block extremes, where qk_plain.cu encodes K (its block amax from
      * them, qvc_block_ext) */
-    const size_t ext_b = a->smooth_k && !kprev && qvc_qk_plain_takes_ext(kp, D)
+    const size_t ext_b = a->smooth_k && !kprev && !a->k_sample && qvc_qk_plain_takes_ext(kp, D)
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     const size_t csum_b = kprev ? align256((size_t)BH * nblk * D * sizeof(int32_t)) : 0;
-    const size_t vsc_b = a->vprev_scale ? align256((size_t)BH * (2 * D + 1) * sizeof(float)) : 0;
-    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b;
+    const int vsample = a->v_sample && !demean;
+    const size_t vsc_b = a->vprev_scale || vsample
+                             ? align256((size_t)BH * (2 * D + 1) * sizeof(float)) : 0;
+    /* +vsample: the sampled scales [BH][D] and their validity [BH] */
+    const size_t vsm_b = vsample ? align256((size_t)BH * (D + 1) * sizeof(float)) : 0;
+    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b + vsm_b;
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
@@ -226,13 +248,14 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
 
     int32_t *csum = csum_b ? (int32_t *)(tmp + mean_b + 2 * stat_b + 2 * ext_b) : NULL;
     float *vscratch = vsc_b ? (float *)(tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b) : NULL;
+    float *vsm = vsm_b ? (float *)(tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b) : NULL;
 
     const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
     if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
         if (tmp) cudaFreeAsync(tmp, st);
         return s;
     }
-    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, vscratch, demean, sts);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, vscratch, vsm, demean, sts);
     /* joined even after a failed launch, so that st stays after every
      * kernel of this call and the free below after their last use */
     if (fk) {

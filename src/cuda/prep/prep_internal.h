@@ -57,6 +57,13 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
                             int BH, float *kmean, qvc_block_ext kext, cudaStream_t st);
 
+/* ---- sample.cu */
+/* +ksample (mean): out [BH][D] = the FP64 mean of x's sampled rows
+ * (QVA_STAT_ROW) per channel, rounded to float; +vsample (!mean): out =
+ * their amax / 2.25 (1 for an all-zero channel) and valid [BH] = 1. */
+qva_status qvc_stat_sample(const qvc_view *x, int BH, int mean, float *out, int *valid,
+                           cudaStream_t st);
+
 /* ---- kmean.cu */
 /* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
  * CPU's qvi_channel_mean sums it: 128-row block sums, then their sum; and,
