@@ -250,6 +250,7 @@ typedef enum qva_v_scale {
  * so only where the codes sit changes (docs/NUMERICS.md §3, "Statistics
  * from a sample"). */
 #define QVA_STAT_SAMPLE 1024
+#define QVA_STAT_CHUNK 64 /* +ksample's mean: FP64 sums of 64 sampled rows each, then their sum */
 #define QVA_STAT_COUNT(n) ((int64_t)(n) < QVA_STAT_SAMPLE ? (int64_t)(n) : (int64_t)QVA_STAT_SAMPLE)
 #define QVA_STAT_ROW(i, n) ((int64_t)(i) * (int64_t)(n) / QVA_STAT_COUNT(n))
 

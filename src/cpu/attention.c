@@ -1138,8 +1138,9 @@ static void keep_finite(float *dst, int *dst_d, const float *x, int d) {
 
 /* +ksample / +vsample: this call's statistics of K/V head (b, hk) over
  * its sampled tokens (QVA_STAT_ROW, in the caller's token order): K's
- * channel mean (FP64 sum in sample order, divided by the count, rounded
- * to float) and V's channel scales (amax / 2.25 as v_channel_scale's, 1
+ * channel mean (FP64 sums of QVA_STAT_CHUNK rows in sample order, summed
+ * in chunk order, divided by the count, rounded to float: a device sums
+ * the chunks side by side) and V's channel scales (amax / 2.25 as v_channel_scale's, 1
  * for an all-zero channel), into kuse / vuse as if carried.  Nothing is
  * kept for a next call. */
 static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const qva_tensor *v,
@@ -1153,7 +1154,12 @@ static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const q
         qvi_load_head(k, b, hk, raw);
         for (int c = 0; c < d; ++c) {
             double s = 0.0;
-            for (int i = 0; i < m; ++i) s += raw[(size_t)QVA_STAT_ROW(i, n) * d + c];
+            for (int i0 = 0; i0 < m; i0 += QVA_STAT_CHUNK) {
+                double part = 0.0;
+                for (int i = i0; i < m && i < i0 + QVA_STAT_CHUNK; ++i)
+                    part += raw[(size_t)QVA_STAT_ROW(i, n) * d + c];
+                s += part;
+            }
             buf[0][c] = (float)(s / (double)m);
         }
         cs->kuse = buf[0];

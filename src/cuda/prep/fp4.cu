@@ -317,7 +317,7 @@ extern "C" qva_status qvc_prep4(const qvc_view *q, const qvc_view *k, const qvc_
 
     /* K' = K[perm] minus its channel mean (and the LSE shift it causes),
      * then rotated. */
-    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, nk, BH, kmean, qvc_block_ext{NULL, NULL}, st);
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, nk, BH, kmean, qvc_block_ext{NULL, NULL}, NULL, st);
     if (s == QVA_OK) {
         p.x = *k;
         p.perm = a->perm;

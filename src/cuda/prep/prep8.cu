@@ -38,10 +38,11 @@ static qva_status launch_lse_shift(const qvc_view *q, const float *kmean, float 
 }
 
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
-                            int BH, float *kmean, qvc_block_ext kext, cudaStream_t st) {
+                            int BH, float *kmean, qvc_block_ext kext, void *kpart,
+                            cudaStream_t st) {
     qva_status s = QVA_OK;
     if (kmean)
-        s = a->k_sample ? qvc_stat_sample(k, BH, 1, kmean, NULL, st)
+        s = a->k_sample ? qvc_stat_sample(k, BH, 1, kpart, kmean, NULL, st)
                         : qvc_kmean(k, a->perm, nk, BH, kmean, kext, a->kprev_mean, a->kprev_valid,
                                     st);
     if (s == QVA_OK && a->lse_shift)
@@ -113,7 +114,8 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
                               float *bamax, qvc_block_ext kext, int32_t *csum, float *vscratch,
-                              float *vsample, int demean, const cudaStream_t sts[3]) {
+                              float *vsample, void *kpart, void *vpart, int demean,
+                              const cudaStream_t sts[3]) {
     const int D = ops->D, BH = ops->BH;
     qk_params p;
     memset(&p, 0, sizeof p);
@@ -134,7 +136,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
 
     /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
      * as the CPU does), then rotated. */
-    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, sts[1]);
+    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, kpart, sts[1]);
     if (s == QVA_OK) {
         p.x = *k;
         p.perm = a->perm;
@@ -158,7 +160,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     if (s == QVA_OK && a->v_sample && !demean) {
         av.vprev_scale = vsample;
         av.vprev_valid = (int *)(vsample + (size_t)BH * D);
-        s = qvc_stat_sample(v, BH, 0, av.vprev_scale, av.vprev_valid, sts[2]);
+        s = qvc_stat_sample(v, BH, 0, vpart, av.vprev_scale, av.vprev_valid, sts[2]);
     }
     if (s == QVA_OK) s = qvc_prep_v8(v, &av, demean, bmu, bamax, ops, vscratch, sts[2]);
     return s;
@@ -232,7 +234,11 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                              ? align256((size_t)BH * (2 * D + 1) * sizeof(float)) : 0;
     /* +vsample: the sampled scales [BH][D] and their validity [BH] */
     const size_t vsm_b = vsample ? align256((size_t)BH * (D + 1) * sizeof(float)) : 0;
-    const size_t tmp_b = mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b + vsm_b;
+    /* +ksample / +vsample: the sample's chunk partials, one set per chain */
+    const size_t part_b = align256(qvc_stat_sample_bytes(BH, ops->nk, D));
+    const size_t kpart_b = a->k_sample ? part_b : 0, vpart_b = vsample ? part_b : 0;
+    const size_t tmp_b =
+        mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b + vsm_b + kpart_b + vpart_b;
     char *tmp = NULL;
     cudaError_t e;
     if (tmp_b && (e = cudaMallocAsync((void **)&tmp, tmp_b, st)) != cudaSuccess)
@@ -248,14 +254,18 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
 
     int32_t *csum = csum_b ? (int32_t *)(tmp + mean_b + 2 * stat_b + 2 * ext_b) : NULL;
     float *vscratch = vsc_b ? (float *)(tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b) : NULL;
-    float *vsm = vsm_b ? (float *)(tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b) : NULL;
+    char *after = tmp + mean_b + 2 * stat_b + 2 * ext_b + csum_b + vsc_b;
+    float *vsm = vsm_b ? (float *)after : NULL;
+    void *kpart = kpart_b ? (void *)(after + vsm_b) : NULL;
+    void *vpart = vpart_b ? (void *)(after + vsm_b + kpart_b) : NULL;
 
     const cudaStream_t sts[3] = {st, fk ? fk->side[0] : st, fk ? fk->side[1] : st};
     if (fk && (s = qvc_fork_begin(fk, st)) != QVA_OK) {
         if (tmp) cudaFreeAsync(tmp, st);
         return s;
     }
-    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, vscratch, vsm, demean, sts);
+    s = prep_chains(q, k, v, a, ops, kmean, bmu, bamax, kext, csum, vscratch, vsm, kpart, vpart,
+                    demean, sts);
     /* joined even after a failed launch, so that st stays after every
      * kernel of this call and the free below after their last use */
     if (fk) {

@@ -51,18 +51,22 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
                                 const qvc_view *v, const qvc_prep_args *a, int BH, int nq,
                                 int nk, int D);
 /* K smoothing: kmean [BH][D] (NULL: none) = the channel mean of K[a->perm]
- * (qvc_kmean, with the block extremes into kext where kext.min is set),
- * then a->lse_shift (if not NULL)
- * = the LSE shift it causes (smooth_k() of the CPU). */
+ * (qvc_kmean, with the block extremes into kext where kext.min is set;
+ * with a->k_sample that of its sampled rows, qvc_stat_sample, kpart its
+ * scratch), then a->lse_shift (if not NULL) = the LSE shift it causes
+ * (smooth_k() of the CPU). */
 qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep_args *a, int nk,
-                            int BH, float *kmean, qvc_block_ext kext, cudaStream_t st);
+                            int BH, float *kmean, qvc_block_ext kext, void *kpart,
+                            cudaStream_t st);
 
 /* ---- sample.cu */
-/* +ksample (mean): out [BH][D] = the FP64 mean of x's sampled rows
- * (QVA_STAT_ROW) per channel, rounded to float; +vsample (!mean): out =
- * their amax / 2.25 (1 for an all-zero channel) and valid [BH] = 1. */
-qva_status qvc_stat_sample(const qvc_view *x, int BH, int mean, float *out, int *valid,
-                           cudaStream_t st);
+/* +ksample (mean): out [BH][D] = the mean of x's sampled rows
+ * (QVA_STAT_ROW) per channel, as the CPU's sampled_of sums it; +vsample
+ * (!mean): out = their amax / 2.25 (1 for an all-zero channel) and valid
+ * [BH] = 1.  part: qvc_stat_sample_bytes(BH, n, D) of scratch. */
+size_t qvc_stat_sample_bytes(int BH, int n, int D);
+qva_status qvc_stat_sample(const qvc_view *x, int BH, int mean, void *part, float *out,
+                           int *valid, cudaStream_t st);
 
 /* ---- kmean.cu */
 /* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
