@@ -20,7 +20,7 @@
  *     give every row the same kind (finite, NaN, empty) on both backends;
  *     draft's INT8 partials where FP32 and FP16 part (run_int8_acc); and
  *     +kprev's and +vprev's carried statistics over three calls
- *     (run_carried).
+ *     (run_carried); +vsample's own-scale cases bit for bit (run_sampled).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -777,6 +777,54 @@ static void run_carried(int ci) {
     }
 }
 
+/* +vsample on CUDA, where the sample is a part of the keys: with every
+ * channel's amax on row 0 (always sampled) the sampled scales are the
+ * call's own, and with a value past 448 times the sampled scale on a row
+ * the sample skips the head takes its own; both times the output is the
+ * method's without +vsample bit for bit, as on the CPU
+ * (tests/test_sample.c). */
+static void set_v_row(host_io *h, const tcase *c, int row, float x) {
+    const qva_tensor v = desc(h->v, c, c->Nk, QVA_DEVICE_CPU);
+    for (int b = 0; b < c->B; ++b)
+        for (int hh = 0; hh < c->H; ++hh)
+            for (int d = 0; d < c->D; ++d)
+                qvi_store_elem(&v, b * v.stride[0] + hh * v.stride[1] + row * v.stride[2] +
+                                       d * v.stride[3], x);
+}
+
+static void run_sampled(int ci) {
+    const tcase *c = &CASES[ci];
+    if (c->draft_only || (c->dt != QVA_BF16 && c->dt != QVA_F16) || c->Nk <= QVA_STAT_SAMPLE)
+        return;
+    int skipped = 1; /* the first row QVA_STAT_ROW passes over (it only grows) */
+    while (QVA_STAT_ROW(skipped, c->Nk) == skipped) ++skipped;
+    static const char *const pairs[][2] = {
+        {"sage8", "sage8+vsample"},
+        {"vc8+expcast-centred+pblock", "vc8+expcast-centred+pblock+vsample"}};
+    for (size_t p = 0; p < sizeof pairs / sizeof *pairs; ++p) {
+        if (!strncmp(pairs[p][0], "vc", 2) && c->Nq != c->Nk) continue;
+        const tol tb = {pairs[p][0], 0.12, 1e-2, 5e-2, 1e-2, 0, NULL},
+                  ts = {pairs[p][1], 0.12, 1e-2, 5e-2, 1e-2, 0, NULL};
+        qva_config cfg;
+        make_config(c, &ts, &cfg);
+        if (!qva_supports(QVA_DEVICE_CUDA, &cfg, c->dt, c->D, NULL, 0)) continue;
+        host_io h = make_case(c);
+        float *a = malloc(h.nq * 4), *b = malloc(h.nq * 4);
+        for (int form = 0; form < 2; ++form) {
+            if (form == 0) set_v_row(&h, c, 0, 1.5f); /* V is within +-1 */
+            else set_v_row(&h, c, skipped, 2000.0f);
+            const qva_status sa = run_cuda_in(NULL, c, &h, &tb, a, NULL),
+                             sb = run_cuda_in(NULL, c, &h, &ts, b, NULL);
+            CHECK(sa == QVA_OK && sb == QVA_OK && !memcmp(a, b, h.nq * 4),
+                  "sampled case %d %s: %s, the method's bits (%s)", ci, pairs[p][1],
+                  form ? "a code past 448 on an unsampled row" : "the amax on a sampled row",
+                  qva_last_error());
+        }
+        free(a), free(b);
+        free_case(&h);
+    }
+}
+
 /* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
@@ -800,6 +848,6 @@ int main(int argc, char **argv) {
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     if (!perf && qva_cuda_available())
-        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_carried(i);
+        for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_carried(i), run_sampled(i);
     return check_summary("test_backend");
 }
