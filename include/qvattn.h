@@ -238,7 +238,9 @@ typedef enum qva_v_scale {
     QVA_V_SCALE_SAMPLE = 2   /* "+vsample": as +vprev, with the scales of
                                 this call's QVA_STAT_SAMPLE sampled values
                                 (amax / 2.25 over QVA_STAT_ROW's rows)
-                                instead of the previous call's: stateless  */
+                                instead of the previous call's: stateless;
+                                also draft's INT8 phase (its packed video
+                                rows sampled; CPU only so far)             */
 } qva_v_scale;
 
 /* +ksample and +vsample take their statistics over n' = QVA_STAT_COUNT(n)

@@ -58,6 +58,8 @@ int qvi_k_mean_applies(qva_method m) {
 /* +vprev: the E4M3 V of sage8 and vc8, one digit (+i8pv's INT8 codes use
  * their whole range, +v2's second digit its first's). */
 int qvi_v_scale_applies(const qva_config *cfg) {
+    if (cfg->method == QVA_METHOD_DRAFT) /* its INT8 phase's V: +vsample only so far */
+        return cfg->v_scale == QVA_V_SCALE_SAMPLE;
     return qvi_v_code_applies(cfg->method) && cfg->v_code == QVA_V_E4M3;
 }
 
@@ -424,7 +426,7 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
     if (c.v_scale && !qvi_v_scale_applies(&c))
         return qvi_fail(QVA_ERR_PARSE,
                         "%s applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
-                        "or +i8pv), not %s%s",
+                        "or +i8pv; +vsample also to draft's INT8 phase), not %s%s",
                         c.v_scale == QVA_V_SCALE_SAMPLE ? "+vsample" : "+vprev",
                         method_names[c.method], c.v_code ? " with that V code" : "");
     if (c.v_code == QVA_V_INT8_PV && c.expcast)

@@ -250,6 +250,10 @@ typedef struct qvi_v8 {
  * x = value / scale as rint(x) in [-127, 127]. */
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
                           int demean, qva_v_code code, qvi_v8 *out);
+/* +vsample: V's channel scales over rows QVA_STAT_ROW(i, n) of x (n rows
+ * of d): amax / 2.25, 1 for an all-zero channel (NaN skipped, as the
+ * call's own scales skip it). */
+void qvi_v_sample_scales(const float *x, int n, int d, float *scale);
 /* qvi_v8_prepare with +vprev's carried channel scales (E4M3, one digit):
  * use (d, or NULL) replaces this call's own scales without demeaning,
  * where they serve (every code within E4M3's range: one decision for the

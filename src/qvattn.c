@@ -241,7 +241,8 @@ static qva_status check_config(const qva_config *cfg) {
                         cfg->v_scale);
     if (cfg->v_scale != QVA_V_SCALE_CALL && !qvi_v_scale_applies(cfg))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT,
-                        "v_scale %s applies to sage8 and vc8 with v_code QVA_V_E4M3",
+                        "v_scale %s applies to sage8 and vc8 with v_code QVA_V_E4M3 (and "
+                        "QVA_V_SCALE_SAMPLE to draft)",
                         cfg->v_scale == QVA_V_SCALE_SAMPLE ? "QVA_V_SCALE_SAMPLE"
                                                            : "QVA_V_SCALE_PREVIOUS");
     if (cfg->p_floor != QVA_P_FLOOR_DROP && cfg->p_floor != QVA_P_FLOOR_MEAN)

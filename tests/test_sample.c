@@ -1,7 +1,7 @@
 /*
  * Statistics from a sample (docs/NUMERICS.md §3) on the CPU reference.
  *  (a) parsing and validation: +ksample for sage8 and vc8, +vsample for
- *      their one E4M3 digit of V; one option per setting (+ksample with
+ *      their one E4M3 digit of V and draft's INT8 phase; one option per setting (+ksample with
  *      +kprev is refused); CUDA refuses +vsample on f32 and says why;
  *  (b) the sample: QVA_STAT_ROW gives QVA_STAT_COUNT(n) distinct rows in
  *      order, from row 0, every row when n <= QVA_STAT_SAMPLE;
@@ -15,7 +15,13 @@
  *      are (the LSE is the unsmoothed scores'), and stateless: a call's
  *      bits do not depend on what ran on the layer before;
  *  (e) grouped K/V heads: the calls are those of K/V repeated per query
- *      head, bit for bit.
+ *      head, bit for bit;
+ *  (f) draft's INT8 phase with +vsample (its packed video rows sampled):
+ *      V whose every channel holds one magnitude gives the method's bits
+ *      (the sampled amax is the whole one), as does V with one value past
+ *      448 times the rest (sampled: the own scale; not: refused); random V
+ *      changes the output, its error near the method's; CUDA says it does
+ *      not run it yet.
  * CUDA is held to the CPU's outputs by test_backend (its +ksample and
  * +vsample cases).
  */
@@ -59,6 +65,7 @@ static qva_status attend(qva_context_t *ctx, const char *method, int layer, int 
     qva_status st = qva_config_set_method(&cfg, method);
     CHECK(st == QVA_OK, "%s: %s", method, qva_last_error());
     cfg.layer = layer, cfg.step = step, cfg.num_steps = 40;
+    cfg.draft.grid_t = 3, cfg.draft.grid_h = 20, cfg.draft.grid_w = 25; /* NTOK tokens */
     const qva_tensor q = qva_tensor_hnd(c->q, QVA_F32, QVA_DEVICE_CPU, 1, c->H, NTOK, DH),
                      k = qva_tensor_hnd(c->k, QVA_F32, QVA_DEVICE_CPU, 1, c->Hk, NTOK, DH),
                      v = qva_tensor_hnd(c->v, QVA_F32, QVA_DEVICE_CPU, 1, c->Hk, NTOK, DH),
@@ -114,8 +121,9 @@ static void test_parse(void) {
                         offsetof(qva_config, k_mean), QVA_K_MEAN_SAMPLE, QVA_K_MEAN_CALL,
                         "+ksample");
     static const char *const vok[] = {"sage8+vsample", "vc8+vsample", "vc8+expcast+vsample",
-                                      "vc8+expcast-centred+pblock+ksample+vsample"};
-    static const char *const vbad[] = {"fp8+vsample", "draft@85/0/0/15+vsample",
+                                      "vc8+expcast-centred+pblock+ksample+vsample",
+                                      "draft@85/0/7.5/7.5+vsample"};
+    static const char *const vbad[] = {"fp8+vsample", "draft@85/0/0/15+vprev", "bf16+vsample",
                                        "sage8+v2+vsample", "vc8+i8pv+vsample",
                                        "sage8+vprev+vsample"};
     check_method_option(vok, sizeof vok / sizeof *vok, vbad, sizeof vbad / sizeof *vbad,
@@ -248,6 +256,40 @@ static void test_gqa(const char *method) {
     qva_context_free(ctx), qva_context_free(cr);
 }
 
+/* (f) ------------------------------------------------------------ draft */
+static void test_draft(const char *plain, const char *sampled) {
+    qva_context_t *ctx = NULL;
+    CHECK(qva_context_create(&ctx, QVA_DEVICE_CPU) == QVA_OK, "context");
+    io c = make_io(2, 2);
+    float *ref, *rl, *got, *gl, *ex, *el;
+    attend_copy(ctx, "exact", 20, &c, &ex, &el);
+    attend_copy(ctx, plain, 20, &c, &ref, &rl);
+    attend_copy(ctx, sampled, 20, &c, &got, &gl);
+    const double e_ref = rel_err(ref, ex, n_out(&c)), e_got = rel_err(got, ex, n_out(&c));
+    CHECK(memcmp(ref, got, n_out(&c) * sizeof(float)) != 0 && e_got < 1.1 * e_ref,
+          "%s: sampled scales, rel-L2 %.4e against the method's %.4e", sampled, e_got, e_ref);
+    free(ref), free(rl), free(got), free(gl), free(ex), free(el);
+    const size_t nv = (size_t)c.Hk * NTOK * DH;
+    for (int form = 0; form < 2; ++form) {
+        for (size_t i = 0; i < nv; ++i) /* channel magnitudes 0.5 .. 1.5, signs random */
+            c.v[i] = (rng_unit() < 0.5 ? -1.0f : 1.0f) * (0.5f + (float)(i % DH) / DH);
+        if (form) c.v[(size_t)777 * DH + 5] = 2000.0f;
+        attend_copy(ctx, plain, 20, &c, &ref, &rl);
+        attend_copy(ctx, sampled, 20, &c, &got, &gl);
+        CHECK(!memcmp(ref, got, n_out(&c) * sizeof(float)), "%s: %s, the method's bits", sampled,
+              form ? "a code past 448 (sampled or refused)" : "one magnitude a channel");
+        free(ref), free(rl), free(got), free(gl);
+    }
+    qva_config cfg;
+    qva_config_default(&cfg);
+    char why[256] = "";
+    CHECK(qva_config_set_method(&cfg, sampled) == QVA_OK &&
+              !qva_supports(QVA_DEVICE_CUDA, &cfg, QVA_BF16, DH, why, sizeof why) && why[0],
+          "%s: CUDA does not run it yet, and says why", sampled);
+    free_io(&c);
+    qva_context_free(ctx);
+}
+
 int main(void) {
     test_parse();
     test_rows();
@@ -257,5 +299,7 @@ int main(void) {
     test_ksample("sage8+nohadamard", "sage8+nohadamard+ksample");
     test_ksample("vc8+expcast-centred+pblock", "vc8+expcast-centred+pblock+ksample");
     test_gqa("vc8+expcast-centred+pblock+ksample+vsample");
+    test_draft("draft@85/0/15/0+expcast", "draft@85/0/15/0+expcast+vsample");
+    test_draft("draft@85/0/7.5/7.5", "draft@85/0/7.5/7.5+vsample");
     return check_summary("test_sample");
 }

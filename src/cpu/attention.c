@@ -1136,6 +1136,16 @@ static void keep_finite(float *dst, int *dst_d, const float *x, int d) {
     }
 }
 
+void qvi_v_sample_scales(const float *x, int n, int d, float *scale) {
+    const int m = (int)QVA_STAT_COUNT(n);
+    for (int c = 0; c < d; ++c) {
+        float amax = 0.0f;
+        for (int i = 0; i < m; ++i) amax = fmaxf(amax, fabsf(x[(size_t)QVA_STAT_ROW(i, n) * d + c]));
+        const float s = fmaxf(amax / QVI_V_E4M3_RANGE, 0.0f);
+        scale[c] = s > 0.0f ? s : 1.0f;
+    }
+}
+
 /* +ksample / +vsample: this call's statistics of K/V head (b, hk) over
  * its sampled tokens (QVA_STAT_ROW, in the caller's token order): K's
  * channel mean (FP64 sums of QVA_STAT_CHUNK rows in sample order, summed
@@ -1166,13 +1176,7 @@ static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const q
     }
     if (vs) {
         qvi_load_head(v, b, hk, raw);
-        for (int c = 0; c < d; ++c) {
-            float amax = 0.0f;
-            for (int i = 0; i < m; ++i)
-                amax = fmaxf(amax, fabsf(raw[(size_t)QVA_STAT_ROW(i, n) * d + c]));
-            const float s = fmaxf(amax / QVI_V_E4M3_RANGE, 0.0f);
-            buf[1][c] = s > 0.0f ? s : 1.0f;
-        }
+        qvi_v_sample_scales(raw, n, d, buf[1]);
         cs->vuse = buf[1];
     }
     free(raw);

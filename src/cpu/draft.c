@@ -64,6 +64,7 @@ typedef struct draft_job {
     int pooled;  /* +pooled: skipped pairs enter as their regions' means */
     int q_rows_per_scale;
     int int8_acc16; /* the INT8 blocks' PV partials rounded to FP16 (Table 6) */
+    int v_sample;   /* +vsample: delta_c^V from the packed rows' sample */
     int strict; /* check_finite: a NaN/+inf score fails the row */
     int with4, with8; /* the plan's: NVFP4 / INT8 buffers may be needed */
     const qva_draft_params *dp;
@@ -347,7 +348,10 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
         qvi_quant_i8(H->kp + off, nv, d, QVI_BLOCK, &H->k8);
         if (!H->q8.codes || !H->k8.codes)
             return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "draft: int8 operands");
-        qva_status st = qvi_v8_prepare(H->vp + off, nv, d, NULL, 0, QVA_V_E4M3, &H->v8);
+        float sampled[128];
+        if (J->v_sample) qvi_v_sample_scales(H->vp + off, nv, d, sampled);
+        qva_status st = qvi_v8_prepare_carried(H->vp + off, nv, d, NULL, 0, QVA_V_E4M3,
+                                               J->v_sample ? sampled : NULL, NULL, &H->v8);
         if (st != QVA_OK)
             return st;
         for (int c = 0; c < d; ++c) /* all-zero channel: codes 0, scale 1 */
@@ -461,6 +465,7 @@ static qva_status job_init(draft_job *J, const qvi_draft_plan *P,
     J->pooled = P->pooled;
     J->q_rows_per_scale = P->q_rows_per_scale;
     J->int8_acc16 = P->int8_acc16;
+    J->v_sample = P->v_sample;
     J->eta = P->eta;
     J->use_f16 = P->use_f16;
     J->warmup = P->warmup;

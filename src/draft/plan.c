@@ -234,6 +234,7 @@ qva_status qvi_draft_plan_make(const qva_config *cfg, const qva_tensor *q,
     p->p_block = cfg->p_max == QVA_P_MAX_BLOCK;
     p->pooled = !p->warmup && cfg->skip_fill == QVA_SKIP_POOLED;
     p->int8_acc16 = dp->int8_acc == QVA_DRAFT_ACC_FP16;
+    p->v_sample = cfg->v_scale == QVA_V_SCALE_SAMPLE;
     p->use_f16 = q->dtype == QVA_F16;
     return QVA_OK;
 }
@@ -252,6 +253,7 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out) {
     if (!qvi_method_is_8bit(out->method)) out->expcast = 0;
     if (!qvi_method_has_int8_q(out->method)) out->q_granularity = QVA_Q_PER_ROW;
     if (!qvi_p_max_applies(out)) out->p_max = QVA_P_MAX_ROW;
+    if (!qvi_v_scale_applies(out)) out->v_scale = QVA_V_SCALE_CALL;
     out->skip_fill = QVA_SKIP_DROP;
     qvi_method_defaults(out); /* the rotation and code sum the method's name gives */
     return 1;

@@ -94,6 +94,8 @@ int qvi_draft_warmup_config(const qva_config *cfg, qva_config *out);
  *   q_rows_per_scale   of the INT8 query codes: 1, or C with +qblock
  *   int8_acc16  the INT8 blocks' PV partials are rounded to FP16 (draft.int8_acc
  *               QVA_DRAFT_ACC_FP16, DA2 Table 6), else summed in FP32
+ *   v_sample    cfg->v_scale QVA_V_SCALE_SAMPLE: delta_c^V from the packed
+ *               video rows QVA_STAT_ROW samples, where they serve
  * Runs qvi_draft_validate and the quota checks; p is zeroed first.
  */
 typedef struct qvi_draft_plan {
@@ -113,6 +115,7 @@ typedef struct qvi_draft_plan {
     int pooled;  /* +pooled: skipped pairs enter as their regions' means */
     int q_rows_per_scale;
     int int8_acc16;
+    int v_sample; /* +vsample: the INT8 phase's V scales from a sample */
 } qvi_draft_plan;
 /* Eq. 20: video regions per frame, ceil(grid_h*grid_w / capacity); -1 when
  * the grid or capacity is unset. */
