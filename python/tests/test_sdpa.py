@@ -338,3 +338,31 @@ def test_warnings_are_not_swallowed():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         qvattn.sdpa(q, k, v)
+
+
+# ------------------------------------------------------------------ sampled statistics
+def test_sampled_statistics_reach_the_library(monkeypatch):
+    """+ksample / +vsample through the Python API: the options reach the
+    config, the output stays as near SDPA as the method's own (1,500 keys:
+    the sample is 1,024 of them), and a call is a function of its inputs
+    even at a layer (nothing is carried)."""
+    seen = []
+    real = _ffi.attention_raw
+
+    def rec(ctx, cfg, q, k, v, out, lse=None):
+        seen.append((cfg.k_mean, cfg.v_scale))
+        return real(ctx, cfg, q, k, v, out, lse)
+
+    monkeypatch.setattr(_ffi, "attention_raw", rec)
+    q, k, v = make_qkv(H=2, N=1500)
+    q2, k2, v2 = make_qkv(H=2, N=1500, seed=4)
+    ref = torch_sdpa(q, k, v)
+    own = qvattn.attention(q, k, v, method="sage8")
+    a = qvattn.attention(q, k, v, method="sage8+ksample+vsample", layer=3, step=20)
+    qvattn.attention(q2, k2, v2, method="sage8+ksample+vsample", layer=3, step=20)
+    b = qvattn.attention(q, k, v, method="sage8+ksample+vsample", layer=3, step=20)
+    assert seen[1:] == [(_ffi.QVA_K_MEAN_SAMPLE, _ffi.QVA_V_SCALE_SAMPLE)] * 3
+    assert not torch.equal(a, own)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    err = lambda x: float((x - ref).norm() / ref.norm())  # noqa: E731
+    assert err(a) < 1.1 * err(own), (err(a), err(own))
