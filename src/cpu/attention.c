@@ -1141,7 +1141,7 @@ void qvi_v_sample_scales(const float *x, int n, int d, float *scale) {
     for (int c = 0; c < d; ++c) {
         float amax = 0.0f;
         for (int i = 0; i < m; ++i) amax = fmaxf(amax, fabsf(x[(size_t)QVA_STAT_ROW(i, n) * d + c]));
-        const float s = fmaxf(amax / QVI_V_E4M3_RANGE, 0.0f);
+        const float s = amax / QVI_V_E4M3_RANGE; /* >= +0: fmaxf drops NaN */
         scale[c] = s > 0.0f ? s : 1.0f;
     }
 }
@@ -1150,9 +1150,8 @@ void qvi_v_sample_scales(const float *x, int n, int d, float *scale) {
  * its sampled tokens (QVA_STAT_ROW, in the caller's token order): K's
  * channel mean (FP64 sums of QVA_STAT_CHUNK rows in sample order, summed
  * in chunk order, divided by the count, rounded to float: a device sums
- * the chunks side by side) and V's channel scales (amax / 2.25 as v_channel_scale's, 1
- * for an all-zero channel), into kuse / vuse as if carried.  Nothing is
- * kept for a next call. */
+ * the chunks side by side) and V's channel scales (qvi_v_sample_scales),
+ * into kuse / vuse as if carried.  Nothing is kept for a next call. */
 static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const qva_tensor *v,
                              int64_t b, int64_t hk, float (*buf)[128], carried *cs) {
     const int ks = cfg->k_mean == QVA_K_MEAN_SAMPLE, vs = cfg->v_scale == QVA_V_SCALE_SAMPLE;

@@ -66,7 +66,7 @@ stat_finish_kernel(int64_t n, int nchunk, const void *part, float *out, int *val
     } else {
         float a = 0.0f;
         for (int g = 0; g < nchunk; ++g) a = fmaxf(a, ((const float *)part)[o + (int64_t)g * D]);
-        const float s = fmaxf(__fdiv_rn(a, QVI_V_E4M3_RANGE), 0.0f);
+        const float s = __fdiv_rn(a, QVI_V_E4M3_RANGE); /* >= +0: fmaxf drops NaN */
         out[(int64_t)bh * D + c] = s > 0.0f ? s : 1.0f;
         if (c == 0) valid[bh] = 1;
     }
