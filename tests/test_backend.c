@@ -21,6 +21,8 @@
  *     draft's INT8 partials where FP32 and FP16 part (run_int8_acc); and
  *     +kprev's and +vprev's carried statistics over three calls
  *     (run_carried); +vsample's own-scale cases bit for bit (run_sampled).
+ *   test mode on every backend: draft's +vsample against its own scales on
+ *     rows the sample holds or misses (run_draft_sampled).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdlib.h>
@@ -28,6 +30,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "draft/partition.h"
 #include "internal.h"
 
 typedef struct tol {
@@ -102,6 +105,9 @@ static const tol TOLS[] = {
     {"draft@50/20/15/15+expcast-centred", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@85/0/7.5/7.5+qblock", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
     {"draft@85/0/7.5/7.5+fp16acc", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL}, /* Table 6's FP16 partials */
+    /* the INT8 phase's V scales from the packed video rows' sample */
+    {"draft@85/0/7.5/7.5+expcast+vsample", 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+    {"draft@50/20/15/15+vsample", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@0/40/30/30", 0.35, 5e-2, 1e-1, 5e-2, 0, NULL},
     {"draft@50/20/15/15", 10.0, 5e-2, 1e-1, 5e-2, 0, NULL},
     /* the adaptive budget: per head K (on CUDA found by the router) */
@@ -182,6 +188,8 @@ static const tcase CASES[] = {
      * the Hopper kernel's prefix-query CTAs */
     {1, 2, 680, 680, 128, QVA_BF16, 0, 2, 12, 20, 200, 1, 1},
     {1, 1, 1136, 1136, 128, QVA_F16, 1, 2, 16, 32, 112, 0, 1},
+    /* more packed video rows than a sample (+vsample), a prefix last */
+    {1, 2, 2148, 2148, 64, QVA_F16, 0, 4, 16, 32, 100, 1, 1},
 };
 #define NCASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -825,6 +833,74 @@ static void run_sampled(int ci) {
     }
 }
 
+/* Draft's +vsample (the packed video rows' QVA_STAT_ROW sample) against
+ * the same route with the head's own V scales, on each backend, with one
+ * video token's V row set to x in every channel (V is within +-1): a
+ * sampled token at 1.5 gives the sample the head's amax (the same bits);
+ * an unsampled one at 2000 makes a code pass 448, so the head takes its
+ * own scales (the same bits); an unsampled one at 1.5 leaves the sampled
+ * scales in use (all-INT8 route: other bits). */
+static void run_draft_sampled(int ci) {
+    const tcase *c = &CASES[ci];
+    if (c->T == 0 || (c->dt != QVA_BF16 && c->dt != QVA_F16)) return;
+    qvi_partition part;
+    qvi_draft_layout lay;
+    if (qvi_partition_build(c->GH, c->GW, QVI_BLOCK, &part) != QVA_OK) return;
+    const qva_status ls = qvi_draft_layout_build(&part, c->T, c->P, c->at_end, &lay);
+    qvi_partition_free(&part);
+    CHECK(ls == QVA_OK, "draft sampled case %d: layout", ci);
+    if (ls != QVA_OK) return;
+    const int64_t nv = lay.regions * lay.c;
+    const int32_t *video = lay.pack_to_orig + lay.prefix_pad;
+    int sampled_tok = -1, unsampled_tok = -1;
+    char *in = calloc((size_t)nv, 1);
+    for (int64_t i = 0; i < QVA_STAT_COUNT(nv); ++i) in[QVA_STAT_ROW(i, nv)] = 1;
+    for (int64_t r = 0; r < nv; ++r) {
+        if (video[r] < 0) continue;
+        if (in[r] && sampled_tok < 0) sampled_tok = video[r];
+        if (!in[r] && unsampled_tok < 0) unsampled_tok = video[r];
+    }
+    free(in);
+    qvi_draft_layout_free(&lay);
+    if (unsampled_tok < 0) return; /* the sample holds every row */
+    static const char *const pairs[][2] = {{"draft@0/0/100/0", "draft@0/0/100/0+vsample"},
+                                           {"draft@0/50/50/0+expcast", "draft@0/50/50/0+expcast+vsample"}};
+    const struct {
+        int tok;
+        float x;
+        int same;
+        const char *what;
+    } forms[] = {{sampled_tok, 1.5f, 1, "the amax on a sampled row"},
+                 {unsampled_tok, 2000.0f, 1, "a code past 448 on an unsampled row"},
+                 {unsampled_tok, 1.5f, 0, "the sampled scales on an all-INT8 route"}};
+    for (int dev = 0; dev < 2; ++dev) {
+        if (dev == 1 && !qva_cuda_available()) break;
+        for (size_t p = 0; p < sizeof pairs / sizeof *pairs; ++p) {
+            const tol tb = {pairs[p][0], 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
+                      ts = {pairs[p][1], 10.0, 1e-2, 5e-2, 1e-2, 0, NULL};
+            if (method_filter && strncmp(tb.method, method_filter, strlen(method_filter))) continue;
+            host_io h = make_case(c);
+            float *a = malloc(h.nq * 4), *b = malloc(h.nq * 4);
+            for (size_t f = 0; f < sizeof forms / sizeof *forms; ++f) {
+                if (p == 1 && !forms[f].same) continue; /* a mixed route may miss the row */
+                set_v_row(&h, c, forms[f].tok, forms[f].x);
+                const qva_status sa = dev ? run_cuda_in(NULL, c, &h, &tb, a, NULL)
+                                          : run_cpu_in(NULL, c, &h, &tb, a, NULL, NULL),
+                                 sb = dev ? run_cuda_in(NULL, c, &h, &ts, b, NULL)
+                                          : run_cpu_in(NULL, c, &h, &ts, b, NULL, NULL);
+                CHECK(sa == QVA_OK && sb == QVA_OK && (memcmp(a, b, h.nq * 4) == 0) == forms[f].same,
+                      "draft sampled case %d %s %s: %s, %s bits (%s)", ci, dev ? "cuda" : "cpu",
+                      pairs[p][1], forms[f].what, forms[f].same ? "the method's" : "other",
+                      qva_last_error());
+                free_case(&h);
+                h = make_case(c);
+            }
+            free(a), free(b);
+            free_case(&h);
+        }
+    }
+}
+
 /* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
  * draft methods only (a targeted sanitizer run). */
 int main(int argc, char **argv) {
@@ -847,6 +923,7 @@ int main(int argc, char **argv) {
     method_filter = argc > 2 ? argv[2] : NULL;
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
+    for (int i = 0; !perf && i < NCASES; ++i) run_draft_sampled(i);
     if (!perf && qva_cuda_available())
         for (int i = 0; i < NCASES; ++i) run_nonfinite(i), run_int8_acc(i), run_carried(i), run_sampled(i);
     return check_summary("test_backend");

@@ -142,6 +142,15 @@ typedef struct qvc_prep_args {
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
 } qvc_prep_args;
+/* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
+ * (QVA_STAT_ROW over n rows; map NULL: rows of x, else map[row] is x's
+ * row, -1 a zero row), as the CPU's sampled_of sums it; +vsample (!mean):
+ * out = their amax / 2.25 (1 for an all-zero channel) and, valid not
+ * NULL, valid[BH] = 1.  part: qvc_stat_sample_bytes(BH, n, D) of scratch
+ * (prep/sample.cu; draft's +vsample samples its packed video rows). */
+size_t qvc_stat_sample_bytes(int BH, int n, int D);
+qva_status qvc_stat_sample(const qvc_view *x, int BH, int64_t n, const int32_t *map, int mean,
+                           void *part, float *out, int *valid, cudaStream_t st);
 /* Two side streams for the independent chains of one call (streams.cu):
  * qvc_fork_begin makes them wait for the caller's stream, qvc_fork_end
  * makes the caller's stream wait for them.  Made on first use, owned by

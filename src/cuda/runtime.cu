@@ -38,10 +38,6 @@ extern "C" int qvi_cuda_supports(const qva_config *cfg, qva_dtype dt, int64_t d,
         snprintf(why, len, "no CUDA device present");
         return 0;
     }
-    if (cfg->method == QVA_METHOD_DRAFT && cfg->v_scale == QVA_V_SCALE_SAMPLE) {
-        snprintf(why, len, "draft's +vsample runs on the CPU reference only so far");
-        return 0;
-    }
     if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale != QVA_V_SCALE_CALL) &&
         dt != QVA_BF16 && dt != QVA_F16) {
         snprintf(why, len, "+kprev, +vprev and +vsample on CUDA take bf16 or f16 inputs (their "

@@ -30,7 +30,9 @@
  *   q8, k8   [nv][D] INT8, k8s [R] one delta per region block, q8s [nv]
  *            one per row (q_rows_per_scale 1) or [R] per block (128);
  *            v8t [R][D][128] E4M3 of V/delta_c in the PV slot order
- *            (qvc_pv_slot_key), dv [D] the channel scales delta_c.
+ *            (qvc_pv_slot_key), dv [D] the channel scales delta_c (with
+ *            +vsample those of the packed video rows' sample where they
+ *            serve, v_redo[bh] 0; else the head's own, v_redo 1).
  * Low-bit scales come from the video tokens only (padding is zero).
  */
 #ifndef QVATTN_CUDA_DRAFT_INTERNAL_H
@@ -57,6 +59,8 @@ typedef struct dg_ops {
     uint8_t *v8t;
     float *dv;
     float *amax; /* [3][BH][R][D] scratch: channel amax of each region, Q K V */
+    void *vs_part; /* +vsample: the sample's chunk partials (qvc_stat_sample) */
+    int *v_redo;   /* +vsample: [BH] 1 where the sampled scales do not serve */
 } dg_ops;
 
 /* The phased kernel's arguments: the operands, the layout (count, pack)

@@ -58,7 +58,8 @@ typedef struct dg_state {
 
 static void dg_ops_free(dg_ops *o) {
     void *ptrs[] = {o->q16, o->k16, o->v16t, o->q4, o->k4, o->v4t, o->g4,
-                    o->q8,  o->k8,  o->q8s,  o->k8s, o->v8t, o->dv, o->amax};
+                    o->q8,  o->k8,  o->q8s,  o->k8s, o->v8t, o->dv, o->amax, o->vs_part,
+                    o->v_redo};
     qvc_free_all(ptrs, sizeof ptrs / sizeof ptrs[0]);
     memset(o, 0, sizeof *o);
 }
@@ -126,6 +127,8 @@ static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack,
         {(void **)&o->v8t, with8 ? bh * nv * d : 0},
         {(void **)&o->dv, with8 ? bh * d * sizeof(float) : 0},
         {(void **)&o->amax, lowbit * 3 * bh * (size_t)R * d * sizeof(float)},
+        {(void **)&o->vs_part, with8 ? qvc_stat_sample_bytes(BH, R * DG_KEYS, D) : 0},
+        {(void **)&o->v_redo, with8 ? bh * sizeof(int) : 0},
     };
     qva_status st = qvc_malloc_all(req, sizeof req / sizeof req[0], "draft operands: cudaMalloc");
     if (st != QVA_OK) dg_ops_free(o);

@@ -42,7 +42,7 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
                             cudaStream_t st) {
     qva_status s = QVA_OK;
     if (kmean)
-        s = a->k_sample ? qvc_stat_sample(k, BH, 1, kpart, kmean, NULL, st)
+        s = a->k_sample ? qvc_stat_sample(k, BH, k->N, NULL, 1, kpart, kmean, NULL, st)
                         : qvc_kmean(k, a->perm, nk, BH, kmean, kext, a->kprev_mean, a->kprev_valid,
                                     st);
     if (s == QVA_OK && a->lse_shift)
@@ -160,7 +160,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     if (s == QVA_OK && a->v_sample && !demean) {
         av.vprev_scale = vsample;
         av.vprev_valid = (int *)(vsample + (size_t)BH * D);
-        s = qvc_stat_sample(v, BH, 0, vpart, av.vprev_scale, av.vprev_valid, sts[2]);
+        s = qvc_stat_sample(v, BH, v->N, NULL, 0, vpart, av.vprev_scale, av.vprev_valid, sts[2]);
     }
     if (s == QVA_OK) s = qvc_prep_v8(v, &av, demean, bmu, bamax, ops, vscratch, sts[2]);
     return s;

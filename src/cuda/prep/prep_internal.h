@@ -60,13 +60,6 @@ qva_status qvc_prep_ksmooth(const qvc_view *q, const qvc_view *k, const qvc_prep
                             cudaStream_t st);
 
 /* ---- sample.cu */
-/* +ksample (mean): out [BH][D] = the mean of x's sampled rows
- * (QVA_STAT_ROW) per channel, as the CPU's sampled_of sums it; +vsample
- * (!mean): out = their amax / 2.25 (1 for an all-zero channel) and valid
- * [BH] = 1.  part: qvc_stat_sample_bytes(BH, n, D) of scratch. */
-size_t qvc_stat_sample_bytes(int BH, int n, int D);
-qva_status qvc_stat_sample(const qvc_view *x, int BH, int mean, void *part, float *out,
-                           int *valid, cudaStream_t st);
 
 /* ---- kmean.cu */
 /* mean [BH][D] = the channel mean of K[perm] (perm [BH][n] or NULL) as the
