@@ -240,7 +240,7 @@ typedef enum qva_v_scale {
                                 (amax / 2.25 over QVA_STAT_ROW's rows)
                                 instead of the previous call's: stateless;
                                 also draft's INT8 phase (its packed video
-                                rows sampled; CPU only so far)             */
+                                rows sampled; CUDA: bf16/f16)              */
 } qva_v_scale;
 
 /* +ksample and +vsample take their statistics over n' = QVA_STAT_COUNT(n)
