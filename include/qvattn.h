@@ -239,6 +239,9 @@ typedef enum qva_v_scale {
                                 this call's QVA_STAT_SAMPLE sampled values
                                 (amax / 2.25 over QVA_STAT_ROW's rows)
                                 instead of the previous call's: stateless;
+                                on demeaning steps the residual's scales
+                                from QVA_STAT_BLOCK's blocks, by the same
+                                rule (and mean / scale <= 32768);
                                 also draft's INT8 phase (its packed video
                                 rows sampled; CUDA: bf16/f16)              */
 } qva_v_scale;
@@ -255,6 +258,13 @@ typedef enum qva_v_scale {
 #define QVA_STAT_CHUNK 64 /* +ksample's mean: FP64 sums of 64 sampled rows each, then their sum */
 #define QVA_STAT_COUNT(n) ((int64_t)(n) < QVA_STAT_SAMPLE ? (int64_t)(n) : (int64_t)QVA_STAT_SAMPLE)
 #define QVA_STAT_ROW(i, n) ((int64_t)(i) * (int64_t)(n) / QVA_STAT_COUNT(n))
+/* +vsample on a V-Smooth demeaning step: the residual's scales from
+ * QVA_STAT_BLOCKS(nblk) = min(nblk, QVA_STAT_SAMPLE / 128) of the
+ * permuted V's nblk key blocks of 128, block QVA_STAT_BLOCK(i, nblk) for
+ * i = 0 .. QVA_STAT_BLOCKS(nblk) - 1 (whole blocks: each one's mean is
+ * the block's own). */
+#define QVA_STAT_BLOCKS(nblk) ((int64_t)(nblk) < QVA_STAT_SAMPLE / 128 ? (int64_t)(nblk) : (int64_t)(QVA_STAT_SAMPLE / 128))
+#define QVA_STAT_BLOCK(i, nblk) ((int64_t)(i) * (int64_t)(nblk) / QVA_STAT_BLOCKS(nblk))
 
 /* V-Smooth schedule (VC §3.4, Appendix A). */
 typedef enum qva_schedule {

@@ -258,9 +258,12 @@ void qvi_v_sample_scales(const float *x, int n, int d, float *scale);
  * use (d, or NULL) replaces this call's own scales without demeaning,
  * where they serve (every code within E4M3's range: one decision for the
  * whole head); next (d, or NULL) receives the own scales, for the layer's
- * next call. */
+ * next call.  sample_blocks (+vsample), with demean: the residual's scales
+ * from the QVA_STAT_BLOCK blocks replace the own where they serve (every
+ * code within E4M3's range and every mean / scale <= 32768). */
 qva_status qvi_v8_prepare_carried(const float *v, int n, int d, const int32_t *perm, int demean,
-                                  qva_v_code code, const float *use, float *next, qvi_v8 *out);
+                                  qva_v_code code, const float *use, int sample_blocks,
+                                  float *next, qvi_v8 *out);
 void qvi_v8_free(qvi_v8 *x);
 
 /* ------------------------------------------------------------ row engine */

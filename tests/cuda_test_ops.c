@@ -138,18 +138,20 @@ typedef struct variant {
     qvc_qk_format fmt;
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
     int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
+    int v_sample; /* +vsample on a demeaning step (16-bit inputs only) */
 } variant;
 
 static const variant VARIANTS[] = {
-    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1},
-    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK},
-    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1},
-    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1},
-    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK},
-    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1},
-    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK},
-    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK},
-    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK},
+    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1, 0},
+    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0},
+    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0},
+    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 0},
+    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK, 0},
+    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1, 0},
+    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK, 0},
+    {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 
@@ -157,6 +159,9 @@ typedef struct shape {
     int nq, nk, D, B, H;
     qva_dtype dt;
     int nhd;
+    /* bf16: a residual past 448 times +vsample's scale, in a block its
+     * sample misses, so that the head is coded with its own */
+    int spike;
 } shape;
 
 /* Device operands copied back to the host. */
@@ -345,7 +350,8 @@ static void check_head(const variant *va, const shape *sh, const char *tag, cons
     memset(&v8, 0, sizeof v8);
     memset(&f8, 0, sizeof f8);
     if (va->v_mode == 0) {
-        if (qvi_v8_prepare(raw_v, nk, d, perm, va->demean, QVA_V_E4M3, &v8) != QVA_OK) {
+        if (qvi_v8_prepare_carried(raw_v, nk, d, perm, va->demean, QVA_V_E4M3, NULL, va->v_sample,
+                                   NULL, &v8) != QVA_OK) {
             CHECK(0, "qvi_v8_prepare failed");
             goto done;
         }
@@ -411,6 +417,28 @@ done:
     free(q), free(k), free(v), free(raw), free(raw_v);
 }
 
+/* shape.spike: in each head, 2^20 at channel 9 of row 5 of the first
+ * block that QVA_STAT_BLOCK misses (in the permuted order), on the host
+ * and the device. */
+static int put_spike(host_dev *V, const shape *sh, const int32_t *perm) {
+    const int nblk = (sh->nk + QVI_BLOCK - 1) / QVI_BLOCK;
+    int missed = -1;
+    for (int j = 0; j < nblk && missed < 0; ++j) {
+        int hit = 0;
+        for (int64_t i = 0; i < QVA_STAT_BLOCKS(nblk); ++i) hit |= QVA_STAT_BLOCK(i, nblk) == j;
+        if (!hit) missed = j;
+    }
+    CHECK(missed >= 0 && sh->dt == QVA_BF16, "spike: an unsampled block of bf16 V");
+    if (missed < 0 || sh->dt != QVA_BF16) return 0;
+    for (int b = 0; b < sh->B; ++b)
+        for (int h = 0; h < sh->H; ++h) {
+            const int row = perm[(size_t)(b * sh->H + h) * sh->nk + missed * QVI_BLOCK + 5];
+            ((uint16_t *)V->t.data)[qvi_offset(&V->t, b, h, row, 9)] = bf16_bits(0x1p20f);
+        }
+    const size_t bytes = (size_t)sh->B * sh->H * sh->nk * sh->D * 2;
+    return cuda_ok(cudaMemcpy(V->dev, V->t.data, bytes, cudaMemcpyHostToDevice), "H2D spike");
+}
+
 /* The side streams of the preparation (qvc_prep with a fork: Q, K and V
  * side by side), used by every other variant; the rest run on st alone. */
 static qvc_fork g_fork;
@@ -446,6 +474,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
             p[i] = p[j], p[j] = t;
         }
     }
+    if (sh->spike && !put_spike(&V, sh, perm)) goto out;
     if (!cuda_ok(cudaMalloc((void **)&dperm, (size_t)BH * sh->nk * 4), "cudaMalloc perm") ||
         !cuda_ok(cudaMemcpy(dperm, perm, (size_t)BH * sh->nk * 4, cudaMemcpyHostToDevice), "H2D perm") ||
         !cuda_ok(cudaMalloc((void **)&dsigns, (size_t)d * 4), "cudaMalloc signs") ||
@@ -454,6 +483,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
 
     for (int vi = 0; vi < NVARIANTS; ++vi) {
         const variant *va = &VARIANTS[vi];
+        if (va->v_sample && sh->dt == QVA_F32) continue; /* 16-bit inputs (qvc_prep) */
         char tag[160];
         snprintf(tag, sizeof tag, "%s nq=%d nk=%d D=%d B=%d H=%d %s %s", va->name, sh->nq, sh->nk,
                  d, sh->B, sh->H, dtype_name(sh->dt), sh->nhd ? "NHD" : "HND");
@@ -484,6 +514,7 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         a.perm = va->use_perm ? dperm : NULL;
         a.v_mode = va->v_mode;
         a.demean = va->demean;
+        a.v_sample = va->v_sample;
         /* The LSE shift comes with K smoothing (poisoned first). */
         const size_t nshift = (size_t)BH * sh->nq;
         float *dshift = NULL, *gshift = NULL;
@@ -537,8 +568,14 @@ static void test_prep(cudaStream_t st) {
                     sh.H = idx % 2 ? 1 : 3;
                     sh.dt = dts[ti];
                     sh.nhd = nhd;
+                    sh.spike = 0;
                     test_prep_shape(&sh, st);
                 }
+    /* more key blocks than +vsample's demeaning step samples */
+    const shape more[] = {{1500, 1500, 128, 1, 2, QVA_BF16, 0, 0},
+                          {1500, 1500, 128, 1, 2, QVA_BF16, 1, 1},
+                          {1300, 1300, 64, 2, 1, QVA_F16, 0, 0}};
+    for (size_t i = 0; i < sizeof more / sizeof *more; ++i) test_prep_shape(&more[i], st);
 }
 
 /* ------------------------------------------------------------ qvc_prep4 */
@@ -763,6 +800,7 @@ static void test_prep4_shape(const shape *sh, cudaStream_t st) {
         }
     }
     const size_t nshift = (size_t)BH * sh->nq;
+    if (sh->spike && !put_spike(&V, sh, perm)) goto out;
     if (!cuda_ok(cudaMalloc((void **)&dperm, (size_t)BH * sh->nk * 4), "cudaMalloc perm") ||
         !cuda_ok(cudaMemcpy(dperm, perm, (size_t)BH * sh->nk * 4, cudaMemcpyHostToDevice), "H2D perm") ||
         !cuda_ok(cudaMalloc((void **)&dsigns, (size_t)d * 4), "cudaMalloc signs") ||

@@ -365,13 +365,46 @@ static int carried_scales_serve(const float *x, int n, int d, const float *use) 
     return 1;
 }
 
+/* +vsample on a demeaning step: v_channel_scale over the rows of the
+ * QVA_STAT_BLOCK blocks of the residual x (n rows) and their means mu. */
+static void sampled_block_scales(const float *x, int n, int d, const float *mu, int nblk,
+                                 float *scale) {
+    const int nb = (int)QVA_STAT_BLOCKS(nblk);
+    for (int c = 0; c < d; ++c) {
+        float amax = 0.0f, mmax = 0.0f;
+        for (int i = 0; i < nb; ++i) {
+            const int j = (int)QVA_STAT_BLOCK(i, nblk), r1 = (j + 1) * QVI_BLOCK < n ? (j + 1) * QVI_BLOCK : n;
+            for (int r = j * QVI_BLOCK; r < r1; ++r) amax = fmaxf(amax, fabsf(x[(size_t)r * d + c]));
+            mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
+        }
+        const float s = fmaxf(amax / QVI_V_E4M3_RANGE, mmax / 32768.0f);
+        scale[c] = s > 0.0f ? s : 1.0f;
+    }
+}
+
+/* Whether the sampled scales `use` serve the whole residual x: every
+ * channel's amax / scale <= 448 and every |mean| / scale <= 32768 (the
+ * bounds the own scale keeps; the quotients are monotone). */
+static int sampled_block_scales_serve(const float *x, int n, int d, const float *mu, int nblk,
+                                      const float *use) {
+    for (int c = 0; c < d; ++c) {
+        float amax = 0.0f, mmax = 0.0f;
+        for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
+        for (int j = 0; j < nblk; ++j) mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
+        if (!isfinite(use[c]) || !(amax / use[c] <= 448.0f) || !(mmax / use[c] <= 32768.0f))
+            return 0;
+    }
+    return 1;
+}
+
 qva_status qvi_v8_prepare(const float *v, int n, int d, const int32_t *perm,
                           int demean, qva_v_code code, qvi_v8 *out) {
-    return qvi_v8_prepare_carried(v, n, d, perm, demean, code, NULL, NULL, out);
+    return qvi_v8_prepare_carried(v, n, d, perm, demean, code, NULL, 0, NULL, out);
 }
 
 qva_status qvi_v8_prepare_carried(const float *v, int n, int d, const int32_t *perm, int demean,
-                                  qva_v_code code, const float *use, float *next, qvi_v8 *out) {
+                                  qva_v_code code, const float *use, int sample_blocks,
+                                  float *next, qvi_v8 *out) {
     const int digits = code == QVA_V_E4M3X2 ? 2 : 1, int8 = code == QVA_V_INT8_PV;
     memset(out, 0, sizeof *out);
     out->n = n;
@@ -395,9 +428,16 @@ qva_status qvi_v8_prepare_carried(const float *v, int n, int d, const int32_t *p
         out->chan_scale[c] = v_channel_scale(x, n, d, c, out->mu_hat, out->nblk,
                                              int8 ? 127.0f : QVI_V_E4M3_RANGE);
     if (next) memcpy(next, out->chan_scale, (size_t)d * sizeof(float));
-    /* demeaning steps read V for its block means anyway: their own scales */
+    /* carried scales: not on demeaning steps, which read V for its block
+     * means anyway; sampled blocks: there, so that a device reads V once */
     if (use && !demean && carried_scales_serve(x, n, d, use))
         memcpy(out->chan_scale, use, (size_t)d * sizeof(float));
+    if (sample_blocks && demean && code == QVA_V_E4M3) {
+        float su[128];
+        sampled_block_scales(x, n, d, out->mu_hat, out->nblk, su);
+        if (sampled_block_scales_serve(x, n, d, out->mu_hat, out->nblk, su))
+            memcpy(out->chan_scale, su, (size_t)d * sizeof(float));
+    }
     for (int c = 0; c < d; ++c) {
         const float sc = out->chan_scale[c];
         for (int i = 0; i < n; ++i) {
@@ -507,6 +547,7 @@ static void smooth_k(float *k, int nk, const float *q, int nq, int d, float sm_s
 typedef struct carried {
     const float *kuse, *vuse;
     float *knext, *vnext;
+    int v_blocks; /* +vsample: demeaning steps' scales from sampled blocks */
 } carried;
 
 /* +kprev: the K mean the layer's next call smooths with, from this call's
@@ -642,7 +683,7 @@ static qva_status quantize_codes(float *q, float *k, float *v, int demean,
         qva_status st = (!o->qi.codes || !o->ki.codes)
                             ? qvi_fail(QVA_ERR_OUT_OF_MEMORY, "int8 operands")
                             : qvi_v8_prepare_carried(v, o->nk, d, NULL, demean, o->v_code,
-                                                     cs->vuse, cs->vnext, &o->v8);
+                                                     cs->vuse, cs->v_blocks, cs->vnext, &o->v8);
         if (st == QVA_OK && o->floor_mass && !demean) st = head_mean_hat(v, o);
         return st;
     }
@@ -1177,6 +1218,7 @@ static qva_status sampled_of(const qva_config *cfg, const qva_tensor *k, const q
         qvi_load_head(v, b, hk, raw);
         qvi_v_sample_scales(raw, n, d, buf[1]);
         cs->vuse = buf[1];
+        cs->v_blocks = 1;
     }
     free(raw);
     return QVA_OK;
@@ -1216,7 +1258,7 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
     const int32_t *perm = NULL;
     int demean = 0;
     float buf[4][128];
-    carried cs = {NULL, NULL, NULL, NULL};
+    carried cs = {NULL, NULL, NULL, NULL, 0};
     const int64_t shape[3] = {q->shape[0], q->shape[1], k->shape[1]};
     if ((cfg->k_mean == QVA_K_MEAN_PREVIOUS || cfg->v_scale == QVA_V_SCALE_PREVIOUS) &&
         cfg->layer != QVA_LAYER_NONE)
@@ -1231,7 +1273,8 @@ qva_status qvi_cpu_attention_masked(qva_context_t *ctx, const qva_config *cfg,
                 break;
             /* the group's heads use one carried set; the last leaves the next */
             const int last = h % group == group - 1;
-            const carried hcs = {cs.kuse, cs.vuse, last ? cs.knext : NULL, last ? cs.vnext : NULL};
+            const carried hcs = {cs.kuse, cs.vuse, last ? cs.knext : NULL, last ? cs.vnext : NULL,
+                                 cs.v_blocks};
             st = cfg->method == QVA_METHOD_EXACT
                      ? exact_head(cfg, q, k, v, b, h, hk, ob, lb)
                      : quantized_head(cfg, q, k, v, b, h, hk, perm, demean, mask, &hcs, ob, lb);

@@ -351,7 +351,7 @@ static qva_status prep_lowbit(const draft_job *J, draft_head *H) {
         float sampled[128];
         if (J->v_sample) qvi_v_sample_scales(H->vp + off, nv, d, sampled);
         qva_status st = qvi_v8_prepare_carried(H->vp + off, nv, d, NULL, 0, QVA_V_E4M3,
-                                               J->v_sample ? sampled : NULL, NULL, &H->v8);
+                                               J->v_sample ? sampled : NULL, 0, NULL, &H->v8);
         if (st != QVA_OK)
             return st;
         for (int c = 0; c < d; ++c) /* all-zero channel: codes 0, scale 1 */

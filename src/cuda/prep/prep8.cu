@@ -230,7 +230,9 @@ extern "C" qva_status qvc_prep(const qvc_view *q, const qvc_view *k,
                              ? align256((size_t)BH * nblk * D * sizeof(float)) : 0;
     const size_t csum_b = kprev ? align256((size_t)BH * nblk * D * sizeof(int32_t)) : 0;
     const int vsample = a->v_sample && !demean;
-    const size_t vsc_b = a->vprev_scale || vsample
+    const size_t vsc_b = a->v_sample && demean
+                             ? align256(qvc_v_sampled_blocks_floats(BH, D) * sizeof(float))
+                         : a->vprev_scale || vsample
                              ? align256((size_t)BH * (2 * D + 1) * sizeof(float)) : 0;
     /* +vsample: the sampled scales [BH][D] and their validity [BH] */
     const size_t vsm_b = vsample ? align256((size_t)BH * (D + 1) * sizeof(float)) : 0;

@@ -112,6 +112,10 @@ typedef struct v_plain_params {
     const int *only;
     int only_value;
     float *bamax;
+    /* +vsample on a demeaning step: the kernel takes each block's mean
+     * itself (v_stats_plain_kernel's sums) and writes it here, its
+     * residual amax into bamax; bmu is NULL.  NULL: not fused. */
+    float *fused_mu;
 } v_plain_params;
 /* Whether v_plain_kernel serves V in this mode (0, 16-bit vector-loadable
  * input, D 64 or 128), and its launch. */
@@ -124,9 +128,11 @@ void qvc_v_amax_plain_launch(const qvc_view &v, const int32_t *perm, int n, int 
                              float *bamax, const int *skip, cudaStream_t st);
 
 /* qvc_prep_v_stats with demeaning for the inputs qvc_v_plain_ok takes:
- * the raw block means into bmu and the residual amax into bamax. */
+ * the raw block means into bmu and the residual amax into bamax; with
+ * sampled only those of the QVA_STAT_BLOCKS(nblk) blocks QVA_STAT_BLOCK
+ * picks, [BH][QVA_STAT_BLOCKS(nblk)][D]. */
 void qvc_v_stats_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
-                              float *bmu, float *bamax, cudaStream_t st);
+                              float *bmu, float *bamax, int sampled, cudaStream_t st);
 
 /* ---- v.cu */
 /* Per (128-key block, bh, channel) of V[perm]: the raw block mean (0
@@ -136,8 +142,10 @@ qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int 
                             const char *what);
 /* The V part of qvc_prep: ops->v_t, v_chan, v_blk and v_mu from V[a->perm]
  * (bmu, bamax: [BH][nblk][D] scratch, used for a->v_mode 0; vprev_scratch:
- * 2 BH D floats and BH ints for a->vprev_scale, else unused). */
+ * 2 BH D floats and BH ints for a->vprev_scale, qvc_v_sampled_blocks_floats
+ * for a->v_sample with demean, else unused). */
 qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, float *bmu,
                        float *bamax, qvc_ops *ops, float *vprev_scratch, cudaStream_t st);
+size_t qvc_v_sampled_blocks_floats(int BH, int D);
 
 #endif

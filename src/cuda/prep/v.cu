@@ -82,32 +82,40 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
  * sequential loop's result. */
 #define VS_CH 32
 #define VS_JL 8
+/* given (+vsample's demeaning step, once decided): the scales are read
+ * from it, not made, and only the means are written. */
 __global__ void __launch_bounds__(VS_CH * VS_JL)
 v_scale_kernel(int D, int nblk, int demean, float range, const float *bmu, const float *bamax,
-               float *v_chan, float *v_mu, uint16_t *v_mu_tile, float *amax_out) {
+               float *v_chan, float *v_mu, uint16_t *v_mu_tile, float *amax_out, float *mmax_out,
+               const float *given) {
     __shared__ float red[2][VS_JL][VS_CH];
     __shared__ float scale[VS_CH];
     const int cl = threadIdx.x % VS_CH, jl = threadIdx.x / VS_CH, bh = blockIdx.y;
     const int c = blockIdx.x * VS_CH + cl;
     const int64_t o0 = (int64_t)bh * nblk * D + c;
-    float amax = 0.0f, mmax = 0.0f;
-    for (int j = jl; j < nblk; j += VS_JL) {
-        amax = fmaxf(amax, bamax[o0 + (int64_t)j * D]);
-        if (demean) mmax = fmaxf(mmax, fabsf(bmu[o0 + (int64_t)j * D]));
-    }
-    red[0][jl][cl] = amax;
-    red[1][jl][cl] = mmax;
-    __syncthreads();
-    if (jl == 0) {
-        for (int i = 1; i < VS_JL; ++i) {
-            amax = fmaxf(amax, red[0][i][cl]);
-            mmax = fmaxf(mmax, red[1][i][cl]);
+    if (given) {
+        if (jl == 0) scale[cl] = given[(int64_t)bh * D + c];
+    } else {
+        float amax = 0.0f, mmax = 0.0f;
+        for (int j = jl; j < nblk; j += VS_JL) {
+            amax = fmaxf(amax, bamax[o0 + (int64_t)j * D]);
+            if (demean) mmax = fmaxf(mmax, fabsf(bmu[o0 + (int64_t)j * D]));
         }
-        float s = fmaxf(__fdiv_rn(amax, range), __fdiv_rn(mmax, 32768.0f));
-        s = s > 0.0f ? s : 1.0f;
-        v_chan[(int64_t)bh * D + c] = s;
-        if (amax_out) amax_out[(int64_t)bh * D + c] = amax; /* +vprev's test */
-        scale[cl] = s;
+        red[0][jl][cl] = amax;
+        red[1][jl][cl] = mmax;
+        __syncthreads();
+        if (jl == 0) {
+            for (int i = 1; i < VS_JL; ++i) {
+                amax = fmaxf(amax, red[0][i][cl]);
+                mmax = fmaxf(mmax, red[1][i][cl]);
+            }
+            float s = fmaxf(__fdiv_rn(amax, range), __fdiv_rn(mmax, 32768.0f));
+            s = s > 0.0f ? s : 1.0f;
+            v_chan[(int64_t)bh * D + c] = s;
+            if (amax_out) amax_out[(int64_t)bh * D + c] = amax; /* +vprev's, +vsample's tests */
+            if (mmax_out) mmax_out[(int64_t)bh * D + c] = mmax;
+            scale[cl] = s;
+        }
     }
     __syncthreads();
     const float s = scale[cl];
@@ -260,6 +268,61 @@ qva_status qvc_prep_v_stats(const qvc_view *v, const int32_t *perm, int nk, int 
     return qvc_launch_check(what);
 }
 
+/* +vsample on a demeaning step, one CTA of D threads per head
+ * (qvi_v8_prepare_carried's sample_blocks): the sampled blocks' scales
+ * `use` serve if every channel's residual amax / scale <= 448 and every
+ * |mean| / scale <= 32768; v_chan receives the scales the codes use and
+ * serve[bh] the decision (0: coded again with the own). */
+__global__ void v_sample_decide_kernel(const float *use, const float *own, const float *amax,
+                                       const float *mmax, float *v_chan, int *serve) {
+    const int bh = blockIdx.x, c = threadIdx.x;
+    const int64_t o = (int64_t)bh * blockDim.x + c;
+    const float u = use[o];
+    const int ok = isfinite(u) && __fdiv_rn(amax[o], u) <= 448.0f && __fdiv_rn(mmax[o], u) <= 32768.0f;
+    const int all = __syncthreads_and(ok);
+    v_chan[o] = all ? u : own[o];
+    if (c == 0) serve[bh] = all;
+}
+
+/* The scratch v_prep_sampled_blocks needs, in floats. */
+size_t qvc_v_sampled_blocks_floats(int BH, int D) {
+    return (size_t)BH * (4 * (size_t)D + 2 * (size_t)(QVA_STAT_SAMPLE / QVI_BLOCK) * D + 1);
+}
+
+/* +vsample on a demeaning step (one E4M3 digit, v_plain.cu's inputs): the
+ * sampled blocks' means and residual amax, their scales; V coded once with
+ * them, each block taking its own means on the way (FUSED); the own scales
+ * and the head's amax from those means; the decision; the FP16 means /
+ * scale; the heads it refused coded again with their own. */
+static qva_status v_prep_sampled_blocks(const qvc_view *v, const qvc_prep_args *a, float *bmu,
+                                        float *bamax, qvc_ops *ops, float *scratch,
+                                        cudaStream_t st) {
+    const int D = ops->D, BH = ops->BH, nk = ops->nk, nblk = ops->nblk;
+    const size_t hd = (size_t)BH * D, sd = (size_t)BH * (QVA_STAT_SAMPLE / QVI_BLOCK) * D;
+    float *use = scratch, *own = use + hd, *amax = own + hd, *mmax = amax + hd;
+    float *smu = mmax + hd, *samax = smu + sd;
+    int *serve = (int *)(samax + sd);
+    const dim3 sg((unsigned)(D / VS_CH), (unsigned)BH);
+    qvc_v_stats_plain_launch(*v, a->perm, nk, nblk, BH, smu, samax, 1, st);
+    v_scale_kernel<<<sg, VS_CH * VS_JL, 0, st>>>(D, (int)QVA_STAT_BLOCKS(nblk), 1, QVI_V_E4M3_RANGE,
+                                                 smu, samax, use, NULL, NULL, NULL, NULL, NULL);
+    qva_status s = qvc_launch_check("qvc_prep: V sampled blocks (+vsample)");
+    if (s != QVA_OK) return s;
+    v_plain_params pp = {*v, a->perm, nk, nblk, NULL, use, ops->v_t, ops->v_blk,
+                         NULL, 0, NULL, 0, bamax, bmu};
+    qvc_v_plain_launch(pp, BH, st);
+    if ((s = qvc_launch_check("qvc_prep: V encode (+vsample, demeaned)")) != QVA_OK) return s;
+    v_scale_kernel<<<sg, VS_CH * VS_JL, 0, st>>>(D, nblk, 1, QVI_V_E4M3_RANGE, bmu, bamax, own,
+                                                 NULL, NULL, amax, mmax, NULL);
+    v_sample_decide_kernel<<<BH, D, 0, st>>>(use, own, amax, mmax, ops->v_chan, serve);
+    v_scale_kernel<<<sg, VS_CH * VS_JL, 0, st>>>(D, nblk, 1, QVI_V_E4M3_RANGE, bmu, NULL, NULL,
+                                                 ops->v_mu, ops->v_mu_tile, NULL, NULL, ops->v_chan);
+    if ((s = qvc_launch_check("qvc_prep: V scales (+vsample, demeaned)")) != QVA_OK) return s;
+    pp.chan = ops->v_chan, pp.only = serve, pp.only_value = 0;
+    qvc_v_plain_launch(pp, BH, st);
+    return qvc_launch_check("qvc_prep: V encode (+vsample, demeaned, own)");
+}
+
 /* +vprev's plain step (undemeaned E4M3 V through v_plain.cu): the amax of
  * the heads without carried scales; the carried heads coded with their
  * carried scales, their amax made on the way; the own scales and amax;
@@ -274,11 +337,11 @@ static qva_status v_prep_carried(const qvc_view *v, const qvc_prep_args *a, floa
     qva_status s = qvc_launch_check("qvc_prep: V amax (+vprev)");
     if (s != QVA_OK) return s;
     v_plain_params pp = {*v, a->perm, nk, nblk, NULL, a->vprev_scale, ops->v_t, ops->v_blk,
-                         NULL, 0, a->vprev_valid, 1, bamax};
+                         NULL, 0, a->vprev_valid, 1, bamax, NULL};
     qvc_v_plain_launch(pp, BH, st);
     if ((s = qvc_launch_check("qvc_prep: V encode (+vprev, carried)")) != QVA_OK) return s;
     v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
-        D, nblk, 0, QVI_V_E4M3_RANGE, NULL, bamax, own, NULL, NULL, amax);
+        D, nblk, 0, QVI_V_E4M3_RANGE, NULL, bamax, own, NULL, NULL, amax, NULL, NULL);
     if ((s = qvc_launch_check("qvc_prep: V scale (+vprev)")) != QVA_OK) return s;
     v_carry_kernel<<<BH, D, 0, st>>>(1, own, amax, a->vprev_scale, a->vprev_valid, ops->v_chan,
                                      serve);
@@ -294,6 +357,8 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     qva_status s = QVA_OK;
     if (a->vprev_scale && !demean && a->v_mode == 0 && !ops->v_t_lo && qvc_v_plain_ok(v, 0))
         return v_prep_carried(v, a, bamax, ops, vprev_scratch, st);
+    if (a->v_sample && demean) /* qvc_prep checked the mode and the inputs */
+        return v_prep_sampled_blocks(v, a, bmu, bamax, ops, vprev_scratch, st);
 
     /* V' = V[perm]. */
     v_params vp;
@@ -315,7 +380,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
             qvc_v_amax_plain_launch(*v, a->perm, nk, nblk, BH, bamax, NULL, st);
             s = qvc_launch_check("qvc_prep: V amax");
         } else if (qvc_v_plain_ok(v, 0)) {
-            qvc_v_stats_plain_launch(*v, a->perm, nk, nblk, BH, bmu, bamax, st);
+            qvc_v_stats_plain_launch(*v, a->perm, nk, nblk, BH, bmu, bamax, 0, st);
             s = qvc_launch_check("qvc_prep: V stats");
         } else {
             s = qvc_prep_v_stats(v, a->perm, nk, nblk, BH, demean, bmu, bamax, st, "qvc_prep: V stats");
@@ -323,7 +388,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
         if (s == QVA_OK) {
             v_scale_kernel<<<dim3((unsigned)(D / VS_CH), (unsigned)BH), VS_CH * VS_JL, 0, st>>>(
                 D, nblk, demean, a->v_mode == 2 ? 127.0f : QVI_V_E4M3_RANGE, bmu, bamax,
-                ops->v_chan, ops->v_mu, ops->v_mu_tile, NULL);
+                ops->v_chan, ops->v_mu, ops->v_mu_tile, NULL, NULL, NULL);
             s = qvc_launch_check("qvc_prep: V scale");
         }
         if (s == QVA_OK && a->vprev_scale) { /* a demeaning step: its own scales, kept */
@@ -340,7 +405,7 @@ qva_status qvc_prep_v8(const qvc_view *v, const qvc_prep_args *a, int demean, fl
     if (s == QVA_OK && qvc_v_plain_ok(v, a->v_mode)) {
         const v_plain_params pp = {*v, a->perm, nk, nblk, demean ? bmu : NULL, ops->v_chan,
                                    ops->v_t, ops->v_blk, ops->v_t_lo, a->v_mode == 2,
-                                   NULL, 0, NULL};
+                                   NULL, 0, NULL, NULL};
         qvc_v_plain_launch(pp, BH, st);
         return qvc_launch_check("qvc_prep: V encode");
     }

@@ -18,6 +18,10 @@
  *   v_stats_plain_kernel<DT,D>  demeaned V's block means and residual
  *                         amax, from the block's rows in a shared tile.
  *
+ *   v_plain_kernel<..., FUSED>  +vsample on a demeaning step: the block's
+ *                         means (v_stats_plain_kernel's) from the rows it
+ *                         holds, then its codes, so that V is read once.
+ *
  * Why: v_encode_kernel's lane of 4 channels reloaded its scales and
  * reciprocals per 4 values and issued one load at a time; it ran at
  * 35-40% of DRAM bandwidth with 75-80% of the issue slots busy.
@@ -80,18 +84,61 @@ static __device__ __forceinline__ void v_block_amax(const uint4 (&raw)[plain_geo
     dst[1] = make_float4(a[4], a[5], a[6], a[7]);
 }
 
+/* The block's channel means for the FUSED instance: the rows the threads
+ * hold go to the tile as 16-bit values, thread c < D sums channel c over
+ * the valid rows in row order in FP64 and takes the residual amax from
+ * the least and greatest value (v_stats_plain_kernel's expressions, so
+ * its bits), writes both out and shares the mean; mu = the lane's. */
+template <int DT, int D>
+static __device__ __forceinline__ void v_fused_means(const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                     uint16_t *t16, float *smu, int key0, int c0,
+                                                     int blk, int bh, const v_plain_params &p,
+                                                     float (&mu)[VP_CPL]) {
+    using G = plain_geom<D>;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&t16[(key0 + s * G::RPC) * D + c0] = raw[s];
+    __syncthreads();
+    const int c = threadIdx.x;
+    if (c < D) {
+        const int len = min(QVI_BLOCK, p.n - blk * QVI_BLOCK);
+        double sum = 0.0;
+        float lo = INFINITY, hi = -INFINITY;
+#pragma unroll 8
+        for (int i = 0; i < len; ++i) {
+            const float v = qvc_widen16<DT>(t16[i * D + c]);
+            sum = __dadd_rn(sum, (double)v);
+            lo = fminf(lo, v), hi = fmaxf(hi, v);
+        }
+        const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
+        const int64_t o = ((int64_t)bh * p.nblk + blk) * D + c;
+        p.fused_mu[o] = m;
+        p.bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(hi, m))), fabsf(__fsub_rn(lo, m)));
+        smu[c] = m;
+    }
+    __syncthreads(); /* the tile is free for the codes, the means shared */
+#pragma unroll
+    for (int e = 0; e < VP_CPL; ++e) mu[e] = smu[c0 + e];
+}
+
 /* AMAX (+vprev's carried coding): also the block's channel amax into
- * p.bamax, from the rows already loaded. */
-template <int DT, int D, bool MEANS, bool V2, bool INT8 = false, bool AMAX = false>
+ * p.bamax, from the rows already loaded.  FUSED (+vsample, demeaned): the
+ * block means from those rows too (v_fused_means), p.only as +vprev's. */
+template <int DT, int D, bool MEANS, bool V2, bool INT8 = false, bool AMAX = false,
+          bool FUSED = false>
 __global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
     static_assert(!INT8 || !V2, "INT8 V: one code");
     static_assert(!AMAX || !MEANS, "the amax of undemeaned V");
+    static_assert(!FUSED || (MEANS && !V2 && !INT8), "fused means: one E4M3 code of the residual");
     using G = plain_geom<D>;
-    __shared__ __align__(16) uint8_t tile[QVI_BLOCK * TILE_STRIDE];
+    /* FUSED: the block's 16-bit rows first, its codes after */
+    constexpr int TILE_BYTES = FUSED && QVI_BLOCK * D * 2 > QVI_BLOCK * TILE_STRIDE
+                                   ? QVI_BLOCK * D * 2 : QVI_BLOCK * TILE_STRIDE;
+    __shared__ __align__(16) uint8_t tile[TILE_BYTES];
     __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
+    __shared__ float smu[FUSED ? D : 1];
     const int blk = blockIdx.x, bh = blockIdx.y;
-    if constexpr (!MEANS && !V2 && !INT8) /* +vprev's instances: the rest keep their SASS */
+    if constexpr ((!MEANS || FUSED) && !V2 && !INT8) /* the others keep their SASS */
         if (p.only && p.only[bh] != p.only_value) return; /* the whole CTA */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * VP_CPL;
@@ -106,7 +153,9 @@ v_plain_kernel(v_plain_params p) {
     /* the lane's channel scales, their reciprocals and the block's means */
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
     plain_load8f(p.chan + (int64_t)bh * D + c0, cs); /* both runs in flight before any use */
-    if (MEANS)
+    if (FUSED)
+        v_fused_means<DT, D>(raw, (uint16_t *)tile, smu, key0, c0, blk, bh, p, mu);
+    else if (MEANS)
         plain_load8f(p.bmu + ((int64_t)bh * p.nblk + blk) * D + c0, mu);
     else
 #pragma unroll
@@ -204,30 +253,36 @@ v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bam
  * beside the other chains, against 226 us for the K mean's block sums
  * read this way).
  */
+/* sampled (+vsample's demeaning step): CTA i takes block QVA_STAT_BLOCK(i,
+ * nblk) and writes row i of [BH][QVA_STAT_BLOCKS(nblk)][D]. */
 template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
-v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bmu, float *bamax) {
+v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bmu, float *bamax,
+                     int sampled) {
     __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
-    const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
+    const int bh = blockIdx.y, c = threadIdx.x;
+    const int blk = sampled ? (int)QVA_STAT_BLOCK(blockIdx.x, nblk) : (int)blockIdx.x;
+    const int nout = sampled ? (int)QVA_STAT_BLOCKS(nblk) : nblk;
     double sum;
     float mn, mx;
     if (!plain_block_colsum<DT, D, true>(v, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
     const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
     const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
-    const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
+    const int64_t o = ((int64_t)bh * nout + blockIdx.x) * D + c;
     bmu[o] = m;
     bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx, m))), fabsf(__fsub_rn(mn, m)));
 }
 
 void qvc_v_stats_plain_launch(const qvc_view &v, const int32_t *perm, int n, int nblk, int BH,
-                              float *bmu, float *bamax, cudaStream_t st) {
-    const dim3 grid((unsigned)nblk, (unsigned)BH);
+                              float *bmu, float *bamax, int sampled, cudaStream_t st) {
+    const dim3 grid((unsigned)(sampled ? QVA_STAT_BLOCKS(nblk) : nblk), (unsigned)BH);
+    const int sm = sampled;
     if (v.dtype == QVA_BF16) {
-        if (v.D == 64) v_stats_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
-        else v_stats_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+        if (v.D == 64) v_stats_plain_kernel<QVA_BF16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax, sm);
+        else v_stats_plain_kernel<QVA_BF16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax, sm);
     } else {
-        if (v.D == 64) v_stats_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
-        else v_stats_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax);
+        if (v.D == 64) v_stats_plain_kernel<QVA_F16, 64><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax, sm);
+        else v_stats_plain_kernel<QVA_F16, 128><<<grid, PREP_THREADS, 0, st>>>(v, perm, n, nblk, bmu, bamax, sm);
     }
 }
 
@@ -256,6 +311,8 @@ static void launch_v_plain_d(const v_plain_params &p, dim3 grid, cudaStream_t st
     } else if (p.v_t_lo) {
         if (p.bmu) v_plain_kernel<DT, D, true, true><<<grid, PREP_THREADS, 0, st>>>(p);
         else v_plain_kernel<DT, D, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    } else if (p.fused_mu) {
+        v_plain_kernel<DT, D, true, false, false, false, true><<<grid, PREP_THREADS, 0, st>>>(p);
     } else if (p.bmu) {
         v_plain_kernel<DT, D, true, false><<<grid, PREP_THREADS, 0, st>>>(p);
     } else if (p.bamax) {
