@@ -337,33 +337,28 @@ dg_fp4_cols_kernel(qvc_view x, const int32_t *pack, const int32_t *count, int64_
 
 /* V 16-bit transposed and, with amax, its channel amax; with v8t (16-bit
  * inputs) also its E4M3 codes from the sampled scales dvs. */
-template <int DT, int F16>
-static void dg_launch_pack16t(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
-                              uint16_t *dst, float *amax, const float *dvs, uint8_t *v8t,
-                              cudaStream_t st) {
+template <int DT, int F16, bool CODES>
+static void dg_launch_pack16t_as(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
+                                 uint16_t *dst, float *amax, const float *dvs, uint8_t *v8t,
+                                 cudaStream_t st) {
     const dim3 grid((unsigned)(L->n_pack / DG_KEYS), (unsigned)BH);
     const int pblk = (int)(L->prefix_pad / DG_KEYS);
     const int32_t *pk = L->pack_to_orig;
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
-    const bool vec = qvc_view_vec_ok(&x, 8);
-    if constexpr (DT != QVA_F32) { /* +vsample takes 16-bit inputs (qvi_cuda_supports) */
-        if (v8t) {
-            if (vec)
-                dg_pack16t_kernel<DT, F16, true, true>
-                    <<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
-            else
-                dg_pack16t_kernel<DT, F16, false, true>
-                    <<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
-            return;
-        }
-    }
-    if (vec)
-        dg_pack16t_kernel<DT, F16, true, false>
-            <<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, NULL, NULL);
+    if (qvc_view_vec_ok(&x, 8))
+        dg_pack16t_kernel<DT, F16, true, CODES><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
     else
-        dg_pack16t_kernel<DT, F16, false, false>
-            <<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, NULL, NULL);
+        dg_pack16t_kernel<DT, F16, false, CODES><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
+}
+
+template <int DT, int F16>
+static void dg_launch_pack16t(const qvc_view &x, const qvc_draft_layout *L, int R, int BH,
+                              uint16_t *dst, float *amax, const float *dvs, uint8_t *v8t,
+                              cudaStream_t st) {
+    if constexpr (DT != QVA_F32) /* +vsample takes 16-bit inputs (qvi_cuda_supports) */
+        if (v8t) return dg_launch_pack16t_as<DT, F16, true>(x, L, R, BH, dst, amax, dvs, v8t, st);
+    dg_launch_pack16t_as<DT, F16, false>(x, L, R, BH, dst, amax, NULL, NULL, st);
 }
 
 /* V's E4M3 codes (after dg_scale_kernel's delta_c): every head, or with

@@ -330,6 +330,24 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
+/* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
+ * of 16-bit values, in row order, and (EXT) their least and greatest
+ * value: block_colsum4's bits. */
+template <int DT, int D, bool EXT>
+static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, int len, int c,
+                                                         double *sum, float *mn, float *mx) {
+    double s = 0.0;
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll 8
+    for (int i = 0; i < len; ++i) {
+        const float v = qvc_widen16<DT>(tile[i * D + c]);
+        s = __dadd_rn(s, (double)v);
+        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+    }
+    *sum = s;
+    if (EXT) *mn = lo, *mx = hi;
+}
+
 /* One 128-row block of X[perm] as loaded (16-bit values, rows [0, 128) of
  * the block, +0 past n) into a shared [128][D] tile, then, for the threads
  * c < D, channel c's FP64 sum over the block's `len` valid rows in row
@@ -356,17 +374,7 @@ static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, con
     __syncthreads();
     const int c = threadIdx.x;
     if (c >= D) return false;
-    const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
-    double s = 0.0;
-    float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        const float v = qvc_widen16<DT>(tile[i * D + c]);
-        s = __dadd_rn(s, (double)v);
-        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
-    }
-    *sum = s;
-    if (EXT) *mn = lo, *mx = hi;
+    plain_tile_colsum<DT, D, EXT>(tile, min(QVI_BLOCK, n - blk * QVI_BLOCK), c, sum, mn, mx);
     return true;
 }
 

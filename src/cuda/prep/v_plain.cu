@@ -101,14 +101,9 @@ static __device__ __forceinline__ void v_fused_means(const uint4 (&raw)[plain_ge
     const int c = threadIdx.x;
     if (c < D) {
         const int len = min(QVI_BLOCK, p.n - blk * QVI_BLOCK);
-        double sum = 0.0;
-        float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-        for (int i = 0; i < len; ++i) {
-            const float v = qvc_widen16<DT>(t16[i * D + c]);
-            sum = __dadd_rn(sum, (double)v);
-            lo = fminf(lo, v), hi = fmaxf(hi, v);
-        }
+        double sum;
+        float lo, hi;
+        plain_tile_colsum<DT, D, true>(t16, len, c, &sum, &lo, &hi);
         const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
         const int64_t o = ((int64_t)bh * p.nblk + blk) * D + c;
         p.fused_mu[o] = m;
