@@ -163,8 +163,8 @@ def attention(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=Non
               previous call made, both on CUDA with bf16/f16 inputs;
               +ksample and +vsample, the same statistics from 1,024
               sampled tokens of this call (stateless; +vsample on CUDA
-              with bf16/f16 inputs; for draft's INT8 phase, CPU only so
-              far);
+              with bf16/f16 inputs, on V-Smooth's demeaning steps from 8
+              sampled key blocks, and for draft's INT8 phase too);
               +floormass, ExpCast's floor mass put back, CPU only so far;
               +pblock, P coded against each key block's own max).
               Default: qvattn.DEFAULT_METHOD, vc8+expcast-centred+pblock
