@@ -5,6 +5,7 @@
 #include "internal.h"
 #include "checked.h"
 #include "draft/plan.h"
+#include "qva_build_commit.h" /* QVA_BUILD_COMMIT (cmake/build_commit.cmake) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -625,5 +626,5 @@ const char *qva_build_info(void) {
 #if QVA_TSAN_ON
            ", TSan"
 #endif
-           ", " QVA_BUILD_TYPE ")";
+           ", " QVA_BUILD_TYPE ", git " QVA_BUILD_COMMIT ")";
 }

@@ -1,5 +1,5 @@
 /* Core API: method parsing, the step schedule, bad inputs, the permutation
- * and V-Smooth identities, layouts and dtypes. */
+ * and V-Smooth identities, layouts and dtypes, the build's description. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -499,8 +499,23 @@ static void test_lazy_timings(qva_context_t *ctx) {
     CHECK(qva_context_last_timings(ctx, &t) == QVA_OK && t.kernel_ms == 0.0f, "then read no more");
 }
 
+/* qva_build_info() ends with the source's commit (cmake/build_commit.cmake):
+ * ", git " then 7 or more hex digits, "+dirty" optionally, or "unknown". */
+static void test_build_info(void) {
+    const char *s = qva_build_info(), *g = strstr(s, ", git ");
+    int ok = !strncmp(s, "qvattn ", 7) && g != NULL;
+    if (ok) {
+        const char *c = g + 6;
+        size_t hex = strspn(c, "0123456789abcdef");
+        const char *rest = c + hex;
+        ok = (hex >= 7 && (!strcmp(rest, ")") || !strcmp(rest, "+dirty)"))) || !strcmp(c, "unknown)");
+    }
+    CHECK(ok, "qva_build_info names its commit: \"%s\"", s);
+}
+
 int main(void) {
     qva_context_t *ctx = NULL;
+    test_build_info();
     if (qva_context_create(&ctx, QVA_DEVICE_CPU) != QVA_OK) return 1;
     test_method_names();
     test_method_defaults();
