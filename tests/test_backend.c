@@ -189,7 +189,7 @@ static const tcase CASES[] = {
     {1, 2, 680, 680, 128, QVA_BF16, 0, 2, 12, 20, 200, 1, 1},
     {1, 1, 1136, 1136, 128, QVA_F16, 1, 2, 16, 32, 112, 0, 1},
     /* more packed video rows than a sample (+vsample), a prefix last */
-    {1, 2, 2148, 2148, 64, QVA_F16, 0, 4, 16, 32, 100, 1, 1},
+    {1, 1, 2148, 2148, 64, QVA_F16, 0, 4, 16, 32, 100, 1, 1},
 };
 #define NCASES (int)(sizeof CASES / sizeof *CASES)
 
