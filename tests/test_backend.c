@@ -11,7 +11,8 @@
  *   perf mode (`test_backend perf`): times each method per backend.
  *   hash mode (`test_backend hash`): runs every CUDA case without the CPU
  *     and prints a 64-bit hash of each output's and LSE's bits, so two
- *     builds can be compared bit for bit (scripts/gpu-check.sh --compare).
+ *     builds can be compared bit for bit (scripts/gpu-check.sh --compare);
+ *     with a method prefix only those methods (a quick sanitizer run).
  *     `test_backend hash-qblock` runs sage8, vc8 and draft with +qblock
  *     (the papers' per-block query scales) and prints them under their
  *     plain names, to compare with a build from before per-row scales.
@@ -496,6 +497,13 @@ static const tcase HASH_CASES[] = {
 };
 
 /* Hash mode: the CUDA output and LSE bits of every (case, method). */
+/* Only methods whose name starts with this (argv[2]; NULL: all). */
+static const char *method_filter;
+
+static int filtered_out(const char *method) {
+    return method_filter && strncmp(method, method_filter, strlen(method_filter));
+}
+
 static void hash_case(const tcase *c, int ci) {
     host_io h = make_case(c);
     const size_t nl = (size_t)c->B * c->H * c->Nq;
@@ -505,6 +513,7 @@ static void hash_case(const tcase *c, int ci) {
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue;
         if (is_draft(t->method) ? c->T == 0 : c->draft_only) continue;
         if (g_qblock && strstr(t->method, "+qblock")) continue; /* the plain entry covers it */
+        if (filtered_out(t->method)) continue;
         qva_config cfg;
         make_config(c, t, &cfg);
         char why[256] = "";
@@ -519,9 +528,6 @@ static void hash_case(const tcase *c, int ci) {
     free(got), free(lgot);
     free_case(&h);
 }
-
-/* Only methods whose name starts with this (argv[2]; NULL: all). */
-static const char *method_filter;
 
 static void run_case(int ci, int perf) {
     const tcase *c = &CASES[ci];
@@ -543,7 +549,7 @@ static void run_case(int ci, int perf) {
         char label[96];
         snprintf(label, sizeof label, "case %d %s%s", ci, t->method,
                  warm_tag(t));
-        if (method_filter && strncmp(t->method, method_filter, strlen(method_filter))) continue;
+        if (filtered_out(t->method)) continue;
         if (c->Nq != c->Nk && !strncmp(t->method, "vc", 2)) continue; /* self-attn only */
         if (draft ? c->T == 0 : c->draft_only) continue;
         if (t->draft_warmup && c->draft_only) continue; /* = bf16, covered by cases 0-3 */
@@ -878,7 +884,7 @@ static void run_draft_sampled(int ci) {
         for (size_t p = 0; p < sizeof pairs / sizeof *pairs; ++p) {
             const tol tb = {pairs[p][0], 10.0, 1e-2, 5e-2, 1e-2, 0, NULL},
                       ts = {pairs[p][1], 10.0, 1e-2, 5e-2, 1e-2, 0, NULL};
-            if (method_filter && strncmp(tb.method, method_filter, strlen(method_filter))) continue;
+            if (filtered_out(tb.method)) continue;
             host_io h = make_case(c);
             float *a = malloc(h.nq * 4), *b = malloc(h.nq * 4);
             for (size_t f = 0; f < sizeof forms / sizeof *forms; ++f) {
@@ -901,11 +907,13 @@ static void run_draft_sampled(int ci) {
     }
 }
 
-/* test_backend [test|perf] [METHOD_PREFIX], e.g. "test draft" for the
- * draft methods only (a targeted sanitizer run). */
+/* test_backend [test|perf|hash|hash-qblock] [METHOD_PREFIX], e.g. "test
+ * draft" for the draft methods only; "hash PREFIX" runs only the GPU (no
+ * CPU reference), the quick form for a sanitizer. */
 int main(int argc, char **argv) {
     int perf = argc > 1 && !strcmp(argv[1], "perf");
     g_qblock = argc > 1 && !strcmp(argv[1], "hash-qblock");
+    method_filter = argc > 2 ? argv[2] : NULL;
     if (argc > 1 && (!strcmp(argv[1], "hash") || g_qblock)) {
         if (!qva_cuda_available()) {
             fprintf(stderr, "test_backend hash: no CUDA device\n");
@@ -920,7 +928,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_backend [test|perf|hash|hash-qblock] [METHOD_PREFIX]\n");
         return 2;
     }
-    method_filter = argc > 2 ? argv[2] : NULL;
     printf("backends: cpu%s\n", qva_cuda_available() ? ", cuda" : " (cuda not present)");
     for (int i = 0; i < NCASES; ++i) run_case(i, perf);
     for (int i = 0; !perf && i < NCASES; ++i) run_draft_sampled(i);
