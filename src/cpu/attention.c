@@ -331,16 +331,29 @@ static void block_demean(float *x, int n, int d, int nblk, float *mu) {
     }
 }
 
-/* Per-channel scale amax/range (DA2 C.3: 2.25 for E4M3; 127 for INT8),
- * raised where needed so that the stored mean/scale fits FP16 with
- * margin; 1 for an all-zero channel. */
+/* Channel c's largest |x| over rows [r0, r1) and largest |mu| over blocks
+ * [j0, j1) (mu NULL: 0), into *amax and *mmax as running maxima (fmaxf:
+ * NaN skipped, any order the same bits). */
+static void channel_extremes(const float *x, int r0, int r1, int d, int c, const float *mu,
+                             int j0, int j1, float *amax, float *mmax) {
+    for (int i = r0; i < r1; ++i) *amax = fmaxf(*amax, fabsf(x[(size_t)i * d + c]));
+    for (int j = j0; mu && j < j1; ++j) *mmax = fmaxf(*mmax, fabsf(mu[(size_t)j * d + c]));
+}
+
+/* amax/range, raised where needed so that the stored mean/scale fits FP16
+ * with margin; 1 for an all-zero channel. */
+static float scale_of_extremes(float amax, float mmax, float range) {
+    const float s = fmaxf(amax / range, mmax / 32768.0f);
+    return s > 0.0f ? s : 1.0f;
+}
+
+/* Per-channel scale amax/range (DA2 C.3: 2.25 for E4M3; 127 for INT8):
+ * scale_of_extremes over every row and block mean. */
 static float v_channel_scale(const float *x, int n, int d, int c,
                              const float *mu, int nblk, float range) {
     float amax = 0.0f, mmax = 0.0f;
-    for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
-    for (int j = 0; mu && j < nblk; ++j) mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
-    float s = fmaxf(amax / range, mmax / 32768.0f);
-    return s > 0.0f ? s : 1.0f;
+    channel_extremes(x, 0, n, d, c, mu, 0, nblk, &amax, &mmax);
+    return scale_of_extremes(amax, mmax, range);
 }
 
 /* INT8 code of x = value / scale, |x| <= 127 by the scale's choice; the
@@ -358,27 +371,25 @@ static uint8_t v_int8_code(float x) {
  * amax a device makes on the way. */
 static int carried_scales_serve(const float *x, int n, int d, const float *use) {
     for (int c = 0; c < d; ++c) {
-        float amax = 0.0f;
-        for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
+        float amax = 0.0f, mmax = 0.0f;
+        channel_extremes(x, 0, n, d, c, NULL, 0, 0, &amax, &mmax);
         if (!(use[c] > 0.0f) || !isfinite(use[c]) || !(amax / use[c] <= 448.0f)) return 0;
     }
     return 1;
 }
 
-/* +vsample on a demeaning step: v_channel_scale over the rows of the
+/* +vsample on a demeaning step: scale_of_extremes over the rows of the
  * QVA_STAT_BLOCK blocks of the residual x (n rows) and their means mu. */
 static void sampled_block_scales(const float *x, int n, int d, const float *mu, int nblk,
                                  float *scale) {
-    const int nb = (int)QVA_STAT_BLOCKS(nblk);
     for (int c = 0; c < d; ++c) {
         float amax = 0.0f, mmax = 0.0f;
-        for (int i = 0; i < nb; ++i) {
-            const int j = (int)QVA_STAT_BLOCK(i, nblk), r1 = (j + 1) * QVI_BLOCK < n ? (j + 1) * QVI_BLOCK : n;
-            for (int r = j * QVI_BLOCK; r < r1; ++r) amax = fmaxf(amax, fabsf(x[(size_t)r * d + c]));
-            mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
+        for (int64_t i = 0; i < QVA_STAT_BLOCKS(nblk); ++i) {
+            const int j = (int)QVA_STAT_BLOCK(i, nblk);
+            const int r1 = (j + 1) * QVI_BLOCK < n ? (j + 1) * QVI_BLOCK : n;
+            channel_extremes(x, j * QVI_BLOCK, r1, d, c, mu, j, j + 1, &amax, &mmax);
         }
-        const float s = fmaxf(amax / QVI_V_E4M3_RANGE, mmax / 32768.0f);
-        scale[c] = s > 0.0f ? s : 1.0f;
+        scale[c] = scale_of_extremes(amax, mmax, QVI_V_E4M3_RANGE);
     }
 }
 
@@ -389,8 +400,7 @@ static int sampled_block_scales_serve(const float *x, int n, int d, const float 
                                       const float *use) {
     for (int c = 0; c < d; ++c) {
         float amax = 0.0f, mmax = 0.0f;
-        for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[(size_t)i * d + c]));
-        for (int j = 0; j < nblk; ++j) mmax = fmaxf(mmax, fabsf(mu[(size_t)j * d + c]));
+        channel_extremes(x, 0, n, d, c, mu, 0, nblk, &amax, &mmax);
         if (!isfinite(use[c]) || !(amax / use[c] <= 448.0f) || !(mmax / use[c] <= 32768.0f))
             return 0;
     }
@@ -1182,8 +1192,7 @@ void qvi_v_sample_scales(const float *x, int n, int d, float *scale) {
     for (int c = 0; c < d; ++c) {
         float amax = 0.0f;
         for (int i = 0; i < m; ++i) amax = fmaxf(amax, fabsf(x[(size_t)QVA_STAT_ROW(i, n) * d + c]));
-        const float s = amax / QVI_V_E4M3_RANGE; /* >= +0: fmaxf drops NaN */
-        scale[c] = s > 0.0f ? s : 1.0f;
+        scale[c] = scale_of_extremes(amax, 0.0f, QVI_V_E4M3_RANGE);
     }
 }
 
