@@ -110,7 +110,11 @@ qva_status qvc_prep_check_views(const char *who, const qvc_view *q, const qvc_vi
 }
 
 /* The three chains of the preparation: Q; the K mean, LSE shift and K
- * (and +kprev's next means); V. */
+ * (and +kprev's next means); V.  What K's and V's codes wait for (K's
+ * mean, +vsample's scales) is launched before Q's codes: every code
+ * kernel fills the GPU, so a statistic queued behind one starts only as
+ * its last CTAs retire, and the codes that need it wait that long
+ * (bench/RESULTS.md, "d525562 on the H200"). */
 static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_view *v,
                               const qvc_prep_args *a, qvc_ops *ops, float *kmean, float *bmu,
                               float *bamax, qvc_block_ext kext, int32_t *csum, float *vscratch,
@@ -124,19 +128,30 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     p.had_scale = (float)(1.0 / sqrt((double)D));
     p.fmt = (int)a->qk_format;
 
-    /* Q: no permutation, no smoothing. */
-    p.x = *q;
-    p.n = ops->nq;
-    p.n_pad = ops->nq_pad;
-    p.rows_per_scale = a->q_rows_per_scale;
-    p.codes = ops->q_i8;
-    p.scale = ops->q_scale;
-    ops->q_rows_per_scale = a->q_rows_per_scale;
-    qva_status s = qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
+    /* K' = K[perm] is smoothed by its own channel mean (summed in K'
+     * order, as the CPU does) or a sample's; V' = V[perm] takes
+     * +vsample's scales through +vprev's path, as if carried. */
+    qva_status s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, kpart, sts[1]);
+    qvc_prep_args av = *a;
+    if (s == QVA_OK && a->v_sample && !demean) {
+        av.vprev_scale = vsample;
+        av.vprev_valid = (int *)(vsample + (size_t)BH * D);
+        s = qvc_stat_sample(v, BH, v->N, NULL, 0, vpart, av.vprev_scale, av.vprev_valid, sts[2]);
+    }
 
-    /* K' = K[perm], smoothed by its own channel mean (summed in K' order,
-     * as the CPU does), then rotated. */
-    if (s == QVA_OK) s = qvc_prep_ksmooth(q, k, a, ops->nk, BH, kmean, kext, kpart, sts[1]);
+    /* Q: no permutation, no smoothing. */
+    if (s == QVA_OK) {
+        p.x = *q;
+        p.n = ops->nq;
+        p.n_pad = ops->nq_pad;
+        p.rows_per_scale = a->q_rows_per_scale;
+        p.codes = ops->q_i8;
+        p.scale = ops->q_scale;
+        ops->q_rows_per_scale = a->q_rows_per_scale;
+        s = qvc_prep_qk8(p, BH, D, sts[0], "qvc_prep: Q quantize");
+    }
+
+    /* K': smoothed, then rotated */
     if (s == QVA_OK) {
         p.x = *k;
         p.perm = a->perm;
@@ -155,13 +170,6 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
         s = qvc_kmean_next(csum, ops->k_scale, kmean, a->hadamard, a->had_signs, ops->nk,
                            ops->nblk, BH, D, a->kprev_mean, a->kprev_valid, sts[1]);
 
-    /* V' = V[perm]; +vsample's scales through +vprev's path, as if carried */
-    qvc_prep_args av = *a;
-    if (s == QVA_OK && a->v_sample && !demean) {
-        av.vprev_scale = vsample;
-        av.vprev_valid = (int *)(vsample + (size_t)BH * D);
-        s = qvc_stat_sample(v, BH, v->N, NULL, 0, vpart, av.vprev_scale, av.vprev_valid, sts[2]);
-    }
     if (s == QVA_OK) s = qvc_prep_v8(v, &av, demean, bmu, bamax, ops, vscratch, sts[2]);
     return s;
 }

@@ -5,6 +5,7 @@
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
  *   qk_plain.cu  the same for INT8 from 16-bit inputs, rotated or not (the common case)
+ *   qk_rot.cu  rotated INT8 at head dim 128, the rotation in registers (the default)
  *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
  *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
@@ -84,7 +85,7 @@ static __device__ __forceinline__ void butterfly(float &a, float &b) {
 /* The Hadamard rotation's start within a lane of N adjacent channels: the
  * seeded signs (valid rows only: a padding row stays +0), then stages
  * h = 1 .. N/2 in qva_hadamard's order.  The stages across lanes follow in
- * the caller (qk.cu, qk_plain.cu). */
+ * the caller (qk.cu, qk_plain.cu; qk_rot.cu takes them all in registers). */
 template <int N>
 static __device__ __forceinline__ void hadamard_in_lane(float *x, const float *sg, bool valid) {
     if (valid) {
