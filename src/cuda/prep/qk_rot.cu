@@ -115,12 +115,7 @@ static __device__ __forceinline__ void qkr_row_values(const qk_params &p, const 
 #pragma unroll
         for (int e = 0; e < QKR_HALF; ++e) x[e] = __fsub_rn(x[e], mean[e]);
     }
-#pragma unroll
-    for (int s = 1; s < QKR_HALF; s <<= 1) {
-#pragma unroll
-        for (int e = 0; e < QKR_HALF; ++e)
-            if (!(e & s)) butterfly(x[e], x[e + s]);
-    }
+    hadamard_stages<QKR_HALF>(x);
     /* stage 64: a + b in half 0, a - b in half 1, each as one rounding of
      * o + (+-1)x (qkp_rotate's form) */
     const float side = h ? -1.0f : 1.0f;
