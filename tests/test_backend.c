@@ -496,7 +496,6 @@ static const tcase HASH_CASES[] = {
     {1, 2, 7200, 7200, 128, QVA_BF16, 0, 2, 45, 80, 0, 0, 1},
 };
 
-/* Hash mode: the CUDA output and LSE bits of every (case, method). */
 /* Only methods whose name starts with this (argv[2]; NULL: all). */
 static const char *method_filter;
 
@@ -504,6 +503,7 @@ static int filtered_out(const char *method) {
     return method_filter && strncmp(method, method_filter, strlen(method_filter));
 }
 
+/* Hash mode: the CUDA output and LSE bits of every (case, method). */
 static void hash_case(const tcase *c, int ci) {
     host_io h = make_case(c);
     const size_t nl = (size_t)c->B * c->H * c->Nq;
