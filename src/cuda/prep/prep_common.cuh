@@ -338,19 +338,59 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
+/* Whether every partial sum of up to 128 of a column's 16-bit values is
+ * exact in FP64, given the largest and (less one, so that zeros wrap to
+ * 0xffffffff) the smallest nonzero magnitude's bit pattern: then the sum
+ * is the exact sum whatever the order of the adds.  f16: finite values are
+ * multiples of 2^-24 below 2^16, so any 128 sum below 2^47 of them, always.
+ * bf16: values are multiples of 2^(E-134) (E the biased exponent, 1 for
+ * subnormals) below 2^(E-126), so 128 of them sum to under 2^(Emax-119)
+ * in steps of 2^(Emin-134): exact while Emax - Emin <= 38.  Inf and NaN
+ * never take the reordered sum. */
+template <int DT>
+static __device__ __forceinline__ bool qvc_colsum_exact(uint32_t big, uint32_t small_m1) {
+    if (DT == QVA_F16) return big < 0x7c00u;
+    if (big >= 0x7f80u) return false;
+    if (small_m1 == 0xffffffffu) return true; /* zeros only */
+    const int emax = max((int)(big >> 7), 1), emin = max((int)((small_m1 + 1u) >> 7), 1);
+    return emax - emin <= 38;
+}
+
 /* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
  * of 16-bit values, in row order, and (EXT) their least and greatest
- * value: block_colsum4's bits. */
+ * value: block_colsum4's bits.  The adds run as 8 independent chains
+ * (rows i mod 8) joined by a tree, which gives the row-order sum's bits
+ * whenever qvc_colsum_exact holds (every partial sum exact, +0 for a zero
+ * sum either way); otherwise the one chain in row order runs again.  Why:
+ * one chain of 128 dependent FP64 adds per CTA was the demeaning step's
+ * one-pass V kernel's (and the K mean's block sums') critical path. */
 template <int DT, int D, bool EXT>
 static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, int len, int c,
                                                          double *sum, float *mn, float *mx) {
-    double s = 0.0;
+    constexpr int W = 8;
+    double part[W];
     float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        const float v = qvc_widen16<DT>(tile[i * D + c]);
-        s = __dadd_rn(s, (double)v);
-        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+    uint32_t big = 0u, small_m1 = 0xffffffffu;
+#pragma unroll
+    for (int k = 0; k < W; ++k) part[k] = 0.0;
+    for (int i0 = 0; i0 < len; i0 += W) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            if (i0 + k < len) {
+                const uint16_t u = tile[(i0 + k) * D + c];
+                const float v = qvc_widen16<DT>(u);
+                const uint32_t a = u & 0x7fffu;
+                part[k] = __dadd_rn(part[k], (double)v);
+                big = max(big, a), small_m1 = min(small_m1, a - 1u);
+                if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+            }
+        }
+    }
+    double s = __dadd_rn(__dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3])),
+                         __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7])));
+    if (!qvc_colsum_exact<DT>(big, small_m1)) {
+        s = 0.0;
+        for (int i = 0; i < len; ++i) s = __dadd_rn(s, (double)qvc_widen16<DT>(tile[i * D + c]));
     }
     *sum = s;
     if (EXT) *mn = lo, *mx = hi;
