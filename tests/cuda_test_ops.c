@@ -140,22 +140,20 @@ typedef struct variant {
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
     int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
     int v_sample; /* +vsample on a demeaning step (16-bit inputs only) */
-    int qk_rot;   /* the dev trial's rotated Q/K (prep/qk_rot.cu, D 128, 16-bit) */
 } variant;
 
 static const variant VARIANTS[] = {
-    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1, 0, 0},
-    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0, 0},
-    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 0},
-    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 0, 0},
-    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK, 0, 0},
-    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1, 0, 0},
-    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK, 0, 0},
-    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK, 0, 0},
-    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK, 0, 0},
-    {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1, 0},
-    {"sage8+had(signs) qk-rot", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 1},
-    {"vc8+had+qblock qk-rot", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 1},
+    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1, 0},
+    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0},
+    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0},
+    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 0},
+    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK, 0},
+    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1, 0},
+    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK, 0},
+    {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1},
+    {"vc8+had(signs)+qblock", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 
@@ -489,7 +487,6 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
     for (int vi = 0; vi < NVARIANTS; ++vi) {
         const variant *va = &VARIANTS[vi];
         if (va->v_sample && sh->dt == QVA_F32) continue; /* 16-bit inputs (qvc_prep) */
-        if (va->qk_rot && (d != 128 || sh->dt == QVA_F32)) continue; /* qvc_qk_rot_ok's */
         char tag[160];
         snprintf(tag, sizeof tag, "%s nq=%d nk=%d D=%d B=%d H=%d %s %s", va->name, sh->nq, sh->nk,
                  d, sh->B, sh->H, dtype_name(sh->dt), sh->nhd ? "NHD" : "HND");
@@ -521,7 +518,6 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         a.v_mode = va->v_mode;
         a.demean = va->demean;
         a.v_sample = va->v_sample;
-        a.qk_rot = va->qk_rot;
         /* The LSE shift comes with K smoothing (poisoned first). */
         const size_t nshift = (size_t)BH * sh->nq;
         float *dshift = NULL, *gshift = NULL;

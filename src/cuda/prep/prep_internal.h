@@ -39,7 +39,6 @@ typedef struct qk_params {
     qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
     int32_t *csum;        /* K, qk_plain.cu: [BH][n_pad/128][D] each block's
                              column sums of its codes (+kprev), or NULL */
-    int rot_regs;         /* dev trial: qk_rot.cu where it serves */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -98,8 +97,7 @@ void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 /* ---- qk_rot.cu */
 /* Whether qk_rot_kernel serves p: qk_plain_kernel's rotated INT8 cases
  * at head dim 128 without +kprev's code sums, the same codes and scales;
- * grid (n_pad / 128, BH).  A version under trial: qvc_prep_qk8 runs it
- * only where the dev driver asks (qvc_dev_kernels.qk_rot). */
+ * grid (n_pad / 128, BH); qvc_prep_qk8 takes it first. */
 bool qvc_qk_rot_ok(const qk_params &p, int D);
 void qvc_qk_rot_launch(const qk_params &p, dim3 grid, cudaStream_t st);
 
