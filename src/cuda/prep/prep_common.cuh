@@ -356,6 +356,18 @@ static __device__ __forceinline__ bool qvc_colsum_exact(uint32_t big, uint32_t s
     return emax - emin <= 38;
 }
 
+/* One row's value of plain_tile_colsum: into its chain, its magnitude's
+ * bits into the bounds, (EXT) into the least and greatest value. */
+template <int DT, bool EXT>
+static __device__ __forceinline__ void colsum_take(uint16_t u, double &part, uint32_t &big,
+                                                   uint32_t &small_m1, float &lo, float &hi) {
+    const float v = qvc_widen16<DT>(u);
+    const uint32_t a = u & 0x7fffu;
+    part = __dadd_rn(part, (double)v);
+    big = max(big, a), small_m1 = min(small_m1, a - 1u);
+    if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+}
+
 /* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
  * of 16-bit values, in row order, and (EXT) their least and greatest
  * value: block_colsum4's bits.  The adds run as 8 independent chains
@@ -373,19 +385,19 @@ static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, i
     uint32_t big = 0u, small_m1 = 0xffffffffu;
 #pragma unroll
     for (int k = 0; k < W; ++k) part[k] = 0.0;
-    for (int i0 = 0; i0 < len; i0 += W) {
+    /* whole groups of W rows, every load issued before the first add */
+    int i0 = 0;
+#pragma unroll 2
+    for (; i0 + W <= len; i0 += W) {
+        uint16_t u[W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-            if (i0 + k < len) {
-                const uint16_t u = tile[(i0 + k) * D + c];
-                const float v = qvc_widen16<DT>(u);
-                const uint32_t a = u & 0x7fffu;
-                part[k] = __dadd_rn(part[k], (double)v);
-                big = max(big, a), small_m1 = min(small_m1, a - 1u);
-                if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
-            }
-        }
+        for (int k = 0; k < W; ++k) u[k] = tile[(i0 + k) * D + c];
+#pragma unroll
+        for (int k = 0; k < W; ++k) colsum_take<DT, EXT>(u[k], part[k], big, small_m1, lo, hi);
     }
+#pragma unroll
+    for (int k = 0; k < W; ++k) /* the last len % W rows */
+        if (i0 + k < len) colsum_take<DT, EXT>(tile[(i0 + k) * D + c], part[k], big, small_m1, lo, hi);
     double s = __dadd_rn(__dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3])),
                          __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7])));
     if (!qvc_colsum_exact<DT>(big, small_m1)) {
