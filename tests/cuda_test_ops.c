@@ -70,10 +70,10 @@ static int make_tensor(host_dev *x, qva_dtype dt, int nhd, int B, int H, int N,
                     if (tie_row)
                         v = tie_scale * (c == 0 ? (rng_unit() < 0.5 ? -127.0f : 127.0f)
                                                 : (float)((int)(rng_unit() * 253.0) - 126) + 0.5f);
-                    /* A few tiny values defeat the device's exactness
-                     * certificates for FP64 sums (f32; bf16: an exponent
-                     * span past 38 in a block's column), so the sequential
-                     * paths run too. */
+                    /* A few tiny values: for f32 they defeat the device's
+                     * exactness certificate for FP64 sums, so its
+                     * sequential path runs too; in bf16 they put a wide
+                     * exponent span in the column sums and the codes. */
                     if (dt != QVA_F16 && rng_unit() < 0.002) v = 1e-12f * rng_normal();
                     int64_t o = qvi_offset(&x->t, b, h, n, c);
                     if (dt == QVA_F32) ((float *)buf)[o] = v;

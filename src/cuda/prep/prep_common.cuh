@@ -5,7 +5,6 @@
  * of src/cuda/prep/, by role:
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
  *   qk_plain.cu  the same for INT8 from 16-bit inputs, rotated or not (the common case)
- *   qk_rot.cu  rotated INT8 at head dim 128, the rotation in registers (the default)
  *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
  *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
@@ -97,7 +96,7 @@ static __device__ __forceinline__ void hadamard_stages(float *x) {
 /* The Hadamard rotation's start within a lane of N adjacent channels: the
  * seeded signs (valid rows only: a padding row stays +0), then stages
  * h = 1 .. N/2.  The stages across lanes follow in the caller (qk.cu,
- * qk_plain.cu; qk_rot.cu holds 64 channels a thread). */
+ * qk_plain.cu). */
 template <int N>
 static __device__ __forceinline__ void hadamard_in_lane(float *x, const float *sg, bool valid) {
     if (valid) {
@@ -338,71 +337,19 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
-/* Whether every partial sum of up to 128 of a column's 16-bit values is
- * exact in FP64, given the largest and (less one, so that zeros wrap to
- * 0xffffffff) the smallest nonzero magnitude's bit pattern: then the sum
- * is the exact sum whatever the order of the adds.  f16: finite values are
- * multiples of 2^-24 below 2^16, so any 128 sum below 2^47 of them, always.
- * bf16: values are multiples of 2^(E-134) (E the biased exponent, 1 for
- * subnormals) below 2^(E-126), so 128 of them sum to under 2^(Emax-119)
- * in steps of 2^(Emin-134): exact while Emax - Emin <= 38.  Inf and NaN
- * never take the reordered sum. */
-template <int DT>
-static __device__ __forceinline__ bool qvc_colsum_exact(uint32_t big, uint32_t small_m1) {
-    if (DT == QVA_F16) return big < 0x7c00u;
-    if (big >= 0x7f80u) return false;
-    if (small_m1 == 0xffffffffu) return true; /* zeros only */
-    const int emax = max((int)(big >> 7), 1), emin = max((int)((small_m1 + 1u) >> 7), 1);
-    return emax - emin <= 38;
-}
-
-/* One row's value of plain_tile_colsum: into its chain, its magnitude's
- * bits into the bounds, (EXT) into the least and greatest value. */
-template <int DT, bool EXT>
-static __device__ __forceinline__ void colsum_take(uint16_t u, double &part, uint32_t &big,
-                                                   uint32_t &small_m1, float &lo, float &hi) {
-    const float v = qvc_widen16<DT>(u);
-    const uint32_t a = u & 0x7fffu;
-    part = __dadd_rn(part, (double)v);
-    big = max(big, a), small_m1 = min(small_m1, a - 1u);
-    if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
-}
-
 /* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
  * of 16-bit values, in row order, and (EXT) their least and greatest
- * value: block_colsum4's bits.  The adds run as 8 independent chains
- * (rows i mod 8) joined by a tree, which gives the row-order sum's bits
- * whenever qvc_colsum_exact holds (every partial sum exact, +0 for a zero
- * sum either way); otherwise the one chain in row order runs again.  Why:
- * one chain of 128 dependent FP64 adds per CTA was the demeaning step's
- * one-pass V kernel's (and the K mean's block sums') critical path. */
+ * value: block_colsum4's bits. */
 template <int DT, int D, bool EXT>
 static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, int len, int c,
                                                          double *sum, float *mn, float *mx) {
-    constexpr int W = 8;
-    double part[W];
+    double s = 0.0;
     float lo = INFINITY, hi = -INFINITY;
-    uint32_t big = 0u, small_m1 = 0xffffffffu;
-#pragma unroll
-    for (int k = 0; k < W; ++k) part[k] = 0.0;
-    /* whole groups of W rows, every load issued before the first add */
-    int i0 = 0;
-#pragma unroll 2
-    for (; i0 + W <= len; i0 += W) {
-        uint16_t u[W];
-#pragma unroll
-        for (int k = 0; k < W; ++k) u[k] = tile[(i0 + k) * D + c];
-#pragma unroll
-        for (int k = 0; k < W; ++k) colsum_take<DT, EXT>(u[k], part[k], big, small_m1, lo, hi);
-    }
-#pragma unroll
-    for (int k = 0; k < W; ++k) /* the last len % W rows */
-        if (i0 + k < len) colsum_take<DT, EXT>(tile[(i0 + k) * D + c], part[k], big, small_m1, lo, hi);
-    double s = __dadd_rn(__dadd_rn(__dadd_rn(part[0], part[1]), __dadd_rn(part[2], part[3])),
-                         __dadd_rn(__dadd_rn(part[4], part[5]), __dadd_rn(part[6], part[7])));
-    if (!qvc_colsum_exact<DT>(big, small_m1)) {
-        s = 0.0;
-        for (int i = 0; i < len; ++i) s = __dadd_rn(s, (double)qvc_widen16<DT>(tile[i * D + c]));
+#pragma unroll 8
+    for (int i = 0; i < len; ++i) {
+        const float v = qvc_widen16<DT>(tile[i * D + c]);
+        s = __dadd_rn(s, (double)v);
+        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
     }
     *sum = s;
     if (EXT) *mn = lo, *mx = hi;

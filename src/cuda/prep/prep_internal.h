@@ -94,13 +94,6 @@ bool qvc_qk_plain_ok(const qk_params &p, int D);
 bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
-/* ---- qk_rot.cu */
-/* Whether qk_rot_kernel serves p: qk_plain_kernel's rotated INT8 cases
- * at head dim 128 without +kprev's code sums, the same codes and scales;
- * grid (n_pad / 128, BH); qvc_prep_qk8 takes it first. */
-bool qvc_qk_rot_ok(const qk_params &p, int D);
-void qvc_qk_rot_launch(const qk_params &p, dim3 grid, cudaStream_t st);
-
 /* ---- v_plain.cu */
 /* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */
 typedef struct v_plain_params {
