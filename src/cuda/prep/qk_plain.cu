@@ -254,7 +254,7 @@ static constexpr int qkp_rot_bytes() { return QVI_BLOCK * D * (int)sizeof(float)
 /* CSUM: K's code sums for +kprev (p.csum), an instance of its own so that
  * the other K instances keep their registers. */
 template <int DT, int D, bool ROWS, bool ROT, bool CSUM = false>
-__global__ void __launch_bounds__(PREP_THREADS, ROWS && !ROT ? 3 : ROT && !ROWS ? 3 : 4) /* 3: rotated K's 64 KB; rotated Q per row: 64 registers */
+__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : ROT ? 3 : 4) /* 3: rotated K's 64 KB */
 qk_plain_kernel(qk_params p) {
     using G = plain_geom<D>;
     __shared__ float red[PREP_WARPS];
