@@ -81,29 +81,22 @@ static __device__ __forceinline__ void butterfly(float &a, float &b) {
     b = d;
 }
 
-/* Stages h = 1 .. N/2 of qva_hadamard on N adjacent channels held in
- * registers, in its order. */
-template <int N>
-static __device__ __forceinline__ void hadamard_stages(float *x) {
-#pragma unroll
-    for (int h = 1; h < N; h <<= 1) {
-#pragma unroll
-        for (int e = 0; e < N; ++e)
-            if (!(e & h)) butterfly(x[e], x[e + h]);
-    }
-}
-
 /* The Hadamard rotation's start within a lane of N adjacent channels: the
  * seeded signs (valid rows only: a padding row stays +0), then stages
- * h = 1 .. N/2.  The stages across lanes follow in the caller (qk.cu,
- * qk_plain.cu). */
+ * h = 1 .. N/2 in qva_hadamard's order.  The stages across lanes follow in
+ * the caller (qk.cu, qk_plain.cu). */
 template <int N>
 static __device__ __forceinline__ void hadamard_in_lane(float *x, const float *sg, bool valid) {
     if (valid) {
 #pragma unroll
         for (int e = 0; e < N; ++e) x[e] = __fmul_rn(x[e], sg[e]);
     }
-    hadamard_stages<N>(x);
+#pragma unroll
+    for (int h = 1; h < N; h <<= 1) {
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (!(e & h)) butterfly(x[e], x[e + h]);
+    }
 }
 
 /* The vectorized kernels (qk.cu, v.cu): a lane holds QK_CPL adjacent
