@@ -198,6 +198,12 @@ void qvi_stable_argsort_labels(const int32_t *labels, int n, int k,
 void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs);
 /* Channel mean over the first n rows of x[n*d] (FP64 sums, f32 result). */
 void qvi_channel_mean(const float *x, int n, int d, float *mean);
+/* V-Smooth's block mean of channel c over the valid rows of the QVI_BLOCK-row
+ * block at row r0 of x[n*d]: the FP32 sum in the fixed tree of
+ * docs/NUMERICS.md §4 (rows past n read as +0), divided by the valid rows'
+ * count in FP32.  The GPU's kernels give the same bits. */
+#define QVI_TREE_LEAVES 32 /* leaf i: rows i, i + 32, i + 64, i + 96 */
+float qvi_block_mean(const float *x, int n, int d, int r0, int c);
 
 /* INT8 codes with the DA2 C.3 quantizer (scale amax/127 + 1e-7) over
  * groups of rows_per_scale rows: QVI_BLOCK (K, and Q as the papers) or 1

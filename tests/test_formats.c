@@ -616,6 +616,44 @@ static void fill_random(float *x, size_t n, double scale) {
 
 /* One INT8 scale per row (qva_q_granularity QVA_Q_PER_ROW): each row is
  * qva_int8_quantize of that row alone; zero rows get 1e-7 and codes 0. */
+/* qvi_block_mean against the tree written out level by level (the leaves
+ * as four-row chains, then pairs in index order), on values whose sum
+ * rounds differently in row order, in a full block and a short last one
+ * (rows past n read as +0, the count the valid rows). */
+static void test_block_mean_tree(void) {
+    enum { N = 128 + 77, D = 3 };
+    float x[N * D];
+    for (int i = 0; i < N * D; ++i) /* 2^24-scale values beside small ones */
+        x[i] = (i % 7 == 0 ? 16777216.0f : 1.0f) * (float)(1 + (i * 37) % 11) * (i % 3 ? 1.0f : -1.0f) +
+               0.125f * (float)(i % 5);
+    int order_matters = 0;
+    for (int r0 = 0; r0 < N; r0 += QVI_BLOCK)
+        for (int c = 0; c < D; ++c) {
+            float node[QVI_TREE_LEAVES], rows = 0.0f;
+            for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+                float p = 0.0f;
+                for (int t = 0; t < 4; ++t) {
+                    const int r = r0 + i + 32 * t;
+                    const float v = r < N ? x[r * D + c] : 0.0f;
+                    p = t == 0 ? v : p + v;
+                }
+                node[i] = p;
+            }
+            for (int w = QVI_TREE_LEAVES; w > 1; w /= 2)
+                for (int k = 0; k < w / 2; ++k) node[k] = node[2 * k] + node[2 * k + 1];
+            const int len = N - r0 < QVI_BLOCK ? N - r0 : QVI_BLOCK;
+            for (int r = r0; r < r0 + len; ++r) rows += x[r * D + c];
+            const float want = node[0] / (float)len, got = qvi_block_mean(x, N, D, r0, c);
+            CHECK(memcmp(&want, &got, sizeof got) == 0, "block %d ch %d: tree %.9g, got %.9g",
+                  r0 / QVI_BLOCK, c, (double)want, (double)got);
+            order_matters += rows / (float)len != want;
+        }
+    CHECK(order_matters > 0, "the data tells the tree from the row order");
+    for (int i = 0; i < N * D; ++i) x[i] = -0.375f; /* a constant block: its value */
+    CHECK(qvi_block_mean(x, N, D, 128, 1) == -0.375f && qvi_block_mean(x, N, D, 0, 2) == -0.375f,
+          "the mean of a constant block");
+}
+
 static void test_quant_rows(void) {
     enum { NP = QVI_BLOCK, D = 64 };
     static float x[NP * D];
@@ -746,6 +784,7 @@ int main(void) {
     test_hadamard();
     test_hadamard_signs();
     test_channel_mean();
+    test_block_mean_tree();
     test_quant_blocks();
     test_quant_rows();
     return check_summary("test_formats");

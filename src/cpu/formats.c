@@ -367,6 +367,31 @@ void qvi_channel_mean(const float *x, int n, int d, float *mean) {
     }
 }
 
+/* The tree (docs/NUMERICS.md §4): leaf i is the chain ((x_i + x_{i+32}) +
+ * x_{i+64}) + x_{i+96}, then leaves and nodes are added in pairs in index
+ * order, (2k) + (2k+1), up to one sum.  Why a tree in FP32: a GPU makes
+ * the leaves in registers and the pairs by shuffles, where a sum in row
+ * order was one thread per channel walking the block, half the CTA idle.
+ * The pairs are kept by a binary counter: level b holds the pending left
+ * node, and leaf i closes the levels its trailing one bits name. */
+_Static_assert(QVI_BLOCK == 128 && QVI_TREE_LEAVES == 32, "five levels over 32 leaves of 4 rows");
+float qvi_block_mean(const float *x, int n, int d, int r0, int c) {
+    float level[6] = {0.0f};
+    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+        float node = 0.0f;
+        for (int t = 0; t < QVI_BLOCK / QVI_TREE_LEAVES; ++t) {
+            const int r = r0 + i + t * QVI_TREE_LEAVES;
+            const float v = r < n ? x[(size_t)r * (size_t)d + (size_t)c] : 0.0f;
+            node = t ? node + v : v;
+        }
+        int b = 0;
+        for (; (i >> b) & 1; ++b) node = level[b] + node;
+        level[b] = node;
+    }
+    const int len = n - r0 < QVI_BLOCK ? n - r0 : QVI_BLOCK;
+    return level[5] / (float)len;
+}
+
 /* Rows of block b of a matrix with n_pad rows (the last block may be
  * short when n_pad is not a multiple of QVI_BLOCK). */
 static int block_rows(int n_pad, int b) {

@@ -220,8 +220,8 @@ static __device__ __forceinline__ void prep_load_rows4(const qvc_view &x, const 
 
 /* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
  * r0 .. r0 + len - 1 of X[perm] (8 rows loaded at once, then the ordered
- * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
- * block means (v.cu), bit for bit the CPU's sequential sums.  len is
+ * adds): the per-block sums of the K mean (kmean.cu), bit for bit the
+ * CPU's sequential sums.  len is
  * min(128, n - r0), so a group's rows past r0 + len are past n.  MINMAX:
  * also each channel's least and greatest value (fminf / fmaxf, which skip
  * NaN; +inf / -inf when every value is NaN). */
@@ -354,10 +354,9 @@ static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, i
  * order and (EXT) their least and greatest value: block_colsum4's bits
  * (one thread per channel walks the tile in order).  Every thread of the
  * CTA (PREP_THREADS) calls it; returns whether this thread has a channel.
- * The K mean's block sums (kmean.cu) and V's demeaned statistics
- * (v_plain.cu) both read their blocks this way: 8 channels a lane, every
- * load in flight, where block_colsum4's 4-channel lanes spent about 14
- * instructions a value on addressing and waits. */
+ * The K mean's block sums (kmean.cu) read their blocks this way: 8
+ * channels a lane, every load in flight, where block_colsum4's 4-channel
+ * lanes spent about 14 instructions a value on addressing and waits. */
 template <int DT, int D, bool EXT>
 static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, const int32_t *perm,
                                                           int bh, int n, int blk, uint16_t *tile,
@@ -375,6 +374,143 @@ static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, con
     const int c = threadIdx.x;
     if (c >= D) return false;
     plain_tile_colsum<DT, D, EXT>(tile, min(QVI_BLOCK, n - blk * QVI_BLOCK), c, sum, mn, mx);
+    return true;
+}
+
+/* V-Smooth's block means in the CPU's tree (qvi_block_mean, docs/NUMERICS.md
+ * §4) from the rows the plain geometry holds: step s of a thread is row
+ * key0 + s RPC, so its steps s = j, j + LEAVES, ... are the four rows of
+ * leaf key0 + j RPC (RPC LEAVES = 32), added in register in the leaf's
+ * order.  Lanes LPR apart hold neighbouring leaves of the same channels,
+ * so the warp's shuffles make the tree's first log2(RPW) levels; a node
+ * of that level is warp + PREP_WARPS j.  The CTA's nodes meet in shared
+ * memory, where the thread of channel c adds them in pairs in index order.
+ * Each add takes the same two operands as the CPU's (IEEE addition
+ * commutes), so the sum has the CPU's bits.  Why: the row-order FP64 sum
+ * it replaces was one thread per channel walking the block while the other
+ * half of the CTA waited at the barrier (ncu: barrier 2.1 and long
+ * scoreboard 2.1 stalls per issue in the one-pass V kernel). */
+template <int D>
+struct tree_geom {
+    using G = plain_geom<D>;
+    static constexpr int LEAVES = QVI_TREE_LEAVES / G::RPC; /* a thread's leaves      */
+    static constexpr int NODES = QVI_TREE_LEAVES / G::RPW;  /* a CTA's after shuffles */
+    /* the nodes, then each warp's least and greatest values */
+    static constexpr int FLOATS = (NODES + 2 * PREP_WARPS) * D;
+    static_assert(LEAVES * G::RPC == QVI_TREE_LEAVES && NODES == LEAVES * PREP_WARPS,
+                  "a leaf's rows are one thread's steps");
+};
+
+/* Every thread of the CTA: its leaves and its valid rows' extremes, the
+ * warp's levels by shuffles, into red[tree_geom<D>::FLOATS].  valid: the
+ * block's rows before n (rows past n are +0 in raw, as the CPU reads
+ * them, and not in the extremes). */
+template <int DT, int D>
+static __device__ __forceinline__ void tree_block_part(const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                       int valid, float *red) {
+    using G = plain_geom<D>;
+    using T = tree_geom<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
+    /* a pass per leaf, then the extremes on the packed rows: the one-pass
+     * V kernel keeps the rows for its codes, and with 16 float extremes
+     * live beside them ptxas spilled (296 bytes at 80 registers) */
+#pragma unroll
+    for (int j = 0; j < T::LEAVES; ++j) {
+        float node[PLAIN_CPL];
+#pragma unroll
+        for (int s = j; s < G::STEPS; s += T::LEAVES) {
+            float x[PLAIN_CPL];
+            qvc_widen8<DT>(raw[s], x);
+#pragma unroll
+            for (int e = 0; e < PLAIN_CPL; ++e) node[e] = s == j ? x[e] : __fadd_rn(node[e], x[e]);
+        }
+#pragma unroll
+        for (int o = G::LPR; o < 32; o <<= 1)
+#pragma unroll
+            for (int e = 0; e < PLAIN_CPL; ++e)
+                node[e] = __fadd_rn(node[e], __shfl_xor_sync(FULL_MASK, node[e], o));
+        if (lane < G::LPR) {
+            float4 *n4 = (float4 *)(red + (warp + PREP_WARPS * j) * D + c0);
+            n4[0] = make_float4(node[0], node[1], node[2], node[3]);
+            n4[1] = make_float4(node[4], node[5], node[6], node[7]);
+        }
+    }
+    /* the extremes packed, as loaded (widening is exact and monotone, so
+     * the widened extremes are fminf's and fmaxf's over the floats) */
+    constexpr uint32_t PINF = DT == QVA_BF16 ? 0x7f807f80u : 0x7c007c00u;
+    uint32_t lo[4] = {PINF, PINF, PINF, PINF}, hi[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) hi[w] = PINF | 0x80008000u; /* -inf */
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s)
+        if (key0 + s * G::RPC < valid) {
+            const uint32_t u[4] = {raw[s].x, raw[s].y, raw[s].z, raw[s].w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) lo[w] = qvc_hmin2<DT>(lo[w], u[w]), hi[w] = qvc_hmax2<DT>(hi[w], u[w]);
+        }
+#pragma unroll
+    for (int o = G::LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            lo[w] = qvc_hmin2<DT>(lo[w], __shfl_xor_sync(FULL_MASK, lo[w], o));
+            hi[w] = qvc_hmax2<DT>(hi[w], __shfl_xor_sync(FULL_MASK, hi[w], o));
+        }
+    if (lane >= G::LPR) return;
+    float f[PLAIN_CPL];
+    qvc_widen8<DT>(make_uint4(lo[0], lo[1], lo[2], lo[3]), f);
+    float4 *n4 = (float4 *)(red + (T::NODES + warp) * D + c0);
+    n4[0] = make_float4(f[0], f[1], f[2], f[3]);
+    n4[1] = make_float4(f[4], f[5], f[6], f[7]);
+    qvc_widen8<DT>(make_uint4(hi[0], hi[1], hi[2], hi[3]), f);
+    n4 = (float4 *)(red + (T::NODES + PREP_WARPS + warp) * D + c0);
+    n4[0] = make_float4(f[0], f[1], f[2], f[3]);
+    n4[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+/* The thread of channel c, after the barrier that follows tree_block_part:
+ * the tree's sum, and the block's least and greatest valid value (+inf
+ * and -inf when there is none that is not NaN). */
+template <int D>
+static __device__ __forceinline__ float tree_block_finish(const float *red, int c, float *lo,
+                                                          float *hi) {
+    using T = tree_geom<D>;
+    float nd[T::NODES];
+#pragma unroll
+    for (int k = 0; k < T::NODES; ++k) nd[k] = red[k * D + c];
+#pragma unroll
+    for (int w = T::NODES / 2; w >= 1; w /= 2) /* w pairs: a constant trip count */
+#pragma unroll
+        for (int k = 0; k < T::NODES / 2; ++k)
+            if (k < w) nd[k] = __fadd_rn(nd[2 * k], nd[2 * k + 1]);
+    float a = INFINITY, b = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < PREP_WARPS; ++w)
+        a = fminf(a, red[(T::NODES + w) * D + c]), b = fmaxf(b, red[(T::NODES + PREP_WARPS + w) * D + c]);
+    *lo = a, *hi = b;
+    return nd[0];
+}
+
+/* One 128-row block of X[perm]'s channel means in the tree and its
+ * extremes (tree_block_part, tree_block_finish): every thread of the CTA
+ * calls it; returns whether this thread has a channel (c < D). */
+template <int DT, int D>
+static __device__ __forceinline__ bool plain_block_mean(const qvc_view &x, const int32_t *perm,
+                                                        int bh, int n, int blk, float *red,
+                                                        float *mean, float *mn, float *mx) {
+    using G = plain_geom<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
+    {
+        uint4 raw[G::STEPS];
+        plain_load_rows<D>(x, perm, bh, n, qvc_head_base(x, bh), blk * QVI_BLOCK + key0, c0, raw);
+        tree_block_part<DT, D>(raw, n - blk * QVI_BLOCK, red);
+    }
+    __syncthreads();
+    const int c = threadIdx.x;
+    if (c >= D) return false;
+    const float len = (float)min(QVI_BLOCK, n - blk * QVI_BLOCK);
+    *mean = __fdiv_rn(tree_block_finish<D>(red, c, mn, mx), len);
     return true;
 }
 

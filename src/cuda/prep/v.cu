@@ -24,15 +24,55 @@
 #include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
+/* The lane's 4 channels of the 128-row block at r0 in qvi_block_mean's
+ * tree (one lane walks it: the leaves in order, the pairs by a binary
+ * counter whose levels the full unroll keeps in registers), and each
+ * channel's least and greatest value over the rows before n (fminf /
+ * fmaxf skip NaN). */
+template <int DT>
+static __device__ __forceinline__ void block_tree4(const qvc_view &x, const int32_t *perm, int bh,
+                                                   int n, int64_t base, int r0, int c0, int vec,
+                                                   float (&sum)[QK_CPL], float (&mn)[QK_CPL],
+                                                   float (&mx)[QK_CPL]) {
+    constexpr int ROWS = QVI_BLOCK / QVI_TREE_LEAVES; /* a leaf's rows, 32 apart */
+    float level[6][QK_CPL];
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) mn[e] = INFINITY, mx[e] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+        float v[ROWS][QK_CPL], node[QK_CPL];
+        prep_load_rows4<DT, ROWS>(x, perm, bh, n, base, r0 + i, QVI_TREE_LEAVES, c0, vec, v);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            node[e] = v[0][e];
+#pragma unroll
+            for (int t = 1; t < ROWS; ++t) node[e] = __fadd_rn(node[e], v[t][e]);
+        }
+#pragma unroll
+        for (int t = 0; t < ROWS; ++t)
+            if (r0 + i + t * QVI_TREE_LEAVES < n)
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) mn[e] = fminf(mn[e], v[t][e]), mx[e] = fmaxf(mx[e], v[t][e]);
+        int b = 0;
+#pragma unroll
+        for (; (i >> b) & 1; ++b)
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) node[e] = __fadd_rn(level[b][e], node[e]);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) level[b][e] = node[e];
+    }
+#pragma unroll
+    for (int e = 0; e < QK_CPL; ++e) sum[e] = level[5][e];
+}
+
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
  * A lane holds 4 adjacent channels of one block (4 or 8 blocks per
- * 128-thread CTA).  Demeaned, one pass: the mean's FP64 sums in row order
- * and each channel's min and max (block_colsum4), then the residual amax
- * from those two, since x -> fl(x - m) is monotone and so |fl(x - m)| is
- * largest at the least or the greatest x (NaN skipped as fmaxf skips it,
- * infinities and a NaN mean as the row-by-row loop has them).  Else one
- * pass for the amax. */
+ * 128-thread CTA).  Demeaned, one pass: the mean (block_tree4) and each
+ * channel's min and max, then the residual amax from those two, since
+ * x -> fl(x - m) is monotone and so |fl(x - m)| is largest at the least or
+ * the greatest x (NaN skipped as fmaxf skips it, infinities and a NaN mean
+ * as the row-by-row loop has them).  Else one pass for the amax. */
 template <int DT, int D>
 __global__ void __launch_bounds__(128)
 v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int vec,
@@ -47,12 +87,11 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
     float m[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (demean) {
-        double s[QK_CPL];
-        float mn[QK_CPL], mx[QK_CPL];
-        block_colsum4<DT, true>(v, perm, bh, n, base, r0, len, c0, vec, s, mn, mx);
+        float s[QK_CPL], mn[QK_CPL], mx[QK_CPL];
+        block_tree4<DT>(v, perm, bh, n, base, r0, c0, vec, s, mn, mx);
 #pragma unroll
         for (int e = 0; e < QK_CPL; ++e) {
-            m[e] = (float)(s[e] / (double)len);
+            m[e] = __fdiv_rn(s[e], (float)len);
             amax[e] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx[e], m[e]))), fabsf(__fsub_rn(mn[e], m[e])));
         }
     } else {
