@@ -595,18 +595,20 @@ static void test_channel_mean(void) {
     qvi_channel_mean(x, 3, 2, m);
     CHECK(m[0] == (float)(7.0 / 3.0) && m[1] == 61.0f / 3.0f, "means %g %g",
           (double)m[0], (double)m[1]);
-    float big[3] = {1e8f, 1.0f, -1e8f}; /* FP64 sums keep the 1 */
-    qvi_channel_mean(big, 3, 1, m);
-    CHECK(m[0] == (float)(1.0 / 3.0), "fp64 sum: %.9g", (double)m[0]);
-    /* Two levels: block sums (128 rows, in row order), then their sum.  In
-     * row order 2^53 + 1 would round to 2^53 and the 1 be lost; block 1
-     * sums 1 - 2^53 exactly first, so the mean is 1/256, not 0. */
-    static float two[256];
-    two[0] = 0x1p53f;
-    two[128] = 1.0f;
-    two[129] = -0x1p53f;
-    qvi_channel_mean(two, 256, 1, m);
-    CHECK(m[0] == 1.0f / 256.0f, "block-ordered sum: %.9g", (double)m[0]);
+    /* Two levels: each block's FP32 tree sum, then those sums in FP64 in
+     * block order.  2^30 + 1 rounds to 2^30 in FP32 but not in FP64, so
+     * blocks summing to 2^30, 1 and -2^30 give a mean of 1/384, not 0; in
+     * one block the tree's FP32 adds lose the 1 (row 1 and row 2 are
+     * leaves 1 and 2: (2^30 + 1) + -2^30 = 0). */
+    static float three[384];
+    three[0] = 0x1p30f;
+    three[128] = 1.0f;
+    three[256] = -0x1p30f;
+    qvi_channel_mean(three, 384, 1, m);
+    CHECK(m[0] == 1.0f / 384.0f, "block-ordered FP64 sum: %.9g", (double)m[0]);
+    const float one[3] = {0x1p30f, 1.0f, -0x1p30f};
+    qvi_channel_mean(one, 3, 1, m);
+    CHECK(m[0] == 0.0f, "one block's FP32 tree: %.9g", (double)m[0]);
 }
 
 static void fill_random(float *x, size_t n, double scale) {

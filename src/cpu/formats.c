@@ -348,25 +348,6 @@ void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs) {
                                                                    : 1.0f;
 }
 
-/* mean[c] = (float)(S / n); zeros for n <= 0.  S is summed in FP64 in two
- * levels: each QVI_BLOCK-row block's sum in row order, then those block
- * sums in block order.  The blocks are independent, so the GPU sums them
- * in parallel and still gives these roundings bit for bit
- * (docs/NUMERICS.md, "K smoothing"). */
-void qvi_channel_mean(const float *x, int n, int d, float *mean) {
-    for (int c = 0; c < d; ++c) {
-        double s = 0.0;
-        for (int r0 = 0; r0 < n; r0 += QVI_BLOCK) {
-            const int r1 = n - r0 < QVI_BLOCK ? n : r0 + QVI_BLOCK;
-            double b = 0.0;
-            for (int r = r0; r < r1; ++r)
-                b += (double)x[(size_t)r * (size_t)d + (size_t)c];
-            s += b;
-        }
-        mean[c] = (n > 0) ? (float)(s / (double)n) : 0.0f;
-    }
-}
-
 /* The tree (docs/NUMERICS.md §4): leaf i is the chain ((x_i + x_{i+32}) +
  * x_{i+64}) + x_{i+96}, then leaves and nodes are added in pairs in index
  * order, (2k) + (2k+1), up to one sum.  Why a tree in FP32: a GPU makes
@@ -375,7 +356,7 @@ void qvi_channel_mean(const float *x, int n, int d, float *mean) {
  * The pairs are kept by a binary counter: level b holds the pending left
  * node, and leaf i closes the levels its trailing one bits name. */
 _Static_assert(QVI_BLOCK == 128 && QVI_TREE_LEAVES == 32, "five levels over 32 leaves of 4 rows");
-float qvi_block_mean(const float *x, int n, int d, int r0, int c) {
+float qvi_block_sum(const float *x, int n, int d, int r0, int c) {
     float level[6] = {0.0f};
     for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
         float node = 0.0f;
@@ -388,8 +369,24 @@ float qvi_block_mean(const float *x, int n, int d, int r0, int c) {
         for (; (i >> b) & 1; ++b) node = level[b] + node;
         level[b] = node;
     }
+    return level[5];
+}
+
+float qvi_block_mean(const float *x, int n, int d, int r0, int c) {
     const int len = n - r0 < QVI_BLOCK ? n - r0 : QVI_BLOCK;
-    return level[5] / (float)len;
+    return qvi_block_sum(x, n, d, r0, c) / (float)len;
+}
+
+/* mean[c] = (float)(S / n); zeros for n <= 0.  S is the FP64 sum, in block
+ * order, of each QVI_BLOCK-row block's FP32 tree sum (qvi_block_sum).  The
+ * blocks are independent, so the GPU sums them in parallel and still gives
+ * these roundings bit for bit (docs/NUMERICS.md, "K smoothing"). */
+void qvi_channel_mean(const float *x, int n, int d, float *mean) {
+    for (int c = 0; c < d; ++c) {
+        double s = 0.0;
+        for (int r0 = 0; r0 < n; r0 += QVI_BLOCK) s += (double)qvi_block_sum(x, n, d, r0, c);
+        mean[c] = (n > 0) ? (float)(s / (double)n) : 0.0f;
+    }
 }
 
 /* Rows of block b of a matrix with n_pad rows (the last block may be

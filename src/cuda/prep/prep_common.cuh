@@ -218,35 +218,45 @@ static __device__ __forceinline__ void prep_load_rows4(const qvc_view &x, const 
     for (int s = 0; s < S; ++s) prep_widen4<DT>(r[s], vec, v[s]);
 }
 
-/* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
- * r0 .. r0 + len - 1 of X[perm] (8 rows loaded at once, then the ordered
- * adds): the per-block sums of the K mean (kmean.cu), bit for bit the
- * CPU's sequential sums.  len is
- * min(128, n - r0), so a group's rows past r0 + len are past n.  MINMAX:
- * also each channel's least and greatest value (fminf / fmaxf, which skip
- * NaN; +inf / -inf when every value is NaN). */
-template <int DT, bool MINMAX = false>
-static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
-                                                     int n, int64_t base, int r0, int len, int c0,
-                                                     int vec, double *s, float *mn = NULL,
-                                                     float *mx = NULL) {
+/* The lane's 4 channels of the 128-row block at r0 in qvi_block_sum's
+ * tree (one lane walks it: the leaves in order, the pairs by a binary
+ * counter whose levels the full unroll keeps in registers), and each
+ * channel's least and greatest value over the rows before n (fminf /
+ * fmaxf skip NaN). */
+template <int DT>
+static __device__ __forceinline__ void block_tree4(const qvc_view &x, const int32_t *perm, int bh,
+                                                   int n, int64_t base, int r0, int c0, int vec,
+                                                   float (&sum)[QK_CPL], float (&mn)[QK_CPL],
+                                                   float (&mx)[QK_CPL]) {
+    constexpr int ROWS = QVI_BLOCK / QVI_TREE_LEAVES; /* a leaf's rows, 32 apart */
+    float level[6][QK_CPL];
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) {
-        s[e] = 0.0;
-        if (MINMAX) mn[e] = INFINITY, mx[e] = -INFINITY;
+    for (int e = 0; e < QK_CPL; ++e) mn[e] = INFINITY, mx[e] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+        float v[ROWS][QK_CPL], node[QK_CPL];
+        prep_load_rows4<DT, ROWS>(x, perm, bh, n, base, r0 + i, QVI_TREE_LEAVES, c0, vec, v);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            node[e] = v[0][e];
+#pragma unroll
+            for (int t = 1; t < ROWS; ++t) node[e] = __fadd_rn(node[e], v[t][e]);
+        }
+#pragma unroll
+        for (int t = 0; t < ROWS; ++t)
+            if (r0 + i + t * QVI_TREE_LEAVES < n)
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) mn[e] = fminf(mn[e], v[t][e]), mx[e] = fmaxf(mx[e], v[t][e]);
+        int b = 0;
+#pragma unroll
+        for (; (i >> b) & 1; ++b)
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) node[e] = __fadd_rn(level[b][e], node[e]);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) level[b][e] = node[e];
     }
-    for (int i = 0; i < len; i += 8) {
-        float v[8][QK_CPL];
-        prep_load_rows4<DT, 8>(x, perm, bh, n, base, r0 + i, 1, c0, vec, v);
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (i + u < len)
-#pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) {
-                    s[e] = __dadd_rn(s[e], (double)v[u][e]);
-                    if (MINMAX) mn[e] = fminf(mn[e], v[u][e]), mx[e] = fmaxf(mx[e], v[u][e]);
-                }
-    }
+    for (int e = 0; e < QK_CPL; ++e) sum[e] = level[5][e];
 }
 
 /* V's code tile in shared memory: [128 keys][TILE_STRIDE] bytes, a key's
@@ -330,54 +340,7 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
-/* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
- * of 16-bit values, in row order, and (EXT) their least and greatest
- * value: block_colsum4's bits. */
-template <int DT, int D, bool EXT>
-static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, int len, int c,
-                                                         double *sum, float *mn, float *mx) {
-    double s = 0.0;
-    float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        const float v = qvc_widen16<DT>(tile[i * D + c]);
-        s = __dadd_rn(s, (double)v);
-        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
-    }
-    *sum = s;
-    if (EXT) *mn = lo, *mx = hi;
-}
-
-/* One 128-row block of X[perm] as loaded (16-bit values, rows [0, 128) of
- * the block, +0 past n) into a shared [128][D] tile, then, for the threads
- * c < D, channel c's FP64 sum over the block's `len` valid rows in row
- * order and (EXT) their least and greatest value: block_colsum4's bits
- * (one thread per channel walks the tile in order).  Every thread of the
- * CTA (PREP_THREADS) calls it; returns whether this thread has a channel.
- * The K mean's block sums (kmean.cu) read their blocks this way: 8
- * channels a lane, every load in flight, where block_colsum4's 4-channel
- * lanes spent about 14 instructions a value on addressing and waits. */
-template <int DT, int D, bool EXT>
-static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, const int32_t *perm,
-                                                          int bh, int n, int blk, uint16_t *tile,
-                                                          double *sum, float *mn, float *mx) {
-    using G = plain_geom<D>;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
-    {
-        uint4 raw[G::STEPS];
-        plain_load_rows<D>(x, perm, bh, n, qvc_head_base(x, bh), blk * QVI_BLOCK + key0, c0, raw);
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&tile[(key0 + s * G::RPC) * D + c0] = raw[s];
-    }
-    __syncthreads();
-    const int c = threadIdx.x;
-    if (c >= D) return false;
-    plain_tile_colsum<DT, D, EXT>(tile, min(QVI_BLOCK, n - blk * QVI_BLOCK), c, sum, mn, mx);
-    return true;
-}
-
-/* V-Smooth's block means in the CPU's tree (qvi_block_mean, docs/NUMERICS.md
+/* A block's channel sums in the CPU's tree (qvi_block_sum, docs/NUMERICS.md
  * §4) from the rows the plain geometry holds: step s of a thread is row
  * key0 + s RPC, so its steps s = j, j + LEAVES, ... are the four rows of
  * leaf key0 + j RPC (RPC LEAVES = 32), added in register in the leaf's
@@ -491,13 +454,15 @@ static __device__ __forceinline__ float tree_block_finish(const float *red, int 
     return nd[0];
 }
 
-/* One 128-row block of X[perm]'s channel means in the tree and its
- * extremes (tree_block_part, tree_block_finish): every thread of the CTA
- * calls it; returns whether this thread has a channel (c < D). */
+/* One 128-row block of X[perm]: channel c's tree sum (qvi_block_sum) and
+ * the block's extremes (tree_block_part, tree_block_finish).  Every
+ * thread of the CTA calls it; returns whether this thread has a channel
+ * (c < D).  V's block means and the K mean's block sums read their
+ * blocks this way: 8 channels a lane, every load in flight. */
 template <int DT, int D>
-static __device__ __forceinline__ bool plain_block_mean(const qvc_view &x, const int32_t *perm,
-                                                        int bh, int n, int blk, float *red,
-                                                        float *mean, float *mn, float *mx) {
+static __device__ __forceinline__ bool plain_block_sum(const qvc_view &x, const int32_t *perm,
+                                                       int bh, int n, int blk, float *red,
+                                                       float *sum, float *mn, float *mx) {
     using G = plain_geom<D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
@@ -509,8 +474,7 @@ static __device__ __forceinline__ bool plain_block_mean(const qvc_view &x, const
     __syncthreads();
     const int c = threadIdx.x;
     if (c >= D) return false;
-    const float len = (float)min(QVI_BLOCK, n - blk * QVI_BLOCK);
-    *mean = __fdiv_rn(tree_block_finish<D>(red, c, mn, mx), len);
+    *sum = tree_block_finish<D>(red, c, mn, mx);
     return true;
 }
 

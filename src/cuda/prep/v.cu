@@ -24,47 +24,6 @@
 #include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
-/* The lane's 4 channels of the 128-row block at r0 in qvi_block_mean's
- * tree (one lane walks it: the leaves in order, the pairs by a binary
- * counter whose levels the full unroll keeps in registers), and each
- * channel's least and greatest value over the rows before n (fminf /
- * fmaxf skip NaN). */
-template <int DT>
-static __device__ __forceinline__ void block_tree4(const qvc_view &x, const int32_t *perm, int bh,
-                                                   int n, int64_t base, int r0, int c0, int vec,
-                                                   float (&sum)[QK_CPL], float (&mn)[QK_CPL],
-                                                   float (&mx)[QK_CPL]) {
-    constexpr int ROWS = QVI_BLOCK / QVI_TREE_LEAVES; /* a leaf's rows, 32 apart */
-    float level[6][QK_CPL];
-#pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) mn[e] = INFINITY, mx[e] = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
-        float v[ROWS][QK_CPL], node[QK_CPL];
-        prep_load_rows4<DT, ROWS>(x, perm, bh, n, base, r0 + i, QVI_TREE_LEAVES, c0, vec, v);
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) {
-            node[e] = v[0][e];
-#pragma unroll
-            for (int t = 1; t < ROWS; ++t) node[e] = __fadd_rn(node[e], v[t][e]);
-        }
-#pragma unroll
-        for (int t = 0; t < ROWS; ++t)
-            if (r0 + i + t * QVI_TREE_LEAVES < n)
-#pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) mn[e] = fminf(mn[e], v[t][e]), mx[e] = fmaxf(mx[e], v[t][e]);
-        int b = 0;
-#pragma unroll
-        for (; (i >> b) & 1; ++b)
-#pragma unroll
-            for (int e = 0; e < QK_CPL; ++e) node[e] = __fadd_rn(level[b][e], node[e]);
-#pragma unroll
-        for (int e = 0; e < QK_CPL; ++e) level[b][e] = node[e];
-    }
-#pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) sum[e] = level[5][e];
-}
-
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
  * A lane holds 4 adjacent channels of one block (4 or 8 blocks per

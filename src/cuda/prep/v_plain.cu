@@ -241,7 +241,7 @@ v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bam
 /*
  * v_stats_kernel's demeaned case (v.cu) for the inputs v_plain_kernel
  * takes: per channel of one 128-key block, the raw mean (qvi_block_mean's
- * tree, plain_block_mean) and the residual amax from the block's least and
+ * tree, plain_block_sum) and the residual amax from the block's least and
  * greatest value (x -> fl(x - m) is monotone), the same expressions on the
  * same sums.  Why: v_stats_kernel's 4-channel lanes were the longest
  * kernel of the reuse and grouping steps' V chain (305 us at Wan beside
@@ -258,8 +258,9 @@ v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bm
     const int bh = blockIdx.y, c = threadIdx.x;
     const int blk = sampled ? (int)QVA_STAT_BLOCK(blockIdx.x, nblk) : (int)blockIdx.x;
     const int nout = sampled ? (int)QVA_STAT_BLOCKS(nblk) : nblk;
-    float m, mn, mx;
-    if (!plain_block_mean<DT, D>(v, perm, bh, n, blk, red, &m, &mn, &mx)) return;
+    float sum, mn, mx;
+    if (!plain_block_sum<DT, D>(v, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
+    const float m = __fdiv_rn(sum, (float)min(QVI_BLOCK, n - blk * QVI_BLOCK));
     const int64_t o = ((int64_t)bh * nout + blockIdx.x) * D + c;
     bmu[o] = m;
     bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx, m))), fabsf(__fsub_rn(mn, m)));
