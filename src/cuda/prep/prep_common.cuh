@@ -6,7 +6,7 @@
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
  *   qk_plain.cu  the same for INT8 from 16-bit inputs, rotated or not (the common case)
  *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
- *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
+ *   kmean.cu   the K channel mean of K smoothing (block tree sums, then FP64)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
  *              centroid update of kmeans.cu
  *   v.cu       V: block statistics, per-channel scales, E4M3 codes
@@ -21,12 +21,13 @@
  *   - every float operation is written with an explicit _rn intrinsic, so
  *     nvcc can never contract a multiply and an add into an FMA the CPU
  *     does not form (the CPU is built -std=c11, which does not contract);
- *   - the FP64 sums (K channel mean, V block means) give the CPU's
- *     sequential sums exactly: V block means (128 rows) are summed
- *     sequentially in row order (v.cu); the K mean in 128-row blocks,
- *     then over blocks, as the CPU defines it (kmean.cu); the k-means
- *     centroid sums in parallel when the data certify that no partial sum
- *     can round, sequentially in the CPU's order otherwise (colsum.cu);
+ *   - the sums give the CPU's bits: a 128-row block's channel sums (V's
+ *     block means, the K mean's blocks) in the CPU's fixed FP32 tree
+ *     (qvi_block_sum; tree_block_part and block_tree4 below), the K
+ *     mean's block sums then in FP64 in block order (kmean.cu); the
+ *     k-means centroid sums in parallel when the data certify that no
+ *     partial sum can round, sequentially in the CPU's order otherwise
+ *     (colsum.cu);
  *   - maxima are order-independent, so they use ordinary tree reductions.
  * The input dtype is a template parameter of every kernel, so unrolled
  * loops issue their loads back to back.
