@@ -31,6 +31,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
+
+#include "common/mma_sync.cuh"
 #include "common/quant_code.cuh"
 #include "prep_common.cuh"
 
@@ -298,6 +301,175 @@ qk_plain_kernel(qk_params p) {
     }
 }
 
+/* ---- qk-pipe, a version under trial (qk_params.pipe; the dev driver's
+ * qvc_dev_kernels.qk_pipe): qk_plain_kernel's codes and scales from
+ * persistent CTAs that copy the next block's rows into a shared ring
+ * (cp.async) while they code the current one.  qk_plain's CTAs load,
+ * compute and retire, so an SM's loads come in bursts, and ncu found Q
+ * and K latency-bound (no eligible warp in 25% and 43% of cycles;
+ * bench/NOTES.md, "What bounds them").  Each thread copies, and later
+ * reads, only its own 16-byte chunks, so the ring needs no barrier: a
+ * thread's cp.async.wait_group makes its own copies visible to it. */
+template <int D, bool MEAN>
+struct pipe_geom {
+    /* chunk s of thread t at [s][t]: a warp's chunks of one step are 512
+     * contiguous bytes, so neither the copies nor the reads conflict */
+    static constexpr int ROWS = plain_geom<D>::STEPS;
+    static constexpr int CHUNKS = ROWS + (MEAN ? 2 : 0); /* K's mean: 8 floats a lane */
+    static constexpr int SLOT = CHUNKS * PREP_THREADS;   /* uint4s a stage */
+    static constexpr int STAGES = 2;
+    static constexpr int SMEM = STAGES * SLOT * 16;
+};
+
+/* Where the thread's rows of item (blk, bh) come from: K'[perm] rows (the
+ * permutation's entries, loaded a stage ahead of their copies so that the
+ * copies never wait for them), else the rows themselves; 0 past n. */
+template <int D>
+static __device__ __forceinline__ void pipe_src(const qk_params &p, int blk, int bh, int rofs,
+                                                int (&src)[plain_geom<D>::STEPS]) {
+    using G = plain_geom<D>;
+    const int r0 = blk * QVI_BLOCK + rofs;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        const int r = r0 + s * G::RPC;
+        src[s] = r >= p.n ? 0 : p.perm ? __ldg(p.perm + (int64_t)bh * p.n + r) : r;
+    }
+}
+
+/* The thread's copies of item (blk, bh) into one stage of the ring. */
+template <int D, bool MEAN>
+static __device__ __forceinline__ void pipe_issue(const qk_params &p, uint4 *slot, int blk,
+                                                  int bh, int rofs, int c0,
+                                                  const int (&src)[plain_geom<D>::STEPS]) {
+    using G = plain_geom<D>;
+    const unsigned short *x = (const unsigned short *)p.x.data + qvc_head_base(p.x, bh) + c0;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s)
+        qvc_cp_async16_zfill(slot + s * PREP_THREADS + threadIdx.x, x + (int64_t)src[s] * p.x.sn,
+                             blk * QVI_BLOCK + rofs + s * G::RPC < p.n);
+    if (MEAN && p.mean) {
+        const float *m = p.mean + (int64_t)bh * D + c0;
+        qvc_cp_async16(slot + G::STEPS * PREP_THREADS + threadIdx.x, m);
+        qvc_cp_async16(slot + (G::STEPS + 1) * PREP_THREADS + threadIdx.x, m + 4);
+    }
+}
+
+/* Rotated K (or Q per block): qkp_block_kept with the rotated rows in
+ * registers instead of a 64 KB tile, which the ring's stages need. */
+template <int DT, int D>
+static __device__ __forceinline__ void qkp_block_regs(const qk_params &p, const qkp_lane &L,
+                                                      const uint4 *slot, float *red,
+                                                      int8_t *codes) {
+    using G = plain_geom<D>;
+    float x[G::STEPS][QKP_CPL], amax = 0.0f;
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s) {
+        qkp_row<DT, D, true>(p, slot[s * PREP_THREADS + threadIdx.x], L.r0 + s * G::RPC < p.n,
+                             L.mean, L.smooth, L.sg, x[s]);
+#pragma unroll
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+    }
+    float scale;
+    const float rcp = qkp_block_scale(p, L, block_max(amax, red), &scale);
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s)
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
+}
+
+template <int DT, int D, bool ROWS, bool ROT>
+__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2)
+qk_pipe_kernel(qk_params p, int items) {
+    using G = plain_geom<D>;
+    using R = pipe_geom<D, !ROWS>;
+    extern __shared__ __align__(16) uint4 qkp_ring[];
+    /* two, by item parity: a warp may write item k+1's max before a slower
+     * one has read item k's; item k+2's write waits at k+1's barrier */
+    __shared__ float red[2][PREP_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * QKP_CPL, rofs = warp * G::RPW + lane / G::LPR;
+    const int nblk = p.n_pad / QVI_BLOCK;
+    float sg[QKP_CPL], mean[QKP_CPL];
+    if (ROT && p.signs)
+        plain_load8f(p.signs + c0, sg);
+    else
+        qkp_fill(sg, 1.0f);
+    qkp_fill(mean, 0.0f);
+
+    /* ---- producer: item k + 1's copies in flight while item k is coded */
+    int src[G::STEPS];
+    int item = blockIdx.x, next = item + (int)gridDim.x;
+    if (item < items) {
+        pipe_src<D>(p, item % nblk, item / nblk, rofs, src);
+        pipe_issue<D, !ROWS>(p, qkp_ring, item % nblk, item / nblk, rofs, c0, src);
+    }
+    qvc_cp_async_commit();
+    if (next < items) pipe_src<D>(p, next % nblk, next / nblk, rofs, src);
+    for (int k = 0; item < items; ++k, item = next, next += (int)gridDim.x) {
+        const uint4 *slot = qkp_ring + (k & 1) * R::SLOT;
+        if (next < items)
+            pipe_issue<D, !ROWS>(p, qkp_ring + ((k + 1) & 1) * R::SLOT, next % nblk, next / nblk,
+                                 rofs, c0, src);
+        qvc_cp_async_commit();
+        const int after = next + (int)gridDim.x;
+        if (after < items) pipe_src<D>(p, after % nblk, after / nblk, rofs, src);
+        qvc_cp_async_wait<1>();
+
+        /* ---- mainloop body: item k's codes and scales, as qk_plain_kernel */
+        qkp_lane L;
+        L.blk = item % nblk, L.bh = item / nblk, L.c0 = c0;
+        L.r0 = L.blk * QVI_BLOCK + rofs;
+        L.smooth = !ROWS && p.mean != NULL;
+        if (L.smooth) {
+            const float4 a = ((const float4 *)slot)[G::STEPS * PREP_THREADS + threadIdx.x];
+            const float4 b = ((const float4 *)slot)[(G::STEPS + 1) * PREP_THREADS + threadIdx.x];
+            mean[0] = a.x, mean[1] = a.y, mean[2] = a.z, mean[3] = a.w;
+            mean[4] = b.x, mean[5] = b.y, mean[6] = b.z, mean[7] = b.w;
+        }
+        L.mean = mean, L.sg = sg;
+        int8_t *codes = p.codes + ((int64_t)L.bh * p.n_pad + L.r0) * D + c0;
+        if constexpr (ROWS || !ROT) {
+            uint4 raw[G::STEPS];
+#pragma unroll
+            for (int s = 0; s < G::STEPS; ++s) raw[s] = slot[s * PREP_THREADS + threadIdx.x];
+            if constexpr (ROWS) {
+                qkp_rows_per_row<DT, D, ROT>(p, L, raw, codes);
+            } else {
+                int cs[QKP_CPL];
+                qkp_block_redo<DT, D, false>(p, L, raw, red[k & 1], codes, cs);
+            }
+        } else {
+            qkp_block_regs<DT, D>(p, L, slot, red[k & 1], codes);
+        }
+    }
+}
+
+template <int DT, int D, bool ROWS, bool ROT>
+static void launch_qk_pipe_k(const qk_params &p, dim3 grid, cudaStream_t st) {
+    const auto kern = qk_pipe_kernel<DT, D, ROWS, ROT>;
+    constexpr int smem = pipe_geom<D, !ROWS>::SMEM;
+    /* failures here show as the launch's (qvc_launch_check) */
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int dev = 0, sms = 1, per_sm = 1;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, PREP_THREADS, smem);
+    const int items = (int)(grid.x * grid.y);
+    const int ctas = std::min(items, std::max(sms, 1) * std::max(per_sm, 1));
+    kern<<<ctas, PREP_THREADS, smem, st>>>(p, items);
+}
+
+template <int DT, int D>
+static void launch_qk_pipe_d(const qk_params &p, dim3 grid, cudaStream_t st) {
+    const bool rows = p.rows_per_scale == 1;
+    if (p.hadamard) {
+        if (rows) launch_qk_pipe_k<DT, D, true, true>(p, grid, st);
+        else launch_qk_pipe_k<DT, D, false, true>(p, grid, st);
+    } else {
+        if (rows) launch_qk_pipe_k<DT, D, true, false>(p, grid, st);
+        else launch_qk_pipe_k<DT, D, false, false>(p, grid, st);
+    }
+}
+
 template <int DT, int D, bool ROT, bool CSUM>
 static void launch_qk_plain_k(const qk_params &p, dim3 grid, cudaStream_t st) {
     if (ROT) {
@@ -338,6 +510,20 @@ bool qvc_qk_plain_ok(const qk_params &p, int D) {
 
 bool qvc_qk_plain_takes_ext(const qk_params &p, int D) {
     return p.rows_per_scale == QVI_BLOCK && !p.hadamard && qvc_qk_plain_ok(p, D);
+}
+
+bool qvc_qk_pipe_ok(const qk_params &p, int D) {
+    return p.pipe && !p.csum && qvc_qk_plain_ok(p, D);
+}
+
+void qvc_qk_pipe_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
+    if (p.x.dtype == QVA_BF16) {
+        if (D == 64) launch_qk_pipe_d<QVA_BF16, 64>(p, grid, st);
+        else launch_qk_pipe_d<QVA_BF16, 128>(p, grid, st);
+    } else {
+        if (D == 64) launch_qk_pipe_d<QVA_F16, 64>(p, grid, st);
+        else launch_qk_pipe_d<QVA_F16, 128>(p, grid, st);
+    }
 }
 
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st) {
