@@ -140,7 +140,7 @@ typedef struct variant {
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
     int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
     int v_sample; /* +vsample on a demeaning step (16-bit inputs only) */
-    int qk_pipe;  /* qvc_prep_args.qk_pipe */
+    int qk_pipe;  /* qvc_prep_args.qk_pipe: 0, 1 or 2 */
 } variant;
 
 static const variant VARIANTS[] = {
@@ -161,6 +161,7 @@ static const variant VARIANTS[] = {
     {"sage8+qblock qk-pipe", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0, 1},
     {"vc8+had(signs) qk-pipe", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, 1, 0, 1},
     {"vc8+had(signs)+qblock qk-pipe", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 1},
+    {"vc8+had(signs) qk-pipe2", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, 1, 0, 2},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 

@@ -141,7 +141,8 @@ typedef struct qvc_prep_args {
      * its sampled rows where they serve, by +vprev's path (v.cu) with
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
-    /* the dev driver's trial of qk_pipe_kernel (qvc_dev_kernels.qk_pipe) */
+    /* the dev driver's trial of qk_pipe_kernel (qvc_dev_kernels.qk_pipe:
+     * 0 off, 1 on, 2 on with rotated K rotated twice) */
     int qk_pipe;
 } qvc_prep_args;
 /* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
@@ -427,7 +428,8 @@ typedef struct qvc_dev_kernels {
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
     int qk_pipe;                     /* INT8 Q/K by qk_pipe_kernel in place
-                                        of qk_plain_kernel                 */
+                                        of qk_plain_kernel (2: rotated K
+                                        rotated twice, prep_internal.h)    */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
 /* The context's dev kernels, or NULL (every library kernel). */

@@ -307,22 +307,23 @@ qk_plain_kernel(qk_params p) {
  * (cp.async) while they code the current one.  qk_plain's CTAs load,
  * compute and retire, so an SM's loads come in bursts, and ncu found Q
  * and K latency-bound (no eligible warp in 25% and 43% of cycles;
- * bench/NOTES.md, "What bounds them").  Each thread copies, and later
- * reads, only its own 16-byte chunks, so the ring needs no barrier: a
- * thread's cp.async.wait_group makes its own copies visible to it. */
+ * bench/NOTES.md, "What bounds them").  A thread copies, and later reads,
+ * its own 16-byte chunks of the rows, so Q's ring needs no barrier (a
+ * thread's cp.async.wait_group makes its own copies visible to it); K's
+ * channel mean is one copy for the CTA, seen after a barrier that K's
+ * block scale needs anyway. */
 template <int D, bool MEAN>
 struct pipe_geom {
     /* chunk s of thread t at [s][t]: a warp's chunks of one step are 512
      * contiguous bytes, so neither the copies nor the reads conflict */
-    static constexpr int ROWS = plain_geom<D>::STEPS;
-    static constexpr int CHUNKS = ROWS + (MEAN ? 2 : 0); /* K's mean: 8 floats a lane */
-    static constexpr int SLOT = CHUNKS * PREP_THREADS;   /* uint4s a stage */
+    static constexpr int ROWS = plain_geom<D>::STEPS * PREP_THREADS;
+    static constexpr int SLOT = ROWS + (MEAN ? D / 4 : 0); /* uint4s a stage */
     static constexpr int STAGES = 2;
     static constexpr int SMEM = STAGES * SLOT * 16;
 };
 
 /* Where the thread's rows of item (blk, bh) come from: K'[perm] rows (the
- * permutation's entries, loaded a stage ahead of their copies so that the
+ * permutation's entries, loaded an item ahead of their copies so that the
  * copies never wait for them), else the rows themselves; 0 past n. */
 template <int D>
 static __device__ __forceinline__ void pipe_src(const qk_params &p, int blk, int bh, int rofs,
@@ -336,7 +337,8 @@ static __device__ __forceinline__ void pipe_src(const qk_params &p, int blk, int
     }
 }
 
-/* The thread's copies of item (blk, bh) into one stage of the ring. */
+/* The thread's copies of item (blk, bh) into one stage of the ring, and
+ * (MEAN) the first D/4 threads' of the head's channel mean. */
 template <int D, bool MEAN>
 static __device__ __forceinline__ void pipe_issue(const qk_params &p, uint4 *slot, int blk,
                                                   int bh, int rofs, int c0,
@@ -347,44 +349,48 @@ static __device__ __forceinline__ void pipe_issue(const qk_params &p, uint4 *slo
     for (int s = 0; s < G::STEPS; ++s)
         qvc_cp_async16_zfill(slot + s * PREP_THREADS + threadIdx.x, x + (int64_t)src[s] * p.x.sn,
                              blk * QVI_BLOCK + rofs + s * G::RPC < p.n);
-    if (MEAN && p.mean) {
-        const float *m = p.mean + (int64_t)bh * D + c0;
-        qvc_cp_async16(slot + G::STEPS * PREP_THREADS + threadIdx.x, m);
-        qvc_cp_async16(slot + (G::STEPS + 1) * PREP_THREADS + threadIdx.x, m + 4);
-    }
+    if (MEAN && p.mean && threadIdx.x < D / 4)
+        qvc_cp_async16(slot + pipe_geom<D, MEAN>::ROWS + threadIdx.x,
+                       p.mean + (int64_t)bh * D + 4 * threadIdx.x);
+    qvc_cp_async_commit();
 }
 
-/* Rotated K (or Q per block): qkp_block_kept with the rotated rows in
- * registers instead of a 64 KB tile, which the ring's stages need. */
-template <int DT, int D>
-static __device__ __forceinline__ void qkp_block_regs(const qk_params &p, const qkp_lane &L,
-                                                      const uint4 *slot, float *red,
+/* Rotated K (or Q per block): the block max over its rotated rows, then
+ * the codes.  TWICE: rotated again from the ring for the codes (about 80
+ * registers, three CTAs an SM), else kept in registers (128, two). */
+template <int DT, int D, bool TWICE>
+static __device__ __forceinline__ void qkp_block_ring(const qk_params &p, const qkp_lane &L,
+                                                      const uint4 *rows, float *red,
                                                       int8_t *codes) {
     using G = plain_geom<D>;
-    float x[G::STEPS][QKP_CPL], amax = 0.0f;
+    float x[TWICE ? 1 : G::STEPS][QKP_CPL], amax = 0.0f;
 #pragma unroll
     for (int s = 0; s < G::STEPS; ++s) {
-        qkp_row<DT, D, true>(p, slot[s * PREP_THREADS + threadIdx.x], L.r0 + s * G::RPC < p.n,
-                             L.mean, L.smooth, L.sg, x[s]);
+        float *xs = x[TWICE ? 0 : s];
+        qkp_row<DT, D, true>(p, rows[s * PREP_THREADS], L.r0 + s * G::RPC < p.n, L.mean, L.smooth,
+                             L.sg, xs);
 #pragma unroll
-        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(x[s][e]));
+        for (int e = 0; e < QKP_CPL; ++e) amax = fmaxf(amax, fabsf(xs[e]));
     }
     float scale;
     const float rcp = qkp_block_scale(p, L, block_max(amax, red), &scale);
 #pragma unroll
-    for (int s = 0; s < G::STEPS; ++s)
-        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(x[s], scale, rcp);
+    for (int s = 0; s < G::STEPS; ++s) {
+        float *xs = x[TWICE ? 0 : s];
+        if (TWICE)
+            qkp_row<DT, D, true>(p, rows[s * PREP_THREADS], L.r0 + s * G::RPC < p.n, L.mean,
+                                 L.smooth, L.sg, xs);
+        *(uint2 *)(codes + (int64_t)s * G::RPC * D) = qkp_codes8(xs, scale, rcp);
+    }
 }
 
-template <int DT, int D, bool ROWS, bool ROT>
-__global__ void __launch_bounds__(PREP_THREADS, ROWS ? 3 : 2)
+template <int DT, int D, bool ROWS, bool ROT, bool TWICE>
+__global__ void __launch_bounds__(PREP_THREADS, ROWS || TWICE ? 3 : 2)
 qk_pipe_kernel(qk_params p, int items) {
     using G = plain_geom<D>;
     using R = pipe_geom<D, !ROWS>;
     extern __shared__ __align__(16) uint4 qkp_ring[];
-    /* two, by item parity: a warp may write item k+1's max before a slower
-     * one has read item k's; item k+2's write waits at k+1's barrier */
-    __shared__ float red[2][PREP_WARPS];
+    __shared__ float red[PREP_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * QKP_CPL, rofs = warp * G::RPW + lane / G::LPR;
     const int nblk = p.n_pad / QVI_BLOCK;
@@ -402,17 +408,18 @@ qk_pipe_kernel(qk_params p, int items) {
         pipe_src<D>(p, item % nblk, item / nblk, rofs, src);
         pipe_issue<D, !ROWS>(p, qkp_ring, item % nblk, item / nblk, rofs, c0, src);
     }
-    qvc_cp_async_commit();
     if (next < items) pipe_src<D>(p, next % nblk, next / nblk, rofs, src);
     for (int k = 0; item < items; ++k, item = next, next += (int)gridDim.x) {
         const uint4 *slot = qkp_ring + (k & 1) * R::SLOT;
+        qvc_cp_async_wait<0>();
+        /* K: the CTA's mean copy seen by all, and every thread past item
+         * k - 1, whose stage the next copies overwrite */
+        if (!ROWS) __syncthreads();
         if (next < items)
             pipe_issue<D, !ROWS>(p, qkp_ring + ((k + 1) & 1) * R::SLOT, next % nblk, next / nblk,
                                  rofs, c0, src);
-        qvc_cp_async_commit();
         const int after = next + (int)gridDim.x;
         if (after < items) pipe_src<D>(p, after % nblk, after / nblk, rofs, src);
-        qvc_cp_async_wait<1>();
 
         /* ---- mainloop body: item k's codes and scales, as qk_plain_kernel */
         qkp_lane L;
@@ -420,8 +427,8 @@ qk_pipe_kernel(qk_params p, int items) {
         L.r0 = L.blk * QVI_BLOCK + rofs;
         L.smooth = !ROWS && p.mean != NULL;
         if (L.smooth) {
-            const float4 a = ((const float4 *)slot)[G::STEPS * PREP_THREADS + threadIdx.x];
-            const float4 b = ((const float4 *)slot)[(G::STEPS + 1) * PREP_THREADS + threadIdx.x];
+            const float4 a = ((const float4 *)slot)[R::ROWS + c0 / 4];
+            const float4 b = ((const float4 *)slot)[R::ROWS + c0 / 4 + 1];
             mean[0] = a.x, mean[1] = a.y, mean[2] = a.z, mean[3] = a.w;
             mean[4] = b.x, mean[5] = b.y, mean[6] = b.z, mean[7] = b.w;
         }
@@ -435,17 +442,17 @@ qk_pipe_kernel(qk_params p, int items) {
                 qkp_rows_per_row<DT, D, ROT>(p, L, raw, codes);
             } else {
                 int cs[QKP_CPL];
-                qkp_block_redo<DT, D, false>(p, L, raw, red[k & 1], codes, cs);
+                qkp_block_redo<DT, D, false>(p, L, raw, red, codes, cs);
             }
         } else {
-            qkp_block_regs<DT, D>(p, L, slot, red[k & 1], codes);
+            qkp_block_ring<DT, D, TWICE>(p, L, slot + threadIdx.x, red, codes);
         }
     }
 }
 
-template <int DT, int D, bool ROWS, bool ROT>
+template <int DT, int D, bool ROWS, bool ROT, bool TWICE = false>
 static void launch_qk_pipe_k(const qk_params &p, dim3 grid, cudaStream_t st) {
-    const auto kern = qk_pipe_kernel<DT, D, ROWS, ROT>;
+    const auto kern = qk_pipe_kernel<DT, D, ROWS, ROT, TWICE>;
     constexpr int smem = pipe_geom<D, !ROWS>::SMEM;
     /* failures here show as the launch's (qvc_launch_check) */
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -458,11 +465,13 @@ static void launch_qk_pipe_k(const qk_params &p, dim3 grid, cudaStream_t st) {
     kern<<<ctas, PREP_THREADS, smem, st>>>(p, items);
 }
 
+/* p.pipe 2: rotated K rotated again for its codes (qkp_block_ring) */
 template <int DT, int D>
 static void launch_qk_pipe_d(const qk_params &p, dim3 grid, cudaStream_t st) {
     const bool rows = p.rows_per_scale == 1;
     if (p.hadamard) {
         if (rows) launch_qk_pipe_k<DT, D, true, true>(p, grid, st);
+        else if (p.pipe == 2) launch_qk_pipe_k<DT, D, false, true, true>(p, grid, st);
         else launch_qk_pipe_k<DT, D, false, true>(p, grid, st);
     } else {
         if (rows) launch_qk_pipe_k<DT, D, true, false>(p, grid, st);
