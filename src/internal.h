@@ -196,8 +196,16 @@ void qvi_stable_argsort_labels(const int32_t *labels, int n, int k,
 /* ------------------------------------------------------------ operands */
 /* Hadamard signs for a config (NULL-free: all +1 when not randomized). */
 void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs);
-/* Channel mean over the first n rows of x[n*d] (FP64 sums, f32 result). */
+/* Channel mean over the first n rows of x[n*d] (K smoothing's): the block
+ * sums of qvi_block_sum added in FP64 in block order, f32 result. */
 void qvi_channel_mean(const float *x, int n, int d, float *mean);
+/* Channel c's sum over the QVI_BLOCK-row block at row r0 of x[n*d] in the
+ * fixed FP32 tree of docs/NUMERICS.md §4 (rows past n read as +0), and
+ * V-Smooth's block mean: that sum divided in FP32 by the valid rows'
+ * count.  The GPU's kernels give the same bits. */
+#define QVI_TREE_LEAVES 32 /* leaf i: rows i, i + 32, i + 64, i + 96 */
+float qvi_block_sum(const float *x, int n, int d, int r0, int c);
+float qvi_block_mean(const float *x, int n, int d, int r0, int c);
 
 /* INT8 codes with the DA2 C.3 quantizer (scale amax/127 + 1e-7) over
  * groups of rows_per_scale rows: QVI_BLOCK (K, and Q as the papers) or 1

@@ -760,9 +760,7 @@ static void check_head4(const variant4 *va, const shape *sh, const char *tag, co
         for (int j = 0; j < nblk; ++j) {
             const int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < nk ? r0 + QVI_BLOCK : nk;
             for (int c = 0; c < d; ++c) {
-                double sum = 0.0;
-                for (int i = r0; i < r1; ++i) sum += v[(size_t)i * d + c];
-                const float m = (float)(sum / (r1 - r0));
+                const float m = qvi_block_mean(v, nk, d, r0, c);
                 for (int i = r0; i < r1; ++i) v[(size_t)i * d + c] -= m;
                 const float want = qva_round_f16(m), got = g->mu[((size_t)bh * nblk + j) * d + c];
                 if (!same_bits(got, want) && bm++ < 5)

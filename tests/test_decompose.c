@@ -194,15 +194,13 @@ static void dequant_qk(const qva_config *c, float *x, int rows_per_scale) {
     }
 }
 
-/* VC Eq. 4 on the valid rows of v: block means (FP64 sums) into mu
+/* VC Eq. 4 on the valid rows of v: block means (qvi_block_mean) into mu
  * [blocks][HD], v becomes the FP32 residual. */
 static void split_means(float *v, float *mu) {
     for (int j = 0; j * QVI_BLOCK < NTOK; ++j) {
         const int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < NTOK ? r0 + QVI_BLOCK : NTOK;
         for (int ch = 0; ch < HD; ++ch) {
-            double sum = 0.0;
-            for (int i = r0; i < r1; ++i) sum += v[i * HD + ch];
-            mu[j * HD + ch] = (float)(sum / (r1 - r0));
+            mu[j * HD + ch] = qvi_block_mean(v, NTOK, HD, r0, ch);
             for (int i = r0; i < r1; ++i) v[i * HD + ch] -= mu[j * HD + ch];
         }
     }

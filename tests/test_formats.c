@@ -595,18 +595,20 @@ static void test_channel_mean(void) {
     qvi_channel_mean(x, 3, 2, m);
     CHECK(m[0] == (float)(7.0 / 3.0) && m[1] == 61.0f / 3.0f, "means %g %g",
           (double)m[0], (double)m[1]);
-    float big[3] = {1e8f, 1.0f, -1e8f}; /* FP64 sums keep the 1 */
-    qvi_channel_mean(big, 3, 1, m);
-    CHECK(m[0] == (float)(1.0 / 3.0), "fp64 sum: %.9g", (double)m[0]);
-    /* Two levels: block sums (128 rows, in row order), then their sum.  In
-     * row order 2^53 + 1 would round to 2^53 and the 1 be lost; block 1
-     * sums 1 - 2^53 exactly first, so the mean is 1/256, not 0. */
-    static float two[256];
-    two[0] = 0x1p53f;
-    two[128] = 1.0f;
-    two[129] = -0x1p53f;
-    qvi_channel_mean(two, 256, 1, m);
-    CHECK(m[0] == 1.0f / 256.0f, "block-ordered sum: %.9g", (double)m[0]);
+    /* Two levels: each block's FP32 tree sum, then those sums in FP64 in
+     * block order.  2^30 + 1 rounds to 2^30 in FP32 but not in FP64, so
+     * blocks summing to 2^30, 1 and -2^30 give a mean of 1/384, not 0; in
+     * one block the tree's FP32 adds lose the 1 (row 1 and row 2 are
+     * leaves 1 and 2: (2^30 + 1) + -2^30 = 0). */
+    static float three[384];
+    three[0] = 0x1p30f;
+    three[128] = 1.0f;
+    three[256] = -0x1p30f;
+    qvi_channel_mean(three, 384, 1, m);
+    CHECK(m[0] == 1.0f / 384.0f, "block-ordered FP64 sum: %.9g", (double)m[0]);
+    const float one[3] = {0x1p30f, 1.0f, -0x1p30f};
+    qvi_channel_mean(one, 3, 1, m);
+    CHECK(m[0] == 0.0f, "one block's FP32 tree: %.9g", (double)m[0]);
 }
 
 static void fill_random(float *x, size_t n, double scale) {
@@ -616,6 +618,44 @@ static void fill_random(float *x, size_t n, double scale) {
 
 /* One INT8 scale per row (qva_q_granularity QVA_Q_PER_ROW): each row is
  * qva_int8_quantize of that row alone; zero rows get 1e-7 and codes 0. */
+/* qvi_block_mean against the tree written out level by level (the leaves
+ * as four-row chains, then pairs in index order), on values whose sum
+ * rounds differently in row order, in a full block and a short last one
+ * (rows past n read as +0, the count the valid rows). */
+static void test_block_mean_tree(void) {
+    enum { N = 128 + 77, D = 3 };
+    float x[N * D];
+    for (int i = 0; i < N * D; ++i) /* 2^24-scale values beside small ones */
+        x[i] = (i % 7 == 0 ? 16777216.0f : 1.0f) * (float)(1 + (i * 37) % 11) * (i % 3 ? 1.0f : -1.0f) +
+               0.125f * (float)(i % 5);
+    int order_matters = 0;
+    for (int r0 = 0; r0 < N; r0 += QVI_BLOCK)
+        for (int c = 0; c < D; ++c) {
+            float node[QVI_TREE_LEAVES], rows = 0.0f;
+            for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+                float p = 0.0f;
+                for (int t = 0; t < 4; ++t) {
+                    const int r = r0 + i + 32 * t;
+                    const float v = r < N ? x[r * D + c] : 0.0f;
+                    p = t == 0 ? v : p + v;
+                }
+                node[i] = p;
+            }
+            for (int w = QVI_TREE_LEAVES; w > 1; w /= 2)
+                for (int k = 0; k < w / 2; ++k) node[k] = node[2 * k] + node[2 * k + 1];
+            const int len = N - r0 < QVI_BLOCK ? N - r0 : QVI_BLOCK;
+            for (int r = r0; r < r0 + len; ++r) rows += x[r * D + c];
+            const float want = node[0] / (float)len, got = qvi_block_mean(x, N, D, r0, c);
+            CHECK(memcmp(&want, &got, sizeof got) == 0, "block %d ch %d: tree %.9g, got %.9g",
+                  r0 / QVI_BLOCK, c, (double)want, (double)got);
+            order_matters += rows / (float)len != want;
+        }
+    CHECK(order_matters > 0, "the data tells the tree from the row order");
+    for (int i = 0; i < N * D; ++i) x[i] = -0.375f; /* a constant block: its value */
+    CHECK(qvi_block_mean(x, N, D, 128, 1) == -0.375f && qvi_block_mean(x, N, D, 0, 2) == -0.375f,
+          "the mean of a constant block");
+}
+
 static void test_quant_rows(void) {
     enum { NP = QVI_BLOCK, D = 64 };
     static float x[NP * D];
@@ -746,6 +786,7 @@ int main(void) {
     test_hadamard();
     test_hadamard_signs();
     test_channel_mean();
+    test_block_mean_tree();
     test_quant_blocks();
     test_quant_rows();
     return check_summary("test_formats");

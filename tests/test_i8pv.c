@@ -47,13 +47,8 @@ static void test_v_codes(void) {
             for (int i = 0; i < N; ++i) {
                 const size_t at = (size_t)i * D + c;
                 double m = 0.0;
-                if (demean) { /* the FP64 block mean, rounded to float, as block_demean */
-                    const int j = i / QVI_BLOCK, r0 = j * QVI_BLOCK;
-                    const int r1 = r0 + QVI_BLOCK < N ? r0 + QVI_BLOCK : N;
-                    double acc = 0.0;
-                    for (int r = r0; r < r1; ++r) acc += v[(size_t)r * D + c];
-                    m = (float)(acc / (r1 - r0));
-                }
+                if (demean) /* the block mean, as block_demean */
+                    m = qvi_block_mean(v, N, D, i / QVI_BLOCK * QVI_BLOCK, c);
                 const float xs = (float)((double)(float)(v[at] - (float)m)) / x.chan_scale[c];
                 const int code = (int8_t)x.codes[at];
                 if (fabs((double)xs - code) > 0.5 + 1e-6) ++off;

@@ -225,9 +225,7 @@ static void expected_block_scales(const float *v, int n, float *s) {
         for (int64_t i = 0; i < QVA_STAT_BLOCKS(nblk); ++i) {
             const int j = (int)QVA_STAT_BLOCK(i, nblk), r0 = j * QVI_BLOCK;
             const int r1 = r0 + QVI_BLOCK < n ? r0 + QVI_BLOCK : n;
-            double sum = 0.0;
-            for (int r = r0; r < r1; ++r) sum += v[(size_t)r * DH + c];
-            const float m = (float)(sum / (r1 - r0));
+            const float m = qvi_block_mean(v, n, DH, r0, c);
             for (int r = r0; r < r1; ++r) amax = fmaxf(amax, fabsf(v[(size_t)r * DH + c] - m));
             mmax = fmaxf(mmax, fabsf(m));
         }

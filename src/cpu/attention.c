@@ -317,14 +317,12 @@ static void gather_rows(const float *v, int n, int d, const int32_t *perm,
                (size_t)d * sizeof *dst);
 }
 
-/* Block means over the valid rows (FP64 sums) and the residual in place. */
+/* Block means over the valid rows (qvi_block_mean) and the residual in place. */
 static void block_demean(float *x, int n, int d, int nblk, float *mu) {
     for (int j = 0; j < nblk; ++j) {
         int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < n ? r0 + QVI_BLOCK : n;
         for (int c = 0; c < d; ++c) {
-            double sum = 0.0;
-            for (int i = r0; i < r1; ++i) sum += x[(size_t)i * d + c];
-            float m = (float)(sum / (r1 - r0));
+            const float m = qvi_block_mean(x, n, d, r0, c);
             mu[(size_t)j * d + c] = m;
             for (int i = r0; i < r1; ++i) x[(size_t)i * d + c] -= m;
         }

@@ -348,21 +348,43 @@ void qvi_hadamard_signs(const qva_config *cfg, int d, float *signs) {
                                                                    : 1.0f;
 }
 
-/* mean[c] = (float)(S / n); zeros for n <= 0.  S is summed in FP64 in two
- * levels: each QVI_BLOCK-row block's sum in row order, then those block
- * sums in block order.  The blocks are independent, so the GPU sums them
- * in parallel and still gives these roundings bit for bit
- * (docs/NUMERICS.md, "K smoothing"). */
+/* The tree (docs/NUMERICS.md §4): leaf i is the chain ((x_i + x_{i+32}) +
+ * x_{i+64}) + x_{i+96}, then leaves and nodes are added in pairs in index
+ * order, (2k) + (2k+1), up to one sum.  Why a tree in FP32: a GPU makes
+ * the leaves in registers and the pairs by shuffles, where a sum in row
+ * order was one thread per channel walking the block, half the CTA idle.
+ * The pairs are kept by a binary counter: level b holds the pending left
+ * node, and leaf i closes the levels its trailing one bits name. */
+_Static_assert(QVI_BLOCK == 128 && QVI_TREE_LEAVES == 32, "five levels over 32 leaves of 4 rows");
+float qvi_block_sum(const float *x, int n, int d, int r0, int c) {
+    float level[6] = {0.0f};
+    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+        float node = 0.0f;
+        for (int t = 0; t < QVI_BLOCK / QVI_TREE_LEAVES; ++t) {
+            const int r = r0 + i + t * QVI_TREE_LEAVES;
+            const float v = r < n ? x[(size_t)r * (size_t)d + (size_t)c] : 0.0f;
+            node = t ? node + v : v;
+        }
+        int b = 0;
+        for (; (i >> b) & 1; ++b) node = level[b] + node;
+        level[b] = node;
+    }
+    return level[5];
+}
+
+float qvi_block_mean(const float *x, int n, int d, int r0, int c) {
+    const int len = n - r0 < QVI_BLOCK ? n - r0 : QVI_BLOCK;
+    return qvi_block_sum(x, n, d, r0, c) / (float)len;
+}
+
+/* mean[c] = (float)(S / n); zeros for n <= 0.  S is the FP64 sum, in block
+ * order, of each QVI_BLOCK-row block's FP32 tree sum (qvi_block_sum).  The
+ * blocks are independent, so the GPU sums them in parallel and still gives
+ * these roundings bit for bit (docs/NUMERICS.md, "K smoothing"). */
 void qvi_channel_mean(const float *x, int n, int d, float *mean) {
     for (int c = 0; c < d; ++c) {
         double s = 0.0;
-        for (int r0 = 0; r0 < n; r0 += QVI_BLOCK) {
-            const int r1 = n - r0 < QVI_BLOCK ? n : r0 + QVI_BLOCK;
-            double b = 0.0;
-            for (int r = r0; r < r1; ++r)
-                b += (double)x[(size_t)r * (size_t)d + (size_t)c];
-            s += b;
-        }
+        for (int r0 = 0; r0 < n; r0 += QVI_BLOCK) s += (double)qvi_block_sum(x, n, d, r0, c);
         mean[c] = (n > 0) ? (float)(s / (double)n) : 0.0f;
     }
 }

@@ -217,6 +217,18 @@ static __device__ __forceinline__ uint32_t qvc_hmax2(uint32_t a, uint32_t b) {
     }
 }
 
+/* The lanes' minimum, as qvc_hmax2 (NaN skipped as fminf skips it). */
+template <int DT>
+static __device__ __forceinline__ uint32_t qvc_hmin2(uint32_t a, uint32_t b) {
+    if constexpr (DT == QVA_BF16) {
+        const __nv_bfloat162 r = __hmin2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+        return *(const uint32_t *)&r;
+    } else {
+        const __half2 r = __hmin2(*(const __half2 *)&a, *(const __half2 *)&b);
+        return *(const uint32_t *)&r;
+    }
+}
+
 /* m = max(m, |u|) per 16-bit lane of a 16-byte load.  Widening is
  * monotone and exact, so the widened result is the float running max's
  * bits (from m = +0, as fmaxf's loops start). */

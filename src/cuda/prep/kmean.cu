@@ -1,17 +1,19 @@
 /*
  * K smoothing's channel mean on the device, qvc_kmean (prep_internal.h):
- * the two-level FP64 sum of the CPU's qvi_channel_mean, bit for bit.
+ * the CPU's qvi_channel_mean bit for bit, each 128-row block's FP32 tree
+ * sum (qvi_block_sum) added in FP64 in block order.
  *
  *   kmean_block_kernel<DT,D,EXT>  a lane = 4 adjacent channels of one
  *                           128-row block (4 or 8 blocks per 128-thread
- *                           CTA): the block's FP64 sums of K[perm] in row
- *                           order (block_colsum4), into partial
- *                           [BH][nblk][D]; EXT: the block's per-channel
- *                           min and max too, from which qk_plain.cu takes
- *                           K's block amax without a pass of its own.
+ *                           CTA): the block's tree sums of K[perm]
+ *                           (block_tree4), into partial [BH][nblk][D];
+ *                           EXT: the block's per-channel min and max too,
+ *                           from which qk_plain.cu takes K's block amax
+ *                           without a pass of its own.
  *   kmean_plain_kernel<DT,D,EXT>  the same sums for 16-bit inputs that
- *                           allow 16-byte loads: the block's rows into a
- *                           shared tile, then one thread per channel.
+ *                           allow 16-byte loads: the block's rows in
+ *                           registers, the tree by shuffles
+ *                           (plain_block_sum).
  *   kmean_finish_kernel     thread = (bh, channel): the block sums in block
  *                           order (loaded KSF_AHEAD blocks at a time),
  *                           divided by n, rounded to float.
@@ -35,14 +37,12 @@ kmean_block_kernel(qvc_view k, const int32_t *perm, int n, int nblk, int vec, do
     const int blk = blockIdx.x * L::PER_CTA + warp * L::PER_WARP + lane / qk_geom<D>::LPR;
     if (blk >= nblk) return;
     const int c0 = (lane % qk_geom<D>::LPR) * QK_CPL, r0 = blk * QVI_BLOCK;
-    double s[QK_CPL];
-    float mn[QK_CPL], mx[QK_CPL];
-    block_colsum4<DT, EXT>(k, perm, bh, n, qvc_head_base(k, bh), r0, min(QVI_BLOCK, n - r0), c0,
-                           vec, s, mn, mx);
+    float s[QK_CPL], mn[QK_CPL], mx[QK_CPL];
+    block_tree4<DT>(k, perm, bh, n, qvc_head_base(k, bh), r0, c0, vec, s, mn, mx);
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c0;
 #pragma unroll
     for (int e = 0; e < QK_CPL; ++e) {
-        partial[o + e] = s[e];
+        partial[o + e] = (double)s[e];
         if (EXT) kext.min[o + e] = mn[e], kext.max[o + e] = mx[e];
     }
 }
@@ -62,25 +62,24 @@ static void launch_kmean_block_d(const qvc_view &k, const int32_t *perm, int n, 
 /*
  * kmean_block_kernel for 16-bit inputs that allow 16-byte loads: one CTA
  * of PREP_THREADS per (block, bh).  The rows arrive as v_plain_kernel's do
- * (8 channels a lane, every load in flight at once) into a shared tile
- * of the input's own 16-bit values; then one thread per channel walks the
- * tile in row order, so the FP64 sum and the extremes are block_colsum4's
- * by construction.  Why: the 4-channel lanes spent about 14 instructions
- * a value on the row addressing, the 8-byte loads and their waits (346 us
- * at Wan, 50% of DRAM peak).
+ * (8 channels a lane, every load in flight at once) and stay in registers;
+ * the tree's leaves and first levels are made there, the rest by the
+ * thread of each channel (plain_block_sum).  Why: the 4-channel lanes
+ * spent about 14 instructions a value on the row addressing, the 8-byte
+ * loads and their waits (346 us at Wan, 50% of DRAM peak), and a row-order
+ * walk by one thread per channel left half the CTA waiting.
  */
 template <int DT, int D, bool EXT>
 __global__ void __launch_bounds__(PREP_THREADS)
 kmean_plain_kernel(qvc_view k, const int32_t *perm, int n, int nblk, double *partial,
                    qvc_block_ext kext, const int *skip) {
-    __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
+    __shared__ __align__(16) float red[tree_geom<D>::FLOATS];
     const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
     if (skip && skip[bh]) return; /* the whole CTA, before its barrier */
-    double sum;
-    float mn, mx;
-    if (!plain_block_colsum<DT, D, EXT>(k, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
+    float sum, mn, mx;
+    if (!plain_block_sum<DT, D>(k, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
-    partial[o] = sum;
+    partial[o] = (double)sum;
     if (EXT) kext.min[o] = mn, kext.max[o] = mx;
 }
 

@@ -6,7 +6,7 @@
  *   qk.cu      Q and K as 8-bit codes (INT8 / E4M3) with block scales
  *   qk_plain.cu  the same for INT8 from 16-bit inputs, rotated or not (the common case)
  *   v_plain.cu   V with per-channel scales from 16-bit inputs (the common case)
- *   kmean.cu   the K channel mean of K smoothing (two-level FP64 sums)
+ *   kmean.cu   the K channel mean of K smoothing (block tree sums, then FP64)
  *   colsum.cu  exact FP64 column means of row lists (qvc_colsum_mean): the
  *              centroid update of kmeans.cu
  *   v.cu       V: block statistics, per-channel scales, E4M3 codes
@@ -21,12 +21,13 @@
  *   - every float operation is written with an explicit _rn intrinsic, so
  *     nvcc can never contract a multiply and an add into an FMA the CPU
  *     does not form (the CPU is built -std=c11, which does not contract);
- *   - the FP64 sums (K channel mean, V block means) give the CPU's
- *     sequential sums exactly: V block means (128 rows) are summed
- *     sequentially in row order (v.cu); the K mean in 128-row blocks,
- *     then over blocks, as the CPU defines it (kmean.cu); the k-means
- *     centroid sums in parallel when the data certify that no partial sum
- *     can round, sequentially in the CPU's order otherwise (colsum.cu);
+ *   - the sums give the CPU's bits: a 128-row block's channel sums (V's
+ *     block means, the K mean's blocks) in the CPU's fixed FP32 tree
+ *     (qvi_block_sum; tree_block_part and block_tree4 below), the K
+ *     mean's block sums then in FP64 in block order (kmean.cu); the
+ *     k-means centroid sums in parallel when the data certify that no
+ *     partial sum can round, sequentially in the CPU's order otherwise
+ *     (colsum.cu);
  *   - maxima are order-independent, so they use ordinary tree reductions.
  * The input dtype is a template parameter of every kernel, so unrolled
  * loops issue their loads back to back.
@@ -218,35 +219,45 @@ static __device__ __forceinline__ void prep_load_rows4(const qvc_view &x, const 
     for (int s = 0; s < S; ++s) prep_widen4<DT>(r[s], vec, v[s]);
 }
 
-/* FP64 sums, in row order, of a lane's QK_CPL channels c0.. over rows
- * r0 .. r0 + len - 1 of X[perm] (8 rows loaded at once, then the ordered
- * adds): the per-block sums of the K mean (kmean.cu) and of V-Smooth's
- * block means (v.cu), bit for bit the CPU's sequential sums.  len is
- * min(128, n - r0), so a group's rows past r0 + len are past n.  MINMAX:
- * also each channel's least and greatest value (fminf / fmaxf, which skip
- * NaN; +inf / -inf when every value is NaN). */
-template <int DT, bool MINMAX = false>
-static __device__ __forceinline__ void block_colsum4(const qvc_view &x, const int32_t *perm, int bh,
-                                                     int n, int64_t base, int r0, int len, int c0,
-                                                     int vec, double *s, float *mn = NULL,
-                                                     float *mx = NULL) {
+/* The lane's 4 channels of the 128-row block at r0 in qvi_block_sum's
+ * tree (one lane walks it: the leaves in order, the pairs by a binary
+ * counter whose levels the full unroll keeps in registers), and each
+ * channel's least and greatest value over the rows before n (fminf /
+ * fmaxf skip NaN). */
+template <int DT>
+static __device__ __forceinline__ void block_tree4(const qvc_view &x, const int32_t *perm, int bh,
+                                                   int n, int64_t base, int r0, int c0, int vec,
+                                                   float (&sum)[QK_CPL], float (&mn)[QK_CPL],
+                                                   float (&mx)[QK_CPL]) {
+    constexpr int ROWS = QVI_BLOCK / QVI_TREE_LEAVES; /* a leaf's rows, 32 apart */
+    float level[6][QK_CPL];
 #pragma unroll
-    for (int e = 0; e < QK_CPL; ++e) {
-        s[e] = 0.0;
-        if (MINMAX) mn[e] = INFINITY, mx[e] = -INFINITY;
+    for (int e = 0; e < QK_CPL; ++e) mn[e] = INFINITY, mx[e] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < QVI_TREE_LEAVES; ++i) {
+        float v[ROWS][QK_CPL], node[QK_CPL];
+        prep_load_rows4<DT, ROWS>(x, perm, bh, n, base, r0 + i, QVI_TREE_LEAVES, c0, vec, v);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) {
+            node[e] = v[0][e];
+#pragma unroll
+            for (int t = 1; t < ROWS; ++t) node[e] = __fadd_rn(node[e], v[t][e]);
+        }
+#pragma unroll
+        for (int t = 0; t < ROWS; ++t)
+            if (r0 + i + t * QVI_TREE_LEAVES < n)
+#pragma unroll
+                for (int e = 0; e < QK_CPL; ++e) mn[e] = fminf(mn[e], v[t][e]), mx[e] = fmaxf(mx[e], v[t][e]);
+        int b = 0;
+#pragma unroll
+        for (; (i >> b) & 1; ++b)
+#pragma unroll
+            for (int e = 0; e < QK_CPL; ++e) node[e] = __fadd_rn(level[b][e], node[e]);
+#pragma unroll
+        for (int e = 0; e < QK_CPL; ++e) level[b][e] = node[e];
     }
-    for (int i = 0; i < len; i += 8) {
-        float v[8][QK_CPL];
-        prep_load_rows4<DT, 8>(x, perm, bh, n, base, r0 + i, 1, c0, vec, v);
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (i + u < len)
-#pragma unroll
-                for (int e = 0; e < QK_CPL; ++e) {
-                    s[e] = __dadd_rn(s[e], (double)v[u][e]);
-                    if (MINMAX) mn[e] = fminf(mn[e], v[u][e]), mx[e] = fmaxf(mx[e], v[u][e]);
-                }
-    }
+    for (int e = 0; e < QK_CPL; ++e) sum[e] = level[5][e];
 }
 
 /* V's code tile in shared memory: [128 keys][TILE_STRIDE] bytes, a key's
@@ -330,51 +341,141 @@ static __device__ __forceinline__ void plain_load_rows(const qvc_view &x, const 
     }
 }
 
-/* Channel c's FP64 sum over the first len rows of a shared [128][D] tile
- * of 16-bit values, in row order, and (EXT) their least and greatest
- * value: block_colsum4's bits. */
-template <int DT, int D, bool EXT>
-static __device__ __forceinline__ void plain_tile_colsum(const uint16_t *tile, int len, int c,
-                                                         double *sum, float *mn, float *mx) {
-    double s = 0.0;
-    float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-    for (int i = 0; i < len; ++i) {
-        const float v = qvc_widen16<DT>(tile[i * D + c]);
-        s = __dadd_rn(s, (double)v);
-        if (EXT) lo = fminf(lo, v), hi = fmaxf(hi, v);
+/* A block's channel sums in the CPU's tree (qvi_block_sum, docs/NUMERICS.md
+ * §4) from the rows the plain geometry holds: step s of a thread is row
+ * key0 + s RPC, so its steps s = j, j + LEAVES, ... are the four rows of
+ * leaf key0 + j RPC (RPC LEAVES = 32), added in register in the leaf's
+ * order.  Lanes LPR apart hold neighbouring leaves of the same channels,
+ * so the warp's shuffles make the tree's first log2(RPW) levels; a node
+ * of that level is warp + PREP_WARPS j.  The CTA's nodes meet in shared
+ * memory, where the thread of channel c adds them in pairs in index order.
+ * Each add takes the same two operands as the CPU's (IEEE addition
+ * commutes), so the sum has the CPU's bits.  Why: the row-order FP64 sum
+ * it replaces was one thread per channel walking the block while the other
+ * half of the CTA waited at the barrier (ncu: barrier 2.1 and long
+ * scoreboard 2.1 stalls per issue in the one-pass V kernel). */
+template <int D>
+struct tree_geom {
+    using G = plain_geom<D>;
+    static constexpr int LEAVES = QVI_TREE_LEAVES / G::RPC; /* a thread's leaves      */
+    static constexpr int NODES = QVI_TREE_LEAVES / G::RPW;  /* a CTA's after shuffles */
+    /* the nodes, then each warp's least and greatest values */
+    static constexpr int FLOATS = (NODES + 2 * PREP_WARPS) * D;
+    static_assert(LEAVES * G::RPC == QVI_TREE_LEAVES && NODES == LEAVES * PREP_WARPS,
+                  "a leaf's rows are one thread's steps");
+};
+
+/* Every thread of the CTA: its leaves and its valid rows' extremes, the
+ * warp's levels by shuffles, into red[tree_geom<D>::FLOATS].  valid: the
+ * block's rows before n (rows past n are +0 in raw, as the CPU reads
+ * them, and not in the extremes). */
+template <int DT, int D>
+static __device__ __forceinline__ void tree_block_part(const uint4 (&raw)[plain_geom<D>::STEPS],
+                                                       int valid, float *red) {
+    using G = plain_geom<D>;
+    using T = tree_geom<D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
+    /* a pass per leaf, then the extremes on the packed rows: the one-pass
+     * V kernel keeps the rows for its codes, and with 16 float extremes
+     * live beside them ptxas spilled (296 bytes at 80 registers) */
+#pragma unroll
+    for (int j = 0; j < T::LEAVES; ++j) {
+        float node[PLAIN_CPL];
+#pragma unroll
+        for (int s = j; s < G::STEPS; s += T::LEAVES) {
+            float x[PLAIN_CPL];
+            qvc_widen8<DT>(raw[s], x);
+#pragma unroll
+            for (int e = 0; e < PLAIN_CPL; ++e) node[e] = s == j ? x[e] : __fadd_rn(node[e], x[e]);
+        }
+#pragma unroll
+        for (int o = G::LPR; o < 32; o <<= 1)
+#pragma unroll
+            for (int e = 0; e < PLAIN_CPL; ++e)
+                node[e] = __fadd_rn(node[e], __shfl_xor_sync(FULL_MASK, node[e], o));
+        if (lane < G::LPR) {
+            float4 *n4 = (float4 *)(red + (warp + PREP_WARPS * j) * D + c0);
+            n4[0] = make_float4(node[0], node[1], node[2], node[3]);
+            n4[1] = make_float4(node[4], node[5], node[6], node[7]);
+        }
     }
-    *sum = s;
-    if (EXT) *mn = lo, *mx = hi;
+    /* the extremes packed, as loaded (widening is exact and monotone, so
+     * the widened extremes are fminf's and fmaxf's over the floats) */
+    constexpr uint32_t PINF = DT == QVA_BF16 ? 0x7f807f80u : 0x7c007c00u;
+    uint32_t lo[4] = {PINF, PINF, PINF, PINF}, hi[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) hi[w] = PINF | 0x80008000u; /* -inf */
+#pragma unroll
+    for (int s = 0; s < G::STEPS; ++s)
+        if (key0 + s * G::RPC < valid) {
+            const uint32_t u[4] = {raw[s].x, raw[s].y, raw[s].z, raw[s].w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) lo[w] = qvc_hmin2<DT>(lo[w], u[w]), hi[w] = qvc_hmax2<DT>(hi[w], u[w]);
+        }
+#pragma unroll
+    for (int o = G::LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            lo[w] = qvc_hmin2<DT>(lo[w], __shfl_xor_sync(FULL_MASK, lo[w], o));
+            hi[w] = qvc_hmax2<DT>(hi[w], __shfl_xor_sync(FULL_MASK, hi[w], o));
+        }
+    if (lane >= G::LPR) return;
+    float f[PLAIN_CPL];
+    qvc_widen8<DT>(make_uint4(lo[0], lo[1], lo[2], lo[3]), f);
+    float4 *n4 = (float4 *)(red + (T::NODES + warp) * D + c0);
+    n4[0] = make_float4(f[0], f[1], f[2], f[3]);
+    n4[1] = make_float4(f[4], f[5], f[6], f[7]);
+    qvc_widen8<DT>(make_uint4(hi[0], hi[1], hi[2], hi[3]), f);
+    n4 = (float4 *)(red + (T::NODES + PREP_WARPS + warp) * D + c0);
+    n4[0] = make_float4(f[0], f[1], f[2], f[3]);
+    n4[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-/* One 128-row block of X[perm] as loaded (16-bit values, rows [0, 128) of
- * the block, +0 past n) into a shared [128][D] tile, then, for the threads
- * c < D, channel c's FP64 sum over the block's `len` valid rows in row
- * order and (EXT) their least and greatest value: block_colsum4's bits
- * (one thread per channel walks the tile in order).  Every thread of the
- * CTA (PREP_THREADS) calls it; returns whether this thread has a channel.
- * The K mean's block sums (kmean.cu) and V's demeaned statistics
- * (v_plain.cu) both read their blocks this way: 8 channels a lane, every
- * load in flight, where block_colsum4's 4-channel lanes spent about 14
- * instructions a value on addressing and waits. */
-template <int DT, int D, bool EXT>
-static __device__ __forceinline__ bool plain_block_colsum(const qvc_view &x, const int32_t *perm,
-                                                          int bh, int n, int blk, uint16_t *tile,
-                                                          double *sum, float *mn, float *mx) {
+/* The thread of channel c, after the barrier that follows tree_block_part:
+ * the tree's sum, and the block's least and greatest valid value (+inf
+ * and -inf when there is none that is not NaN). */
+template <int D>
+static __device__ __forceinline__ float tree_block_finish(const float *red, int c, float *lo,
+                                                          float *hi) {
+    using T = tree_geom<D>;
+    float nd[T::NODES];
+#pragma unroll
+    for (int k = 0; k < T::NODES; ++k) nd[k] = red[k * D + c];
+#pragma unroll
+    for (int w = T::NODES / 2; w >= 1; w /= 2) /* w pairs: a constant trip count */
+#pragma unroll
+        for (int k = 0; k < T::NODES / 2; ++k)
+            if (k < w) nd[k] = __fadd_rn(nd[2 * k], nd[2 * k + 1]);
+    float a = INFINITY, b = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < PREP_WARPS; ++w)
+        a = fminf(a, red[(T::NODES + w) * D + c]), b = fmaxf(b, red[(T::NODES + PREP_WARPS + w) * D + c]);
+    *lo = a, *hi = b;
+    return nd[0];
+}
+
+/* One 128-row block of X[perm]: channel c's tree sum (qvi_block_sum) and
+ * the block's extremes (tree_block_part, tree_block_finish).  Every
+ * thread of the CTA calls it; returns whether this thread has a channel
+ * (c < D).  V's block means and the K mean's block sums read their
+ * blocks this way: 8 channels a lane, every load in flight. */
+template <int DT, int D>
+static __device__ __forceinline__ bool plain_block_sum(const qvc_view &x, const int32_t *perm,
+                                                       int bh, int n, int blk, float *red,
+                                                       float *sum, float *mn, float *mx) {
     using G = plain_geom<D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = (lane % G::LPR) * PLAIN_CPL, key0 = warp * G::RPW + lane / G::LPR;
     {
         uint4 raw[G::STEPS];
         plain_load_rows<D>(x, perm, bh, n, qvc_head_base(x, bh), blk * QVI_BLOCK + key0, c0, raw);
-#pragma unroll
-        for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&tile[(key0 + s * G::RPC) * D + c0] = raw[s];
+        tree_block_part<DT, D>(raw, n - blk * QVI_BLOCK, red);
     }
     __syncthreads();
     const int c = threadIdx.x;
     if (c >= D) return false;
-    plain_tile_colsum<DT, D, EXT>(tile, min(QVI_BLOCK, n - blk * QVI_BLOCK), c, sum, mn, mx);
+    *sum = tree_block_finish<D>(red, c, mn, mx);
     return true;
 }
 

@@ -27,12 +27,11 @@
 /* block_demean + the per-block part of v_channel_scale: the raw block mean
  * (0 without demeaning) and the amax of the residual over the valid rows.
  * A lane holds 4 adjacent channels of one block (4 or 8 blocks per
- * 128-thread CTA).  Demeaned, one pass: the mean's FP64 sums in row order
- * and each channel's min and max (block_colsum4), then the residual amax
- * from those two, since x -> fl(x - m) is monotone and so |fl(x - m)| is
- * largest at the least or the greatest x (NaN skipped as fmaxf skips it,
- * infinities and a NaN mean as the row-by-row loop has them).  Else one
- * pass for the amax. */
+ * 128-thread CTA).  Demeaned, one pass: the mean (block_tree4) and each
+ * channel's min and max, then the residual amax from those two, since
+ * x -> fl(x - m) is monotone and so |fl(x - m)| is largest at the least or
+ * the greatest x (NaN skipped as fmaxf skips it, infinities and a NaN mean
+ * as the row-by-row loop has them).  Else one pass for the amax. */
 template <int DT, int D>
 __global__ void __launch_bounds__(128)
 v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int vec,
@@ -47,12 +46,11 @@ v_stats_kernel(qvc_view v, const int32_t *perm, int n, int nblk, int demean, int
     float m[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     float amax[QK_CPL] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (demean) {
-        double s[QK_CPL];
-        float mn[QK_CPL], mx[QK_CPL];
-        block_colsum4<DT, true>(v, perm, bh, n, base, r0, len, c0, vec, s, mn, mx);
+        float s[QK_CPL], mn[QK_CPL], mx[QK_CPL];
+        block_tree4<DT>(v, perm, bh, n, base, r0, c0, vec, s, mn, mx);
 #pragma unroll
         for (int e = 0; e < QK_CPL; ++e) {
-            m[e] = (float)(s[e] / (double)len);
+            m[e] = __fdiv_rn(s[e], (float)len);
             amax[e] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx[e], m[e]))), fabsf(__fsub_rn(mn[e], m[e])));
         }
     } else {

@@ -16,7 +16,8 @@
  *                         amax of undemeaned V, the max kept packed.
  *
  *   v_stats_plain_kernel<DT,D>  demeaned V's block means and residual
- *                         amax, from the block's rows in a shared tile.
+ *                         amax, from the block's rows in registers, the
+ *                         means in the CPU's tree (tree_block_part).
  *
  *   v_plain_kernel<..., FUSED>  +vsample on a demeaning step: the block's
  *                         means (v_stats_plain_kernel's) from the rows it
@@ -84,27 +85,24 @@ static __device__ __forceinline__ void v_block_amax(const uint4 (&raw)[plain_geo
     dst[1] = make_float4(a[4], a[5], a[6], a[7]);
 }
 
-/* The block's channel means for the FUSED instance: the rows the threads
- * hold go to the tile as 16-bit values, thread c < D sums channel c over
- * the valid rows in row order in FP64 and takes the residual amax from
- * the least and greatest value (v_stats_plain_kernel's expressions, so
- * its bits), writes both out and shares the mean; mu = the lane's. */
+/* The block's channel means for the FUSED instance, from the rows the
+ * threads hold, in the CPU's tree (tree_block_part); the thread of channel
+ * c writes the mean and the residual amax from the least and greatest
+ * value (v_stats_plain_kernel's expressions, so its bits) and shares the
+ * mean; mu = the lane's.  red may alias the code tile: its last reads
+ * come before the second barrier. */
 template <int DT, int D>
 static __device__ __forceinline__ void v_fused_means(const uint4 (&raw)[plain_geom<D>::STEPS],
-                                                     uint16_t *t16, float *smu, int key0, int c0,
-                                                     int blk, int bh, const v_plain_params &p,
+                                                     float *red, float *smu, int c0, int blk,
+                                                     int bh, const v_plain_params &p,
                                                      float (&mu)[VP_CPL]) {
-    using G = plain_geom<D>;
-#pragma unroll
-    for (int s = 0; s < G::STEPS; ++s) *(uint4 *)&t16[(key0 + s * G::RPC) * D + c0] = raw[s];
+    tree_block_part<DT, D>(raw, p.n - blk * QVI_BLOCK, red);
     __syncthreads();
     const int c = threadIdx.x;
     if (c < D) {
-        const int len = min(QVI_BLOCK, p.n - blk * QVI_BLOCK);
-        double sum;
         float lo, hi;
-        plain_tile_colsum<DT, D, true>(t16, len, c, &sum, &lo, &hi);
-        const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
+        const float len = (float)min(QVI_BLOCK, p.n - blk * QVI_BLOCK);
+        const float m = __fdiv_rn(tree_block_finish<D>(red, c, &lo, &hi), len);
         const int64_t o = ((int64_t)bh * p.nblk + blk) * D + c;
         p.fused_mu[o] = m;
         p.bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(hi, m))), fabsf(__fsub_rn(lo, m)));
@@ -126,9 +124,10 @@ v_plain_kernel(v_plain_params p) {
     static_assert(!AMAX || !MEANS, "the amax of undemeaned V");
     static_assert(!FUSED || (MEANS && !V2 && !INT8), "fused means: one E4M3 code of the residual");
     using G = plain_geom<D>;
-    /* FUSED: the block's 16-bit rows first, its codes after */
-    constexpr int TILE_BYTES = FUSED && QVI_BLOCK * D * 2 > QVI_BLOCK * TILE_STRIDE
-                                   ? QVI_BLOCK * D * 2 : QVI_BLOCK * TILE_STRIDE;
+    /* FUSED: the means' tree first, the codes after */
+    constexpr int TREE_BYTES = FUSED ? tree_geom<D>::FLOATS * 4 : 0;
+    constexpr int TILE_BYTES = TREE_BYTES > QVI_BLOCK * TILE_STRIDE ? TREE_BYTES
+                                                                    : QVI_BLOCK * TILE_STRIDE;
     __shared__ __align__(16) uint8_t tile[TILE_BYTES];
     __shared__ __align__(16) uint8_t tile_lo[V2 ? QVI_BLOCK * TILE_STRIDE : 16];
     __shared__ float smu[FUSED ? D : 1];
@@ -149,7 +148,7 @@ v_plain_kernel(v_plain_params p) {
     float cs[VP_CPL], rcp[VP_CPL], mu[VP_CPL];
     plain_load8f(p.chan + (int64_t)bh * D + c0, cs); /* both runs in flight before any use */
     if (FUSED)
-        v_fused_means<DT, D>(raw, (uint16_t *)tile, smu, key0, c0, blk, bh, p, mu);
+        v_fused_means<DT, D>(raw, (float *)tile, smu, c0, blk, bh, p, mu);
     else if (MEANS)
         plain_load8f(p.bmu + ((int64_t)bh * p.nblk + blk) * D + c0, mu);
     else
@@ -171,6 +170,8 @@ v_plain_kernel(v_plain_params p) {
         uint32_t lo2 = 0, hi2 = 0; /* the second digits (V2) */
         if (blk * QVI_BLOCK + key < p.n) {
             float x[VP_CPL];
+            /* FUSED: not before the means' tree (ptxas hoisted these
+             * register-only widenings above its barriers and spilled) */
             qvc_widen8<DT>(raw[s], x);
             if (MEANS) { /* residuals: no longer 16-bit values */
 #pragma unroll
@@ -239,14 +240,13 @@ v_amax_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bam
 
 /*
  * v_stats_kernel's demeaned case (v.cu) for the inputs v_plain_kernel
- * takes: per channel of one 128-key block, the raw mean (the FP64 sum in
- * row order over the valid rows, divided by their count, rounded to float)
- * and the residual amax from the block's least and greatest value (x ->
- * fl(x - m) is monotone), the same expressions on the same sums
- * (plain_block_colsum).  Why: v_stats_kernel's 4-channel lanes were the
- * longest kernel of the reuse and grouping steps' V chain (305 us at Wan
- * beside the other chains, against 226 us for the K mean's block sums
- * read this way).
+ * takes: per channel of one 128-key block, the raw mean (qvi_block_mean's
+ * tree, plain_block_sum) and the residual amax from the block's least and
+ * greatest value (x -> fl(x - m) is monotone), the same expressions on the
+ * same sums.  Why: v_stats_kernel's 4-channel lanes were the longest
+ * kernel of the reuse and grouping steps' V chain (305 us at Wan beside
+ * the other chains, against 226 us for the K mean's block sums read this
+ * way).
  */
 /* sampled (+vsample's demeaning step): CTA i takes block QVA_STAT_BLOCK(i,
  * nblk) and writes row i of [BH][QVA_STAT_BLOCKS(nblk)][D]. */
@@ -254,15 +254,13 @@ template <int DT, int D>
 __global__ void __launch_bounds__(PREP_THREADS)
 v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bmu, float *bamax,
                      int sampled) {
-    __shared__ __align__(16) uint16_t tile[QVI_BLOCK * D];
+    __shared__ __align__(16) float red[tree_geom<D>::FLOATS];
     const int bh = blockIdx.y, c = threadIdx.x;
     const int blk = sampled ? (int)QVA_STAT_BLOCK(blockIdx.x, nblk) : (int)blockIdx.x;
     const int nout = sampled ? (int)QVA_STAT_BLOCKS(nblk) : nblk;
-    double sum;
-    float mn, mx;
-    if (!plain_block_colsum<DT, D, true>(v, perm, bh, n, blk, tile, &sum, &mn, &mx)) return;
-    const int len = min(QVI_BLOCK, n - blk * QVI_BLOCK);
-    const float m = __double2float_rn(__ddiv_rn(sum, (double)len));
+    float sum, mn, mx;
+    if (!plain_block_sum<DT, D>(v, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
+    const float m = __fdiv_rn(sum, (float)min(QVI_BLOCK, n - blk * QVI_BLOCK));
     const int64_t o = ((int64_t)bh * nout + blockIdx.x) * D + c;
     bmu[o] = m;
     bamax[o] = fmaxf(fmaxf(0.0f, fabsf(__fsub_rn(mx, m))), fabsf(__fsub_rn(mn, m)));
