@@ -118,7 +118,7 @@ static __device__ __forceinline__ void v_fused_means(const uint4 (&raw)[plain_ge
  * block means from those rows too (v_fused_means), p.only as +vprev's. */
 template <int DT, int D, bool MEANS, bool V2, bool INT8 = false, bool AMAX = false,
           bool FUSED = false>
-__global__ void __launch_bounds__(PREP_THREADS, MEANS || V2 ? 3 : 4) /* 4: more rows in flight */
+__global__ void __launch_bounds__(PREP_THREADS, (MEANS && !FUSED) || V2 ? 3 : 4) /* 4: more rows in flight */
 v_plain_kernel(v_plain_params p) {
     static_assert(!INT8 || !V2, "INT8 V: one code");
     static_assert(!AMAX || !MEANS, "the amax of undemeaned V");
