@@ -16,10 +16,8 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, qk-pipe, qk-pipe2 (8-bit methods:
- * the library's kernel with INT8 Q and K prepared by qk_pipe_kernel;
- * qk-pipe2 rotates K twice instead of keeping its rows),
- * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
+ * Kernels: lib (the library's), ws5 (8-bit methods), dw10, dw11, dw16,
+ * serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
  */
@@ -45,14 +43,12 @@ typedef struct version {
 } version;
 
 static const version VERSIONS[] = {
-    {"lib", -1, {NULL, NULL, 0, 0}},
-    {"ws5", 0, {dev_attn8_ws5, NULL, 0, 0}},
-    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0, 0}},
-    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0, 0}},
-    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, 0}},
-    {"serial-prep", 1, {NULL, NULL, 1, 0}},
-    {"qk-pipe", 0, {NULL, NULL, 0, 1}},
-    {"qk-pipe2", 0, {NULL, NULL, 0, 2}},
+    {"lib", -1, {NULL, NULL, 0}},
+    {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
+    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
+    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
+    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
+    {"serial-prep", 1, {NULL, NULL, 1}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
 
@@ -300,7 +296,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,qk-pipe,qk-pipe2";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5";
     }
     return 1;
 }

@@ -141,9 +141,6 @@ typedef struct qvc_prep_args {
      * its sampled rows where they serve, by +vprev's path (v.cu) with
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
-    /* the dev driver's trial of qk_pipe_kernel (qvc_dev_kernels.qk_pipe:
-     * 0 off, 1 on, 2 on with rotated K rotated twice) */
-    int qk_pipe;
 } qvc_prep_args;
 /* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
  * (QVA_STAT_ROW over n rows; map NULL: rows of x, else map[row] is x's
@@ -427,9 +424,6 @@ typedef struct qvc_dev_kernels {
     qvc_attn8_launcher attn8_ws;     /* in place of attn8_ws_128x128       */
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
-    int qk_pipe;                     /* INT8 Q/K by qk_pipe_kernel in place
-                                        of qk_plain_kernel (2: rotated K
-                                        rotated twice, prep_internal.h)    */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
 /* The context's dev kernels, or NULL (every library kernel). */

@@ -330,16 +330,6 @@ static __device__ __forceinline__ void qvc_cp_async16(void *smem, const void *gm
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-/* The same copy, or (valid false) 16 zero bytes written and nothing read:
- * cp.async's source size 0.  gmem must still be a global address. */
-static __device__ __forceinline__ void qvc_cp_async16_zfill(void *smem, const void *gmem,
-                                                            bool valid) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
 /* One output element in the user's dtype (RNE), at element offset off. */
 static __device__ __forceinline__ void qvc_store_out(void *out, int dtype, int64_t off, float x) {
     if (dtype == QVA_F32)

@@ -39,8 +39,6 @@ typedef struct qk_params {
     qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
     int32_t *csum;        /* K, qk_plain.cu: [BH][n_pad/128][D] each block's
                              column sums of its codes (+kprev), or NULL */
-    int pipe;             /* dev trial: qk_pipe_kernel where it serves
-                             (2: rotated K rotated twice, not kept) */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -95,12 +93,6 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
 bool qvc_qk_plain_ok(const qk_params &p, int D);
 bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
-/* A version under trial: whether qk_pipe_kernel serves p (p.pipe set, by
- * the dev driver's qvc_dev_kernels.qk_pipe; qk_plain_kernel's cases
- * without +kprev's code sums, the same codes and scales), and its launch
- * (persistent CTAs over grid's (n_pad / 128) x BH blocks). */
-bool qvc_qk_pipe_ok(const qk_params &p, int D);
-void qvc_qk_pipe_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
 /* ---- v_plain.cu */
 /* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */
