@@ -16,8 +16,9 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5 (8-bit methods), dw10, dw11, dw16,
- * serial-prep (draft).  Without --kernels the list comes from
+ * Kernels: lib (the library's), ws5, qk-wide (8-bit methods: qk-wide is
+ * the library's kernel with rotated INT8 Q prepared by prep/qk_wide.cu),
+ * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
  */
@@ -43,12 +44,13 @@ typedef struct version {
 } version;
 
 static const version VERSIONS[] = {
-    {"lib", -1, {NULL, NULL, 0}},
-    {"ws5", 0, {dev_attn8_ws5, NULL, 0}},
-    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0}},
-    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0}},
-    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0}},
-    {"serial-prep", 1, {NULL, NULL, 1}},
+    {"lib", -1, {NULL, NULL, 0, 0}},
+    {"ws5", 0, {dev_attn8_ws5, NULL, 0, 0}},
+    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0, 0}},
+    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0, 0}},
+    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, 0}},
+    {"serial-prep", 1, {NULL, NULL, 1, 0}},
+    {"qk-wide", 0, {NULL, NULL, 0, 1}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
 
@@ -296,7 +298,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,qk-wide";
     }
     return 1;
 }

@@ -141,6 +141,8 @@ typedef struct qvc_prep_args {
      * its sampled rows where they serve, by +vprev's path (v.cu) with
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
+    /* the dev driver's trial of qk_wide.cu (qvc_dev_kernels.qk_wide) */
+    int qk_wide;
 } qvc_prep_args;
 /* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
  * (QVA_STAT_ROW over n rows; map NULL: rows of x, else map[row] is x's
@@ -424,6 +426,8 @@ typedef struct qvc_dev_kernels {
     qvc_attn8_launcher attn8_ws;     /* in place of attn8_ws_128x128       */
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
+    int qk_wide;                     /* rotated INT8 Q per row by qk_wide.cu
+                                        in place of qk_plain.cu            */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
 /* The context's dev kernels, or NULL (every library kernel). */

@@ -387,6 +387,8 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     if ((r = carry_state(s, cfg, q, k, &pa, st)) != QVA_OK) return r;
     pa.k_sample = cfg->k_mean == QVA_K_MEAN_SAMPLE;
     pa.v_sample = cfg->v_scale == QVA_V_SCALE_SAMPLE;
+    const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
+    pa.qk_wide = dev && dev->qk_wide;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;
