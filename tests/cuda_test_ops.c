@@ -156,9 +156,10 @@ static const variant VARIANTS[] = {
     {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1, 0},
     {"vc8+had(signs)+qblock", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 0},
     /* qk_wide.cu, a version under trial (prep_internal.h): rotated Q per
-     * row, qk_plain.cu's codes and scales */
+     * row and rotated K (and Q per block), qk_plain.cu's codes and scales */
     {"sage8+had(signs) qk-wide", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 1},
     {"vc8+had qk-wide", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, 1, 0, 1},
+    {"vc8+had(signs)+qblock qk-wide", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 1},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 

@@ -17,7 +17,8 @@
  * grouping step (num_steps unknown).
  *
  * Kernels: lib (the library's), ws5, qk-wide (8-bit methods: qk-wide is
- * the library's kernel with rotated INT8 Q prepared by prep/qk_wide.cu),
+ * the library's kernel with rotated INT8 Q and K prepared by
+ * prep/qk_wide.cu),
  * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.

@@ -426,7 +426,7 @@ typedef struct qvc_dev_kernels {
     qvc_attn8_launcher attn8_ws;     /* in place of attn8_ws_128x128       */
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
-    int qk_wide;                     /* rotated INT8 Q per row by qk_wide.cu
+    int qk_wide;                     /* rotated INT8 Q and K by qk_wide.cu
                                         in place of qk_plain.cu            */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);

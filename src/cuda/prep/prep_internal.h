@@ -96,9 +96,10 @@ bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
 /* ---- qk_wide.cu, a version under trial */
-/* Whether qk_wide_kernel serves p (p.wide set, by the dev driver's
- * qvc_dev_kernels.qk_wide): rotated INT8 Q per row at head dim 128 from
- * 16-bit inputs, qk_plain_kernel's codes and scales; grid (n_pad / 128, BH). */
+/* Whether qk_wide.cu serves p (p.wide set, by the dev driver's
+ * qvc_dev_kernels.qk_wide): rotated INT8 Q per row and rotated K (or Q)
+ * per block at head dim 128 from 16-bit inputs, without +kprev's code
+ * sums; qk_plain_kernel's codes and scales; grid (n_pad / 128, BH). */
 bool qvc_qk_wide_ok(const qk_params &p, int D);
 void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st);
 
