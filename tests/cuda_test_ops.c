@@ -140,7 +140,7 @@ typedef struct variant {
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
     int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
     int v_sample; /* +vsample on a demeaning step (16-bit inputs only) */
-    int qk_wide;  /* qvc_prep_args.qk_wide */
+    int qk_wide;  /* qvc_prep_args.qk_wide: 0, 1 or 2 */
 } variant;
 
 static const variant VARIANTS[] = {
@@ -160,6 +160,8 @@ static const variant VARIANTS[] = {
     {"sage8+had(signs) qk-wide", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 1},
     {"vc8+had qk-wide", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, 1, 0, 1},
     {"vc8+had(signs)+qblock qk-wide", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 1},
+    {"sage8+had(signs) qk-wide3", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 2},
+    {"vc8+had qk-wide3", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, 1, 0, 2},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 

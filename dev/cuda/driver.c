@@ -16,9 +16,10 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, qk-wide (8-bit methods: qk-wide is
+ * Kernels: lib (the library's), ws5, qk-wide, qk-wide3 (8-bit methods:
  * the library's kernel with rotated INT8 Q and K prepared by
- * prep/qk_wide.cu),
+ * prep/qk_wide.cu; qk-wide3 reads Q's signs from shared memory, three
+ * CTAs an SM),
  * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
@@ -52,6 +53,7 @@ static const version VERSIONS[] = {
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, 0}},
     {"serial-prep", 1, {NULL, NULL, 1, 0}},
     {"qk-wide", 0, {NULL, NULL, 0, 1}},
+    {"qk-wide3", 0, {NULL, NULL, 0, 2}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
 
@@ -299,7 +301,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,qk-wide";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,qk-wide,qk-wide3";
     }
     return 1;
 }

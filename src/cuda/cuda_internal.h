@@ -141,7 +141,8 @@ typedef struct qvc_prep_args {
      * its sampled rows where they serve, by +vprev's path (v.cu) with
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
-    /* the dev driver's trial of qk_wide.cu (qvc_dev_kernels.qk_wide) */
+    /* the dev driver's trial of qk_wide.cu (qvc_dev_kernels.qk_wide: 0
+     * off, 1 on, 2 on with Q's signs from shared memory) */
     int qk_wide;
 } qvc_prep_args;
 /* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
@@ -427,7 +428,8 @@ typedef struct qvc_dev_kernels {
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
     int qk_wide;                     /* rotated INT8 Q and K by qk_wide.cu
-                                        in place of qk_plain.cu            */
+                                        in place of qk_plain.cu (2: Q's
+                                        signs from shared memory)          */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
 /* The context's dev kernels, or NULL (every library kernel). */

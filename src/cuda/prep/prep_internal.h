@@ -39,7 +39,8 @@ typedef struct qk_params {
     qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
     int32_t *csum;        /* K, qk_plain.cu: [BH][n_pad/128][D] each block's
                              column sums of its codes (+kprev), or NULL */
-    int wide;             /* dev trial: qk_wide.cu where it serves */
+    int wide;             /* dev trial: qk_wide.cu where it serves
+                             (2: Q's signs from shared memory) */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;

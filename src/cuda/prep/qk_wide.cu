@@ -99,8 +99,12 @@ static __device__ __forceinline__ void qkw_load_rows(const qk_params &p, int bh,
                             : make_uint4(0u, 0u, 0u, 0u);
 }
 
-template <int DT>
-__global__ void __launch_bounds__(PREP_THREADS, 2) qk_wide_kernel(qk_params p) {
+/* SSG: the signs staged in shared memory and read back per row (8 more
+ * LDS a row), which brings the kernel to 80 registers and three CTAs an
+ * SM; else in registers (128, two). */
+template <int DT, bool SSG>
+__global__ void __launch_bounds__(PREP_THREADS, SSG ? 3 : 2) qk_wide_kernel(qk_params p) {
+    __shared__ __align__(16) float s_sg[SSG ? QKW_D : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane % QKW_LPR;
     const int bh = blockIdx.y;
     const int r0 = blockIdx.x * QVI_BLOCK + warp * QKW_RPW + lane / QKW_LPR;
@@ -111,7 +115,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) qk_wide_kernel(qk_params p) {
     uint4 raw[QKW_STEPS][4];
     qkw_load_rows(p, bh, src, r0, q, raw);
     float sg[QKW_CPL];
-    if (p.signs) {
+    if (SSG) {
+        if (threadIdx.x < QKW_D) s_sg[threadIdx.x] = p.signs ? p.signs[threadIdx.x] : 1.0f;
+        __syncthreads();
+    } else if (p.signs) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) plain_load8f(p.signs + qkw_channel(q, 8 * j), sg + 8 * j);
     }
@@ -126,6 +133,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) qk_wide_kernel(qk_params p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
         if (p.signs && r < p.n) {
+            if (SSG) qkw_lds32(s_sg, q, sg);
 #pragma unroll
             for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], sg[i]);
         }
@@ -205,13 +213,20 @@ bool qvc_qk_wide_ok(const qk_params &p, int D) {
     return p.rows_per_scale == QVI_BLOCK || (p.rows_per_scale == 1 && !p.perm && !p.mean);
 }
 
+template <int DT>
+static void launch_qk_wide_dt(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.rows_per_scale != 1)
+        k_wide_kernel<DT><<<grid, PREP_THREADS, 0, st>>>(p);
+    else if (p.wide == 2)
+        qk_wide_kernel<DT, true><<<grid, PREP_THREADS, 0, st>>>(p);
+    else
+        qk_wide_kernel<DT, false><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
+/* p.wide 2: Q's signs from shared memory (qk_wide_kernel<DT, true>) */
 void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st) {
-    const bool rows = p.rows_per_scale == 1;
-    if (p.x.dtype == QVA_BF16) {
-        if (rows) qk_wide_kernel<QVA_BF16><<<grid, PREP_THREADS, 0, st>>>(p);
-        else k_wide_kernel<QVA_BF16><<<grid, PREP_THREADS, 0, st>>>(p);
-    } else {
-        if (rows) qk_wide_kernel<QVA_F16><<<grid, PREP_THREADS, 0, st>>>(p);
-        else k_wide_kernel<QVA_F16><<<grid, PREP_THREADS, 0, st>>>(p);
-    }
+    if (p.x.dtype == QVA_BF16)
+        launch_qk_wide_dt<QVA_BF16>(p, grid, st);
+    else
+        launch_qk_wide_dt<QVA_F16>(p, grid, st);
 }
