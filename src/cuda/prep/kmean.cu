@@ -77,7 +77,7 @@ kmean_plain_kernel(qvc_view k, const int32_t *perm, int n, int nblk, double *par
     const int blk = blockIdx.x, bh = blockIdx.y, c = threadIdx.x;
     if (skip && skip[bh]) return; /* the whole CTA, before its barrier */
     float sum, mn, mx;
-    if (!plain_block_sum<DT, D>(k, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
+    if (!plain_block_sum<DT, D, EXT>(k, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
     const int64_t o = ((int64_t)bh * nblk + blk) * D + c;
     partial[o] = (double)sum;
     if (EXT) kext.min[o] = mn, kext.max[o] = mx;

@@ -365,11 +365,11 @@ struct tree_geom {
                   "a leaf's rows are one thread's steps");
 };
 
-/* Every thread of the CTA: its leaves and its valid rows' extremes, the
- * warp's levels by shuffles, into red[tree_geom<D>::FLOATS].  valid: the
- * block's rows before n (rows past n are +0 in raw, as the CPU reads
+/* Every thread of the CTA: its leaves and (EXT) its valid rows' extremes,
+ * the warp's levels by shuffles, into red[tree_geom<D>::FLOATS].  valid:
+ * the block's rows before n (rows past n are +0 in raw, as the CPU reads
  * them, and not in the extremes). */
-template <int DT, int D>
+template <int DT, int D, bool EXT = true>
 static __device__ __forceinline__ void tree_block_part(const uint4 (&raw)[plain_geom<D>::STEPS],
                                                        int valid, float *red) {
     using G = plain_geom<D>;
@@ -400,6 +400,7 @@ static __device__ __forceinline__ void tree_block_part(const uint4 (&raw)[plain_
             n4[1] = make_float4(node[4], node[5], node[6], node[7]);
         }
     }
+    if (!EXT) return;
     /* the extremes packed, as loaded (widening is exact and monotone, so
      * the widened extremes are fminf's and fmaxf's over the floats) */
     constexpr uint32_t PINF = DT == QVA_BF16 ? 0x7f807f80u : 0x7c007c00u;
@@ -433,9 +434,9 @@ static __device__ __forceinline__ void tree_block_part(const uint4 (&raw)[plain_
 }
 
 /* The thread of channel c, after the barrier that follows tree_block_part:
- * the tree's sum, and the block's least and greatest valid value (+inf
- * and -inf when there is none that is not NaN). */
-template <int D>
+ * the tree's sum, and (EXT) the block's least and greatest valid value
+ * (+inf and -inf when there is none that is not NaN). */
+template <int D, bool EXT = true>
 static __device__ __forceinline__ float tree_block_finish(const float *red, int c, float *lo,
                                                           float *hi) {
     using T = tree_geom<D>;
@@ -447,6 +448,7 @@ static __device__ __forceinline__ float tree_block_finish(const float *red, int 
 #pragma unroll
         for (int k = 0; k < T::NODES / 2; ++k)
             if (k < w) nd[k] = __fadd_rn(nd[2 * k], nd[2 * k + 1]);
+    if (!EXT) return nd[0];
     float a = INFINITY, b = -INFINITY;
 #pragma unroll
     for (int w = 0; w < PREP_WARPS; ++w)
@@ -456,11 +458,11 @@ static __device__ __forceinline__ float tree_block_finish(const float *red, int 
 }
 
 /* One 128-row block of X[perm]: channel c's tree sum (qvi_block_sum) and
- * the block's extremes (tree_block_part, tree_block_finish).  Every
+ * (EXT) the block's extremes (tree_block_part, tree_block_finish).  Every
  * thread of the CTA calls it; returns whether this thread has a channel
  * (c < D).  V's block means and the K mean's block sums read their
  * blocks this way: 8 channels a lane, every load in flight. */
-template <int DT, int D>
+template <int DT, int D, bool EXT>
 static __device__ __forceinline__ bool plain_block_sum(const qvc_view &x, const int32_t *perm,
                                                        int bh, int n, int blk, float *red,
                                                        float *sum, float *mn, float *mx) {
@@ -470,12 +472,12 @@ static __device__ __forceinline__ bool plain_block_sum(const qvc_view &x, const 
     {
         uint4 raw[G::STEPS];
         plain_load_rows<D>(x, perm, bh, n, qvc_head_base(x, bh), blk * QVI_BLOCK + key0, c0, raw);
-        tree_block_part<DT, D>(raw, n - blk * QVI_BLOCK, red);
+        tree_block_part<DT, D, EXT>(raw, n - blk * QVI_BLOCK, red);
     }
     __syncthreads();
     const int c = threadIdx.x;
     if (c >= D) return false;
-    *sum = tree_block_finish<D>(red, c, mn, mx);
+    *sum = tree_block_finish<D, EXT>(red, c, mn, mx);
     return true;
 }
 

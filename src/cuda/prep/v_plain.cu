@@ -259,7 +259,7 @@ v_stats_plain_kernel(qvc_view v, const int32_t *perm, int n, int nblk, float *bm
     const int blk = sampled ? (int)QVA_STAT_BLOCK(blockIdx.x, nblk) : (int)blockIdx.x;
     const int nout = sampled ? (int)QVA_STAT_BLOCKS(nblk) : nblk;
     float sum, mn, mx;
-    if (!plain_block_sum<DT, D>(v, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
+    if (!plain_block_sum<DT, D, true>(v, perm, bh, n, blk, red, &sum, &mn, &mx)) return;
     const float m = __fdiv_rn(sum, (float)min(QVI_BLOCK, n - blk * QVI_BLOCK));
     const int64_t o = ((int64_t)bh * nout + blockIdx.x) * D + c;
     bmu[o] = m;

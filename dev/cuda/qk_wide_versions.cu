@@ -1,0 +1,246 @@
+/*
+ * qk-wide and qk-wide3, versions under trial of prep/qk_plain.cu's rotated
+ * INT8 Q and K (dev_attn reaches them through qvc_dev_kernels.qk8, which
+ * prep/qk.cu asks before its own kernels): rotated INT8 Q with one scale per row
+ * (qk_wide_kernel) and rotated K, gathered and smoothed, with one scale
+ * per block (k_wide_kernel), at head dim 128: qk_plain_kernel's codes and
+ * scales bit for bit, at 32 channels a lane instead of 8.
+ *
+ * Why: rotated Q is bound by its instruction issue (bench/NOTES.md, "The
+ * tree and qk-pipe on the GPU"): 29.6 instructions a value, of which the
+ * rotation's four shuffled stages are 8 and the row's scale, made by all
+ * 16 lanes of a row, 4.3.  With 4 lanes a row, five of the seven stages
+ * run in the lane's registers (one FADD a value each), two are shuffled
+ * (SHFL + FFMA), and the row's max, scale and reciprocal are shared by 32
+ * values: about 24 instructions a value.
+ *
+ * Layout: lane q = lane % 4 of a row holds the 16-byte chunks q + 4j (j =
+ * 0..3) of the row, channels 8 (q + 4j) + e, so that each of its four
+ * loads and code stores is 64 contiguous bytes a row across the row's 4
+ * lanes.  In its registers x[8j + e], the row's stages h = 1, 2, 4 are
+ * x's strides 1, 2, 4, stages 8 and 16 are lanes q ^ 1 and q ^ 2, and
+ * stages 32 and 64 are x's strides 8 and 16: qva_hadamard's order of
+ * stages, each butterfly the same two roundings.  A thread takes 2 rows
+ * (row r0 and r0 + 64), a CTA of 256 threads a 128-row block.  K keeps
+ * both rotated rows in registers until the block max is known (no 64 KB
+ * tile, unlike qk_plain's rotated K, whose shared round trip ncu found it
+ * waiting on).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "common/quant_code.cuh"
+#include "prep/prep_common.cuh"
+
+#define QKW_D 128
+#define QKW_CPL 32                     /* channels a lane            */
+#define QKW_LPR (QKW_D / QKW_CPL)      /* lanes a row: 4             */
+#define QKW_RPW (32 / QKW_LPR)         /* rows a warp step: 8        */
+#define QKW_RPC (QKW_RPW * PREP_WARPS) /* rows a CTA step: 64        */
+#define QKW_STEPS (QVI_BLOCK / QKW_RPC) /* rows a thread: 2           */
+
+/* Channel of the lane's value i = 8j + e. */
+static __device__ __forceinline__ int qkw_channel(int q, int i) { return 8 * (q + 4 * (i >> 3)) + (i & 7); }
+
+/* The in-lane stages of x whose strides are s0, 2 s0, ... < s1. */
+static __device__ __forceinline__ void qkw_lane_stages(float *x, int s0, int s1) {
+#pragma unroll
+    for (int h = s0; h < s1; h <<= 1)
+#pragma unroll
+        for (int i = 0; i < QKW_CPL; ++i)
+            if (!(i & h)) butterfly(x[i], x[i + h]);
+}
+
+/* qva_hadamard's stages of the row (after its signs), then its scale;
+ * every lane of the warp calls it (the shuffles). */
+static __device__ __forceinline__ void qkw_stages(float *x, int q, float had_scale) {
+    qkw_lane_stages(x, 1, 8);
+#pragma unroll
+    for (int hl = 1; hl < QKW_LPR; hl <<= 1) {
+        /* o - x or x + o as one rounding of o + (+-1)x (qk_plain.cu) */
+        const float side = (q & hl) ? -1.0f : 1.0f;
+#pragma unroll
+        for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmaf_rn(side, x[i], __shfl_xor_sync(FULL_MASK, x[i], hl));
+    }
+    qkw_lane_stages(x, 8, QKW_CPL);
+#pragma unroll
+    for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], had_scale);
+}
+
+/* The lane's 32 values of a 128-float shared array (its chunks q + 4j). */
+static __device__ __forceinline__ void qkw_lds32(const float *a, int q, float *v) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float4 u = ((const float4 *)a)[2 * (q + 4 * j)], w = ((const float4 *)a)[2 * (q + 4 * j) + 1];
+        float *o = v + 8 * j;
+        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w, o[4] = w.x, o[5] = w.y, o[6] = w.z, o[7] = w.w;
+    }
+}
+
+/* The lane's 8 codes of chunk j, from the row's scale and reciprocal. */
+static __device__ __forceinline__ void qkw_store_codes(int8_t *row, int q, const float *x,
+                                                       float scale, float rcp) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        *(uint2 *)(row + 8 * (q + 4 * j)) = make_uint2(qvc_int8_codes4_bounded(x + 8 * j, scale, rcp),
+                                                       qvc_int8_codes4_bounded(x + 8 * j + 4, scale, rcp));
+}
+
+/* Both rows' four chunks of the thread (rows src[s] of the head, +0 where
+ * the block's row r0 + 64 s is past n), in flight at once. */
+static __device__ __forceinline__ void qkw_load_rows(const qk_params &p, int bh, const int *src,
+                                                     int r0, int q, uint4 (&raw)[QKW_STEPS][4]) {
+    const unsigned short *x0 = (const unsigned short *)p.x.data + qvc_head_base(p.x, bh);
+#pragma unroll
+    for (int s = 0; s < QKW_STEPS; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            raw[s][j] = r0 + s * QKW_RPC < p.n
+                            ? __ldg((const uint4 *)(x0 + (int64_t)src[s] * p.x.sn + 8 * (q + 4 * j)))
+                            : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* SSG: the signs staged in shared memory and read back per row (8 more
+ * LDS a row), which brings the kernel to 80 registers and three CTAs an
+ * SM; else in registers (128, two). */
+template <int DT, bool SSG>
+__global__ void __launch_bounds__(PREP_THREADS, SSG ? 3 : 2) qk_wide_kernel(qk_params p) {
+    __shared__ __align__(16) float s_sg[SSG ? QKW_D : 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane % QKW_LPR;
+    const int bh = blockIdx.y;
+    const int r0 = blockIdx.x * QVI_BLOCK + warp * QKW_RPW + lane / QKW_LPR;
+
+    /* ---- producer: both rows in flight, then the signs of the lane's
+     * channels as four 32-byte runs (none without signs) */
+    const int src[QKW_STEPS] = {r0, r0 + QKW_RPC};
+    uint4 raw[QKW_STEPS][4];
+    qkw_load_rows(p, bh, src, r0, q, raw);
+    float sg[QKW_CPL];
+    if (SSG) {
+        if (threadIdx.x < QKW_D) s_sg[threadIdx.x] = p.signs ? p.signs[threadIdx.x] : 1.0f;
+        __syncthreads();
+    } else if (p.signs) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) plain_load8f(p.signs + qkw_channel(q, 8 * j), sg + 8 * j);
+    }
+
+    /* ---- each row: signed (valid rows only, so that a padding row stays
+     * +0), rotated, its scale from the row's 4 lanes, its codes */
+    float *scales = p.scale + (int64_t)bh * p.n_pad;
+#pragma unroll
+    for (int s = 0; s < QKW_STEPS; ++s) {
+        const int r = r0 + s * QKW_RPC;
+        float x[QKW_CPL];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
+        if (p.signs && r < p.n) {
+            if (SSG) qkw_lds32(s_sg, q, sg);
+#pragma unroll
+            for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], sg[i]);
+        }
+        qkw_stages(x, q, p.had_scale);
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < QKW_CPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+        for (int o = QKW_LPR / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float scale = qvc_int8_delta(amax);
+        if (q == 0) scales[r] = scale;
+        qkw_store_codes(p.codes + ((int64_t)bh * p.n_pad + r) * QKW_D, q, x, scale, __frcp_rn(scale));
+    }
+}
+
+/* Rotated K (or Q per block): K' = K[perm] rows, less the channel mean
+ * (valid rows), signed and rotated, one scale for the block from its
+ * rotated rows, kept in registers (both rows: 64 values) until the block
+ * max is known.  The mean and the signs are staged in shared memory once
+ * for the CTA, so that they cost no registers across the rows. */
+template <int DT>
+__global__ void __launch_bounds__(PREP_THREADS, 2) k_wide_kernel(qk_params p) {
+    __shared__ __align__(16) float s_mean[QKW_D], s_sg[QKW_D];
+    __shared__ float red[PREP_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane % QKW_LPR;
+    const int bh = blockIdx.y, blk = blockIdx.x;
+    const int r0 = blk * QVI_BLOCK + warp * QKW_RPW + lane / QKW_LPR;
+    const bool smooth = p.mean != NULL, sign = p.signs != NULL;
+
+    /* ---- producer: the permutation's entries, then both rows in flight */
+    int src[QKW_STEPS];
+#pragma unroll
+    for (int s = 0; s < QKW_STEPS; ++s) {
+        const int r = r0 + s * QKW_RPC;
+        src[s] = r >= p.n ? 0 : p.perm ? __ldg(p.perm + (int64_t)bh * p.n + r) : r;
+    }
+    uint4 raw[QKW_STEPS][4];
+    qkw_load_rows(p, bh, src, r0, q, raw);
+    if (threadIdx.x < QKW_D) {
+        s_mean[threadIdx.x] = smooth ? p.mean[(int64_t)bh * QKW_D + threadIdx.x] : 0.0f;
+        s_sg[threadIdx.x] = sign ? p.signs[threadIdx.x] : 1.0f;
+    }
+    __syncthreads();
+
+    /* ---- the rows smoothed and rotated, the block max, the codes */
+    float x[QKW_STEPS][QKW_CPL], amax = 0.0f;
+#pragma unroll
+    for (int s = 0; s < QKW_STEPS; ++s) {
+        const bool valid = r0 + s * QKW_RPC < p.n;
+        float c[QKW_CPL];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x[s] + 8 * j);
+        if (smooth && valid) {
+            qkw_lds32(s_mean, q, c);
+#pragma unroll
+            for (int i = 0; i < QKW_CPL; ++i) x[s][i] = __fsub_rn(x[s][i], c[i]);
+        }
+        if (sign && valid) {
+            qkw_lds32(s_sg, q, c);
+#pragma unroll
+            for (int i = 0; i < QKW_CPL; ++i) x[s][i] = __fmul_rn(x[s][i], c[i]);
+        }
+        qkw_stages(x[s], q, p.had_scale);
+#pragma unroll
+        for (int i = 0; i < QKW_CPL; ++i) amax = fmaxf(amax, fabsf(x[s][i]));
+    }
+    const float scale = qvc_int8_delta(block_max(amax, red)), rcp = __frcp_rn(scale);
+    if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+#pragma unroll
+    for (int s = 0; s < QKW_STEPS; ++s)
+        qkw_store_codes(p.codes + ((int64_t)bh * p.n_pad + r0 + s * QKW_RPC) * QKW_D, q, x[s], scale,
+                        rcp);
+}
+
+/* Rotated INT8 Q per row and rotated K (or Q) per block at head dim 128,
+ * from the 16-bit inputs qk_plain.cu takes, without +kprev's code sums;
+ * anything else stays with the library's kernels. */
+static bool qkw_serves(const qk_params &p, int D) {
+    if (D != QKW_D || !p.hadamard || p.csum || !qvc_qk_plain_ok(p, D)) return false;
+    return p.rows_per_scale == QVI_BLOCK || (p.rows_per_scale == 1 && !p.perm && !p.mean);
+}
+
+template <int DT, bool SSG>
+static void launch_qkw(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.rows_per_scale != 1)
+        k_wide_kernel<DT><<<grid, PREP_THREADS, 0, st>>>(p);
+    else
+        qk_wide_kernel<DT, SSG><<<grid, PREP_THREADS, 0, st>>>(p);
+}
+
+/* qvc_qk8_launcher: 1 where launched, 0 where the library's kernel runs. */
+template <bool SSG>
+static int dev_qk8(const qk_params *p, int BH, int D, cudaStream_t st) {
+    if (!qkw_serves(*p, D)) return 0;
+    const dim3 grid(p->n_pad / QVI_BLOCK, BH);
+    if (p->x.dtype == QVA_BF16)
+        launch_qkw<QVA_BF16, SSG>(*p, grid, st);
+    else
+        launch_qkw<QVA_F16, SSG>(*p, grid, st);
+    return 1;
+}
+
+extern "C" int dev_qk8_wide(const qk_params *p, int BH, int D, cudaStream_t st) {
+    return dev_qk8<false>(p, BH, D, st);
+}
+/* Q's signs from shared memory (qk_wide_kernel<DT, true>) */
+extern "C" int dev_qk8_wide3(const qk_params *p, int BH, int D, cudaStream_t st) {
+    return dev_qk8<true>(p, BH, D, st);
+}
