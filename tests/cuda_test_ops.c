@@ -140,28 +140,20 @@ typedef struct variant {
     int smooth_k, hadamard, signs, use_perm, v_mode, demean;
     int q_rps; /* rows per Q scale: 1 or QVI_BLOCK */
     int v_sample; /* +vsample on a demeaning step (16-bit inputs only) */
-    int qk_wide;  /* qvc_prep_args.qk_wide: 0, 1 or 2 */
 } variant;
 
 static const variant VARIANTS[] = {
-    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1, 0, 0},
-    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0, 0},
-    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 0},
-    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 0, 0},
-    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK, 0, 0},
-    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1, 0, 0},
-    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK, 0, 0},
-    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK, 0, 0},
-    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK, 0, 0},
-    {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1, 0},
-    {"vc8+had(signs)+qblock", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 0},
-    /* qk_wide.cu, a version under trial (prep_internal.h): rotated Q per
-     * row and rotated K (and Q per block), qk_plain.cu's codes and scales */
-    {"sage8+had(signs) qk-wide", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 1},
-    {"vc8+had qk-wide", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, 1, 0, 1},
-    {"vc8+had(signs)+qblock qk-wide", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0, 1},
-    {"sage8+had(signs) qk-wide3", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0, 2},
-    {"vc8+had qk-wide3", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, 1, 0, 2},
+    {"sage8", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, 1, 0},
+    {"sage8+qblock", QVC_QK_INT8, 1, 0, 0, 0, 0, 0, QVI_BLOCK, 0},
+    {"sage8+had(signs)", QVC_QK_INT8, 1, 1, 1, 0, 0, 0, 1, 0},
+    {"vc8", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 0},
+    {"vc8+had+qblock", QVC_QK_INT8, 1, 1, 0, 1, 0, 1, QVI_BLOCK, 0},
+    {"vc8 plain step", QVC_QK_INT8, 1, 0, 0, 1, 0, 0, 1, 0},
+    {"fp8", QVC_QK_E4M3, 0, 0, 0, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8+had(signs)", QVC_QK_E4M3, 0, 1, 1, 0, 1, 0, QVI_BLOCK, 0},
+    {"fp8 perm+smooth", QVC_QK_E4M3, 1, 0, 0, 1, 1, 0, QVI_BLOCK, 0},
+    {"vc8+vsample", QVC_QK_INT8, 1, 0, 0, 1, 0, 1, 1, 1},
+    {"vc8+had(signs)+qblock", QVC_QK_INT8, 1, 1, 1, 1, 0, 1, QVI_BLOCK, 0},
 };
 #define NVARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 
@@ -526,7 +518,6 @@ static void test_prep_shape(const shape *sh, cudaStream_t st) {
         a.v_mode = va->v_mode;
         a.demean = va->demean;
         a.v_sample = va->v_sample;
-        a.qk_wide = va->qk_wide;
         /* The LSE shift comes with K smoothing (poisoned first). */
         const size_t nshift = (size_t)BH * sh->nq;
         float *dshift = NULL, *gshift = NULL;

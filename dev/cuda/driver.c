@@ -18,7 +18,7 @@
  *
  * Kernels: lib (the library's), ws5, qk-wide, qk-wide3 (8-bit methods:
  * the library's kernel with rotated INT8 Q and K prepared by
- * prep/qk_wide.cu; qk-wide3 reads Q's signs from shared memory, three
+ * qk_wide_versions.cu; qk-wide3 reads Q's signs from shared memory, three
  * CTAs an SM),
  * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
@@ -35,6 +35,8 @@
 #include "cuda_internal.h"
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
+int dev_qk8_wide(const struct qk_params *, int, int, cudaStream_t);
+int dev_qk8_wide3(const struct qk_params *, int, int, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
@@ -46,14 +48,14 @@ typedef struct version {
 } version;
 
 static const version VERSIONS[] = {
-    {"lib", -1, {NULL, NULL, 0, 0}},
-    {"ws5", 0, {dev_attn8_ws5, NULL, 0, 0}},
-    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0, 0}},
-    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0, 0}},
-    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, 0}},
-    {"serial-prep", 1, {NULL, NULL, 1, 0}},
-    {"qk-wide", 0, {NULL, NULL, 0, 1}},
-    {"qk-wide3", 0, {NULL, NULL, 0, 2}},
+    {"lib", -1, {NULL, NULL, 0, NULL}},
+    {"ws5", 0, {dev_attn8_ws5, NULL, 0, NULL}},
+    {"dw10", 1, {NULL, dev_draft_ws_dw10, 0, NULL}},
+    {"dw11", 1, {NULL, dev_draft_ws_dw11, 0, NULL}},
+    {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, NULL}},
+    {"serial-prep", 1, {NULL, NULL, 1, NULL}},
+    {"qk-wide", 0, {NULL, NULL, 0, dev_qk8_wide}},
+    {"qk-wide3", 0, {NULL, NULL, 0, dev_qk8_wide3}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
 

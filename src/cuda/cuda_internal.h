@@ -101,6 +101,11 @@ int qvc_pv_slot_key(int s) {
 
 /* ---- prep (src/cuda/prep/) -------------------------------------------- */
 typedef enum qvc_qk_format { QVC_QK_INT8 = 0, QVC_QK_E4M3 = 1 } qvc_qk_format;
+/* An 8-bit Q/K preparation under trial (dev/cuda, qvc_dev_kernels.qk8):
+ * launches p's codes and scales and returns 1, or returns 0 where it does
+ * not serve p and the library's kernel runs (prep/qk.cu). */
+struct qk_params;
+typedef int (*qvc_qk8_launcher)(const struct qk_params *p, int BH, int D, cudaStream_t st);
 typedef struct qvc_prep_args {
     qvc_qk_format qk_format;
     int q_rows_per_scale;    /* 1 (INT8 only: a scale per query row) or
@@ -141,9 +146,9 @@ typedef struct qvc_prep_args {
      * its sampled rows where they serve, by +vprev's path (v.cu) with
      * those scales in place of carried ones; same inputs as +vprev */
     int v_sample;
-    /* the dev driver's trial of qk_wide.cu (qvc_dev_kernels.qk_wide: 0
-     * off, 1 on, 2 on with Q's signs from shared memory) */
-    int qk_wide;
+    /* the dev driver's Q/K preparation under trial (qvc_dev_kernels.qk8),
+     * or NULL */
+    qvc_qk8_launcher qk8;
 } qvc_prep_args;
 /* +ksample (mean): out [BH][D] = the mean of x's sampled rows per channel
  * (QVA_STAT_ROW over n rows; map NULL: rows of x, else map[row] is x's
@@ -427,9 +432,7 @@ typedef struct qvc_dev_kernels {
     qvc_attn8_launcher attn8_ws;     /* in place of attn8_ws_128x128       */
     qvc_draft_ws_launcher draft_ws;  /* in place of attn_draft_ws_128x128  */
     int serial_draft_prep;           /* draft prep on the caller's stream  */
-    int qk_wide;                     /* rotated INT8 Q and K by qk_wide.cu
-                                        in place of qk_plain.cu (2: Q's
-                                        signs from shared memory)          */
+    qvc_qk8_launcher qk8;            /* 8-bit Q/K codes, where it serves   */
 } qvc_dev_kernels;
 qva_status qvc_set_dev_kernels(qva_context_t *ctx, const qvc_dev_kernels *k);
 /* The context's dev kernels, or NULL (every library kernel). */

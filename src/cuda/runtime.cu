@@ -388,7 +388,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
     pa.k_sample = cfg->k_mean == QVA_K_MEAN_SAMPLE;
     pa.v_sample = cfg->v_scale == QVA_V_SCALE_SAMPLE;
     const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
-    pa.qk_wide = dev ? dev->qk_wide : 0;
+    pa.qk8 = dev ? dev->qk8 : NULL;
     qvc_ops ops = s->ops;
     if (!demean) ops.v_mu = NULL, ops.v_mu_tile = NULL;
     if (!v2) ops.v_t_lo = NULL;

@@ -127,7 +127,7 @@ static qva_status prep_chains(const qvc_view *q, const qvc_view *k, const qvc_vi
     p.hadamard = a->hadamard;
     p.had_scale = (float)(1.0 / sqrt((double)D));
     p.fmt = (int)a->qk_format;
-    p.wide = a->qk_wide;
+    p.dev_qk8 = a->qk8;
 
     /* K' = K[perm] is smoothed by its own channel mean (summed in K'
      * order, as the CPU does) or a sample's; V' = V[perm] takes

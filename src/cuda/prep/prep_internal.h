@@ -39,8 +39,7 @@ typedef struct qk_params {
     qvc_block_ext ext;    /* K' block extremes (qk_plain.cu, block scales) or {NULL} */
     int32_t *csum;        /* K, qk_plain.cu: [BH][n_pad/128][D] each block's
                              column sums of its codes (+kprev), or NULL */
-    int wide;             /* dev trial: qk_wide.cu where it serves
-                             (2: Q's signs from shared memory) */
+    qvc_qk8_launcher dev_qk8; /* the dev driver's trial, or NULL */
     int8_t *codes;        /* [BH][n_pad][D]                    */
     float *scale;         /* [BH][n_pad/rows_per_scale]        */
 } qk_params;
@@ -96,13 +95,6 @@ bool qvc_qk_plain_ok(const qk_params &p, int D);
 bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
-/* ---- qk_wide.cu, a version under trial */
-/* Whether qk_wide.cu serves p (p.wide set, by the dev driver's
- * qvc_dev_kernels.qk_wide): rotated INT8 Q per row and rotated K (or Q)
- * per block at head dim 128 from 16-bit inputs, without +kprev's code
- * sums; qk_plain_kernel's codes and scales; grid (n_pad / 128, BH). */
-bool qvc_qk_wide_ok(const qk_params &p, int D);
-void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st);
 
 /* ---- v_plain.cu */
 /* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */

@@ -193,10 +193,7 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
     if (p.rows_per_scale != QVI_BLOCK && !(p.rows_per_scale == 1 && p.fmt == QVC_QK_INT8))
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
-    if (qvc_qk_wide_ok(p, D)) {
-        qvc_qk_wide_launch(p, grid, st);
-        return qvc_launch_check(what);
-    }
+    if (p.dev_qk8 && p.dev_qk8(&p, BH, D, st)) return qvc_launch_check(what);
     if (qvc_qk_plain_ok(p, D)) {
         qvc_qk_plain_launch(p, grid, D, st);
         return qvc_launch_check(what);
