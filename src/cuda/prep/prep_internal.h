@@ -95,6 +95,13 @@ bool qvc_qk_plain_ok(const qk_params &p, int D);
 bool qvc_qk_plain_takes_ext(const qk_params &p, int D);
 void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 
+/* ---- qk_wide.cu */
+/* Whether qk_wide.cu's kernels serve p (qk_plain's rotated INT8 Q per row
+ * or K per block at head dim 128, without +kprev's code sums), and their
+ * launch over grid (n_pad / 128, BH). */
+bool qvc_qk_wide_ok(const qk_params &p, int D);
+void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st);
+
 
 /* ---- v_plain.cu */
 /* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */

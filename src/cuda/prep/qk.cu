@@ -13,7 +13,8 @@
  *                           block amax, pass 2 (rows re-read) the codes.
  *   qk_quant_rows_kernel<DT,D>  the same CTAs, one INT8 scale per row:
  *                           one pass, a max over each row's lanes.
- * INT8 from 16-bit inputs goes to qk_plain.cu instead.
+ * INT8 from 16-bit inputs goes to qk_wide.cu (rotated, head dim 128) or
+ * qk_plain.cu instead.
  */
 #include <math.h>
 #include <stdint.h>
@@ -194,6 +195,10 @@ qva_status qvc_prep_qk8(const qk_params &p, int BH, int D, cudaStream_t st, cons
         return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "%s: rows_per_scale %d", what, p.rows_per_scale);
     dim3 grid(p.n_pad / QVI_BLOCK, BH);
     if (p.dev_qk8 && p.dev_qk8(&p, BH, D, st)) return qvc_launch_check(what);
+    if (qvc_qk_wide_ok(p, D)) {
+        qvc_qk_wide_launch(p, grid, st);
+        return qvc_launch_check(what);
+    }
     if (qvc_qk_plain_ok(p, D)) {
         qvc_qk_plain_launch(p, grid, D, st);
         return qvc_launch_check(what);

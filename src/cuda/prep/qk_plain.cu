@@ -21,6 +21,8 @@
  *                        it made them (unrotated K), else from the
  *                        rows (rotated K: rotated once, kept in shared
  *                        memory); then the codes, one read of K.
+ *                        Rotated at head dim 128 (without +kprev's code
+ *                        sums) goes to qk_wide.cu instead.
  *
  * Why: qk.cu's lane of 4 channels pays a row's fixed work (the shuffles of
  * its max, the IEEE division and reciprocal of its scale, the addresses)

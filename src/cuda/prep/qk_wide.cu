@@ -1,18 +1,18 @@
 /*
- * qk-wide and qk-wide3, versions under trial of prep/qk_plain.cu's rotated
- * INT8 Q and K (dev_attn reaches them through qvc_dev_kernels.qk8, which
- * prep/qk.cu asks before its own kernels): rotated INT8 Q with one scale per row
- * (qk_wide_kernel) and rotated K, gathered and smoothed, with one scale
- * per block (k_wide_kernel), at head dim 128: qk_plain_kernel's codes and
- * scales bit for bit, at 32 channels a lane instead of 8.
+ * Rotated INT8 Q with one scale per row (qk_wide_kernel) and rotated K,
+ * gathered and smoothed, with one scale per block (k_wide_kernel), at head
+ * dim 128 from 16-bit inputs: qk_plain_kernel's codes and scales bit for
+ * bit, at 32 channels a lane instead of 8.  qvc_prep_qk8 asks
+ * qvc_qk_wide_ok first; qk_plain.cu keeps head dim 64, the unrotated
+ * codes and +kprev's code sums.
  *
  * Why: rotated Q is bound by its instruction issue (bench/NOTES.md, "The
- * tree and qk-pipe on the GPU"): 29.6 instructions a value, of which the
- * rotation's four shuffled stages are 8 and the row's scale, made by all
- * 16 lanes of a row, 4.3.  With 4 lanes a row, five of the seven stages
- * run in the lane's registers (one FADD a value each), two are shuffled
- * (SHFL + FFMA), and the row's max, scale and reciprocal are shared by 32
- * values: about 24 instructions a value.
+ * tree and qk-pipe on the GPU"): 29.6 instructions a value at 8 channels
+ * a lane, of which the rotation's four shuffled stages are 8 and the
+ * row's scale, made by all 16 lanes of a row, 4.3.  With 4 lanes a row,
+ * five of the seven stages run in the lane's registers (one FADD a value
+ * each), two are shuffled (SHFL + FFMA), and the row's max, scale and
+ * reciprocal are shared by 32 values: about 24 instructions a value.
  *
  * Layout: lane q = lane % 4 of a row holds the 16-byte chunks q + 4j (j =
  * 0..3) of the row, channels 8 (q + 4j) + e, so that each of its four
@@ -30,7 +30,8 @@
 #include <stdint.h>
 
 #include "common/quant_code.cuh"
-#include "prep/prep_common.cuh"
+#include "prep_common.cuh"
+#include "prep_internal.h"
 
 #define QKW_D 128
 #define QKW_CPL 32                     /* channels a lane            */
@@ -38,6 +39,9 @@
 #define QKW_RPW (32 / QKW_LPR)         /* rows a warp step: 8        */
 #define QKW_RPC (QKW_RPW * PREP_WARPS) /* rows a CTA step: 64        */
 #define QKW_STEPS (QVI_BLOCK / QKW_RPC) /* rows a thread: 2           */
+/* Q's signs read per row from shared memory (80 registers, three CTAs an
+ * SM) rather than held in registers (128, two): bench/NOTES.md, "qk-wide" */
+#define QKW_SIGNS_SHARED true
 
 /* Channel of the lane's value i = 8j + e. */
 static __device__ __forceinline__ int qkw_channel(int q, int i) { return 8 * (q + 4 * (i >> 3)) + (i & 7); }
@@ -209,38 +213,22 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) k_wide_kernel(qk_params p) {
                         rcp);
 }
 
-/* Rotated INT8 Q per row and rotated K (or Q) per block at head dim 128,
- * from the 16-bit inputs qk_plain.cu takes, without +kprev's code sums;
- * anything else stays with the library's kernels. */
-static bool qkw_serves(const qk_params &p, int D) {
+bool qvc_qk_wide_ok(const qk_params &p, int D) {
     if (D != QKW_D || !p.hadamard || p.csum || !qvc_qk_plain_ok(p, D)) return false;
     return p.rows_per_scale == QVI_BLOCK || (p.rows_per_scale == 1 && !p.perm && !p.mean);
 }
 
-template <int DT, bool SSG>
+template <int DT>
 static void launch_qkw(const qk_params &p, dim3 grid, cudaStream_t st) {
     if (p.rows_per_scale != 1)
         k_wide_kernel<DT><<<grid, PREP_THREADS, 0, st>>>(p);
     else
-        qk_wide_kernel<DT, SSG><<<grid, PREP_THREADS, 0, st>>>(p);
+        qk_wide_kernel<DT, QKW_SIGNS_SHARED><<<grid, PREP_THREADS, 0, st>>>(p);
 }
 
-/* qvc_qk8_launcher: 1 where launched, 0 where the library's kernel runs. */
-template <bool SSG>
-static int dev_qk8(const qk_params *p, int BH, int D, cudaStream_t st) {
-    if (!qkw_serves(*p, D)) return 0;
-    const dim3 grid(p->n_pad / QVI_BLOCK, BH);
-    if (p->x.dtype == QVA_BF16)
-        launch_qkw<QVA_BF16, SSG>(*p, grid, st);
+void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st) {
+    if (p.x.dtype == QVA_BF16)
+        launch_qkw<QVA_BF16>(p, grid, st);
     else
-        launch_qkw<QVA_F16, SSG>(*p, grid, st);
-    return 1;
-}
-
-extern "C" int dev_qk8_wide(const qk_params *p, int BH, int D, cudaStream_t st) {
-    return dev_qk8<false>(p, BH, D, st);
-}
-/* Q's signs from shared memory (qk_wide_kernel<DT, true>) */
-extern "C" int dev_qk8_wide3(const qk_params *p, int BH, int D, cudaStream_t st) {
-    return dev_qk8<true>(p, BH, D, st);
+        launch_qkw<QVA_F16>(p, grid, st);
 }
