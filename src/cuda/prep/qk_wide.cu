@@ -39,12 +39,6 @@
 #define QKW_RPW (32 / QKW_LPR)         /* rows a warp step: 8        */
 #define QKW_RPC (QKW_RPW * PREP_WARPS) /* rows a CTA step: 64        */
 #define QKW_STEPS (QVI_BLOCK / QKW_RPC) /* rows a thread: 2           */
-/* Q's signs read per row from shared memory (80 registers, three CTAs an
- * SM) rather than held in registers (128, two): bench/NOTES.md, "qk-wide" */
-#define QKW_SIGNS_SHARED true
-
-/* Channel of the lane's value i = 8j + e. */
-static __device__ __forceinline__ int qkw_channel(int q, int i) { return 8 * (q + 4 * (i >> 3)) + (i & 7); }
 
 /* The in-lane stages of x whose strides are s0, 2 s0, ... < s1. */
 static __device__ __forceinline__ void qkw_lane_stages(float *x, int s0, int s1) {
@@ -104,29 +98,22 @@ static __device__ __forceinline__ void qkw_load_rows(const qk_params &p, int bh,
                             : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* SSG: the signs staged in shared memory and read back per row (8 more
- * LDS a row), which brings the kernel to 80 registers and three CTAs an
- * SM; else in registers (128, two). */
-template <int DT, bool SSG>
-__global__ void __launch_bounds__(PREP_THREADS, SSG ? 3 : 2) qk_wide_kernel(qk_params p) {
-    __shared__ __align__(16) float s_sg[SSG ? QKW_D : 1];
+/* The signs are staged in shared memory and read back per row (8 more
+ * LDS a row): 80 registers and three CTAs an SM.  Held in registers, 128
+ * and two CTAs, the kernel was 8% slower (bench/NOTES.md, "qk-wide"). */
+template <int DT>
+__global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
+    __shared__ __align__(16) float s_sg[QKW_D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane % QKW_LPR;
     const int bh = blockIdx.y;
     const int r0 = blockIdx.x * QVI_BLOCK + warp * QKW_RPW + lane / QKW_LPR;
 
-    /* ---- producer: both rows in flight, then the signs of the lane's
-     * channels as four 32-byte runs (none without signs) */
+    /* ---- producer: both rows in flight, then the signs for the CTA */
     const int src[QKW_STEPS] = {r0, r0 + QKW_RPC};
     uint4 raw[QKW_STEPS][4];
     qkw_load_rows(p, bh, src, r0, q, raw);
-    float sg[QKW_CPL];
-    if (SSG) {
-        if (threadIdx.x < QKW_D) s_sg[threadIdx.x] = p.signs ? p.signs[threadIdx.x] : 1.0f;
-        __syncthreads();
-    } else if (p.signs) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) plain_load8f(p.signs + qkw_channel(q, 8 * j), sg + 8 * j);
-    }
+    if (threadIdx.x < QKW_D) s_sg[threadIdx.x] = p.signs ? p.signs[threadIdx.x] : 1.0f;
+    __syncthreads();
 
     /* ---- each row: signed (valid rows only, so that a padding row stays
      * +0), rotated, its scale from the row's 4 lanes, its codes */
@@ -138,7 +125,8 @@ __global__ void __launch_bounds__(PREP_THREADS, SSG ? 3 : 2) qk_wide_kernel(qk_p
 #pragma unroll
         for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
         if (p.signs && r < p.n) {
-            if (SSG) qkw_lds32(s_sg, q, sg);
+            float sg[QKW_CPL];
+            qkw_lds32(s_sg, q, sg);
 #pragma unroll
             for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], sg[i]);
         }
@@ -223,7 +211,7 @@ static void launch_qkw(const qk_params &p, dim3 grid, cudaStream_t st) {
     if (p.rows_per_scale != 1)
         k_wide_kernel<DT><<<grid, PREP_THREADS, 0, st>>>(p);
     else
-        qk_wide_kernel<DT, QKW_SIGNS_SHARED><<<grid, PREP_THREADS, 0, st>>>(p);
+        qk_wide_kernel<DT><<<grid, PREP_THREADS, 0, st>>>(p);
 }
 
 void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st) {
