@@ -22,9 +22,9 @@
  * stages 32 and 64 are x's strides 8 and 16: qva_hadamard's order of
  * stages, each butterfly the same two roundings.  A thread takes 2 rows
  * (row r0 and r0 + 64), a CTA of 256 threads a 128-row block.  K keeps
- * both rotated rows in registers until the block max is known (no 64 KB
- * tile, unlike qk_plain's rotated K, whose shared round trip ncu found it
- * waiting on).
+ * one rotated row in registers and one in 32 KB of shared memory until
+ * the block max is known (qk_plain's rotated K stages the whole block in
+ * a 64 KB tile, on whose round trip ncu found it waiting).
  */
 #include <math.h>
 #include <stdint.h>
@@ -78,12 +78,28 @@ __global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
 
 /* Rotated K (or Q per block): K' = K[perm] rows, less the channel mean
  * (valid rows), signed and rotated, one scale for the block from its
- * rotated rows, kept in registers (both rows: 64 values) until the block
- * max is known.  The mean and the signs are staged in shared memory once
- * for the CTA, so that they cost no registers across the rows. */
+ * rotated rows.  A thread's first rotated row waits for the block max in
+ * shared memory ([chunk][thread] float4s, conflict-free, 32 KB a CTA), its
+ * second in registers, so that QKW_K_CTAS CTAs fit an SM (both rows in
+ * registers took 111 and two: bench/NOTES.md, "k-smem"). */
+#define QKW_K_CTAS 3
+/* x less (SUB) or times the lane's 32 values of a 128-float shared array,
+ * a chunk of 8 at a time, so that 8 registers hold them, not 32. */
+template <bool SUB>
+static __device__ __forceinline__ void ks_chunks(const float *a, int q, float *x) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float4 u = ((const float4 *)a)[2 * (q + 4 * j)], w = ((const float4 *)a)[2 * (q + 4 * j) + 1];
+        const float c[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[8 * j + e] = SUB ? __fsub_rn(x[8 * j + e], c[e]) : __fmul_rn(x[8 * j + e], c[e]);
+    }
+}
+
 template <int DT>
-__global__ void __launch_bounds__(PREP_THREADS, 2) k_wide_kernel(qk_params p) {
+__global__ void __launch_bounds__(PREP_THREADS, QKW_K_CTAS) k_wide_kernel(qk_params p) {
     __shared__ __align__(16) float s_mean[QKW_D], s_sg[QKW_D];
+    __shared__ __align__(16) float4 s_row[QKW_CPL / 4][PREP_THREADS];
     __shared__ float red[PREP_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane % QKW_LPR;
     const int bh = blockIdx.y, blk = blockIdx.x;
@@ -105,34 +121,38 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) k_wide_kernel(qk_params p) {
     }
     __syncthreads();
 
-    /* ---- the rows smoothed and rotated, the block max, the codes */
-    float x[QKW_STEPS][QKW_CPL], amax = 0.0f;
+    /* ---- each row smoothed and rotated; the first parked in shared
+     * memory, the second kept in x */
+    float x[QKW_CPL], amax = 0.0f;
 #pragma unroll
     for (int s = 0; s < QKW_STEPS; ++s) {
         const bool valid = r0 + s * QKW_RPC < p.n;
-        float c[QKW_CPL];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x[s] + 8 * j);
-        if (smooth && valid) {
-            qkw_lds32(s_mean, q, c);
+        for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
+        if (smooth && valid) ks_chunks<true>(s_mean, q, x);
+        if (sign && valid) ks_chunks<false>(s_sg, q, x);
+        qkw_stages(x, q, p.had_scale);
 #pragma unroll
-            for (int i = 0; i < QKW_CPL; ++i) x[s][i] = __fsub_rn(x[s][i], c[i]);
-        }
-        if (sign && valid) {
-            qkw_lds32(s_sg, q, c);
+        for (int i = 0; i < QKW_CPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
+        if (s + 1 < QKW_STEPS)
 #pragma unroll
-            for (int i = 0; i < QKW_CPL; ++i) x[s][i] = __fmul_rn(x[s][i], c[i]);
-        }
-        qkw_stages(x[s], q, p.had_scale);
-#pragma unroll
-        for (int i = 0; i < QKW_CPL; ++i) amax = fmaxf(amax, fabsf(x[s][i]));
+            for (int k = 0; k < QKW_CPL / 4; ++k)
+                s_row[k][threadIdx.x] = make_float4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]);
     }
+    static_assert(QKW_STEPS == 2, "one row parked, one in registers");
+
+    /* ---- the block max, then the codes: the second row from x, the first
+     * from its slot (the thread's own, so no barrier beyond block_max's) */
     const float scale = qvc_int8_delta(block_max(amax, red)), rcp = __frcp_rn(scale);
     if (threadIdx.x == 0) p.scale[(int64_t)bh * (p.n_pad / QVI_BLOCK) + blk] = scale;
+    int8_t *codes = p.codes + ((int64_t)bh * p.n_pad + r0) * QKW_D;
+    qkw_store_codes(codes + (int64_t)QKW_RPC * QKW_D, q, x, scale, rcp);
 #pragma unroll
-    for (int s = 0; s < QKW_STEPS; ++s)
-        qkw_store_codes(p.codes + ((int64_t)bh * p.n_pad + r0 + s * QKW_RPC) * QKW_D, q, x[s], scale,
-                        rcp);
+    for (int k = 0; k < QKW_CPL / 4; ++k) {
+        const float4 v = s_row[k][threadIdx.x];
+        x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
+    }
+    qkw_store_codes(codes, q, x, scale, rcp);
 }
 
 bool qvc_qk_wide_ok(const qk_params &p, int D) {
