@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
  * shared memory ([chunk][thread] float4s, conflict-free, 32 KB a CTA), its
  * second in registers, so that QKW_K_CTAS CTAs fit an SM (both rows in
  * registers took 111 and two: bench/NOTES.md, "k-smem"). */
-#define QKW_K_CTAS 3
+#define QKW_K_CTAS 4
 /* x less (SUB) or times the lane's 32 values of a 128-float shared array,
  * a chunk of 8 at a time, so that 8 registers hold them, not 32. */
 template <bool SUB>
