@@ -16,9 +16,7 @@
  * the checked or timed calls at step S.  Without them every call is a
  * grouping step (num_steps unknown).
  *
- * Kernels: lib (the library's), ws5, k-smem3, k-smem4 (8-bit methods: the
- * library's kernel with rotated K prepared by qk_k_versions.cu, one row a
- * thread parked in shared memory, three or four CTAs an SM),
+ * Kernels: lib (the library's), ws5 (8-bit methods),
  * dw10, dw11, dw16, serial-prep (draft).  Without --kernels the list comes from
  * QVA_ATTN_KERNEL (8-bit methods) or QVA_DRAFT_KERNEL (draft), else every
  * version of the method's path.
@@ -34,8 +32,6 @@
 #include "cuda_internal.h"
 
 qva_status dev_attn8_ws5(const qvc_ops *, qvc_qk_format, const qvc_attn_args *, cudaStream_t);
-int dev_qk8_ksmem3(const struct qk_params *, int, int, cudaStream_t);
-int dev_qk8_ksmem4(const struct qk_params *, int, int, cudaStream_t);
 qva_status dev_draft_ws_dw10(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw11(const qvc_draft_ws_args *, cudaStream_t);
 qva_status dev_draft_ws_dw16(const qvc_draft_ws_args *, cudaStream_t);
@@ -53,8 +49,6 @@ static const version VERSIONS[] = {
     {"dw11", 1, {NULL, dev_draft_ws_dw11, 0, NULL}},
     {"dw16", 1, {NULL, dev_draft_ws_dw16, 0, NULL}},
     {"serial-prep", 1, {NULL, NULL, 1, NULL}},
-    {"k-smem3", 0, {NULL, NULL, 0, dev_qk8_ksmem3}},
-    {"k-smem4", 0, {NULL, NULL, 0, dev_qk8_ksmem4}},
 };
 #define NVERSIONS (int)(sizeof VERSIONS / sizeof *VERSIONS)
 
@@ -302,7 +296,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->T = draft ? grid[0] : 0, o->GH = grid[1], o->GW = grid[2], o->P = grid[3];
     if (!o->kernels) {
         const char *e = getenv(draft ? "QVA_DRAFT_KERNEL" : "QVA_ATTN_KERNEL");
-        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5,k-smem3,k-smem4";
+        o->kernels = e && *e ? e : draft ? "lib,dw10,dw11,dw16,serial-prep" : "lib,ws5";
     }
     return 1;
 }

@@ -80,13 +80,15 @@ __global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
  * (valid rows), signed and rotated, one scale for the block from its
  * rotated rows.  A thread's first rotated row waits for the block max in
  * shared memory ([chunk][thread] float4s, conflict-free, 32 KB a CTA), its
- * second in registers, so that QKW_K_CTAS CTAs fit an SM (both rows in
- * registers took 111 and two: bench/NOTES.md, "k-smem"). */
+ * second in registers: 64 registers (and one predicated 8-byte spill), so
+ * that four CTAs fit an SM.  On the H100 that took 122 us per ten heads of
+ * Wan, three CTAs 136 and both rows in registers (111, two CTAs) 151
+ * (bench/NOTES.md, "k-smem"). */
 #define QKW_K_CTAS 4
 /* x less (SUB) or times the lane's 32 values of a 128-float shared array,
  * a chunk of 8 at a time, so that 8 registers hold them, not 32. */
 template <bool SUB>
-static __device__ __forceinline__ void ks_chunks(const float *a, int q, float *x) {
+static __device__ __forceinline__ void qkw_chunks(const float *a, int q, float *x) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const float4 u = ((const float4 *)a)[2 * (q + 4 * j)], w = ((const float4 *)a)[2 * (q + 4 * j) + 1];
@@ -129,8 +131,8 @@ __global__ void __launch_bounds__(PREP_THREADS, QKW_K_CTAS) k_wide_kernel(qk_par
         const bool valid = r0 + s * QKW_RPC < p.n;
 #pragma unroll
         for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
-        if (smooth && valid) ks_chunks<true>(s_mean, q, x);
-        if (sign && valid) ks_chunks<false>(s_sg, q, x);
+        if (smooth && valid) qkw_chunks<true>(s_mean, q, x);
+        if (sign && valid) qkw_chunks<false>(s_sg, q, x);
         qkw_stages(x, q, p.had_scale);
 #pragma unroll
         for (int i = 0; i < QKW_CPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
