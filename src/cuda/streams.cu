@@ -9,10 +9,18 @@
 
 #include "cuda_internal.h"
 
+/* The side streams take the device's greatest priority.  Their chains
+ * start with small statistics kernels (the K and V samples) that the
+ * codes wait for; at the same priority as the caller's stream they were
+ * dispatched only after the last CTA of Q's codes, which fill the GPU, and
+ * the SMs idled between Q's tail and the codes that followed
+ * (bench/NOTES.md, "The side streams' priority"). */
 extern "C" qva_status qvc_fork_ensure(qvc_fork *f) {
-    cudaError_t e = cudaSuccess;
+    int least = 0, greatest = 0;
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
     for (int i = 0; i < QVC_FORK_SIDES && e == cudaSuccess; ++i)
-        if (!f->side[i]) e = cudaStreamCreateWithFlags(&f->side[i], cudaStreamNonBlocking);
+        if (!f->side[i])
+            e = cudaStreamCreateWithPriority(&f->side[i], cudaStreamNonBlocking, greatest);
     for (int i = 0; i <= QVC_FORK_SIDES && e == cudaSuccess; ++i)
         if (!f->ev[i]) e = cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming);
     return e == cudaSuccess ? QVA_OK : qvc_cuda_fail(e, "side streams");
