@@ -14,7 +14,9 @@
  * codes wait for; at the same priority as the caller's stream they were
  * dispatched only after the last CTA of Q's codes, which fill the GPU, and
  * the SMs idled between Q's tail and the codes that followed
- * (bench/NOTES.md, "The side streams' priority"). */
+ * (bench/NOTES.md, "The side streams' priority": 1-2.5% of the
+ * preparation at Wan).  A user's own streams of the greatest priority
+ * compete with them as equals. */
 extern "C" qva_status qvc_fork_ensure(qvc_fork *f) {
     int least = 0, greatest = 0;
     cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
