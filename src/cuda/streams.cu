@@ -11,11 +11,11 @@
 
 /* The side streams take the device's greatest priority.  Their chains
  * start with small statistics kernels (the K and V samples) that the
- * codes wait for; at the same priority as the caller's stream they were
- * dispatched only after the last CTA of Q's codes, which fill the GPU, and
- * the SMs idled between Q's tail and the codes that followed
- * (bench/NOTES.md, "The side streams' priority": 1-2.5% of the
- * preparation at Wan).  A user's own streams of the greatest priority
+ * codes wait for; at the caller's priority they were dispatched only
+ * after the last CTA of Q's codes, which fill the GPU, and ran at Q's
+ * tail with the SMs part idle.  Now they run beside Q's first wave
+ * (bench/NOTES.md, "The side streams' priority": the preparation 1-2.5%
+ * shorter at Wan).  A user's own streams of the greatest priority
  * compete with them as equals. */
 extern "C" qva_status qvc_fork_ensure(qvc_fork *f) {
     int least = 0, greatest = 0;

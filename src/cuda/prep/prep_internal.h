@@ -102,7 +102,6 @@ void qvc_qk_plain_launch(const qk_params &p, dim3 grid, int D, cudaStream_t st);
 bool qvc_qk_wide_ok(const qk_params &p, int D);
 void qvc_qk_wide_launch(const qk_params &p, dim3 grid, cudaStream_t st);
 
-
 /* ---- v_plain.cu */
 /* One V operand of v_plain_kernel (per-channel scales, v_mode 0 or 2). */
 typedef struct v_plain_params {

@@ -1,7 +1,8 @@
 /*
  * The pieces of prep/qk_wide.cu's kernels (its header comment says what
- * they do and why), shared with the versions under trial in dev/cuda: the
- * lane layout, the rotation's stages, the rows' loads and the codes'
+ * they do and why), kept apart so that a version under trial in dev/cuda
+ * builds on them as the attention versions build on dense/attn8_ws.cuh:
+ * the lane layout, the rotation's stages, the rows' loads and the codes'
  * stores at 32 channels a lane.
  */
 #ifndef QVATTN_QK_WIDE_CUH
