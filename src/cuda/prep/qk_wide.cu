@@ -58,12 +58,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
         float x[QKW_CPL];
 #pragma unroll
         for (int j = 0; j < 4; ++j) qvc_widen8<DT>(raw[s][j], x + 8 * j);
-        if (p.signs && r < p.n) {
-            float sg[QKW_CPL];
-            qkw_lds32(s_sg, q, sg);
-#pragma unroll
-            for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], sg[i]);
-        }
+        if (p.signs && r < p.n) qkw_chunks<false>(s_sg, q, x);
         qkw_stages(x, q, p.had_scale);
         float amax = 0.0f;
 #pragma unroll
@@ -85,19 +80,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 3) qk_wide_kernel(qk_params p) {
  * Wan, three CTAs 136 and both rows in registers (111, two CTAs) 151
  * (bench/NOTES.md, "k-smem"). */
 #define QKW_K_CTAS 4
-/* x less (SUB) or times the lane's 32 values of a 128-float shared array,
- * a chunk of 8 at a time, so that 8 registers hold them, not 32. */
-template <bool SUB>
-static __device__ __forceinline__ void qkw_chunks(const float *a, int q, float *x) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float4 u = ((const float4 *)a)[2 * (q + 4 * j)], w = ((const float4 *)a)[2 * (q + 4 * j) + 1];
-        const float c[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[8 * j + e] = SUB ? __fsub_rn(x[8 * j + e], c[e]) : __fmul_rn(x[8 * j + e], c[e]);
-    }
-}
-
 template <int DT>
 __global__ void __launch_bounds__(PREP_THREADS, QKW_K_CTAS) k_wide_kernel(qk_params p) {
     __shared__ __align__(16) float s_mean[QKW_D], s_sg[QKW_D];

@@ -43,13 +43,16 @@ static __device__ __forceinline__ void qkw_stages(float *x, int q, float had_sca
     for (int i = 0; i < QKW_CPL; ++i) x[i] = __fmul_rn(x[i], had_scale);
 }
 
-/* The lane's 32 values of a 128-float shared array (its chunks q + 4j). */
-static __device__ __forceinline__ void qkw_lds32(const float *a, int q, float *v) {
+/* x less (SUB) or times the lane's 32 values of a 128-float shared array,
+ * a chunk of 8 at a time, so that 8 registers hold them, not 32. */
+template <bool SUB>
+static __device__ __forceinline__ void qkw_chunks(const float *a, int q, float *x) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const float4 u = ((const float4 *)a)[2 * (q + 4 * j)], w = ((const float4 *)a)[2 * (q + 4 * j) + 1];
-        float *o = v + 8 * j;
-        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w, o[4] = w.x, o[5] = w.y, o[6] = w.z, o[7] = w.w;
+        const float c[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[8 * j + e] = SUB ? __fsub_rn(x[8 * j + e], c[e]) : __fmul_rn(x[8 * j + e], c[e]);
     }
 }
 
