@@ -346,21 +346,10 @@ static void dg_launch_pack16t_as(const qvc_view &x, const qvc_draft_layout *L, i
     const int32_t *pk = L->pack_to_orig;
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
-    /* The whole carveout as shared memory, as the router's map asks
-     * (DR_MAP_REGS): an SM runs CTAs of one carveout at a time, and this
-     * pack runs beside the map.  A failure here surfaces at the launch
-     * check. */
-    if (qvc_view_vec_ok(&x, 8)) {
-        cudaFuncSetAttribute(dg_pack16t_kernel<DT, F16, true, CODES>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
+    if (qvc_view_vec_ok(&x, 8))
         dg_pack16t_kernel<DT, F16, true, CODES><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
-    } else {
-        cudaFuncSetAttribute(dg_pack16t_kernel<DT, F16, false, CODES>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
+    else
         dg_pack16t_kernel<DT, F16, false, CODES><<<grid, nt, 0, st>>>(x, pk, np, pblk, R, dst, amax, dvs, v8t);
-    }
 }
 
 template <int DT, int F16>

@@ -21,22 +21,13 @@
 #define DR_MAX_D 128
 #define DR_FULL 0xffffffffu
 #define DR_ROWS_PER_CTA 8       /* warps (= query-region rows) of the list kernels */
-#define DR_SEL_THREADS 512      /* threads of each CTA of the selects: two CTAs
-                                   an SM, so that clusters of up to 16 reach every
-                                   SM at 40 heads (at 1024 a head's cluster of 3 did
-                                   not fit the GPCs, and 80 SMs read the map) */
+#define DR_SEL_THREADS 1024     /* threads of each CTA of the count select */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
-#define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials); 16
-                                   (128 registers) was faster at 609 regions
+#define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials): at 164
+                                   registers a thread, 12 fill the register file;
+                                   16 (128 registers) was faster at 609 regions
                                    and slower at 899 (NOTES) */
-#endif
-#ifndef DR_MAP_REGS
-#define DR_MAP_REGS 136         /* the map's register cap: 12 warps of 136 leave
-                                   8 warps of 48, so one CTA of V's 16-bit pack
-                                   (dg_pack16t_kernel: 256 threads, 44-48
-                                   registers, 36 KB) runs beside each map CTA
-                                   instead of waiting for the map to end */
 #endif
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows (-D for trials) */

@@ -218,7 +218,7 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *      stores.
  */
 template <int ROWS>
-__global__ void __maxnreg__(DR_MAP_REGS)
+__global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
 dr_map_kernel(dr_map_params p) {
     constexpr int QN = dr_map_qn(ROWS), NT = QN / 8;
     extern __shared__ __align__(16) double dr_smem[];
@@ -366,12 +366,8 @@ dr_map_kernel(dr_map_params p) {
 template <int ROWS>
 static qva_status dr_launch_map_rows(const dr_map_params &mp, int BH, size_t smem,
                                      cudaStream_t st) {
-    cudaError_t e = cudaFuncSetAttribute(dr_map_kernel<ROWS>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) /* dg_launch_pack16t_as: V's pack beside the map */
-        e = cudaFuncSetAttribute(dr_map_kernel<ROWS>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
+    const cudaError_t e = cudaFuncSetAttribute(
+        dr_map_kernel<ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: map shared memory");
     const dim3 grid((unsigned)qvi_cdiv(mp.R, ROWS), (unsigned)BH);
     dr_map_kernel<ROWS><<<grid, 32 * DR_MAP_WARPS, smem, st>>>(mp);

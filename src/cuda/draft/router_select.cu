@@ -287,7 +287,7 @@ static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int s
  * launch replaces a histogram and a digit launch per pass (NOTES, "The
  * select in one launch").
  */
-__global__ void __launch_bounds__(DR_SEL_THREADS, 2)
+__global__ void __launch_bounds__(DR_SEL_THREADS, 1)
 dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, int cap,
                        dr_sel *sel) {
     __shared__ unsigned int h[3][256], tot[3][256];
@@ -472,7 +472,7 @@ static __device__ __forceinline__ void dr_mass_scan(const uint32_t *Ab, int lo, 
  * and writes the head's quotas and the count-select state of its
  * boundaries e_0..e_2.
  */
-__global__ void __launch_bounds__(DR_SEL_THREADS, 2)
+__global__ void __launch_bounds__(DR_SEL_THREADS, 1)
 dr_mass_select_kernel(const float *A, long long M, dr_mass_params mp, dr_sel *sel,
                       int64_t *head_quota /* [BH][4] */) {
     __shared__ unsigned int h[256], htot[256], w[2][256]; /* w: low, high words */
@@ -539,28 +539,18 @@ dr_mass_select_kernel(const float *A, long long M, dr_mass_params mp, dr_sel *se
 /* Listed keys per CTA of the count select: 96 KB of shared memory. */
 #define DR_SEL_CAP 12288
 
-/* The largest cluster (up to 16 CTAs where the device allows clusters
- * past the portable 8) of `kernel` (DR_SEL_THREADS threads, smem bytes of
- * dynamic shared memory) whose BH clusters are all resident at once, from
- * the occupancy calculator; cached per kernel slot, device and size.  1
- * (no cluster to speak of) when even 2 is not. */
-#define DR_SEL_MAX_CLUSTER 16
+/* The largest cluster (up to 8 CTAs, the portable size) of `kernel`
+ * (DR_SEL_THREADS threads, smem bytes of dynamic shared memory) whose BH
+ * clusters are all resident at once, from the occupancy calculator; cached
+ * per kernel slot, device and size.  1 (no cluster to speak of) when even
+ * that is not. */
 static int dr_sel_cluster(const void *kernel, int slot, size_t smem, int BH, cudaStream_t st,
                           int *nc_out) {
-    static int cache[2][16][DR_SEL_MAX_CLUSTER + 1]; /* 0: unknown, else max active clusters + 1 */
+    static int cache[2][16][9]; /* 0: unknown, else max active clusters + 1 */
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
-    if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared)) != cudaSuccess)
-        return (int)e;
-    int top = DR_SEL_MAX_CLUSTER;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-        cudaSuccess) {
-        (void)cudaGetLastError(); /* a device without them: the portable sizes */
-        top = 8;
-    }
-    for (int nc = top; nc >= 2; --nc) {
+    for (int nc = 8; nc >= 2; --nc) {
         int act = dev < 16 ? __atomic_load_n(&cache[slot][dev][nc], __ATOMIC_RELAXED) - 1 : -1;
         if (act < 0) {
             cudaLaunchConfig_t cfg = {};
