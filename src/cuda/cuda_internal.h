@@ -333,6 +333,11 @@ typedef struct qvc_draft_ws_args {
     const int32_t *count, *pack, *offsets, *cols;
     float scale_log2, eta;
     qvc_attn_args a;
+    /* direct_q: the kernel gathers its 16-bit Q rows from the caller's
+     * tensor qv itself (row pack[slot] of each head; draft/host.cu:
+     * dg_direct_q_ok), and q16 is neither written nor read (NULL) */
+    int direct_q;
+    qvc_view qv;
 } qvc_draft_ws_args;
 qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st);
 

@@ -51,6 +51,18 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) 
             : "memory");
     } while (!done);
 }
+/* 16 bytes from global to shared memory through L2 (cp.async.cg), zeros
+ * when !valid (no byte is read then). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* One arrival on bar once every earlier cp.async of this thread has
+ * landed; it is one of the arrivals bar was initialized to expect. */
+static __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int x,
                                                    int y, uint32_t bar) {
     asm volatile(

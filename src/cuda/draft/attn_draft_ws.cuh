@@ -31,6 +31,7 @@
 #define DW_SMEM_BYTES (DW_BAR_OFF + DW_BAR_BYTES + 1024)
 #define DW_THREADS 384
 #define DW_PRODUCER_REGS 24
+#define DW_GATHER_THREADS 128 /* the producer warpgroup, which gathers a direct Q */
 #define DW_CONSUMER_REGS 240
 
 /* The K/V ring of a launch: its depth, where stage s's tiles sit, the
@@ -83,15 +84,17 @@ static __device__ __forceinline__ dw_bars dw_bars_at(uint32_t base) {
  * they sit where the tile's rows 64..71 would, which no load writes), the
  * mbarriers (and, when extra is nonzero, one more of every consumer
  * thread at that address), made visible to the async proxy before anyone
- * uses them. */
+ * uses them.  gather_q: Q16's barrier takes one arrival of each producer
+ * thread (dw_gather_q) instead of the TMA's. */
 template <class L, int EXPCAST, int D = 128>
-static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra) {
+static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra,
+                                                   int gather_q = 0) {
     if (EXPCAST && L::INT8)
         for (int i = threadIdx.x; i < DW_STAGES * 256; i += DW_THREADS)
             *(uint32_t *)(sm + DW_V8_OFF(i / 256) + D * 128 + 4 * (i % 256)) = 0x38383838u;
     if (threadIdx.x == 0) {
         mbar_init(b.q8, 1);
-        mbar_init(b.q16, 1);
+        mbar_init(b.q16, gather_q ? DW_GATHER_THREADS : 1);
         for (int s = 0; s < L::STAGES; ++s) {
             mbar_init(b.full + 8 * s, 1);
             mbar_init(b.empty + 8 * s, 256); /* every consumer thread */
@@ -171,9 +174,40 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
 }
 
 /* ------------------------------------------------------------ producer */
+/* A direct Q16 tile (w.direct_q): the 128 rows of item (a, bh) from the
+ * caller's Q, row pack[slot] of the head (a padding slot, -1: zeros), into
+ * the layout TMA gives the packed tile (D / 64 halves of [128 rows][128
+ * B], the 16-byte chunk c of row r at c ^ (r & 7)), so that the consumers
+ * read it alike.  The producer warpgroup's 128 threads share it: warp wp
+ * takes rows 32 wp .. 32 wp + 31, each lane reads one of their pack
+ * entries, and a pass copies 32 / (D / 8) whole rows, a 16-byte chunk a
+ * lane (a row's chunks on adjacent lanes: whole lines per request).  Each
+ * thread's arrival on Q16's barrier waits for its copies; every thread but
+ * the walk's waits for them too before it leaves. */
+template <int D>
+static __device__ __forceinline__ void dw_gather_q(const qvc_draft_ws_args &w, const dw_walk &wk,
+                                                   int a, int bh, uint32_t base, dw_bars b) {
+    constexpr int CPR = D / 8, RPP = 32 / CPR; /* 16-byte chunks a row, rows a pass */
+    const int wp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int mine = __ldg(w.pack + query_row0(w, wk, a) + 32 * wp + lane);
+    const uint16_t *src = (const uint16_t *)w.qv.data + qvc_head_base(w.qv, bh) + (lane % CPR) * 8;
+    const uint32_t dst = base + DW_Q16_OFF + (uint32_t)(lane % CPR / 8) * DW_HALF;
+    const uint32_t c = (uint32_t)(lane % 8);
+#pragma unroll 4
+    for (int p = 0; p < 32 / RPP; ++p) {
+        const int rr = p * RPP + lane / CPR, r = 32 * wp + rr;
+        const int orig = __shfl_sync(0xffffffffu, mine, rr);
+        cp_async16(dst + (uint32_t)r * 128 + ((c ^ (uint32_t)(r & 7)) << 4),
+                   src + (int64_t)max(orig, 0) * w.qv.sn, orig >= 0);
+    }
+    cp_async_arrive(b.q16);
+    if (threadIdx.x != 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 /* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks (at head
  * dim 64 a 64-byte row in a 128-byte box, TMA zero-filling the rest and
- * counting it in the transaction), Q16 (head dim 64: the first half). */
+ * counting it in the transaction), Q16 (head dim 64: the first half)
+ * unless the warpgroup gathers it (dw_gather_q). */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const CUtensorMap &tq8,
                                                  const qvc_draft_ws_args &w, const dw_walk &wk,
@@ -184,6 +218,7 @@ static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const 
         mbar_expect_tx(b.q8, DW_HALF);
         tma_load_2d(base + DW_Q8_OFF, &tq8, 0, (int)((int64_t)bh * nv + (int64_t)a * DW_ROWS), b.q8);
     }
+    if (w.direct_q) return;
     mbar_expect_tx(b.q16, D / 64 * DW_HALF);
     tma_load_2d(base + DW_Q16_OFF, &tq16, 0, qrow16, b.q16);
     if (D == 128) tma_load_2d(base + DW_Q16_OFF + DW_HALF, &tq16, 64, qrow16, b.q16);
@@ -497,13 +532,21 @@ static qva_status dw_setup(const qvc_draft_ws_args *w, CUtensorMap *maps, dw_par
                         (long long)w->n_pack, (long long)w->prefix_pad, w->R, w->BH);
     const uint64_t rows16 = (uint64_t)w->BH * w->n_pack, rows8 = (uint64_t)w->BH * w->R * DW_ROWS;
     const uint64_t vrows16 = rows16 / DW_ROWS * D, vrows8 = rows8 / DW_ROWS * D;
-    /* Without an INT8 phase the 8-bit maps are never read: point them at
-     * a valid 16-bit buffer. */
-    const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->q16;
+    if (!w->v16t || !w->k16 || !w->pack || (!w->q16 && !w->direct_q))
+        return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "attn_draft_ws_128x128: NULL operand");
+    if (w->direct_q && (w->qv.D != D || w->qv.B * w->qv.H != w->BH ||
+                        w->qv.dtype != (w->f16 ? QVA_F16 : QVA_BF16) || !qvc_view_vec_ok(&w->qv, 8)))
+        return qvi_fail(QVA_ERR_SHAPE, "attn_draft_ws_128x128: direct Q view (D %lld, dtype %d)",
+                        (long long)w->qv.D, w->qv.dtype);
+    /* Without an INT8 phase the 8-bit maps are never read, nor Q16's
+     * with a direct Q: point them at a valid 16-bit buffer (V^T's holds
+     * as many 16-bit values as Q's). */
+    const void *q16 = w->direct_q ? (const void *)w->v16t : (const void *)w->q16;
+    const void *q8 = w->q8 ? (const void *)w->q8 : (const void *)w->v16t;
     const void *k8 = w->k8 ? (const void *)w->k8 : (const void *)w->k16;
     const void *v8 = w->v8t ? (const void *)w->v8t : (const void *)w->v16t;
     qva_status r;
-    if ((r = make_map16(&maps[0], w->q16, rows16, DW_ROWS, D)) != QVA_OK ||
+    if ((r = make_map16(&maps[0], q16, rows16, DW_ROWS, D)) != QVA_OK ||
         (r = make_map16(&maps[1], w->k16, rows16, DW_ROWS, D)) != QVA_OK ||
         (r = make_map16(&maps[2], w->v16t, vrows16, D, 128)) != QVA_OK ||
         (r = make_map_w(&maps[3], q8, w->q8 ? rows8 : DW_ROWS, DW_ROWS, D)) != QVA_OK ||

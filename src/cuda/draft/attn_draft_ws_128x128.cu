@@ -10,7 +10,12 @@
  *              INT8 key regions, then every prefix block, then the 16-bit
  *              key regions -- and TMA-loads each block's K and V^T into a
  *              2-stage ring (mbarriers, 128-byte swizzle); 3 stages when
- *              no route of the call has INT8 blocks (dw_ring3)
+ *              no route of the call has INT8 blocks (dw_ring3).  A
+ *              direct Q (a 16-bit input in the operand's format, rows on
+ *              16-byte boundaries: the host decides) is gathered from the
+ *              caller's tensor by the whole warpgroup first, by cp.async
+ *              into the tile TMA would give, so that no packed copy of Q
+ *              is made
  *   mainloop   warpgroups 1, 2, 64 query rows each, ONE online-softmax
  *              state across the phases:
  *     INT8     S = Q8 K8^T  wgmma m64n128k32 s8 (SS); P codes by exp2 or
@@ -77,10 +82,11 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
     int a, bh;
     dw_walk wk;
     dw_work(w, p.npre, a, bh, wk);
-    dw_cta_init<L, EXPCAST, D>(sm, b, 0);
+    dw_cta_init<L, EXPCAST, D>(sm, b, 0, w.direct_q);
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
+        if (w.direct_q) dw_gather_q<D>(w, wk, a, bh, base, b);
         if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
         return;
     }

@@ -21,7 +21,9 @@
  * Operands (all per bh; nv = R*128 video slots; "packed" = the layout's
  * slot order, prefix blocks first):
  *   q16, k16 [n_pack][D], v16t [n_pack/128][D][128]   16-bit (FP16 iff q is
- *            f16, else BF16), RNE of the input; padding slots +0
+ *            f16, else BF16), RNE of the input; padding slots +0.  q16 is
+ *            NULL (direct_q) when the Hopper kernel gathers Q's rows from
+ *            the caller's tensor itself (host.cu: dg_direct_q_ok)
  *   q4, k4   [nv][D] BF16 bits of the unscaled NVFP4 reconstruction
  *            sigma*e2m1 (groups of 16 channels); v4t [R][D][128] the same
  *            for V (groups of 16 keys per channel), transposed; g4 [3] the
@@ -49,6 +51,7 @@
 
 typedef struct dg_ops {
     int BH, R, D, with4, with8;
+    int direct_q; /* no q16: the kernel reads Q in place (set per call) */
     int64_t n_pack;
     uint16_t *q16, *k16, *v16t;
     uint16_t *q4, *k4, *v4t;

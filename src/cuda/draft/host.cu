@@ -103,17 +103,21 @@ static dg_state *dg_get_state(qva_context_t *ctx) {
     return (dg_state *)*slot;
 }
 
+/* direct_q: the call needs no packed Q (a packed Q left from an earlier
+ * call stays, unused). */
 static qva_status dg_ops_ensure(dg_ops *o, int BH, int R, int D, int64_t n_pack, int with4,
-                                int with8) {
-    if (o->q16 && o->BH == BH && o->R == R && o->D == D && o->n_pack == n_pack &&
-        (o->with4 || !with4) && (o->with8 || !with8))
+                                int with8, int direct_q) {
+    o->direct_q = direct_q;
+    if (o->v16t && o->BH == BH && o->R == R && o->D == D && o->n_pack == n_pack &&
+        (o->with4 || !with4) && (o->with8 || !with8) && (o->q16 || direct_q))
         return QVA_OK;
     dg_ops_free(o);
     o->BH = BH, o->R = R, o->D = D, o->n_pack = n_pack, o->with4 = with4, o->with8 = with8;
+    o->direct_q = direct_q;
     const size_t bh = (size_t)BH, d = (size_t)D, np = (size_t)n_pack, nv = (size_t)R * DG_KEYS;
     const size_t lowbit = (with4 || with8) ? 1 : 0;
     const qvc_alloc req[] = {
-        {(void **)&o->q16, bh * np * d * 2},
+        {(void **)&o->q16, direct_q ? 0 : bh * np * d * 2},
         {(void **)&o->k16, bh * np * d * 2},
         {(void **)&o->v16t, bh * np * d * 2},
         {(void **)&o->q4, with4 ? bh * nv * d * 2 : 0},
@@ -214,8 +218,22 @@ static qva_status dg_layout(dg_state *s, qva_context_t *ctx, const qva_config *c
     return QVA_OK;
 }
 
+/* Whether the Hopper kernel gathers this call's 16-bit Q rows from the
+ * caller's tensor (dw_gather_q) instead of a packed copy: Q already in the
+ * operand's format (FP16 for f16, else BF16: the packed rows would be its
+ * very bits), every row on a 16-byte boundary (cp.async), and no +pooled
+ * (which reads the packed Q).  The dev driver's kernel versions keep the
+ * packed Q.  It saves the pack's 16-bit write, half of Q's pass (bench/
+ * NOTES.md, "Q read in place"); K stays packed, since gathering a K tile
+ * per block cost the kernel more than its pack. */
+static int dg_direct_q_ok(const qvi_draft_plan *pl, const qvc_view *qv, int hopper,
+                          const qvc_dev_kernels *dev) {
+    return hopper && !(dev && dev->draft_ws) && !pl->pooled &&
+           qv->dtype == (pl->use_f16 ? QVA_F16 : QVA_BF16) && qvc_view_vec_ok(qv, 8);
+}
+
 /* The Hopper block-sparse kernel, or the dev driver's version of it. */
-static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16,
+static qva_status dg_launch_ws(const dg_params *p, const qvc_view *qv, int BH, int D, int f16,
                                const qvc_dev_kernels *dev, cudaStream_t st) {
     qvc_draft_ws_args w;
     memset(&w, 0, sizeof w);
@@ -229,6 +247,7 @@ static qva_status dg_launch_ws(const dg_params *p, int BH, int D, int f16,
     w.count = p->count, w.pack = p->pack, w.offsets = p->offsets, w.cols = p->cols;
     w.scale_log2 = p->scale_log2, w.eta = p->eta;
     w.a = p->a;
+    w.direct_q = p->ops.direct_q, w.qv = *qv;
     if (dev && dev->draft_ws) return dev->draft_ws(&w, st);
     return qvc_attn_draft_ws_128x128(&w, st);
 }
@@ -249,7 +268,7 @@ static qva_status dg_check_shape(const qvi_draft_plan *pl, const qva_tensor *q) 
 
 /* The layout, the route buffers and the operands for this call's shape. */
 static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *cfg,
-                             const qvi_draft_plan *pl, int BH, int D) {
+                             const qvi_draft_plan *pl, int BH, int D, int direct_q) {
     qva_status r = dg_layout(s, ctx, cfg, pl);
     if (r != QVA_OK) return r;
     const qvc_draft_layout *L = &s->lay;
@@ -258,7 +277,7 @@ static qva_status dg_buffers(dg_state *s, qva_context_t *ctx, const qva_config *
         qvc_draft_route_free(&s->route);
         if ((r = qvc_draft_route_alloc(&s->route, BH, R, D)) != QVA_OK) return r;
     }
-    return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8);
+    return dg_ops_ensure(&s->ops, BH, R, D, L->n_pack, pl->with4, pl->with8, direct_q);
 }
 
 /* The rest of the preparation forked onto the side stream: it starts
@@ -419,8 +438,14 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         return dg_finish(ctx, s, prof, st);
     }
 
-    if ((r = dg_buffers(s, ctx, cfg, &pl, BH, D)) != QVA_OK) return r;
     const qvc_dev_kernels *dev = qvc_dev_kernels_of(ctx);
+    const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
+                       QVC_KERNEL_ATTN_DRAFT_WS_128X128;
+    if (hopper == pl.with4) /* dg_check_shape allowed head dims 64 and 128 only */
+        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
+    if ((r = dg_buffers(s, ctx, cfg, &pl, BH, D, dg_direct_q_ok(&pl, &xv[0], hopper, dev))) !=
+        QVA_OK)
+        return r;
     const int serial = dev && dev->serial_draft_prep;
     if ((r = dg_route_prep(s, cfg, &pl, xv, serial, prof, st)) != QVA_OK) return r;
     if ((r = qvc_timer_mark(&s->timer, 2, prof, st)) != QVA_OK) return r;
@@ -436,11 +461,7 @@ extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *
         lse = &lse_own;
     }
     const dg_params p = dg_params_of(s, &pl, q, out, lse);
-    const int hopper = qvc_choose_kernel(cfg, D, q->shape[1] / k->shape[1], NULL, 0) ==
-                       QVC_KERNEL_ATTN_DRAFT_WS_128X128;
-    if (hopper == pl.with4) /* dg_check_shape allowed head dims 64 and 128 only */
-        return qvi_fail(QVA_ERR_UNSUPPORTED, "draft (cuda): the chooser and the plan disagree");
-    r = hopper ? dg_launch_ws(&p, BH, D, pl.use_f16, dev, st)
+    r = hopper ? dg_launch_ws(&p, &xv[0], BH, D, pl.use_f16, dev, st)
                : dg_launch_mma(&p, BH, D, pl.use_f16, st);
     if (r != QVA_OK) return r;
     /* The prefix queries: dense over every key, as the bf16 method.  The

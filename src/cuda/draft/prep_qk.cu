@@ -357,6 +357,14 @@ static void dg_launch_pack_qk(const qvc_view &x, const qvc_draft_layout *L, int 
     const int64_t np = L->n_pack;
     const unsigned nt = 2 * (unsigned)x.D;
     const bool vec = qvc_view_vec_ok(&x, 8), tiled = pool.avg || i8.codes;
+    if (!dst && !amax) { /* a direct Q: the video blocks' pooling and codes only */
+        const dim3 vgrid((unsigned)R, (unsigned)BH);
+        if (vec && tiled)
+            dg_launch_tiled_pack<DT, F16, true>(vgrid, nt, x, L, pblk, R, NULL, NULL, pool, i8, st);
+        else if (tiled)
+            dg_launch_tiled_pack<DT, F16, false>(vgrid, nt, x, L, pblk, R, NULL, NULL, pool, i8, st);
+        return;
+    }
     if (vec && tiled)
         dg_launch_tiled_pack<DT, F16, true>(grid, nt, x, L, 0, R, dst, amax, pool, i8, st);
     else if (tiled)
@@ -401,14 +409,15 @@ extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout
     return qvc_launch_check("qvc_draft_pool16");
 }
 
-/* The 16-bit operand of tensor w (0 Q, 1 K) and, with amax, each
- * region's channel amax into amax [3][BH][R][D]; pool and i8: the
- * router's pooling and the INT8 codes of the same reads. */
+/* The 16-bit operand of tensor w (0 Q, 1 K; no Q when the kernel reads it
+ * in place, o->direct_q) and, with amax, each region's channel amax into
+ * amax [3][BH][R][D]; pool and i8: the router's pooling and the INT8 codes
+ * of the same reads. */
 static qva_status dg_prep16_qk(const qvi_draft_plan *pl, const qvc_draft_layout *L,
                                const qvc_view &x, int w, dg_ops *o, float *amax, dg_pool_out pool,
                                dg_int8_out i8, cudaStream_t st) {
     const int BH = o->BH, R = o->R;
-    uint16_t *dst = w ? o->k16 : o->q16;
+    uint16_t *dst = w ? o->k16 : o->direct_q ? NULL : o->q16;
     float *am = amax ? amax + (size_t)w * BH * R * o->D : NULL;
     if (pl->use_f16)
         QVC_DISPATCH_DTYPE(x.dtype,
