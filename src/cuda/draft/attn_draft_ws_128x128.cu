@@ -13,7 +13,7 @@
  *              no route of the call has INT8 blocks (dw_ring3).  A
  *              direct Q (a 16-bit input in the operand's format, rows on
  *              16-byte boundaries: the host decides) is gathered from the
- *              caller's tensor by the whole warpgroup first, by cp.async
+ *              caller's tensor by the warpgroup's other three warps, by cp.async
  *              into the tile TMA would give, so that no packed copy of Q
  *              is made
  *   mainloop   warpgroups 1, 2, 64 query rows each, ONE online-softmax
@@ -86,7 +86,7 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (w.direct_q) dw_gather_q<D>(w, wk, a, bh, base, b);
+        if (w.direct_q && threadIdx.x >= 32) dw_gather_q<D>(w, wk, a, bh, base, b);
         if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
         return;
     }
