@@ -31,8 +31,7 @@
 #define DW_SMEM_BYTES (DW_BAR_OFF + DW_BAR_BYTES + 1024)
 #define DW_THREADS 384
 #define DW_PRODUCER_REGS 24
-#define DW_GATHER_WARPS 3 /* producer warps 1-3, which gather a direct Q (warp 0 walks) */
-#define DW_GATHER_THREADS (32 * DW_GATHER_WARPS)
+#define DW_GATHER_THREADS 128 /* the producer warpgroup, which gathers a direct Q */
 #define DW_CONSUMER_REGS 240
 
 /* The K/V ring of a launch: its depth, where stage s's tiles sit, the
@@ -85,7 +84,7 @@ static __device__ __forceinline__ dw_bars dw_bars_at(uint32_t base) {
  * they sit where the tile's rows 64..71 would, which no load writes), the
  * mbarriers (and, when extra is nonzero, one more of every consumer
  * thread at that address), made visible to the async proxy before anyone
- * uses them.  gather_q: Q16's barrier takes one arrival of each gathering
+ * uses them.  gather_q: Q16's barrier takes one arrival of each producer
  * thread (dw_gather_q) instead of the TMA's. */
 template <class L, int EXPCAST, int D = 128>
 static __device__ __forceinline__ void dw_cta_init(uint8_t *sm, dw_bars b, uint32_t extra,
@@ -179,45 +178,39 @@ static __device__ __forceinline__ int query_valid(const qvc_draft_ws_args &w, co
  * caller's Q, row pack[slot] of the head (a padding slot, -1: zeros), into
  * the layout TMA gives the packed tile (D / 64 halves of [128 rows][128
  * B], the 16-byte chunk c of row r at c ^ (r & 7)), so that the consumers
- * read it alike.  Producer warps 1-3 share it, so that thread 0 issues the
- * walk's first TMA loads at once (when it gathered too, its pack load and
- * copies came first: the kernel lost 0.2-1.3%, bench/NOTES.md).  A pass of
- * a warp copies RPP = 32 / (D / 8) whole rows, a 16-byte chunk a lane (a
- * row's chunks on adjacent lanes: whole lines per request); the warps take
- * turns by pass, warp g's i-th row being ((i / RPP) * G + g) * RPP + i %
- * RPP, and each lane loads the pack entries of its warp's rows lane and
- * lane + 32 first.  Each thread's arrival on Q16's barrier waits for its
- * copies, and the thread waits for them too before it leaves. */
+ * read it alike.  The producer warpgroup's 128 threads share it: warp wp
+ * takes rows 32 wp .. 32 wp + 31, each lane reads one of their pack
+ * entries, and a pass copies 32 / (D / 8) whole rows, a 16-byte chunk a
+ * lane (a row's chunks on adjacent lanes: whole lines per request).  Each
+ * thread's arrival on Q16's barrier waits for its copies; every thread but
+ * the walk's waits for them too before it leaves.  Thread 0 takes part
+ * before it walks the route, so that Q's requests go out ahead of the
+ * ring's (warps 1-3 alone, with the walk's first K/V stages ahead of Q,
+ * cost the kernel 2.5%: bench/NOTES.md, "Q read in place"). */
 template <int D>
 static __device__ __forceinline__ void dw_gather_q(const qvc_draft_ws_args &w, const dw_walk &wk,
                                                    int a, int bh, uint32_t base, dw_bars b) {
-    constexpr int CPR = D / 8, RPP = 32 / CPR, G = DW_GATHER_WARPS; /* chunks a row, rows a pass */
-    constexpr int ROWS = (DW_ROWS + G - 1) / G, PASSES = (ROWS + RPP - 1) / RPP;
-    static_assert(ROWS <= 64, "two pack entries a lane");
-    const int g = ((int)threadIdx.x >> 5) - 1, lane = (int)threadIdx.x & 31;
-    const int32_t *pk = w.pack + query_row0(w, wk, a);
-    const auto row_of = [g](int i) { return ((i / RPP) * G + g) * RPP + i % RPP; };
-    const int r0 = row_of(lane), r1 = row_of(lane + 32);
-    const int mine0 = r0 < DW_ROWS ? __ldg(pk + r0) : -1, mine1 = r1 < DW_ROWS ? __ldg(pk + r1) : -1;
+    constexpr int CPR = D / 8, RPP = 32 / CPR; /* 16-byte chunks a row, rows a pass */
+    const int wp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int mine = __ldg(w.pack + query_row0(w, wk, a) + 32 * wp + lane);
     const uint16_t *src = (const uint16_t *)w.qv.data + qvc_head_base(w.qv, bh) + (lane % CPR) * 8;
     const uint32_t dst = base + DW_Q16_OFF + (uint32_t)(lane % CPR / 8) * DW_HALF;
     const uint32_t c = (uint32_t)(lane % 8);
-#pragma unroll
-    for (int p = 0; p < PASSES; ++p) {
-        const int i = p * RPP + lane / CPR, r = row_of(i); /* i < 32 alike in the warp */
-        const int orig = __shfl_sync(0xffffffffu, p * RPP < 32 ? mine0 : mine1, i % 32);
-        if (r < DW_ROWS)
-            cp_async16(dst + (uint32_t)r * 128 + ((c ^ (uint32_t)(r & 7)) << 4),
-                       src + (int64_t)max(orig, 0) * w.qv.sn, orig >= 0);
+#pragma unroll 4
+    for (int p = 0; p < 32 / RPP; ++p) {
+        const int rr = p * RPP + lane / CPR, r = 32 * wp + rr;
+        const int orig = __shfl_sync(0xffffffffu, mine, rr);
+        cp_async16(dst + (uint32_t)r * 128 + ((c ^ (uint32_t)(r & 7)) << 4),
+                   src + (int64_t)max(orig, 0) * w.qv.sn, orig >= 0);
     }
     cp_async_arrive(b.q16);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (threadIdx.x != 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 /* The Q tiles of item (a, bh): Q8 when the walk has INT8 blocks (at head
  * dim 64 a 64-byte row in a 128-byte box, TMA zero-filling the rest and
  * counting it in the transaction), Q16 (head dim 64: the first half)
- * unless warps 1-3 gather it (dw_gather_q). */
+ * unless the warpgroup gathers it (dw_gather_q). */
 template <class L, int D = 128>
 static __device__ __forceinline__ void dw_load_q(const CUtensorMap &tq16, const CUtensorMap &tq8,
                                                  const qvc_draft_ws_args &w, const dw_walk &wk,

@@ -13,7 +13,7 @@
  *              no route of the call has INT8 blocks (dw_ring3).  A
  *              direct Q (a 16-bit input in the operand's format, rows on
  *              16-byte boundaries: the host decides) is gathered from the
- *              caller's tensor by the warpgroup's other three warps, by cp.async
+ *              caller's tensor by the whole warpgroup first, by cp.async
  *              into the tile TMA would give, so that no packed copy of Q
  *              is made
  *   mainloop   warpgroups 1, 2, 64 query rows each, ONE online-softmax
@@ -86,8 +86,16 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
 
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(DW_PRODUCER_REGS));
-        if (w.direct_q && threadIdx.x >= 32) dw_gather_q<D>(w, wk, a, bh, base, b);
-        if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+        if (!w.direct_q) {
+            if (threadIdx.x == 0) dw_producer<L, D>(tq16, tk16, tv16, tq8, tk8, tv8, w, wk, a, bh, base, b);
+            return;
+        }
+        /* the loads in the order the consumers need them: Q8 (an INT8
+         * phase comes first), Q16, then the walk (bench/NOTES.md, "Q read
+         * in place": K/V ahead of the gathered Q cost the kernel 2.5%) */
+        if (threadIdx.x == 0) dw_load_q<L, D>(tq16, tq8, w, wk, a, bh, base, b);
+        dw_gather_q<D>(w, wk, a, bh, base, b);
+        if (threadIdx.x == 0) dw_load_walk<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, base, b, 0);
         return;
     }
 
