@@ -221,14 +221,18 @@ static qva_status dg_layout(dg_state *s, qva_context_t *ctx, const qva_config *c
 /* Whether the Hopper kernel gathers this call's 16-bit Q rows from the
  * caller's tensor (dw_gather_q) instead of a packed copy: Q already in the
  * operand's format (FP16 for f16, else BF16: the packed rows would be its
- * very bits), every row on a 16-byte boundary (cp.async), and no +pooled
- * (which reads the packed Q).  The dev driver's kernel versions keep the
- * packed Q.  It saves the pack's 16-bit write, half of Q's pass (bench/
- * NOTES.md, "Q read in place"); K stays packed, since gathering a K tile
- * per block cost the kernel more than its pack. */
+ * very bits), every row on a 16-byte boundary (cp.async), no +pooled
+ * (which reads the packed Q), and no INT8 phase.  It halves Q's pass (the
+ * pooling only) and adds the gather's latency to each CTA's start (bench/
+ * NOTES.md, "Q read in place"): at Wan2.2-720p 0.27 ms less preparation
+ * against 0.10 ms more kernel without an INT8 phase, and with one (Q's
+ * pass still writes the INT8 codes) 0.21 less against 0.23 more, so those
+ * calls keep the packed Q.  K stays packed: gathering a K tile per block
+ * cost the kernel more than its pack.  The dev driver's kernel versions
+ * read the packed Q. */
 static int dg_direct_q_ok(const qvi_draft_plan *pl, const qvc_view *qv, int hopper,
                           const qvc_dev_kernels *dev) {
-    return hopper && !(dev && dev->draft_ws) && !pl->pooled &&
+    return hopper && !(dev && dev->draft_ws) && !pl->pooled && !pl->with8 &&
            qv->dtype == (pl->use_f16 ? QVA_F16 : QVA_BF16) && qvc_view_vec_ok(qv, 8);
 }
 
