@@ -345,6 +345,23 @@ static void dg_launch_tiled_pack(dim3 grid, unsigned nt, const qvc_view &x,
                               (int)(L->prefix_pad / DG_KEYS), blk0, R, dst, amax, pool, i8);
 }
 
+/* The video blocks' pooling and INT8 codes alone (no 16-bit rows
+ * written): the standalone pooling, and a Q that the kernel reads in
+ * place. */
+template <int DT, int F16>
+static void dg_launch_video_tiles(const qvc_view &x, const qvc_draft_layout *L, int BH,
+                                  dg_pool_out pool, dg_int8_out i8, cudaStream_t st) {
+    const int pblk = (int)(L->prefix_pad / DG_KEYS);
+    const dim3 grid((unsigned)L->regions, (unsigned)BH);
+    const unsigned nt = 2 * (unsigned)x.D;
+    if (qvc_view_vec_ok(&x, 8))
+        dg_launch_tiled_pack<DT, F16, true>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                            i8, st);
+    else
+        dg_launch_tiled_pack<DT, F16, false>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
+                                             i8, st);
+}
+
 /* Q or K 16-bit rows and, with amax, the channel amax; the pooling and
  * INT8 codes that pool and i8 ask for. */
 template <int DT, int F16>
@@ -358,11 +375,7 @@ static void dg_launch_pack_qk(const qvc_view &x, const qvc_draft_layout *L, int 
     const unsigned nt = 2 * (unsigned)x.D;
     const bool vec = qvc_view_vec_ok(&x, 8), tiled = pool.avg || i8.codes;
     if (!dst && !amax) { /* a direct Q: the video blocks' pooling and codes only */
-        const dim3 vgrid((unsigned)R, (unsigned)BH);
-        if (vec && tiled)
-            dg_launch_tiled_pack<DT, F16, true>(vgrid, nt, x, L, pblk, R, NULL, NULL, pool, i8, st);
-        else if (tiled)
-            dg_launch_tiled_pack<DT, F16, false>(vgrid, nt, x, L, pblk, R, NULL, NULL, pool, i8, st);
+        if (tiled) dg_launch_video_tiles<DT, F16>(x, L, BH, pool, i8, st);
         return;
     }
     if (vec && tiled)
@@ -377,22 +390,6 @@ static void dg_launch_pack_qk(const qvc_view &x, const qvc_draft_layout *L, int 
                                                                      dst, amax, pool, i8);
 }
 
-/* The pooling alone (no pack written): the video blocks only. */
-template <int DT>
-static void dg_launch_pool16(const qvc_view &x, const qvc_draft_layout *L, int BH,
-                             dg_pool_out pool, cudaStream_t st) {
-    const int pblk = (int)(L->prefix_pad / DG_KEYS);
-    const dim3 grid((unsigned)L->regions, (unsigned)BH);
-    const unsigned nt = 2 * (unsigned)x.D;
-    const dg_int8_out none = {NULL, NULL, 0};
-    if (qvc_view_vec_ok(&x, 8))
-        dg_launch_tiled_pack<DT, 0, true>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
-                                          none, st);
-    else
-        dg_launch_tiled_pack<DT, 0, false>(grid, nt, x, L, pblk, L->regions, NULL, NULL, pool,
-                                           none, st);
-}
-
 extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout *L, int BH,
                                        float *avg, float *max, int kslots, cudaStream_t st) {
     if (!x || !L || !L->pack_to_orig || !L->count || !avg || !max)
@@ -405,7 +402,8 @@ extern "C" qva_status qvc_draft_pool16(const qvc_view *x, const qvc_draft_layout
                         (long long)x->D, L->c, DG_KEYS, (long long)x->N, (long long)L->n,
                         (long long)(x->B * x->H), BH);
     const dg_pool_out pool = {avg, max, kslots};
-    QVC_DISPATCH_DTYPE(x->dtype, dg_launch_pool16<DT_>(*x, L, BH, pool, st));
+    const dg_int8_out none = {NULL, NULL, 0};
+    QVC_DISPATCH_DTYPE(x->dtype, (dg_launch_video_tiles<DT_, 0>(*x, L, BH, pool, none, st)));
     return qvc_launch_check("qvc_draft_pool16");
 }
 
