@@ -91,8 +91,10 @@ attn_draft_ws_128x128(const __grid_constant__ CUtensorMap tq16,
             return;
         }
         /* the loads in the order the consumers need them: Q8 (an INT8
-         * phase comes first), Q16, then the walk (bench/NOTES.md, "Q read
-         * in place": K/V ahead of the gathered Q cost the kernel 2.5%) */
+         * phase comes first; the host reads Q in place only without one,
+         * but the order holds either way), Q16, then the walk (bench/
+         * NOTES.md, "Q read in place": K/V ahead of the gathered Q cost
+         * the kernel 2.5%) */
         if (threadIdx.x == 0) dw_load_q<L, D>(tq16, tq8, w, wk, a, bh, base, b);
         dw_gather_q<D>(w, wk, a, bh, base, b);
         if (threadIdx.x == 0) dw_load_walk<L, D>(tk16, tv16, tk8, tv8, w, wk, bh, base, b, 0);
