@@ -1,6 +1,6 @@
 /*
  * How many keys of each half of a head's draft map share the kept-share
- * boundary's top bits, for first digits of 12, 13, 14 and 16 bits: the
+ * boundary's top bits, for first digits of 8, 12, 13, 14 and 16 bits: the
  * count select (src/cuda/draft/router_select.cu) lists a CTA's keys in the
  * second pass only if that count fits its list (12,288 keys).  CPU draft
  * maps (the reference's pooling and map) of synthetic heads at Wan's
@@ -66,10 +66,10 @@ int main(int argc, char **argv) {
             qsort(s, M, 8, cmp_desc);
             const uint64_t tau = s[e - 1];
             free(s);
-            const int bits[4] = {12, 13, 14, 16};
+            const int bits[5] = {8, 12, 13, 14, 16};
             printf("%-16s head %d R %lld keep %.2f tau A=%g:", recipes[rc], h, (long long)R, keep,
                    (double)A[M - 1 - (tau & 0xffffffffu)]);
-            for (int b = 0; b < 4; ++b) {
+            for (int b = 0; b < 5; ++b) {
                 const uint64_t pre = tau >> (64 - bits[b]);
                 int64_t half[2] = {0, 0};
                 const int64_t share = (M + 1) / 2;
