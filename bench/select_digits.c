@@ -1,16 +1,27 @@
 /*
- * How many keys of each half of a head's draft map share the kept-share
- * boundary's top bits, for first digits of 8, 12, 13, 14 and 16 bits: the
- * count select (src/cuda/draft/router_select.cu) lists a CTA's keys in the
- * second pass only if that count fits its list (12,288 keys).  CPU draft
- * maps (the reference's pooling and map) of synthetic heads at Wan's
- * geometry, 21 x 45 x 80 tokens, 609 regions, two heads a recipe.
+ * The count select's first digit (src/cuda/draft/router_select.cu) on CPU
+ * draft maps: the reference's pooling and map of synthetic heads at Wan's
+ * geometry, 21 x 45 x 80 tokens, 609 regions.  Two modes:
  *
- *   cmake --build build --target qvattn_static   (any build with libqvattn.a)
+ *   count [kept share, default 0.15]: how many keys of each half of a
+ *     head's map (the share of one CTA of the cluster pair) share the
+ *     boundary's top 8, 12, 13, 14 and 16 bits.  The select lists a CTA's
+ *     keys in its second pass only if that count fits its list (12,288
+ *     keys).  Three recipes, two heads each.
+ *   model: a host model of the 14-bit select of 63d4891 (reverted by
+ *     60b043c until it runs on a GPU): its digit schedule (14, 8, 8 and 2
+ *     value bits, then 8-bit index digits), its bins and its two-level
+ *     pick, lane by lane, one boundary at a time.  For kept counts from 1
+ *     pair to all but one, the threshold must keep exactly e keys and,
+ *     where the search ran to the last digit, equal the e-th key of a
+ *     sort.  Every 97th key takes its predecessor's value; COARSE=n clears
+ *     the n low value bits, so that ties reach the index digits.  This
+ *     checks the logic, not the kernel: cuda_test_draft on a GPU decides.
+ *
  *   cc -O2 -std=c11 -Iinclude -Isrc bench/select_digits.c build/libqvattn.a \
  *      -o /tmp/select_digits -lm -fopenmp -lpthread -lstdc++ [-ldl -lrt and
  *      -L<cuda>/lib64 -lcudart_static for a CUDA build]
- *   /tmp/select_digits [kept share, default 0.15]
+ *   /tmp/select_digits 0.15;  /tmp/select_digits model;  COARSE=20 /tmp/select_digits model
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,67 +32,191 @@
 #include "draft/router.h"
 #include "draft/budget.h"
 
+enum { GT = 21, GH = 45, GW = 80, HD = 128, CAP = 128 };
+
 static int cmp_desc(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int main(int argc, char **argv) {
+/* The 64-bit select keys (router_internal.cuh's dr_comp) of `heads` heads'
+ * CPU draft maps, [heads][M]; NULL on failure. */
+static uint64_t *map_keys(int recipe, uint64_t seed, int heads, int64_t *M_out) {
+    qva_synthetic_spec sp;
+    memset(&sp, 0, sizeof sp);
+    snprintf(sp.name, sizeof sp.name, "select");
+    sp.B = 1, sp.H = heads, sp.D = HD, sp.grid_t = GT, sp.grid_h = GH, sp.grid_w = GW;
+    sp.seed = seed, sp.recipe = recipe;
+    const int64_t N = (int64_t)GT * GH * GW, D = HD;
+    float *q = malloc(sizeof(float) * heads * N * D), *k = malloc(sizeof(float) * heads * N * D),
+          *v = malloc(sizeof(float) * heads * N * D);
+    qvi_partition p;
+    qvi_draft_layout L;
+    if (!q || !k || !v || qva_synthetic_generate(&sp, q, k, v) != QVA_OK ||
+        qvi_partition_build(GH, GW, CAP, &p) != QVA_OK ||
+        qvi_draft_layout_build(&p, GT, 0, 0, &L) != QVA_OK)
+        return NULL;
+    const int64_t R = L.regions, M = R * R;
+    float *pq = malloc(sizeof(float) * L.n_pack * D), *pk = malloc(sizeof(float) * L.n_pack * D);
+    float *pool = malloc(sizeof(float) * 4 * R * D), *A = malloc(sizeof(float) * M);
+    uint64_t *keys = malloc(sizeof(uint64_t) * heads * M);
+    if (!pq || !pk || !pool || !A || !keys) return NULL;
+    float *qa = pool, *qm = pool + R * D, *ka = pool + 2 * R * D, *km = pool + 3 * R * D;
+    for (int h = 0; h < heads; ++h) {
+        qvi_draft_pack(&L, q + h * N * D, (int)D, pq);
+        qvi_draft_pack(&L, k + h * N * D, (int)D, pk);
+        qvi_draft_pool(pq + L.prefix_pad * D, L.count, R, CAP, (int)D, qa, qm);
+        qvi_draft_pool(pk + L.prefix_pad * D, L.count, R, CAP, (int)D, ka, km);
+        if (qvi_draft_map(qa, qm, ka, km, R, (int)D, 1.0f / sqrtf((float)D), 0.2f, A) != QVA_OK)
+            return NULL;
+        for (int64_t i = 0; i < M; ++i) {
+            uint32_t u;
+            memcpy(&u, A + i, 4);
+            keys[h * M + i] = ((uint64_t)qvi_budget_order_key(u) << 32) | (uint64_t)(M - 1 - i);
+        }
+    }
+    free(q), free(k), free(v), free(pq), free(pk), free(pool), free(A);
+    qvi_draft_layout_free(&L);
+    qvi_partition_free(&p);
+    *M_out = M;
+    return keys;
+}
+
+/* The key of rank e - 1 (0-based) in descending order. */
+static uint64_t sorted_at(const uint64_t *keys, int64_t M, int64_t e) {
+    uint64_t *s = malloc(sizeof(uint64_t) * M);
+    memcpy(s, keys, sizeof(uint64_t) * M);
+    qsort(s, M, sizeof(uint64_t), cmp_desc);
+    const uint64_t t = s[e - 1];
+    free(s);
+    return t;
+}
+
+static int count_mode(double keep) {
     const char *recipes[] = {"video", "global", "local-clustered"};
-    const int T = 21, H = 45, W = 80, D = 128, C = 128, HEADS = 2;
-    double keep = argc > 1 ? atof(argv[1]) : 0.15;
+    const int bits[5] = {8, 12, 13, 14, 16};
     for (int rc = 0; rc < 3; ++rc) {
-        qva_synthetic_spec sp;
-        memset(&sp, 0, sizeof sp);
-        snprintf(sp.name, sizeof sp.name, "sim");
-        sp.B = 1, sp.H = HEADS, sp.D = D, sp.grid_t = T, sp.grid_h = H, sp.grid_w = W;
-        sp.seed = 7, sp.recipe = rc;
-        const int64_t N = (int64_t)T * H * W;
-        float *q = malloc(sizeof(float) * HEADS * N * D), *k = malloc(sizeof(float) * HEADS * N * D),
-              *v = malloc(sizeof(float) * HEADS * N * D);
-        if (qva_synthetic_generate(&sp, q, k, v) != QVA_OK) { printf("gen fail\n"); return 1; }
-        qvi_partition p;
-        qvi_draft_layout L;
-        qvi_partition_build(H, W, C, &p);
-        qvi_draft_layout_build(&p, T, 0, 0, &L);
-        const int64_t R = L.regions, M = R * R;
-        float *pk = malloc(sizeof(float) * L.n_pack * D), *pq = malloc(sizeof(float) * L.n_pack * D);
-        float *qa = malloc(4 * R * D), *qm = malloc(4 * R * D), *ka = malloc(4 * R * D), *km = malloc(4 * R * D);
-        float *A = malloc(4 * M);
-        uint64_t *keys = malloc(8 * M);
-        for (int h = 0; h < HEADS; ++h) {
-            qvi_draft_pack(&L, q + (int64_t)h * N * D, D, pq);
-            qvi_draft_pack(&L, k + (int64_t)h * N * D, D, pk);
-            qvi_draft_pool(pq + L.prefix_pad * D, L.count, R, C, D, qa, qm);
-            qvi_draft_pool(pk + L.prefix_pad * D, L.count, R, C, D, ka, km);
-            qvi_draft_map(qa, qm, ka, km, R, D, 1.0f / sqrtf((float)D), 0.2f, A);
-            for (int64_t i = 0; i < M; ++i) {
-                uint32_t u;
-                memcpy(&u, A + i, 4);
-                keys[i] = ((uint64_t)qvi_budget_order_key(u) << 32) | (uint64_t)(M - 1 - i);
-            }
-            const int64_t e = (int64_t)(keep * (double)M);
-            uint64_t *s = malloc(8 * M);
-            memcpy(s, keys, 8 * M);
-            qsort(s, M, 8, cmp_desc);
-            const uint64_t tau = s[e - 1];
-            free(s);
-            const int bits[5] = {8, 12, 13, 14, 16};
-            printf("%-16s head %d R %lld keep %.2f tau A=%g:", recipes[rc], h, (long long)R, keep,
-                   (double)A[M - 1 - (tau & 0xffffffffu)]);
+        int64_t M = 0;
+        uint64_t *keys = map_keys(rc, 7, 2, &M);
+        if (!keys) return fprintf(stderr, "map failed\n"), 1;
+        for (int h = 0; h < 2; ++h) {
+            const uint64_t *kh = keys + h * M;
+            const uint64_t tau = sorted_at(kh, M, (int64_t)(keep * (double)M));
+            printf("%-16s head %d keep %.2f:", recipes[rc], h, keep);
             for (int b = 0; b < 5; ++b) {
                 const uint64_t pre = tau >> (64 - bits[b]);
-                int64_t half[2] = {0, 0};
                 const int64_t share = (M + 1) / 2;
+                int64_t half[2] = {0, 0};
                 for (int64_t i = 0; i < M; ++i)
-                    if ((keys[i] >> (64 - bits[b])) == pre) half[i / share]++;
+                    if ((kh[i] >> (64 - bits[b])) == pre) half[i / share]++;
                 printf("  %2d bits: %lld / %lld", bits[b], (long long)half[0], (long long)half[1]);
             }
-            printf("   (cap 12288 a CTA)\n");
+            printf("   (list: 12288 a CTA)\n");
         }
-        free(q), free(k), free(v), free(pk), free(pq), free(qa), free(qm), free(ka), free(km), free(A), free(keys);
-        qvi_draft_layout_free(&L);
-        qvi_partition_free(&p);
+        free(keys);
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ model */
+
+static unsigned bins[1 << 14];
+
+/* dr_sel_lane_of: the lane (run of n bins from top down) that holds rank
+ * r, and the count above it added to *base. */
+static int lane_of(int top, int n, unsigned long long r, unsigned long long *base) {
+    unsigned long long own[32], incl[32], run = 0;
+    for (int l = 0; l < 32; ++l) {
+        own[l] = 0;
+        for (int u = 0; u < n; ++u) own[l] += bins[top - n * l - (u + l) % n];
+        incl[l] = run += own[l];
+    }
+    int L = 31;
+    for (int l = 0; l < 32; ++l)
+        if (r < *base + incl[l]) {
+            L = l;
+            break;
+        }
+    *base += incl[L] - own[L];
+    return L;
+}
+
+/* dr_sel_pick over nb bins. */
+static void pick(int nb, int shift, unsigned long long *prefix, unsigned long long *rank,
+                 int *done) {
+    const int per = nb / 32, per2 = per > 8 ? per / 32 : per;
+    unsigned long long base = 0;
+    int top = nb - 1 - per * lane_of(nb - 1, per, *rank, &base);
+    if (per2 != per) top -= per2 * lane_of(top, per2, *rank, &base);
+    unsigned long long rr = *rank - base;
+    int d = 0;
+    for (int u = 0; u < per2; ++u) {
+        d = top - u;
+        if (d == 0 || rr < bins[d]) break;
+        rr -= bins[d];
+    }
+    *prefix |= (unsigned long long)d << shift;
+    *rank = rr;
+    if (rr + 1 == bins[d]) *done = 1;
+}
+
+/* The select's threshold for the top e of keys. */
+static uint64_t model_select(const uint64_t *keys, int64_t M, int64_t e, int *done) {
+    int sh[8], wd[8], n = 0;
+    const int vw[4] = {14, 8, 8, 2};
+    for (int j = 0, t = 64; j < 4; ++j) t -= vw[j], sh[n] = t, wd[n++] = vw[j];
+    int ibits = 0;
+    while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits)) ++ibits;
+    for (int t = ((ibits + 7) / 8 - 1) * 8; t >= 0; t -= 8) sh[n] = t, wd[n++] = 8;
+    unsigned long long prefix = 0, rank = (unsigned long long)e - 1;
+    *done = 0;
+    for (int ps = 0; ps < n && !*done; ++ps) {
+        const int shift = sh[ps], width = wd[ps], vs = shift & 31, hs = vs + width;
+        const int nb = width > 8 ? 1 << width : 256;
+        const uint32_t pv = (uint32_t)(prefix >> 32), px = (uint32_t)prefix;
+        memset(bins, 0, sizeof(unsigned) * nb);
+        for (int64_t i = 0; i < M; ++i) {
+            const uint32_t v = (uint32_t)(keys[i] >> 32), x = (uint32_t)keys[i];
+            const int match = shift >= 32 ? hs >= 32 || (v >> hs) == (pv >> hs)
+                                          : v == pv && (hs >= 32 || (x >> hs) == (px >> hs));
+            if (match) bins[((shift >= 32 ? v : x) >> vs) & ((1u << width) - 1)]++;
+        }
+        pick(nb, shift, &prefix, &rank, done);
+    }
+    return prefix;
+}
+
+static int model_mode(void) {
+    const char *coarse = getenv("COARSE");
+    const int clear = coarse ? atoi(coarse) : 0;
+    const double fr[] = {0.0001, 0.01, 0.15, 0.3, 0.5, 0.9, 0.999999};
+    int fails = 0, runs = 0;
+    for (int rc = 0; rc < 2; ++rc) {
+        int64_t M = 0;
+        uint64_t *keys = map_keys(rc, 3, 1, &M);
+        if (!keys) return fprintf(stderr, "map failed\n"), 1;
+        for (int64_t i = 1; i < M; i += 97)
+            keys[i] = (keys[i - 1] & ~0xffffffffull) | (keys[i] & 0xffffffffull);
+        for (int64_t i = 0; i < M && clear > 0; ++i) keys[i] &= ~(((1ull << clear) - 1) << 32);
+        for (int f = 0; f < 7; ++f) {
+            int64_t e = (int64_t)(fr[f] * (double)M), kept = 0;
+            if (e < 1) e = 1;
+            int done;
+            const uint64_t tau = model_select(keys, M, e, &done), sorted = sorted_at(keys, M, e);
+            for (int64_t i = 0; i < M; ++i) kept += keys[i] >= tau;
+            const int ok = kept == e && (done || tau == sorted);
+            runs++, fails += !ok;
+            printf("recipe %d e %lld: tau %016llx  sorted %016llx  kept %lld %s\n", rc,
+                   (long long)e, (unsigned long long)tau, (unsigned long long)sorted,
+                   (long long)kept, ok ? "ok" : "FAIL");
+        }
+        free(keys);
+    }
+    printf("%d of %d failed\n", fails, runs);
+    return fails != 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "model")) return model_mode();
+    return count_mode(argc > 1 ? atof(argv[1]) : 0.15);
 }
