@@ -24,10 +24,11 @@
 #define DR_SEL_THREADS 1024     /* threads of each CTA of the count select */
 #define DR_SCAN_THREADS 1024
 #ifndef DR_MAP_WARPS
-#define DR_MAP_WARPS 12         /* warps of the map kernel (-D for trials): at 164
-                                   registers a thread, 12 fill the register file;
-                                   16 (128 registers) was faster at 609 regions
-                                   and slower at 899 (NOTES) */
+#define DR_MAP_WARPS 8          /* warps of each map CTA (-D for trials) */
+#endif
+#ifndef DR_MAP_CTAS
+#define DR_MAP_CTAS 2           /* map CTAs an SM, each a branch of a cluster pair:
+                                   the register cap is 64K / (32 * warps * CTAs) */
 #endif
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows (-D for trials) */

@@ -3,8 +3,12 @@
  * numerics): region pooling of Q and K (DA2 Eq. 1, C.1) and the two-branch
  * softmax map (Eq. 2), for all B*H heads at once, bit for bit the CPU's.
  */
+#include <cooperative_groups.h>
+
 #include "router_fp64.cuh"
 #include "router_internal.cuh"
+
+namespace cg = cooperative_groups;
 
 /* ------------------------------------------------------------ pooling */
 
@@ -113,11 +117,12 @@ static __host__ __device__ __forceinline__ int dr_map_qds(int D) { return dr_map
  * one row each at the same key, read distinct bank pairs. */
 static __host__ __device__ __forceinline__ int dr_map_rs(int R) { return R | 1; }
 
-/* Dynamic shared memory of the map kernel for `rows` query regions. */
+/* Dynamic shared memory of one map CTA (one branch) for `rows` query
+ * regions. */
 static size_t dr_map_smem(int rows, int R, int D) {
-    return (size_t)2 * dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) /* query tile */
-           + (size_t)2 * rows * dr_map_rs(R) * sizeof(double) /* logits, then exps */
-           + (size_t)2 * 2 * rows * sizeof(double); /* row sums, their reciprocals */
+    return (size_t)dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) /* query tile */
+           + (size_t)rows * dr_map_rs(R) * sizeof(double)         /* logits, then exps */
+           + (size_t)2 * rows * sizeof(double);                   /* row sums, reciprocals */
 }
 
 /* Entries per lane in flight in the exp and mixture passes (-D for trials). */
@@ -202,52 +207,56 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
 }
 
 /*
- * qvi_draft_map for ROWS query regions a0 .. a0+ROWS-1 of one head, both
- * branches.  Phases, separated by block barriers:
- *   1. the query descriptors of the CTA, converted once to FP64 into
- *      shared memory as [branch][row][channel] (rows and channels padded
- *      with zeros to whole mma tiles);
- *   2. work items (branch, 16 key regions) dealt round-robin to
- *      the warps: FP64 mma (dr_map_item), logits x = dot * sm to shared
- *      memory, [branch][row][key];
- *   3. a warp per (branch, row): the max over keys, then exp(x - max) in
- *      place;
- *   4. one lane per (branch, row), 2*ROWS <= 32 chains side by side: the
- *      sum in key-region order, and its reciprocal;
- *   5. a warp per row: the two divisions (dr_div_rcp), the mixture, f32
- *      stores.
+ * qvi_draft_map for ROWS query regions a0 .. a0+ROWS-1 of one head, by a
+ * cluster of two CTAs: rank 0 the average branch, rank 1 the max branch.
+ * Each CTA's shared memory is half of what both branches would take, so
+ * two CTAs share an SM and one's latency-bound phases (the sum chains,
+ * the barriers) run under the other's mma.  Phases, separated by barriers:
+ *   1. the branch's query descriptors, converted once to FP64 into shared
+ *      memory as [row][channel] (rows and channels padded with zeros to
+ *      whole mma tiles);
+ *   2. work items (16 key regions) dealt round-robin to the warps: FP64
+ *      mma (dr_map_item), logits x = dot * sm to shared memory, [row][key];
+ *   3. a warp per row: the max over keys, then exp(x - max) in place;
+ *   4. one lane per row, ROWS <= 32 chains side by side: the sum in
+ *      key-region order, and its reciprocal;
+ *   5. (after a cluster barrier) a warp per row of the CTA's half of the
+ *      rows: the two divisions (dr_div_rcp) with both CTAs' exps and sums
+ *      read over distributed shared memory, the mixture, f32 stores.
  */
 template <int ROWS>
-__global__ void __launch_bounds__(32 * DR_MAP_WARPS, 1)
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(32 * DR_MAP_WARPS, DR_MAP_CTAS)
 dr_map_kernel(dr_map_params p) {
-    constexpr int QN = dr_map_qn(ROWS), NT = QN / 8;
+    constexpr int QN = dr_map_qn(ROWS), NT = QN / 8, HALF = (ROWS + 1) / 2;
     extern __shared__ __align__(16) double dr_smem[];
-    const int R = p.R, D = p.D, RS = dr_map_rs(R), bh = blockIdx.y, a0 = blockIdx.x * ROWS;
+    cg::cluster_group cl = cg::this_cluster();
+    const int br = (int)cl.block_rank();
+    const int R = p.R, D = p.D, RS = dr_map_rs(R), bh = blockIdx.y, a0 = (blockIdx.x >> 1) * ROWS;
     const int DP = dr_map_dp(D), QDS = dr_map_qds(D);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    double *qd = dr_smem;            /* [2][QN][QDS]  */
-    double *x = qd + 2 * QN * QDS;   /* [2][ROWS][RS] */
-    double *sum = x + 2 * ROWS * RS; /* [2][ROWS]     */
-    double *rcp = sum + 2 * ROWS;    /* [2][ROWS]     */
+    double *qd = dr_smem;        /* [QN][QDS]  */
+    double *x = qd + QN * QDS;   /* [ROWS][RS] */
+    double *sum = x + ROWS * RS; /* [ROWS]     */
+    double *rcp = sum + ROWS;    /* [ROWS]     */
 
     /* 1. Rows past R (and the pad rows) and the pad channels are zeros.
      * Every load of the thread is issued before the first store. */
     {
         constexpr int NTH = 32 * DR_MAP_WARPS;
-        constexpr int PER = (2 * QN * DR_MAX_D + NTH - 1) / NTH;
-        const int total = 2 * QN * DP;
+        constexpr int PER = (QN * DR_MAX_D + NTH - 1) / NTH;
+        const int total = QN * DP;
+        const float *src = br ? p.qmax : p.qavg;
         float v[PER];
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            const int i = threadIdx.x + j * NTH, c = i % DP, t = i / DP, r = t % QN, br = t / QN;
-            const float *src = br ? p.qmax : p.qavg;
+            const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
             v[j] = i < total && c < D && r < ROWS && a0 + r < R
                        ? __ldg(src + ((int64_t)bh * R + a0 + r) * D + c) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
-            const int i = threadIdx.x + j * NTH, c = i % DP, t = i / DP;
-            if (i < total) qd[t * QDS + c] = (double)v[j];
+            const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
+            if (i < total) qd[r * QDS + c] = (double)v[j];
         }
     }
     __syncthreads();
@@ -255,37 +264,35 @@ dr_map_kernel(dr_map_params p) {
     /* 2. Keys past R load row R - 1 and are not stored. */
     {
         const int ntile = (R + 15) / 16, g = lane >> 2, t = lane & 3;
-        for (int item = warp; item < 2 * ntile; item += DR_MAP_WARPS) {
-            const int br = item & 1, k0 = (item >> 1) * 16;
-            const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
+        const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
+        for (int item = warp; item < ntile; item += DR_MAP_WARPS) {
+            const int k0 = item * 16;
             double acc[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[n][e] = 0.0;
-            const double *qt = qd + br * QN * QDS;
             if (D == 128) /* the video models' head dim: unrolled, no channel tests */
-                dr_map_item<NT, 128>(qt, QDS, kx, k0, R, D, acc);
+                dr_map_item<NT, 128>(qd, QDS, kx, k0, R, D, acc);
             else if (D == 64)
-                dr_map_item<NT, 64>(qt, QDS, kx, k0, R, D, acc);
+                dr_map_item<NT, 64>(qd, QDS, kx, k0, R, D, acc);
             else
-                dr_map_item<NT, 0>(qt, QDS, kx, k0, R, D, acc);
-            double *xb = x + br * ROWS * RS;
+                dr_map_item<NT, 0>(qd, QDS, kx, k0, R, D, acc);
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = n * 8 + 2 * t + (e & 1), b = k0 + g + 8 * (e >> 1);
-                    if (r < ROWS && b < R) xb[r * RS + b] = __dmul_rn(acc[n][e], p.sm);
+                    if (r < ROWS && b < R) x[r * RS + b] = __dmul_rn(acc[n][e], p.sm);
                 }
         }
     }
     __syncthreads();
 
     /* 3. Maxima: order-free for numbers (a +-0 tie changes no difference). */
-    for (int pr = warp; pr < 2 * ROWS; pr += DR_MAP_WARPS) {
-        if (a0 + pr % ROWS >= R) continue; /* warp-uniform */
-        double *xr = x + pr * RS;
+    for (int r = warp; r < ROWS; r += DR_MAP_WARPS) {
+        if (a0 + r >= R) continue; /* warp-uniform */
+        double *xr = x + r * RS;
         double m = -INFINITY;
         for (int b = lane; b < R; b += 32) m = xr[b] > m ? xr[b] : m;
         for (int o = 16; o > 0; o >>= 1) {
@@ -310,57 +317,76 @@ dr_map_kernel(dr_map_params p) {
     }
     __syncthreads();
 
-    /* 4. Sums in key-region order, and their correctly rounded reciprocals. */
-    if (threadIdx.x < 2 * ROWS && a0 + (int)threadIdx.x % ROWS < R) {
+    /* 4. Sums in key-region order, and their correctly rounded reciprocals.
+     * Each batch of 8 loads is issued before the previous batch's adds,
+     * so the chain waits on the adds alone. */
+    if (threadIdx.x < ROWS && a0 + (int)threadIdx.x < R) {
         const double *xr = x + threadIdx.x * RS;
-        double s = 0.0;
+        double s = 0.0, t[8];
         int b = 0;
-        for (; b + 8 <= R; b += 8) {
-            double t[8];
+        if (R >= 8) {
 #pragma unroll
-            for (int u = 0; u < 8; ++u) t[u] = xr[b + u];
+            for (int u = 0; u < 8; ++u) t[u] = xr[u];
+            for (; b + 16 <= R; b += 8) {
+                double n[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) n[u] = xr[b + 8 + u];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
+#pragma unroll
+                for (int u = 0; u < 8; ++u) t[u] = n[u];
+            }
 #pragma unroll
             for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
+            b += 8;
         }
         for (; b < R; ++b) s = __dadd_rn(s, xr[b]);
         sum[threadIdx.x] = s;
         rcp[threadIdx.x] = __drcp_rn(s);
     }
-    __syncthreads();
+    cl.sync(); /* both branches' exps and sums, visible to the cluster */
 
-    /* 5. Mixture. */
-    const double oml = __dsub_rn(1.0, p.lam);
-    for (int r = warp; r < ROWS && a0 + r < R; r += DR_MAP_WARPS) {
-        const double *xa = x + r * RS, *xm = x + (ROWS + r) * RS;
-        const double sa = sum[r], smx = sum[ROWS + r], ya = rcp[r], ym = rcp[ROWS + r];
-        float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
-        const bool oka = dr_div_sum_ok(sa), okm = dr_div_sum_ok(smx);
-        for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
-            double pa[DR_MAP_EXP_ILP], pm[DR_MAP_EXP_ILP], ea[DR_MAP_EXP_ILP], em[DR_MAP_EXP_ILP];
-#pragma unroll
-            for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
-                const int b = min(b0 + 32 * u, R - 1); /* past R: recomputes R - 1 */
-                ea[u] = xa[b], em[u] = xm[b];
-                pa[u] = dr_div_rcp(ea[u], sa, ya), pm[u] = dr_div_rcp(em[u], smx, ym);
-            }
-            bool exact = false; /* one branch for the lane's rare full divisions */
-#pragma unroll
-            for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
-                exact |= dr_div_exact(ea[u], oka) | dr_div_exact(em[u], okm);
-            if (exact) {
+    /* 5. Mixture of the CTA's half of the rows. */
+    {
+        const double *xa = cl.map_shared_rank(x, 0), *xm = cl.map_shared_rank(x, 1);
+        const double *suma = cl.map_shared_rank(sum, 0), *summ = cl.map_shared_rank(sum, 1);
+        const double *rcpa = cl.map_shared_rank(rcp, 0), *rcpm = cl.map_shared_rank(rcp, 1);
+        const double oml = __dsub_rn(1.0, p.lam);
+        const int rend = min(ROWS, (br + 1) * HALF);
+        for (int r = br * HALF + warp; r < rend && a0 + r < R; r += DR_MAP_WARPS) {
+            const double *xar = xa + r * RS, *xmr = xm + r * RS;
+            const double sa = suma[r], smx = summ[r], ya = rcpa[r], ym = rcpm[r];
+            float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
+            const bool oka = dr_div_sum_ok(sa), okm = dr_div_sum_ok(smx);
+            for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
+                double pa[DR_MAP_EXP_ILP], pm[DR_MAP_EXP_ILP], ea[DR_MAP_EXP_ILP],
+                    em[DR_MAP_EXP_ILP];
 #pragma unroll
                 for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
-                    if (dr_div_exact(ea[u], oka)) pa[u] = __ddiv_rn(ea[u], sa);
-                    if (dr_div_exact(em[u], okm)) pm[u] = __ddiv_rn(em[u], smx);
+                    const int b = min(b0 + 32 * u, R - 1); /* past R: recomputes R - 1 */
+                    ea[u] = xar[b], em[u] = xmr[b];
+                    pa[u] = dr_div_rcp(ea[u], sa, ya), pm[u] = dr_div_rcp(em[u], smx, ym);
                 }
-            }
+                bool exact = false; /* one branch for the lane's rare full divisions */
 #pragma unroll
-            for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
-                if (b0 + 32 * u < R)
-                    Arow[b0 + 32 * u] = __double2float_rn(
-                        __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
+                for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                    exact |= dr_div_exact(ea[u], oka) | dr_div_exact(em[u], okm);
+                if (exact) {
+#pragma unroll
+                    for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
+                        if (dr_div_exact(ea[u], oka)) pa[u] = __ddiv_rn(ea[u], sa);
+                        if (dr_div_exact(em[u], okm)) pm[u] = __ddiv_rn(em[u], smx);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                    if (b0 + 32 * u < R)
+                        Arow[b0 + 32 * u] = __double2float_rn(
+                            __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
+            }
         }
     }
+    cl.sync(); /* the partner's reads of this CTA's shared memory are done */
 }
 
 template <int ROWS>
@@ -369,23 +395,29 @@ static qva_status dr_launch_map_rows(const dr_map_params &mp, int BH, size_t sme
     const cudaError_t e = cudaFuncSetAttribute(
         dr_map_kernel<ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: map shared memory");
-    const dim3 grid((unsigned)qvi_cdiv(mp.R, ROWS), (unsigned)BH);
+    const dim3 grid(2u * (unsigned)qvi_cdiv(mp.R, ROWS), (unsigned)BH); /* x: (rows, branch) */
     dr_map_kernel<ROWS><<<grid, 32 * DR_MAP_WARPS, smem, st>>>(mp);
     return qvc_launch_check("qvc_draft_route: draft map");
 }
 
 /* Draft map launch: as many query regions per CTA (16, 8, 4, 2 or 1) as
- * the device's opt-in shared memory holds.  More rows reuse each key
- * descriptor read from L2 more often; 16 rows at R = 609 take 190 KB, one
- * CTA per SM (8 rows and two CTAs per SM measured slower: NOTES). */
+ * leave room in an SM's shared memory for DR_MAP_CTAS CTAs (fewer rows
+ * if even one would not fit).  More rows reuse each key descriptor read
+ * from L2 more often; 16 rows at R = 609 take 93 KB, two CTAs an SM. */
 static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st) {
-    int dev = 0, optin = 0;
+    int dev = 0, optin = 0, per_sm = 0;
     cudaError_t e;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
-            cudaSuccess)
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                    dev)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: device attributes");
+    const size_t reserved = 1024; /* the system's shared memory of each CTA */
     int rows = DR_MAP_MAX_ROWS;
+    while (rows > 1 &&
+           DR_MAP_CTAS * (dr_map_smem(rows, mp.R, mp.D) + reserved) > (size_t)per_sm)
+        rows >>= 1;
     while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > (size_t)optin) rows >>= 1;
     const size_t smem = dr_map_smem(rows, mp.R, mp.D);
     if (smem > (size_t)optin)
