@@ -50,8 +50,9 @@
  *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
  *     whose descending order is exactly the CPU's stable descending argsort
  *     (ties by ascending pair index; NaN last; -0 == +0), and all keys are
- *     distinct.  A radix select (8-bit digits, most significant first,
- *     only as many index digits as M - 1 needs) finds, per head, the keys
+ *     distinct.  A radix select (most significant digit first: the value
+ *     word in digits of 14, 8, 8 and 2 bits, then only as many 8-bit index
+ *     digits as M - 1 needs) finds, per head, the keys
  *     tau_j of the pairs at ranks e_j - 1 for the three cumulative quotas
  *     e_0 = T16, e_1 = T16 + T8, e_2 = T16 + T8 + T4.  A pair's precision
  *     is then 16 if comp >= tau_0, else 8 if comp >= tau_1, else 4 if

@@ -47,10 +47,23 @@ static __device__ __forceinline__ int dr_sel_open(const dr_sel &s, int findmask)
     return open;
 }
 
-/* The bit shifts of one count select's digits, most significant first. */
+/* The digits of one count select, most significant first: shift and
+ * width in bits (at most DR_SEL_WIDE_BITS for the first, 8 after it). */
 typedef struct dr_shifts {
-    int n, s[8];
+    int n, s[8], w[8];
 } dr_shifts;
+
+/* The first digit's width (-D for trials, 9 to 14): the sign, the
+ * exponent and the top mantissa bits of the map's value.  The map's values
+ * are probabilities whose top 8 bits fall in a handful of bins; 14 bits
+ * narrow the boundary's bin to a 32nd of an octave, so that the next pass
+ * can already list its keys (NOTES: on CPU maps at Wan's 609 regions the
+ * boundary's bin held 38-174 K keys of a CTA's half at 8 bits, 7-25 K at
+ * 12 and 2-14 K at 14, against a list of 12,288). */
+#ifndef DR_SEL_WIDE_BITS
+#define DR_SEL_WIDE_BITS 14
+#endif
+#define DR_SEL_WIDE_BINS (1 << DR_SEL_WIDE_BITS)
 
 /* x >> n for n in [0, 32]. */
 static __device__ __forceinline__ uint32_t dr_shr32(uint32_t x, int n) {
@@ -65,6 +78,7 @@ static __device__ __forceinline__ uint32_t dr_shr32(uint32_t x, int n) {
 typedef struct dr_sel_pass {
     int rows, vs, hs;   /* rows counted; the digit's shift and the bits above it,
                            within the value word or within the index word */
+    uint32_t mask;      /* the digit's bits, after the shift */
     uint32_t hi[3];     /* per row: the selected bits above the digit, >> hs */
     uint32_t val[3];    /* per row, index digits: the selected value */
 } dr_sel_pass;
@@ -89,8 +103,8 @@ typedef struct dr_sel_out {
 
 /*
  * One key of a pass: its value word v (dr_order_key) and index word x
- * (M - 1 - i) of the 64-bit key.  Counts the 8-bit digit (of x for INDEX,
- * else of v) into each row whose prefix the key matches, in 32-bit
+ * (M - 1 - i) of the 64-bit key.  Counts the digit (of x for INDEX, else
+ * of v) into each row whose prefix the key matches, in 32-bit
  * arithmetic.  FIRST (the first digit, which nearly every key shares: the
  * map's values lie in [0, 1], so their top bits vary little, and every key
  * matches): the lanes that share lane 0's digit add as one, the others one
@@ -100,7 +114,7 @@ template <int ROWS, bool FIRST, bool INDEX, bool LIST>
 static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool in,
                                                   const dr_sel_pass &ps, const dr_sel_out &o) {
     const uint32_t w = INDEX ? x : v; /* the word of the digit */
-    const uint32_t dig = (w >> ps.vs) & 255u;
+    const uint32_t dig = (w >> ps.vs) & ps.mask;
     if (FIRST) {
         const uint32_t lead = __shfl_sync(DR_FULL, dig, 0);
         const unsigned with = __ballot_sync(DR_FULL, in && dig == lead);
@@ -227,44 +241,56 @@ static __device__ __forceinline__ void dr_sel_pass_any(int src, const uint32_t *
         dr_sel_pass_rows<3, INDEX>(src, Ab, lo, hi, M, ps, o, n);
 }
 
-/*
- * One boundary's digit from the cluster's counts hj (a warp): descending
- * from bin 255, the bin where the rank left falls.  Lane l holds bins
- * 255 - 8l down to 248 - 8l; a scan of the lanes' sums finds the lane, which
- * walks its bins.  Bin 0 is taken without a test when the bins above do
- * not hold the rank (as the sequential walk from 255 down to 1 does).  If
- * the boundary is the last (smallest) of the keys that share its bits so
- * far, every one of them is kept: tau may then keep zeros below, since c
- * >= prefix selects exactly those keys and the ones above, and the search
- * of that boundary ends.
- */
-static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int shift, dr_sel &st,
-                                                   int j) {
+/* Lane l's sum of bins top - l n .. top - l n - n + 1, and the warp's
+ * inclusive scan of those sums from lane 0 (the highest bins) on, plus
+ * base: which lane's bins hold rank r (31 if none), and the count above
+ * that lane's bins. */
+static __device__ __forceinline__ int dr_sel_lane_of(const unsigned int *hj, int top, int n,
+                                                     unsigned long long r,
+                                                     unsigned long long *base) {
     const int lane = threadIdx.x & 31;
-    const unsigned long long r = st.rank[j];
-    unsigned c[8];
     unsigned long long own = 0ull;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        c[u] = hj[255 - 8 * lane - u];
-        own += c[u];
-    }
+    for (int u = 0; u < n; ++u) /* rotated by lane: runs of 32k bins in distinct banks */
+        own += hj[top - n * lane - (u + lane) % n];
     unsigned long long incl = own;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const unsigned long long t = __shfl_up_sync(DR_FULL, incl, o);
         if (lane >= o) incl += t;
     }
-    const unsigned hit = __ballot_sync(DR_FULL, r < incl);
+    const unsigned hit = __ballot_sync(DR_FULL, r < *base + incl);
     const int L = hit ? __ffs(hit) - 1 : 31;
-    if (lane != L) return;
-    unsigned long long rr = r - (incl - own);
+    *base += __shfl_sync(DR_FULL, incl - own, L);
+    return L;
+}
+
+/*
+ * One boundary's digit from the cluster's counts hj (NB bins; a warp):
+ * descending from bin NB - 1, the bin where the rank left falls.  A scan
+ * of the warp's bins in 32 runs finds the run (for NB > 256, a second
+ * scan splits that run in 32 again); lane 0 walks the last run.  Bin 0 is
+ * taken without a test when the bins above do not hold the rank (as the
+ * sequential walk from the top down to 1 does).  If the boundary is the
+ * last (smallest) of the keys that share its bits so far, every one of
+ * them is kept: tau may then keep zeros below, since c >= prefix selects
+ * exactly those keys and the ones above, and the search of that boundary
+ * ends.
+ */
+template <int NB>
+static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int shift, dr_sel &st,
+                                                   int j) {
+    constexpr int PER = NB / 32, PER2 = PER > 8 ? PER / 32 : PER;
+    const unsigned long long r = st.rank[j];
+    unsigned long long base = 0ull;
+    int top = NB - 1 - PER * dr_sel_lane_of(hj, NB - 1, PER, r, &base);
+    if (PER2 != PER) top -= PER2 * dr_sel_lane_of(hj, top, PER2, r, &base);
+    if ((threadIdx.x & 31) != 0) return;
+    unsigned long long rr = r - base;
     int d = 0;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        d = 255 - 8 * lane - u;
-        if (d == 0 || rr < c[u]) break;
-        rr -= c[u];
+    for (int u = 0; u < PER2; ++u) {
+        d = top - u;
+        if (d == 0 || rr < hj[d]) break;
+        rr -= hj[d];
     }
     st.prefix[j] |= (unsigned long long)d << shift;
     st.rank[j] = rr;
@@ -290,10 +316,15 @@ static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int s
 __global__ void __launch_bounds__(DR_SEL_THREADS, 1)
 dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, int cap,
                        dr_sel *sel) {
-    __shared__ unsigned int h[3][256], tot[3][256];
+    /* Dynamic shared memory: the list (cap keys), then the bins h (the
+     * first pass's DR_SEL_WIDE_BINS, then [3][256]).  The first pass's
+     * cluster totals use the list's space, which no key fills before the
+     * second pass; the later passes' totals have their own. */
+    __shared__ unsigned int tot_rows[3 * 256];
     __shared__ dr_sel st;
     __shared__ int ncand, src;
     extern __shared__ uint2 dr_cand[];
+    unsigned int *h = (unsigned int *)(dr_cand + cap);
     cg::cluster_group cl = cg::this_cluster();
     const int bh = blockIdx.y, warp = threadIdx.x >> 5, m = (int)M;
     const unsigned nc = cl.num_blocks(), rank = cl.block_rank();
@@ -301,7 +332,7 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
     const int lo = min(m, (int)rank * share), hi = min(m, lo + share);
     const uint32_t *Ab = (const uint32_t *)A + (int64_t)bh * M;
     dr_sel_out o;
-    o.hs = (uint32_t)__cvta_generic_to_shared(&h[0][0]);
+    o.hs = (uint32_t)__cvta_generic_to_shared(h);
     o.cand = dr_cand;
     o.ncand = &ncand;
     o.cap = cap;
@@ -312,7 +343,8 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
     }
     __syncthreads();
     for (int p = 0; p < sh.n; ++p) {
-        const int shift = sh.s[p];
+        const int shift = sh.s[p], width = sh.w[p];
+        const int nb = width > 8 ? 1 << width : 256; /* bins a row: rows > 1 only if width <= 8 */
         const int open = dr_sel_open(st, findmask), alias = dr_sel_alias(st, open);
         if (!open) break; /* the same in every CTA of the cluster */
         /* the row each searched boundary counts into: the first searched
@@ -321,7 +353,8 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
         int row[3] = {-1, -1, -1};
         ps.rows = 0;
         ps.vs = shift & 31;
-        ps.hs = ps.vs + 8;
+        ps.hs = ps.vs + width;
+        ps.mask = (1u << width) - 1u;
         for (int j = 0; j < 3; ++j) {
             if (!((open >> j) & 1) || ((alias >> j) & 1)) continue;
             for (int q = 0; q < j; ++q)
@@ -334,7 +367,7 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
             ++ps.rows;
         }
         const int from = src, listed = ncand;
-        for (int i = threadIdx.x; i < ps.rows * 256; i += DR_SEL_THREADS) (&h[0][0])[i] = 0u;
+        for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) h[i] = 0u;
         __syncthreads();
         if (p == 0 && ps.rows == 1) /* every prefix is 0 */
             dr_sel_scan<1, true, false, false>(Ab, lo, hi, m, ps, o);
@@ -343,13 +376,19 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
         else
             dr_sel_pass_any<true>(from, Ab, lo, hi, m, ps, o, listed);
         cl.sync();
-        for (int i = threadIdx.x; i < ps.rows * 256; i += DR_SEL_THREADS) {
+        unsigned int *tot = nb > 256 ? (unsigned int *)dr_cand : tot_rows;
+        for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) {
             unsigned v = 0u;
-            for (unsigned r = 0; r < nc; ++r) v += cl.map_shared_rank(&h[0][0], r)[i];
-            (&tot[0][0])[i] = v;
+            for (unsigned r = 0; r < nc; ++r) v += cl.map_shared_rank(h, r)[i];
+            tot[i] = v;
         }
         __syncthreads();
-        if (warp < 3 && row[warp] >= 0) dr_sel_pick(tot[row[warp]], shift, st, warp);
+        if (warp < 3 && row[warp] >= 0) {
+            if (nb == DR_SEL_WIDE_BINS)
+                dr_sel_pick<DR_SEL_WIDE_BINS>(tot + nb * row[warp], shift, st, warp);
+            else
+                dr_sel_pick<256>(tot + nb * row[warp], shift, st, warp);
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int j = 1; j < 3; ++j)
@@ -366,7 +405,7 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
                 long long want = 0;
                 for (int j = 0; j < 3; ++j)
                     if (row[j] >= 0 && !st.done[j])
-                        want += h[row[j]][(st.prefix[j] >> shift) & 255u];
+                        want += h[nb * row[j] + ((st.prefix[j] >> shift) & ps.mask)];
                 if (want <= cap) {
                     src = DR_SRC_LISTING;
                     ncand = 0;
@@ -536,8 +575,12 @@ dr_mass_select_kernel(const float *A, long long M, dr_mass_params mp, dr_sel *se
 
 /* ------------------------------------------------------------ host side */
 
-/* Listed keys per CTA of the count select: 96 KB of shared memory. */
+/* Listed keys per CTA of the count select: 96 KB of shared memory, which
+ * also holds the first pass's cluster totals. */
 #define DR_SEL_CAP 12288
+static_assert(DR_SEL_WIDE_BITS >= 9 && DR_SEL_WIDE_BITS <= 14 &&
+                  DR_SEL_WIDE_BINS * sizeof(unsigned int) <= DR_SEL_CAP * sizeof(uint2),
+              "the first pass's totals must fit the list's space");
 
 /* The largest cluster (up to 8 CTAs, the portable size) of `kernel`
  * (DR_SEL_THREADS threads, smem bytes of dynamic shared memory) whose BH
@@ -594,18 +637,23 @@ static cudaLaunchConfig_t dr_cluster_cfg(int nc, int BH, size_t smem, cudaStream
     return cfg;
 }
 
-/* The count select of the boundaries in findmask (sel initialised): a
- * digit per 8 bits, the 32 value bits, then the index bits that M - 1
- * uses, in one cluster launch (dr_count_select_kernel). */
+/* The count select of the boundaries in findmask (sel initialised): the
+ * 32 value bits in digits of DR_SEL_WIDE_BITS, 8, 8 and the rest, then the index bits that
+ * M - 1 uses in digits of 8, in one cluster launch
+ * (dr_count_select_kernel). */
 static qva_status dr_count_select(const float *A, long long M, int BH, int findmask, dr_sel *sel,
                                   cudaStream_t st) {
     dr_shifts sh;
     sh.n = 0;
-    for (int s = 56; s >= 32; s -= 8) sh.s[sh.n++] = s;
+    const int vw[4] = {DR_SEL_WIDE_BITS, 8, 8, 32 - DR_SEL_WIDE_BITS - 16}; /* the last 1 to 7 */
+    for (int j = 0, s = 64; j < 4; ++j) {
+        s -= vw[j];
+        sh.s[sh.n] = s, sh.w[sh.n++] = vw[j];
+    }
     int ibits = 0;
     while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits) != 0ull) ++ibits;
-    for (int s = ((ibits + 7) / 8 - 1) * 8; s >= 0; s -= 8) sh.s[sh.n++] = s;
-    const size_t smem = DR_SEL_CAP * sizeof(uint2);
+    for (int s = ((ibits + 7) / 8 - 1) * 8; s >= 0; s -= 8) sh.s[sh.n] = s, sh.w[sh.n++] = 8;
+    const size_t smem = DR_SEL_CAP * sizeof(uint2) + DR_SEL_WIDE_BINS * sizeof(unsigned int);
     cudaError_t e = cudaFuncSetAttribute(dr_count_select_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: select shared memory");
