@@ -61,7 +61,7 @@ typedef struct dr_shifts {
  * boundary's bin held 38-174 K keys of a CTA's half at 8 bits, 7-25 K at
  * 12 and 2-14 K at 14, against a list of 12,288). */
 #ifndef DR_SEL_WIDE_BITS
-#define DR_SEL_WIDE_BITS 12
+#define DR_SEL_WIDE_BITS 14
 #endif
 #define DR_SEL_WIDE_BINS (1 << DR_SEL_WIDE_BITS)
 
