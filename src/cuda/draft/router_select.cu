@@ -60,6 +60,9 @@ typedef struct dr_shifts {
  * can already list its keys (NOTES: on CPU maps at Wan's 609 regions the
  * boundary's bin held 38-174 K keys of a CTA's half at 8 bits, 7-25 K at
  * 12 and 2-14 K at 14, against a list of 12,288). */
+/* The largest cluster of a select (the portable size; dr_sel_cluster). */
+#define DR_SEL_MAX_CLUSTER 8
+
 #ifndef DR_SEL_WIDE_BITS
 #define DR_SEL_WIDE_BITS 14
 #endif
@@ -250,6 +253,7 @@ static __device__ __forceinline__ int dr_sel_lane_of(const unsigned int *hj, int
                                                      unsigned long long *base) {
     const int lane = threadIdx.x & 31;
     unsigned long long own = 0ull;
+#pragma unroll 8
     for (int u = 0; u < n; ++u) /* rotated by lane: runs of 32k bins in distinct banks */
         own += hj[top - n * lane - (u + lane) % n];
     unsigned long long incl = own;
@@ -377,9 +381,18 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
             dr_sel_pass_any<true>(from, Ab, lo, hi, m, ps, o, listed);
         cl.sync();
         unsigned int *tot = nb > 256 ? (unsigned int *)dr_cand : tot_rows;
+        /* every CTA's count of bin i, the loads issued together: one at a
+         * time, a thread's 16 x 8 remote reads of the 14-bit first pass at
+         * 8 CTAs a cluster wait out their latency one by one */
+#pragma unroll 2
         for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) {
+            unsigned x[DR_SEL_MAX_CLUSTER];
+#pragma unroll
+            for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r)
+                x[r] = r < (int)nc ? cl.map_shared_rank(h, r)[i] : 0u;
             unsigned v = 0u;
-            for (unsigned r = 0; r < nc; ++r) v += cl.map_shared_rank(h, r)[i];
+#pragma unroll
+            for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r) v += x[r];
             tot[i] = v;
         }
         __syncthreads();
@@ -589,11 +602,11 @@ static_assert(DR_SEL_WIDE_BITS >= 9 && DR_SEL_WIDE_BITS <= 14 &&
  * that is not. */
 static int dr_sel_cluster(const void *kernel, int slot, size_t smem, int BH, cudaStream_t st,
                           int *nc_out) {
-    static int cache[2][16][9]; /* 0: unknown, else max active clusters + 1 */
+    static int cache[2][16][DR_SEL_MAX_CLUSTER + 1]; /* 0: unknown, else max active clusters + 1 */
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
-    for (int nc = 8; nc >= 2; --nc) {
+    for (int nc = DR_SEL_MAX_CLUSTER; nc >= 2; --nc) {
         int act = dev < 16 ? __atomic_load_n(&cache[slot][dev][nc], __ATOMIC_RELAXED) - 1 : -1;
         if (act < 0) {
             cudaLaunchConfig_t cfg = {};
