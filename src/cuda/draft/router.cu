@@ -36,22 +36,23 @@
  *     FMA (Markstein's theorem; the probe also checks 1.3e10 quotients
  *     against the IEEE division).  Both live in router_fp64.cuh, which
  *     tests/cuda_test_fp64.cu checks on the GPU at hand.
- *     Speed (dr_map_kernel): a CTA takes up to 16 query regions of one
- *     head, their descriptors converted once to FP64 in shared memory (the
- *     mma's B operand); a warp's work item is 16 key regions of one branch
- *     (the A operand), all of its key values requested from L2 at once and
- *     converted once.  K's descriptors are kept with each 16 channels in
+ *     Speed (dr_map_kernel): a cluster of two CTAs takes up to 16 query
+ *     regions of one head, a branch each, their descriptors converted once
+ *     to FP64 in shared memory (the mma's B operand); a warp's work item
+ *     is 16 key regions (the A operand), all of its key values requested
+ *     from L2 at once and converted once.  K's descriptors are kept with each 16 channels in
  *     the order a lane takes them (qvc_dr_kslot), so those requests are two
  *     16-byte loads a lane and k16 step instead of eight 4-byte ones, each
- *     of which touched 8 cache lines for 16 bytes apiece.  The logits stay in shared memory for the softmax
- *     (2 x 16 x R doubles: 190 KB at R = 609, one CTA per SM; 8 rows when
- *     R is larger);
+ *     of which touched 8 cache lines for 16 bytes apiece.  The logits
+ *     stay in shared memory for the softmax (16 x R doubles a CTA: 93 KB
+ *     at R = 609, two CTAs an SM; 8 rows when R is larger), and the
+ *     mixture reads the partner's over distributed shared memory;
  *   - ranking: no sort.  Each entry gets the 64-bit key
  *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
  *     whose descending order is exactly the CPU's stable descending argsort
  *     (ties by ascending pair index; NaN last; -0 == +0), and all keys are
  *     distinct.  A radix select (most significant digit first: the value
- *     word in digits of 14, 8, 8 and 2 bits, then only as many 8-bit index
+ *     word in digits of 12, 8, 8 and 4 bits, then only as many 8-bit index
  *     digits as M - 1 needs) finds, per head, the keys
  *     tau_j of the pairs at ranks e_j - 1 for the three cumulative quotas
  *     e_0 = T16, e_1 = T16 + T8, e_2 = T16 + T8 + T4.  A pair's precision

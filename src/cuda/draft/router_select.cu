@@ -53,18 +53,21 @@ typedef struct dr_shifts {
     int n, s[8], w[8];
 } dr_shifts;
 
-/* The first digit's width (-D for trials, 9 to 14): the sign, the
- * exponent and the top mantissa bits of the map's value.  The map's values
- * are probabilities whose top 8 bits fall in a handful of bins; 14 bits
- * narrow the boundary's bin to a 32nd of an octave, so that the next pass
- * can already list its keys (NOTES: on CPU maps at Wan's 609 regions the
- * boundary's bin held 38-174 K keys of a CTA's half at 8 bits, 7-25 K at
- * 12 and 2-14 K at 14, against a list of 12,288). */
 /* The largest cluster of a select (the portable size; dr_sel_cluster). */
 #define DR_SEL_MAX_CLUSTER 8
 
+/* The first digit's width (-D for trials, 9 to 14): the sign, the
+ * exponent and the top mantissa bits of the map's value.  The map's values
+ * are probabilities whose top 8 bits fall in a handful of bins, so an
+ * 8-bit first digit hardly narrows and the map is read three times.  12
+ * bits narrow the boundary's bin to an eighth of an octave: on CPU maps at
+ * Wan's 609 regions it held 7-8 K keys of a CTA's half on most heads (the
+ * list holds 12,288), so the second pass lists them.  14 bits narrow more
+ * but cost more in the first pass than they save (the warp's adds to one
+ * bin combine less often, and four times the bins); measured on the H100
+ * (NOTES): 155 -> 131 us at 12 bits, 139 at 14, at Wan. */
 #ifndef DR_SEL_WIDE_BITS
-#define DR_SEL_WIDE_BITS 14
+#define DR_SEL_WIDE_BITS 12
 #endif
 #define DR_SEL_WIDE_BINS (1 << DR_SEL_WIDE_BITS)
 
@@ -381,9 +384,9 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
             dr_sel_pass_any<true>(from, Ab, lo, hi, m, ps, o, listed);
         cl.sync();
         unsigned int *tot = nb > 256 ? (unsigned int *)dr_cand : tot_rows;
-        /* every CTA's count of bin i, the loads issued together: one at a
-         * time, a thread's 16 x 8 remote reads of the 14-bit first pass at
-         * 8 CTAs a cluster wait out their latency one by one */
+        /* every CTA's count of bin i, the loads issued together (one at a
+         * time, a thread's remote reads of the first pass, 4 bins x 8 CTAs
+         * at HunyuanVideo, would wait out their latency one by one) */
 #pragma unroll 2
         for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) {
             unsigned x[DR_SEL_MAX_CLUSTER];
