@@ -8,6 +8,14 @@
 
 /* ------------------------------------------------------------ lists */
 
+/* 32-key groups of a row whose loads a warp issues together: one group at
+ * a time, each warp waited out a load's latency for 128 bytes (the map)
+ * or 32 (the precisions), and both kernels ran at a third of the memory
+ * bandwidth (NOTES). */
+#ifndef DR_LIST_ILP
+#define DR_LIST_ILP 4
+#endif
+
 /* Precision of every pair of a row (warp per query region) and the row's
  * count of each phase. */
 __global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
@@ -23,16 +31,25 @@ dr_assign_kernel(const float *A, int R, dr_bounds bd, const dr_sel *sel, uint8_t
     const int64_t row = ((int64_t)bh * R + a) * R;
     const uint32_t *Ar = (const uint32_t *)A + row;
     int n4 = 0, n8 = 0, n16 = 0;
-    for (int b0 = 0; b0 < R; b0 += 32) {
-        const int b = b0 + lane;
-        int pc = 0;
-        if (b < R) {
-            pc = dr_class(dr_comp(__ldg(Ar + b), (uint64_t)a * R + b, M), bd, tau);
-            prec[row + b] = (uint8_t)pc;
+    for (int b0 = 0; b0 < R; b0 += 32 * DR_LIST_ILP) {
+        uint32_t v[DR_LIST_ILP];
+#pragma unroll
+        for (int u = 0; u < DR_LIST_ILP; ++u) {
+            const int b = b0 + 32 * u + lane;
+            v[u] = b < R ? __ldg(Ar + b) : 0u;
         }
-        n4 += __popc(__ballot_sync(DR_FULL, pc == 4));
-        n8 += __popc(__ballot_sync(DR_FULL, pc == 8));
-        n16 += __popc(__ballot_sync(DR_FULL, pc == 16));
+#pragma unroll
+        for (int u = 0; u < DR_LIST_ILP; ++u) {
+            const int b = b0 + 32 * u + lane;
+            int pc = 0;
+            if (b < R) {
+                pc = dr_class(dr_comp(v[u], (uint64_t)a * R + b, M), bd, tau);
+                prec[row + b] = (uint8_t)pc;
+            }
+            n4 += __popc(__ballot_sync(DR_FULL, pc == 4));
+            n8 += __popc(__ballot_sync(DR_FULL, pc == 8));
+            n16 += __popc(__ballot_sync(DR_FULL, pc == 16));
+        }
     }
     if (lane == 0) {
         int32_t *c = cnt + ((int64_t)bh * R + a) * 3;
@@ -93,15 +110,21 @@ dr_fill_kernel(const uint8_t *prec, const int32_t *offsets, int R, int32_t *cols
 #pragma unroll
     for (int p = 0; p < 3; ++p) o[p] = offsets[ri * 3 + p];
     const unsigned lt = (1u << lane) - 1u;
-    for (int b0 = 0; b0 < R; b0 += 32) {
-        const int b = b0 + lane;
-        const int ph = b < R ? dr_phase(pr[b]) : -1;
+    for (int b0 = 0; b0 < R; b0 += 32 * DR_LIST_ILP) {
+        int ph[DR_LIST_ILP];
 #pragma unroll
-        for (int p = 0; p < 3; ++p) {
-            const unsigned m = __ballot_sync(DR_FULL, ph == p);
-            if (ph == p) cols[o[p] + __popc(m & lt)] = b;
-            o[p] += __popc(m);
+        for (int u = 0; u < DR_LIST_ILP; ++u) {
+            const int b = b0 + 32 * u + lane;
+            ph[u] = b < R ? dr_phase(pr[b]) : -1;
         }
+#pragma unroll
+        for (int u = 0; u < DR_LIST_ILP; ++u)
+#pragma unroll
+            for (int p = 0; p < 3; ++p) {
+                const unsigned m = __ballot_sync(DR_FULL, ph[u] == p);
+                if (ph[u] == p) cols[o[p] + __popc(m & lt)] = b0 + 32 * u + lane;
+                o[p] += __popc(m);
+            }
     }
 }
 
