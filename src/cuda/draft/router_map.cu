@@ -154,27 +154,9 @@ static __device__ __forceinline__ void dr_map_ld_keys(const float *kx, const int
     }
 }
 
-/* f32 -> f64 by integer operations, for zeros and normal numbers (the
- * same double as the conversion: the sign, the exponent rebased by
- * 1023 - 127, the mantissa and 29 zero bits).  F2F to FP64 issues at a
- * quarter of the FP64 rate, beside the mma on the same pipe, and the map
- * converts each key value once per query tile (80 K a CTA at Wan). */
-static __device__ __forceinline__ double dr_f2d_bits(float f) {
-    const uint32_t b = __float_as_uint(f), mag = b & 0x7fffffffu;
-    const uint32_t hi = (b & 0x80000000u) | (mag ? (mag >> 3) + 0x38000000u : 0u);
-    return __hiloint2double((int)hi, (int)(b << 29));
-}
-
-/* Whether dr_f2d_bits would be wrong for f: subnormal, Inf or NaN. */
-static __device__ __forceinline__ bool dr_f2d_special(float f) {
-    const uint32_t b = __float_as_uint(f), e = (b >> 23) & 0xffu;
-    return e == 0xffu || (e == 0u && (b & 0x7fffffu) != 0u);
-}
-
 /* One k16 step of an item: channels c0 .. c0+15 of the key tile against
- * every query tile; the keys' f32 values converted once (BITS: by
- * dr_f2d_bits, when no value of the warp's item is special). */
-template <int NT, bool BITS = false>
+ * every query tile; the keys' f32 values converted once. */
+template <int NT>
 static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, int c0,
                                                    const float (&f)[8], double (&acc)[NT][4]) {
     double a[8], b[NT][4];
@@ -183,7 +165,7 @@ static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, in
 #pragma unroll
         for (int j = 0; j < 4; ++j) b[n][j] = qg[n * 8 * QDS + c0 + 4 * j];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = BITS ? dr_f2d_bits(f[i]) : (double)f[i];
+    for (int i = 0; i < 8; ++i) a[i] = (double)f[i];
 #pragma unroll
     for (int n = 0; n < NT; ++n) dr_dmma(acc[n], a, b[n]);
 }
@@ -208,18 +190,8 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
         float f[DC / 16][8];
 #pragma unroll
         for (int s = 0; s < DC / 16; ++s) dr_map_ld_keys<DC>(kx, krow, 16 * s, t, D, f[s]);
-        bool special = false;
 #pragma unroll
-        for (int s = 0; s < DC / 16; ++s)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) special |= dr_f2d_special(f[s][i]);
-        if (!__any_sync(DR_FULL, special)) {
-#pragma unroll
-            for (int s = 0; s < DC / 16; ++s) dr_map_step<NT, true>(qg, QDS, 16 * s, f[s], acc);
-        } else {
-#pragma unroll
-            for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
-        }
+        for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
     } else {
         const int DP = dr_map_dp(D);
         float f[8];
