@@ -8,8 +8,9 @@
  *     boundary's top 8, 12, 13, 14 and 16 bits.  The select lists a CTA's
  *     keys in its second pass only if that count fits its list (12,288
  *     keys).  Three recipes, two heads each.
- *   model: a host model of the 14-bit select of 63d4891 (reverted by
- *     60b043c until it runs on a GPU): its digit schedule (14, 8, 8 and 2
+ *   model: a host model of the count select with a first digit of WIDE
+ *     bits (environment, 9 to 14; default 12, the library's
+ *     DR_SEL_WIDE_BITS): its digit schedule (WIDE, 8, 8 and 16 - WIDE
  *     value bits, then 8-bit index digits), its bins and its two-level
  *     pick, lane by lane, one boundary at a time.  For kept counts from 1
  *     pair to all but one, the threshold must keep exactly e keys and,
@@ -21,7 +22,7 @@
  *   cc -O2 -std=c11 -Iinclude -Isrc bench/select_digits.c build/libqvattn.a \
  *      -o /tmp/select_digits -lm -fopenmp -lpthread -lstdc++ [-ldl -lrt and
  *      -L<cuda>/lib64 -lcudart_static for a CUDA build]
- *   /tmp/select_digits 0.15;  /tmp/select_digits model;  COARSE=20 /tmp/select_digits model
+ *   /tmp/select_digits 0.15;  /tmp/select_digits model;  WIDE=14 COARSE=20 /tmp/select_digits model
  */
 #include <math.h>
 #include <stdio.h>
@@ -161,9 +162,9 @@ static void pick(int nb, int shift, unsigned long long *prefix, unsigned long lo
 }
 
 /* The select's threshold for the top e of keys. */
-static uint64_t model_select(const uint64_t *keys, int64_t M, int64_t e, int *done) {
+static uint64_t model_select(const uint64_t *keys, int64_t M, int64_t e, int wide, int *done) {
     int sh[8], wd[8], n = 0;
-    const int vw[4] = {14, 8, 8, 2};
+    const int vw[4] = {wide, 8, 8, 16 - wide};
     for (int j = 0, t = 64; j < 4; ++j) t -= vw[j], sh[n] = t, wd[n++] = vw[j];
     int ibits = 0;
     while (ibits < 32 && ((unsigned long long)(M - 1) >> ibits)) ++ibits;
@@ -189,6 +190,9 @@ static uint64_t model_select(const uint64_t *keys, int64_t M, int64_t e, int *do
 static int model_mode(void) {
     const char *coarse = getenv("COARSE");
     const int clear = coarse ? atoi(coarse) : 0;
+    const char *w = getenv("WIDE");
+    const int wide = w ? atoi(w) : 12;
+    if (wide < 9 || wide > 14) return fprintf(stderr, "WIDE must be 9 to 14\n"), 1;
     const double fr[] = {0.0001, 0.01, 0.15, 0.3, 0.5, 0.9, 0.999999};
     int fails = 0, runs = 0;
     for (int rc = 0; rc < 2; ++rc) {
@@ -202,7 +206,7 @@ static int model_mode(void) {
             int64_t e = (int64_t)(fr[f] * (double)M), kept = 0;
             if (e < 1) e = 1;
             int done;
-            const uint64_t tau = model_select(keys, M, e, &done), sorted = sorted_at(keys, M, e);
+            const uint64_t tau = model_select(keys, M, e, wide, &done), sorted = sorted_at(keys, M, e);
             for (int64_t i = 0; i < M; ++i) kept += keys[i] >= tau;
             const int ok = kept == e && (done || tau == sorted);
             runs++, fails += !ok;

@@ -40,10 +40,11 @@
  *     regions of one head, a branch each, their descriptors converted once
  *     to FP64 in shared memory (the mma's B operand); a warp's work item
  *     is 16 key regions (the A operand), all of its key values requested
- *     from L2 at once and converted once.  K's descriptors are kept with each 16 channels in
- *     the order a lane takes them (qvc_dr_kslot), so those requests are two
- *     16-byte loads a lane and k16 step instead of eight 4-byte ones, each
- *     of which touched 8 cache lines for 16 bytes apiece.  The logits
+ *     from L2 at once and converted once.  K's descriptors are kept with
+ *     each 16 channels in the order a lane takes them (qvc_dr_kslot), so
+ *     those requests are two 16-byte loads a lane and k16 step instead of
+ *     eight 4-byte ones, each of which touched 8 cache lines for 16 bytes
+ *     apiece.  The logits
  *     stay in shared memory for the softmax (16 x R doubles a CTA: 93 KB
  *     at R = 609, two CTAs an SM; 8 rows when R is larger), and the
  *     mixture reads the partner's over distributed shared memory;
