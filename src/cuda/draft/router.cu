@@ -44,10 +44,10 @@
  *     each 16 channels in the order a lane takes them (qvc_dr_kslot), so
  *     those requests are two 16-byte loads a lane and k16 step instead of
  *     eight 4-byte ones, each of which touched 8 cache lines for 16 bytes
- *     apiece.  The logits
- *     stay in shared memory for the softmax (16 x R doubles a CTA: 93 KB
- *     at R = 609, two CTAs an SM; 8 rows when R is larger), and the
- *     mixture reads the partner's over distributed shared memory;
+ *     apiece.  The logits stay in shared memory for the softmax (16 x R
+ *     doubles a CTA: 93 KB at R = 609, two CTAs an SM; 8 rows when R is
+ *     larger), and the mixture reads the partner's over distributed shared
+ *     memory;
  *   - ranking: no sort.  Each entry gets the 64-bit key
  *         comp = orderable(A) << 32 | (M - 1 - pair index),   M = R*R,
  *     whose descending order is exactly the CPU's stable descending argsort
