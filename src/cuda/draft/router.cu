@@ -209,8 +209,8 @@ extern "C" qva_status qvc_draft_route_alloc(qvc_draft_route_buf *b, int BH, int 
         {(void **)&b->qmax, bh * r * d * sizeof(float)},
         {(void **)&b->kavg, bh * r * d * sizeof(float)},
         {(void **)&b->kmax, bh * r * d * sizeof(float)},
-        {(void **)&b->A, bh * M * sizeof(float) + 16}, /* the list kernels' last word */
-        {(void **)&b->prec, bh * M + 4},
+        {(void **)&b->A, bh * M * sizeof(float)},
+        {(void **)&b->prec, bh * M},
         {(void **)&b->offsets, (bh * r * 3 + 1) * sizeof(int32_t)},
         {(void **)&b->cols, bh * M * sizeof(int32_t)},
         {(void **)&b->head_quota, bh * 4 * sizeof(int64_t)},

@@ -8,32 +8,13 @@
 
 /* ------------------------------------------------------------ lists */
 
-/* Each lane takes one aligned word of the row: four scores (16 bytes) of A
- * and the four precision bytes at the same element index, so a warp's load
- * is 512 bytes of A or 128 of the precisions. Rows start anywhere (R is
- * odd at Wan), so a row spans the aligned words that cover it and its first
- * and last words are partial; route_alloc pads A and prec by a word. With
- * one 4-byte score or one byte a lane, the kernels ran at a third of the
- * memory bandwidth (NOTES). DR_LIST_ILP word groups' loads are issued
- * together. */
+/* 32-key groups of a row whose loads a warp issues together: one group at
+ * a time, each warp waited out a load's latency for 128 bytes (the map)
+ * or 32 (the precisions), and both kernels ran at a third of the memory
+ * bandwidth (NOTES). */
 #ifndef DR_LIST_ILP
 #define DR_LIST_ILP 4
 #endif
-
-/* Aligned words covering elements [e0, e0 + R): first word w0 (element
- * index, a multiple of 4), element e0's place in it, and the word count. */
-typedef struct dr_words {
-    int64_t w0;
-    int s, nw;
-} dr_words;
-
-static __device__ __forceinline__ dr_words dr_words_of(int64_t e0, int R) {
-    dr_words sp;
-    sp.w0 = e0 & ~(int64_t)3;
-    sp.s = (int)(e0 - sp.w0);
-    sp.nw = (sp.s + R + 3) >> 2;
-    return sp;
-}
 
 /* Precision of every pair of a row (warp per query region) and the row's
  * count of each phase. */
@@ -47,50 +28,29 @@ dr_assign_kernel(const float *A, int R, dr_bounds bd, const dr_sel *sel, uint8_t
     unsigned long long tau[3];
 #pragma unroll
     for (int j = 0; j < 3; ++j) tau[j] = sel[bh].prefix[j];
-    const dr_words sp = dr_words_of(((int64_t)bh * R + a) * R, R);
-    const uint4 *Aw = (const uint4 *)(A + sp.w0);
-    uint32_t *Pw = (uint32_t *)(prec + sp.w0);
-    const uint64_t i0 = (uint64_t)a * R - (uint64_t)sp.s; /* pair index of word 0's byte 0 */
+    const int64_t row = ((int64_t)bh * R + a) * R;
+    const uint32_t *Ar = (const uint32_t *)A + row;
     int n4 = 0, n8 = 0, n16 = 0;
-    for (int g0 = 0; g0 < sp.nw; g0 += 32 * DR_LIST_ILP) {
-        uint4 v[DR_LIST_ILP];
+    for (int b0 = 0; b0 < R; b0 += 32 * DR_LIST_ILP) {
+        uint32_t v[DR_LIST_ILP];
 #pragma unroll
         for (int u = 0; u < DR_LIST_ILP; ++u) {
-            const int w = g0 + 32 * u + lane;
-            v[u] = w < sp.nw ? __ldg(Aw + w) : make_uint4(0u, 0u, 0u, 0u);
+            const int b = b0 + 32 * u + lane;
+            v[u] = b < R ? __ldg(Ar + b) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < DR_LIST_ILP; ++u) {
-            const int w = g0 + 32 * u + lane;
-            if (w >= sp.nw) continue;
-            const uint32_t x[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-            uint32_t word = 0;
-            int full = 1;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int b = 4 * w + k - sp.s;
-                if (b < 0 || b >= R) {
-                    full = 0;
-                    continue;
-                }
-                const int pc = dr_class(dr_comp(x[k], i0 + 4u * (uint64_t)w + k, M), bd, tau);
-                word |= (uint32_t)pc << (8 * k);
-                n4 += pc == 4, n8 += pc == 8, n16 += pc == 16;
+            const int b = b0 + 32 * u + lane;
+            int pc = 0;
+            if (b < R) {
+                pc = dr_class(dr_comp(v[u], (uint64_t)a * R + b, M), bd, tau);
+                prec[row + b] = (uint8_t)pc;
             }
-            if (full) {
-                Pw[w] = word;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int b = 4 * w + k - sp.s;
-                    if (b >= 0 && b < R) prec[sp.w0 + 4 * (int64_t)w + k] = (uint8_t)(word >> (8 * k));
-                }
-            }
+            n4 += __popc(__ballot_sync(DR_FULL, pc == 4));
+            n8 += __popc(__ballot_sync(DR_FULL, pc == 8));
+            n16 += __popc(__ballot_sync(DR_FULL, pc == 16));
         }
     }
-    n4 = __reduce_add_sync(DR_FULL, n4);
-    n8 = __reduce_add_sync(DR_FULL, n8);
-    n16 = __reduce_add_sync(DR_FULL, n16);
     if (lane == 0) {
         int32_t *c = cnt + ((int64_t)bh * R + a) * 3;
         c[0] = n4;
@@ -138,57 +98,33 @@ dr_scan_kernel(const int32_t *cnt, int n3, int BH, long long T, const int64_t *h
     if (bh == BH - 1 && threadIdx.x == 0) offsets[(int64_t)BH * n3] = (int32_t)(base + carry);
 }
 
-/* Key regions of each (row, phase) in ascending order (warp per row, a
- * word of four precisions a lane). A lane's places among the warp's come
- * from one scan of its per-phase counts, packed a byte a phase (a group's
- * 32 words hold at most 128 of a phase). */
+/* Key regions of each (row, phase) in ascending order (warp per row). */
 __global__ void __launch_bounds__(32 * DR_ROWS_PER_CTA)
 dr_fill_kernel(const uint8_t *prec, const int32_t *offsets, int R, int32_t *cols) {
     const int bh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int a = blockIdx.x * DR_ROWS_PER_CTA + warp;
     if (a >= R) return;
     const int64_t ri = (int64_t)bh * R + a;
-    const dr_words sp = dr_words_of(ri * R, R);
-    const uint32_t *Pw = (const uint32_t *)(prec + sp.w0);
+    const uint8_t *pr = prec + ri * R;
     int32_t o[3];
 #pragma unroll
     for (int p = 0; p < 3; ++p) o[p] = offsets[ri * 3 + p];
-    for (int g0 = 0; g0 < sp.nw; g0 += 32 * DR_LIST_ILP) {
-        uint32_t v[DR_LIST_ILP];
+    const unsigned lt = (1u << lane) - 1u;
+    for (int b0 = 0; b0 < R; b0 += 32 * DR_LIST_ILP) {
+        int ph[DR_LIST_ILP];
 #pragma unroll
         for (int u = 0; u < DR_LIST_ILP; ++u) {
-            const int w = g0 + 32 * u + lane;
-            v[u] = w < sp.nw ? __ldg(Pw + w) : 0u;
+            const int b = b0 + 32 * u + lane;
+            ph[u] = b < R ? dr_phase(pr[b]) : -1;
         }
 #pragma unroll
-        for (int u = 0; u < DR_LIST_ILP; ++u) {
-            const int w = g0 + 32 * u + lane;
-            int ph[4];
-            uint32_t mine = 0; /* this lane's count of each phase, a byte each */
+        for (int u = 0; u < DR_LIST_ILP; ++u)
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int b = 4 * w + k - sp.s;
-                ph[k] = (b >= 0 && b < R) ? dr_phase((int)((v[u] >> (8 * k)) & 0xffu)) : -1;
-                if (ph[k] >= 0) mine += 1u << (8 * ph[k]);
+            for (int p = 0; p < 3; ++p) {
+                const unsigned m = __ballot_sync(DR_FULL, ph[u] == p);
+                if (ph[u] == p) cols[o[p] + __popc(m & lt)] = b0 + 32 * u + lane;
+                o[p] += __popc(m);
             }
-            uint32_t incl = mine;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const uint32_t y = __shfl_up_sync(DR_FULL, incl, d);
-                if (lane >= d) incl += y;
-            }
-            const uint32_t total = __shfl_sync(DR_FULL, incl, 31);
-            uint32_t at = incl - mine; /* places before this lane's first */
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                if (ph[k] < 0) continue;
-                const int p = ph[k];
-                cols[o[p] + (int)((at >> (8 * p)) & 0xffu)] = 4 * w + k - sp.s;
-                at += 1u << (8 * p);
-            }
-#pragma unroll
-            for (int p = 0; p < 3; ++p) o[p] += (int)((total >> (8 * p)) & 0xffu);
-        }
     }
 }
 
