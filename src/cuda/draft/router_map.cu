@@ -211,9 +211,10 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  * cluster of two CTAs: rank 0 the average branch, rank 1 the max branch.
  * Each CTA's shared memory is half of what both branches would take, so
  * two CTAs share an SM.  That pays where R is large enough that one CTA
- * of both branches could hold only 8 rows (HunyuanVideo: 4% less time);
- * at Wan it changed nothing, as the sum chains' and exps' FP64
- * instructions issue on the same pipe as the other CTA's mma (NOTES).
+ * of both branches could hold only 8 rows (HunyuanVideo: 4% less time).
+ * At Wan it changed nothing: occupancy rose, the issue rate hardly, and
+ * the FP64/tensor pipe that both CTAs' mma and scalar FP64 use stayed the
+ * busiest (ncu; NOTES).
  * Phases, separated by barriers:
  *   1. the branch's query descriptors, converted once to FP64 into shared
  *      memory as [row][channel] (rows and channels padded with zeros to
