@@ -5,7 +5,7 @@
  * LSE shift), qvc_prep4 (NVFP4 codes, scale codes, tensor scales, vc4
  * means and LSE shift of sage4 / vc4) and qvc_kmeans_perm (permutation
  * and centroids).  The CPU side is assembled from the same
- * internal pieces prepare_head() uses (src/cpu/attention.c), so a mismatch
+ * internal pieces qvi_cpu_prepare_head() uses (src/cpu/head_ops.c), so a mismatch
  * points at the device kernels.  Needs a GPU; without one it prints SKIP
  * and exits 77, which CTest reports as skipped.
  */
@@ -284,7 +284,7 @@ static void check_lse_shift(const char *tag, int bh, const float *q, const float
 
 #define SHIFT_SM_SCALE 0.1f /* any float: the shift is linear in it */
 
-/* One head: the CPU reference of prepare_head, compared with the device. */
+/* One head: the CPU reference of qvi_cpu_prepare_head, compared with the device. */
 static void check_head(const variant *va, const shape *sh, const char *tag, const host_dev *Q,
                        const host_dev *K, const host_dev *V, const int32_t *perm_all,
                        const float *signs, const qvc_ops *o, const host_ops *g,
@@ -717,7 +717,7 @@ static void check_nvfp4_cols(const char *tag, int bh, const float *x, int n_pad,
     free(recon), free(col), free(codes), free(sc);
 }
 
-/* One head through the CPU's prepare_head / quantize_fp4, against the device. */
+/* One head through the CPU's qvi_cpu_prepare_head / quantize_fp4, against the device. */
 static void check_head4(const variant4 *va, const shape *sh, const char *tag, const host_dev *Q,
                         const host_dev *K, const host_dev *V, const int32_t *perm_all,
                         const float *signs, const qvc_ops4 *o, const host_ops4 *g, int bh) {

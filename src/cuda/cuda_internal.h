@@ -1,7 +1,7 @@
 /*
  * Device-side operand layouts shared by the CUDA prep kernels and the
  * attention kernels.  Everything is per (batch*head) "bh", padded to
- * QVI_BLOCK (128) tokens.  The CPU reference (src/cpu/attention.c) defines
+ * QVI_BLOCK (128) tokens.  The CPU reference (src/cpu/head_ops.c) defines
  * the values; these are only their device layouts.
  */
 #ifndef QVATTN_CUDA_INTERNAL_H

@@ -353,7 +353,7 @@ extern "C" qva_status qvi_cuda_attention(qva_context_t *ctx, const qva_config *c
         return run_fp4(ctx, s, cfg, q, k, out, lse, &qv, &kv, &vv, perm, demean, prof, st);
     if (kern == QVC_KERNEL_ATTN_BF16_MMA_64X128) {
         /* The CPU reference rounds Q, K and V to FP16 when q is f16, else
-         * to BF16 (prepare_head: use_f16 = q dtype == f16). */
+         * to BF16 (qvi_cpu_prepare_head: use_f16 = q dtype == f16). */
         const int use_f16 = q->dtype == QVA_F16;
         if ((r = ensure_ops16(s, BH, (int)q->shape[2], (int)k->shape[2], D)) != QVA_OK) return r;
         if ((r = qvc_prep16(&qv, &kv, &vv, use_f16, &s->ops16, st)) != QVA_OK) return r;

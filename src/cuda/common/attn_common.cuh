@@ -38,7 +38,7 @@ static __device__ __forceinline__ uint32_t qvc_expcast_code(float u, float add) 
     return (uint32_t)rintf(fminf(t, 120.0f));
 }
 
-/* round_f16_sat of src/cpu/attention.c: RNE to FP16, clamped to +-65504
+/* round_f16_sat of src/cpu/row.c: RNE to FP16, clamped to +-65504
  * (the 8-bit block partials of Table 6). */
 static __device__ __forceinline__ float qvc_f16_sat(float x) {
     const float h = __half2float(__float2half_rn(x));

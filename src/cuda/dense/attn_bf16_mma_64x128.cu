@@ -4,7 +4,7 @@
  * accumulation; FP32 online softmax in the log2 domain per 128-key block,
  * P rounded to 16 bits as the A operand of the PV MMA (the S accumulator
  * fragment of two 8-key n-tiles is exactly that operand).  Numerics as the
- * CPU reference (src/cpu/attention.c, PATH_16; docs/NUMERICS.md).
+ * CPU reference (src/cpu/attention.c, QVI_PATH_16; docs/NUMERICS.md).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

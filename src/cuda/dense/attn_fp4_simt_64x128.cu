@@ -3,8 +3,8 @@
  * 4-bit arithmetic EMULATED.  Hopper (sm_90a) has no FP4 tensor cores (FP4
  * MMA and the e2m1 conversions are sm_100+), so this kernel decodes the
  * NVFP4 operands of qvc_prep4 (cuda_internal.h) to FP32 and computes, per
- * query row, what the CPU reference computes (src/cpu/attention.c,
- * PATH_FP4: qvi_scores_f32, qvi_row_raise_max, qvi_pv_nvfp4,
+ * query row, what the CPU reference computes (src/cpu/attention.c and row.c,
+ * QVI_PATH_FP4: qvi_scores_f32, qvi_row_raise_max, qvi_pv_nvfp4,
  * qvi_row_finish), in the same order of FP32 operations:
  *
  *   S  = (sum_c qf[c] kf[c]) * ((gq gk) sm_scale log2e): FP32 FMAs in

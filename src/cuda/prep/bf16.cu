@@ -7,7 +7,7 @@
  *   k   [BH][nk_pad][D]       rows >= nk are +0
  *   v_t [BH][nblk][D][128]    V transposed per 128-key block, keys >= nk +0
  * The values are those of the CPU reference (round_rows16 in
- * src/cpu/attention.c): the element is widened to f32 exactly and rounded
+ * src/cpu/head_ops.c): the element is widened to f32 exactly and rounded
  * once to nearest even (cvt.rn, which is qva_round_bf16 / qva_round_f16 for
  * every non-NaN input, overflow to Inf included).  No permutation,
  * smoothing or rotation: the bf16 method has none.

@@ -15,8 +15,8 @@
  * This header holds the device helpers and constants that more than one of
  * them needs; prep_internal.h the host functions they call in each other.
  *
- * The values are those of the CPU reference (src/cpu/attention.c,
- * prepare_head / qvi_v8_prepare / quantize_ops, and the quantizers of
+ * The values are those of the CPU reference (src/cpu/head_ops.c and v_operand.c,
+ * qvi_cpu_prepare_head / qvi_v8_prepare / quantize_ops, and the quantizers of
  * src/cpu/formats.c), bit for bit:
  *   - every float operation is written with an explicit _rn intrinsic, so
  *     nvcc can never contract a multiply and an add into an FMA the CPU
