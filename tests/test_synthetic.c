@@ -1,5 +1,5 @@
 /*
- * The synthetic workload (src/synthetic.c, docs/SYNTHETIC.md) and the
+ * The synthetic workload (src/synthetic/, docs/SYNTHETIC.md) and the
  * metrics (src/metrics.c):
  *  - presets: lookup, shapes, unknown names;
  *  - determinism: same seed -> same bytes (pinned by a hash of "tiny"),
