@@ -81,11 +81,13 @@ void qvi_load_head(const qva_tensor *t, int64_t b, int64_t h, float *dst);
 /* Stores src[n*d] into head (b,h) of a CPU tensor, rounding to its dtype. */
 void qvi_store_head(const qva_tensor *t, int64_t b, int64_t h,
                     const float *src);
-/* Validates q,k,v,out,lse against each other and the config. */
+/* Validates q,k,v,out,lse against each other and the config (validate.c). */
 qva_status qvi_validate_call(const qva_config *cfg, const qva_tensor *q,
                              const qva_tensor *k, const qva_tensor *v,
                              const qva_tensor *out, const qva_tensor *lse,
                              qva_device expect);
+/* Every option of cfg alone; the first that is wrong is the one reported. */
+qva_status qvi_check_config(const qva_config *cfg);
 float qvi_sm_scale(const qva_config *cfg, int64_t d);
 /* Ceil-divide for block counts. */
 static inline int qvi_cdiv(int a, int b) { return (a + b - 1) / b; }
