@@ -333,26 +333,31 @@ static int names_zero(const qva_config *c, size_t field) {
     return *(const int *)((const char *)&d + field) != 0;
 }
 
-qva_status qva_config_set_method(qva_config *cfg, const char *name) {
-    if (!cfg || !name) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
-    qva_config c = *cfg;
-    c.expcast = 0;
-    c.hadamard = 0;
-    c.q_granularity = QVA_Q_PER_ROW;
-    c.p_sum = QVA_P_SUM_FP32;
-    c.v_code = QVA_V_E4M3;
-    c.draft.int8_acc = QVA_DRAFT_ACC_FP32;
-    c.k_mean = QVA_K_MEAN_CALL;
-    c.v_scale = QVA_V_SCALE_CALL;
-    c.p_floor = QVA_P_FLOOR_DROP;
-    c.p_max = QVA_P_MAX_ROW;
-    c.skip_fill = QVA_SKIP_DROP;
-    size_t base = strcspn(name, "+@");
-    int found = -1;
+/* The options a method name sets, at their values without the option. */
+static void clear_method_options(qva_config *c) {
+    c->expcast = 0;
+    c->hadamard = 0;
+    c->q_granularity = QVA_Q_PER_ROW;
+    c->p_sum = QVA_P_SUM_FP32;
+    c->v_code = QVA_V_E4M3;
+    c->draft.int8_acc = QVA_DRAFT_ACC_FP32;
+    c->k_mean = QVA_K_MEAN_CALL;
+    c->v_scale = QVA_V_SCALE_CALL;
+    c->p_floor = QVA_P_FLOOR_DROP;
+    c->p_max = QVA_P_MAX_ROW;
+    c->skip_fill = QVA_SKIP_DROP;
+}
+
+/* The index of the method whose name is the part of `name` before its first
+ * '+' or '@', into *found; *base_len: that part's length. */
+static qva_status find_method(const char *name, int *found, size_t *base_len) {
+    const size_t base = strcspn(name, "+@");
+    *base_len = base;
+    *found = -1;
     for (int i = 0; i < QVA_METHOD_COUNT_; ++i)
         if (strlen(method_names[i]) == base && !strncmp(name, method_names[i], base))
-            found = i;
-    if (found < 0)
+            *found = i;
+    if (*found < 0)
         return qvi_fail(QVA_ERR_PARSE,
                         "unknown method '%s' (valid: exact, bf16, fp8, sage8, "
                         "vc8, sage4, vc4, draft@S0/S4/S8/S16, draft@pM[/S4/S8/S16]; options "
@@ -361,9 +366,110 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
                         "+codesum, +fp32sum, +v2, +i8pv, +fp16acc, +kprev, +vprev, +ksample, "
                         "+vsample, +floormass, +pblock, +pooled)",
                         name);
+    return QVA_OK;
+}
+
+/* The options that were turned off by name (+nohadamard, +fp32sum) where
+ * they do not apply. */
+static qva_status check_explicit_offs(const qva_config *c, const option_fields *set) {
+    if (!c->hadamard && option_field_set(set, offsetof(qva_config, hadamard)) &&
+        !qvi_method_is_quantized(c->method))
+        return qvi_fail(QVA_ERR_PARSE, "+nohadamard applies to quantized methods, not %s",
+                        method_names[c->method]);
+    if (c->p_sum == QVA_P_SUM_FP32 && option_field_set(set, offsetof(qva_config, p_sum)) &&
+        !qvi_p_sum_applies(c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+fp32sum applies to the exp2 P of fp8, sage8 and vc8 "
+                        "(ExpCast always sums its codes), not %s%s",
+                        method_names[c->method], c->expcast ? " with +expcast" : "");
+    return QVA_OK;
+}
+
+/* Whether each code option applies to the method and the other options. */
+static qva_status check_code_options(const qva_config *c) {
+    if (c->expcast && !(qvi_method_is_8bit(c->method) || c->method == QVA_METHOD_DRAFT))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+expcast applies to the 8-bit methods (fp8, sage8, "
+                        "vc8, draft's INT8 phase), not %s",
+                        method_names[c->method]);
+    if (c->expcast == QVA_EXPCAST_E5M2 && c->method == QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE, "+expcast-e5m2 applies to fp8, sage8 and vc8, not draft "
+                                       "(its INT8 phase codes P in E4M3)");
+    if (c->hadamard && !qvi_method_is_quantized(c->method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+hadamard applies to quantized methods, not %s",
+                        method_names[c->method]);
+    if (c->q_granularity && !qvi_method_has_int8_q(c->method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+qblock applies to the INT8 query methods (sage8, vc8, "
+                        "draft), not %s",
+                        method_names[c->method]);
+    if (c->p_sum && !qvi_p_sum_applies(c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
+                        "(ExpCast always sums its codes), not %s%s",
+                        method_names[c->method], c->expcast ? " with +expcast" : "");
+    if (c->v_code && !qvi_v_code_applies(c->method))
+        return qvi_fail(QVA_ERR_PARSE, "%s applies to the V of sage8 and vc8, not %s",
+                        c->v_code == QVA_V_INT8_PV ? "+i8pv" : "+v2", method_names[c->method]);
+    if (c->draft.int8_acc && c->method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+fp16acc applies to draft's INT8 phase (DA2 Table 6's FP16 "
+                        "partials), not %s",
+                        method_names[c->method]);
+    return QVA_OK;
+}
+
+/* Whether each statistics, P-tail and skip option applies. */
+static qva_status check_other_options(const qva_config *c) {
+    if (c->k_mean && !qvi_k_mean_applies(c->method))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "%s applies to the INT8 K of sage8 and vc8 (the smoothed K), not %s",
+                        c->k_mean == QVA_K_MEAN_SAMPLE ? "+ksample" : "+kprev",
+                        method_names[c->method]);
+    if (c->v_scale && !qvi_v_scale_applies(c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "%s applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
+                        "or +i8pv; +vsample also to draft's INT8 phase), not %s%s",
+                        c->v_scale == QVA_V_SCALE_SAMPLE ? "+vsample" : "+vprev",
+                        method_names[c->method], c->v_code ? " with that V code" : "");
+    if (c->v_code == QVA_V_INT8_PV && c->expcast)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
+                        "E4M3 (drop +expcast or +i8pv)");
+    if (c->p_floor && !qvi_p_floor_applies(c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+floormass applies to ExpCast's E4M3 P codes in sage8 and vc8 "
+                        "(with +expcast or +expcast-centred), not %s%s",
+                        method_names[c->method],
+                        c->expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2"
+                        : c->expcast                   ? ""
+                                                      : " without ExpCast");
+    if (c->skip_fill && c->method != QVA_METHOD_DRAFT)
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+pooled applies to draft's skipped region pairs, not %s",
+                        method_names[c->method]);
+    if (c->p_max && !qvi_p_max_applies(c))
+        return qvi_fail(QVA_ERR_PARSE,
+                        "+pblock applies to the E4M3 P codes of sage8, vc8 and draft (not with +i8pv, "
+                        "whose codes take each block's max already, nor +floormass), not %s%s",
+                        method_names[c->method],
+                        c->v_code == QVA_V_INT8_PV ? " with +i8pv"
+                        : c->p_floor               ? " with +floormass"
+                                                  : "");
+    return QVA_OK;
+}
+
+qva_status qva_config_set_method(qva_config *cfg, const char *name) {
+    if (!cfg || !name) return qvi_fail(QVA_ERR_INVALID_ARGUMENT, "NULL argument");
+    qva_config c = *cfg;
+    clear_method_options(&c);
+    int found;
+    size_t base;
+    qva_status st;
+    if ((st = find_method(name, &found, &base)) != QVA_OK) return st;
     c.method = (qva_method)found;
     const char *rest = name + base;
-    qva_status st;
     if (c.method == QVA_METHOD_DRAFT) {
         if (*rest != '@')
             return qvi_fail(QVA_ERR_PARSE,
@@ -376,83 +482,10 @@ qva_status qva_config_set_method(qva_config *cfg, const char *name) {
         return qvi_fail(QVA_ERR_PARSE, "only draft takes @quotas");
     }
     option_fields set;
-    if ((st = parse_suffixes(rest, &c, &set)) != QVA_OK) return st;
-    if (!c.hadamard && option_field_set(&set, offsetof(qva_config, hadamard)) &&
-        !qvi_method_is_quantized(c.method))
-        return qvi_fail(QVA_ERR_PARSE, "+nohadamard applies to quantized methods, not %s",
-                        method_names[c.method]);
-    if (c.p_sum == QVA_P_SUM_FP32 && option_field_set(&set, offsetof(qva_config, p_sum)) &&
-        !qvi_p_sum_applies(&c))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+fp32sum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast always sums its codes), not %s%s",
-                        method_names[c.method], c.expcast ? " with +expcast" : "");
+    if ((st = parse_suffixes(rest, &c, &set)) != QVA_OK || (st = check_explicit_offs(&c, &set)))
+        return st;
     method_defaults(&c, &set);
-    if (c.expcast && !(qvi_method_is_8bit(c.method) || c.method == QVA_METHOD_DRAFT))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+expcast applies to the 8-bit methods (fp8, sage8, "
-                        "vc8, draft's INT8 phase), not %s",
-                        method_names[c.method]);
-    if (c.expcast == QVA_EXPCAST_E5M2 && c.method == QVA_METHOD_DRAFT)
-        return qvi_fail(QVA_ERR_PARSE, "+expcast-e5m2 applies to fp8, sage8 and vc8, not draft "
-                                       "(its INT8 phase codes P in E4M3)");
-    if (c.hadamard && !qvi_method_is_quantized(c.method))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+hadamard applies to quantized methods, not %s",
-                        method_names[c.method]);
-    if (c.q_granularity && !qvi_method_has_int8_q(c.method))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+qblock applies to the INT8 query methods (sage8, vc8, "
-                        "draft), not %s",
-                        method_names[c.method]);
-    if (c.p_sum && !qvi_p_sum_applies(&c))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+codesum applies to the exp2 P of fp8, sage8 and vc8 "
-                        "(ExpCast always sums its codes), not %s%s",
-                        method_names[c.method], c.expcast ? " with +expcast" : "");
-    if (c.v_code && !qvi_v_code_applies(c.method))
-        return qvi_fail(QVA_ERR_PARSE, "%s applies to the V of sage8 and vc8, not %s",
-                        c.v_code == QVA_V_INT8_PV ? "+i8pv" : "+v2", method_names[c.method]);
-    if (c.draft.int8_acc && c.method != QVA_METHOD_DRAFT)
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+fp16acc applies to draft's INT8 phase (DA2 Table 6's FP16 "
-                        "partials), not %s",
-                        method_names[c.method]);
-    if (c.k_mean && !qvi_k_mean_applies(c.method))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "%s applies to the INT8 K of sage8 and vc8 (the smoothed K), not %s",
-                        c.k_mean == QVA_K_MEAN_SAMPLE ? "+ksample" : "+kprev",
-                        method_names[c.method]);
-    if (c.v_scale && !qvi_v_scale_applies(&c))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "%s applies to one E4M3 digit of V in sage8 and vc8 (not with +v2 "
-                        "or +i8pv; +vsample also to draft's INT8 phase), not %s%s",
-                        c.v_scale == QVA_V_SCALE_SAMPLE ? "+vsample" : "+vprev",
-                        method_names[c.method], c.v_code ? " with that V code" : "");
-    if (c.v_code == QVA_V_INT8_PV && c.expcast)
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+i8pv codes P as unsigned INT8 from exp2; ExpCast's codes are "
-                        "E4M3 (drop +expcast or +i8pv)");
-    if (c.p_floor && !qvi_p_floor_applies(&c))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+floormass applies to ExpCast's E4M3 P codes in sage8 and vc8 "
-                        "(with +expcast or +expcast-centred), not %s%s",
-                        method_names[c.method],
-                        c.expcast == QVA_EXPCAST_E5M2 ? " with +expcast-e5m2"
-                        : c.expcast                   ? ""
-                                                      : " without ExpCast");
-    if (c.skip_fill && c.method != QVA_METHOD_DRAFT)
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+pooled applies to draft's skipped region pairs, not %s",
-                        method_names[c.method]);
-    if (c.p_max && !qvi_p_max_applies(&c))
-        return qvi_fail(QVA_ERR_PARSE,
-                        "+pblock applies to the E4M3 P codes of sage8, vc8 and draft (not with +i8pv, "
-                        "whose codes take each block's max already, nor +floormass), not %s%s",
-                        method_names[c.method],
-                        c.v_code == QVA_V_INT8_PV ? " with +i8pv"
-                        : c.p_floor               ? " with +floormass"
-                                                  : "");
+    if ((st = check_code_options(&c)) || (st = check_other_options(&c))) return st;
     *cfg = c;
     return QVA_OK;
 }
