@@ -652,12 +652,10 @@ def _classify_mask(attn_mask, B, H, Nq, Nk, device):
     return "pad:" + ",".join(str(x) for x in full)
 
 
-def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
-                    attn_mask=None, return_lse=False, layer=None, step=None,
-                    num_steps=None, grid=None, prefix=None, prefix_at_end=False,
-                    ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
-                    options=None, state=None):
-    """qvattn.attention for torch tensors (see qvattn.attention)."""
+def _check_call(q, k, v, layout, method, sm_scale, options, ctx, grid, fallback, layer):
+    """The argument checks of attention_torch, in order; returns the shapes
+    (B, H, Nq, D, Nk, Hkv, Dv) and the normalized layout, sm_scale,
+    options string and grid."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     if not isinstance(layout, str) or layout.upper() not in _LAYOUTS:
@@ -708,7 +706,14 @@ def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_sca
     if layer is not None and int(layer) < 0:
         raise ValueError(f"qvattn: layer must be >= 0, got {layer} (negative ids are "
                          "reserved: no layer and no step means a stateless call)")
+    return (B, H, Nq, D, Nk, Hkv, Dv), layout, sm_scale, opts, grid
 
+
+def _refusals(q, method, opts, shapes, attn_mask, is_causal, dropout_p, step, num_steps):
+    """Why the library would not run this call, as "U:"/"V:" reasons in the
+    order they are reported (empty: it runs), with the mask's kind and the
+    head dim the call runs at.  An invalid request raises here."""
+    B, H, Nq, D, Nk, Hkv, Dv = shapes
     reasons = []
     if is_causal:
         reasons.append("U:causal attention is not supported (video DiTs are non-causal)")
@@ -729,40 +734,37 @@ def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_sca
         raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, why[2:], "qvattn.attention")
     if why:
         reasons.append(why)
-    if reasons:
-        reason = reasons[0][2:]
-        if fallback:
-            _fallback_warn(reason)
-            out, lse = sdpa_reference(q, k, v, layout, sm_scale, return_lse,
-                                      attn_mask=attn_mask, is_causal=is_causal,
-                                      dropout_p=dropout_p)
-            return (out, lse) if return_lse else out
-        code = reasons[0][0]
-        hint = " (pass fallback=True to run torch SDPA instead)"
-        if code == "V":
-            raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, reason + hint,
-                                     "qvattn.attention")
-        raise _ffi.QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, reason + hint,
-                                       "qvattn.attention")
+    return reasons, mkind, dp
+
+
+def _refuse(reasons):
+    """Raises the first reason, with the fallback hint."""
+    reason, code = reasons[0][2:], reasons[0][0]
+    hint = " (pass fallback=True to run torch SDPA instead)"
+    if code == "V":
+        raise _ffi.QvaValueError(_ffi.QVA_ERR_INVALID_ARGUMENT, reason + hint,
+                                 "qvattn.attention")
+    raise _ffi.QvaUnsupportedError(_ffi.QVA_ERR_UNSUPPORTED, reason + hint,
+                                   "qvattn.attention")
+
+
+def _op_mask(attn_mask, mkind, Nk):
+    """The mask the op takes: a key-padding mask reshaped as _classify_mask
+    found it, else None (an all-True or absent mask)."""
     if mkind.startswith("pad:"):
-        attn_mask = attn_mask.reshape([int(x) for x in mkind[4:].split(",")])
-    else:
-        if attn_mask is not None and attn_mask.shape[-1] == 1 and Nk != 1:
-            # a [.., 1] boolean mask broadcast over keys: all True is no mask;
-            # anything else cannot be checked without reading it
-            raise _ffi.QvaValueError(
-                _ffi.QVA_ERR_SHAPE, "attn_mask's last dimension must be Nk for a "
-                "key-padding mask", "qvattn.attention")
-        attn_mask = None
+        return attn_mask.reshape([int(x) for x in mkind[4:].split(",")])
+    if attn_mask is not None and attn_mask.shape[-1] == 1 and Nk != 1:
+        # a [.., 1] boolean mask broadcast over keys: all True is no mask;
+        # anything else cannot be checked without reading it
+        raise _ffi.QvaValueError(
+            _ffi.QVA_ERR_SHAPE, "attn_mask's last dimension must be Nk for a "
+            "key-padding mask", "qvattn.attention")
+    return None
 
-    if dp != D or dp != Dv:
-        # head dims other than 64/128 (or v's differing from q's): zero
-        # channels up to dp change no score; the scale stays q's 1/sqrt(D)
-        if sm_scale is None:
-            sm_scale = _default_scale(int(D))
-        q, k, v = (x if x.shape[3] == dp else F.pad(x, (0, dp - x.shape[3]))
-                   for x in (q, k, v))
 
+def _call_ids(state, layer, step, num_steps, grid, prefix):
+    """The op's state id, layer, step, number of steps and prefix: -1 where
+    a StepState decides at run time, QVA_LAYER_NONE for a stateless call."""
     sid = 0
     if state is not None:
         sid = state.id if isinstance(state, StepState) else int(state)
@@ -780,6 +782,40 @@ def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_sca
         prefix_i = int(prefix)
         if prefix_i < 0:
             raise ValueError(f"qvattn: prefix must be >= 0, got {prefix}")
+    return sid, layer_i, step_i, nsteps_i, prefix_i
+
+
+def attention_torch(q, k, v, *, method=_ffi.DEFAULT_METHOD, layout="HND", sm_scale=None,
+                    attn_mask=None, return_lse=False, layer=None, step=None,
+                    num_steps=None, grid=None, prefix=None, prefix_at_end=False,
+                    ctx=None, fallback=False, is_causal=False, dropout_p=0.0,
+                    options=None, state=None):
+    """qvattn.attention for torch tensors (see qvattn.attention)."""
+    shapes, layout, sm_scale, opts, grid = _check_call(
+        q, k, v, layout, method, sm_scale, options, ctx, grid, fallback, layer)
+    D, Nk, Dv = shapes[3], shapes[4], shapes[6]
+    reasons, mkind, dp = _refusals(q, method, opts, shapes, attn_mask, is_causal,
+                                   dropout_p, step, num_steps)
+    if reasons:
+        if not fallback:
+            _refuse(reasons)
+        _fallback_warn(reasons[0][2:])
+        out, lse = sdpa_reference(q, k, v, layout, sm_scale, return_lse,
+                                  attn_mask=attn_mask, is_causal=is_causal,
+                                  dropout_p=dropout_p)
+        return (out, lse) if return_lse else out
+    attn_mask = _op_mask(attn_mask, mkind, Nk)
+
+    if dp != D or dp != Dv:
+        # head dims other than 64/128 (or v's differing from q's): zero
+        # channels up to dp change no score; the scale stays q's 1/sqrt(D)
+        if sm_scale is None:
+            sm_scale = _default_scale(int(D))
+        q, k, v = (x if x.shape[3] == dp else F.pad(x, (0, dp - x.shape[3]))
+                   for x in (q, k, v))
+
+    sid, layer_i, step_i, nsteps_i, prefix_i = _call_ids(state, layer, step, num_steps,
+                                                         grid, prefix)
     out, lse = torch.ops.qvattn.attention(
         q, k, v, attn_mask, method, layout, float(sm_scale or 0.0),
         layer_i, step_i, nsteps_i, grid or [], prefix_i, bool(prefix_at_end),
@@ -819,6 +855,87 @@ def _flat_batch(x, batch):
     return x.reshape(-1, *x.shape[-3:])
 
 
+def _sdpa_check_args(query, key, value, attn_mask, is_causal):
+    """The checks of sdpa's arguments that SDPA itself makes (ValueError,
+    TypeError), before any shape is broadcast."""
+    for name, t in zip(("query", "key", "value"), (query, key, value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"qvattn.sdpa: {name} must be a torch.Tensor, got "
+                            f"{type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"qvattn.sdpa: {name} must have rank >= 2, got shape "
+                             f"{tuple(t.shape)}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("qvattn.sdpa: attn_mask and is_causal=True cannot both be set "
+                         "(as in torch SDPA)")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"qvattn.sdpa: query's head dim {query.shape[-1]} differs from "
+                         f"key's {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"qvattn.sdpa: key has {key.shape[-2]} tokens, value "
+                         f"{value.shape[-2]}")
+
+
+def _sdpa_heads(query, key, value, enable_gqa):
+    """query, key, value as rank-4 views, with their broadcast batch dims;
+    a one-head query broadcast over the K/V heads as SDPA does (no copy),
+    grouped K/V kept as they are under enable_gqa."""
+    q, k, v = (_lead4(t) for t in (query, key, value))
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError as e:
+        raise ValueError(f"qvattn.sdpa: the batch dims of query {tuple(query.shape)}, "
+                         f"key {tuple(key.shape)} and value {tuple(value.shape)} do not "
+                         f"broadcast: {e}") from None
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if hk != hv:
+        raise ValueError(f"qvattn.sdpa: key has {hk} heads and value {hv}: they must "
+                         "agree (as for torch's enable_gqa)")
+    if hq != hk:
+        if enable_gqa:
+            if hq % hk:
+                raise ValueError(f"qvattn.sdpa: number of heads in key and value ({hk}) "
+                                 f"must divide the number of heads in query ({hq})")
+        elif hq == 1:
+            q = q.expand(*q.shape[:-3], hk, q.shape[-2], q.shape[-1])  # broadcast, no copy
+        elif hk != 1:
+            raise ValueError(f"qvattn.sdpa: query has {hq} heads, key and value {hk}: "
+                             "pass enable_gqa=True for grouped-query attention (torch "
+                             "SDPA would not broadcast these either)")
+    return q, k, v, batch
+
+
+def _sdpa_refusal(query, args, S, E, scale, fallback):
+    """Why qvattn would not run this SDPA call ("" if it would), in the
+    order the reasons are reported."""
+    if query.dtype not in _TORCH_DTYPES:
+        return f"dtype {query.dtype} is not supported (float32, bfloat16, float16)"
+    if S == 0 or E == 0:
+        return f"attention over no keys or channels (S = {S}, E = {E})"
+    if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
+        return f"scale={scale} is not supported (finite and > 0)"
+    if fallback and torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        return "inputs that need a gradient (qvattn has no backward)"
+    return ""
+
+
+def _sdpa_mask(attn_mask, batch, hq, L, S):
+    """sdpa's mask in the flattened batch: checked to broadcast to the
+    attention weights [batch..., hq, L, S] where the batch is not one dim."""
+    mask = attn_mask
+    if isinstance(mask, torch.Tensor) and (mask.dim() > 4 or len(batch) != 1):
+        full = tuple(batch) + (hq, L, S)
+        try:
+            if torch.broadcast_shapes(mask.shape, full) != torch.Size(full):
+                raise RuntimeError("larger than the attention weights")
+        except RuntimeError:
+            raise ValueError(f"qvattn.sdpa: attn_mask of shape {tuple(mask.shape)} does "
+                             f"not broadcast to the attention weights {full}") from None
+        mask = mask.reshape((1,) * (len(full) - mask.dim()) + tuple(mask.shape))
+        mask = _flat_batch(mask, batch)
+    return mask
+
+
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
          scale=None, enable_gqa=False, method=None, fallback=False, options=None):
     """torch.nn.functional.scaled_dot_product_attention, computed by qvattn.
@@ -856,60 +973,20 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     raise ValueError; so does is_causal together with attn_mask.
     """
     args = (query, key, value)
-    for name, t in zip(("query", "key", "value"), args):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"qvattn.sdpa: {name} must be a torch.Tensor, got "
-                            f"{type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"qvattn.sdpa: {name} must have rank >= 2, got shape "
-                             f"{tuple(t.shape)}")
-    if is_causal and attn_mask is not None:
-        raise ValueError("qvattn.sdpa: attn_mask and is_causal=True cannot both be set "
-                         "(as in torch SDPA)")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"qvattn.sdpa: query's head dim {query.shape[-1]} differs from "
-                         f"key's {key.shape[-1]}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"qvattn.sdpa: key has {key.shape[-2]} tokens, value "
-                         f"{value.shape[-2]}")
-
-    def torch_sdpa():
-        return F.scaled_dot_product_attention(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-            **_gqa_kw(enable_gqa))
+    _sdpa_check_args(query, key, value, attn_mask, is_causal)
 
     def unsupported(reason):
         if fallback:
             _fallback_warn(reason)
-            return torch_sdpa()
+            return F.scaled_dot_product_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                **_gqa_kw(enable_gqa))
         raise _ffi.QvaUnsupportedError(
             _ffi.QVA_ERR_UNSUPPORTED, reason + " (pass fallback=True to run torch SDPA "
             "instead)", "qvattn.sdpa")
 
-    q, k, v = (_lead4(t) for t in args)
-    try:
-        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-    except RuntimeError as e:
-        raise ValueError(f"qvattn.sdpa: the batch dims of query {tuple(query.shape)}, "
-                         f"key {tuple(key.shape)} and value {tuple(value.shape)} do not "
-                         f"broadcast: {e}") from None
-    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-    L, S, Ev = q.shape[-2], k.shape[-2], v.shape[-1]
-    if hk != hv:
-        raise ValueError(f"qvattn.sdpa: key has {hk} heads and value {hv}: they must "
-                         "agree (as for torch's enable_gqa)")
-    if hq != hk:
-        if enable_gqa:
-            if hq % hk:
-                raise ValueError(f"qvattn.sdpa: number of heads in key and value ({hk}) "
-                                 f"must divide the number of heads in query ({hq})")
-        elif hq == 1:
-            q = q.expand(*q.shape[:-3], hk, L, q.shape[-1])  # broadcast, no copy
-            hq = hk
-        elif hk != 1:
-            raise ValueError(f"qvattn.sdpa: query has {hq} heads, key and value {hk}: "
-                             "pass enable_gqa=True for grouped-query attention (torch "
-                             "SDPA would not broadcast these either)")
+    q, k, v, batch = _sdpa_heads(query, key, value, enable_gqa)
+    hq, L, S, Ev = q.shape[-3], q.shape[-2], k.shape[-2], v.shape[-1]
     out_rank = max(query.dim(), key.dim(), value.dim())
     out_shape = (tuple(batch) + (hq, L, Ev))[4 - out_rank:] if out_rank < 4 else \
         tuple(batch) + (hq, L, Ev)
@@ -918,27 +995,10 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
     if not (query.dtype == key.dtype == value.dtype):
         raise ValueError(f"qvattn.sdpa: query, key and value must have one dtype "
                          f"({query.dtype}, {key.dtype}, {value.dtype})")
-    if query.dtype not in _TORCH_DTYPES:
-        return unsupported(f"dtype {query.dtype} is not supported (float32, bfloat16, "
-                           "float16)")
-    if S == 0 or q.shape[-1] == 0:
-        return unsupported(f"attention over no keys or channels (S = {S}, E = {q.shape[-1]})")
-    if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
-        return unsupported(f"scale={scale} is not supported (finite and > 0)")
-    if fallback and torch.is_grad_enabled() and any(t.requires_grad for t in args):
-        return unsupported("inputs that need a gradient (qvattn has no backward)")
-
-    mask = attn_mask
-    if isinstance(mask, torch.Tensor) and (mask.dim() > 4 or len(batch) != 1):
-        full = tuple(batch) + (hq, L, S)
-        try:
-            if torch.broadcast_shapes(mask.shape, full) != torch.Size(full):
-                raise RuntimeError("larger than the attention weights")
-        except RuntimeError:
-            raise ValueError(f"qvattn.sdpa: attn_mask of shape {tuple(mask.shape)} does "
-                             f"not broadcast to the attention weights {full}") from None
-        mask = mask.reshape((1,) * (len(full) - mask.dim()) + tuple(mask.shape))
-        mask = _flat_batch(mask, batch)
+    reason = _sdpa_refusal(query, args, S, q.shape[-1], scale, fallback)
+    if reason:
+        return unsupported(reason)
+    mask = _sdpa_mask(attn_mask, batch, hq, L, S)
     q, k, v = (_flat_batch(t, batch) for t in (q, k, v))
     out = attention_torch(q, k, v, method=_sdpa_method(method, L, S), layout="HND",
                           sm_scale=scale, attn_mask=mask, fallback=fallback,
