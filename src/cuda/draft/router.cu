@@ -4,9 +4,9 @@
  * with quotas and the per-(head, query region) key lists of each phase.
  * All B*H heads at once, on the caller's stream.  This file holds the
  * host side (buffers, checks, the order of the stages); the kernels are
- * in router_map.cu (pooling, map), router_select.cu (ranking: the count
- * and weighted selects) and router_lists.cu (precision matrix, lists),
- * what they share in router_internal.cuh.
+ * in router_map.cu (pooling, map), router_select.cu and router_mass.cu
+ * (ranking: the count and weighted selects) and router_lists.cu
+ * (precision matrix, lists), what they share in router_internal.cuh.
  *
  * The results equal the CPU reference (src/cpu/draft.c, docs/DRAFT.md §3)
  * bit for bit:
