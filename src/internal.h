@@ -45,7 +45,7 @@ static inline float qvi_expcast_beta(int mode) {
                                          : QVA_EXPCAST_BETA;
 }
 /* +expcast-e5m2's code of u = (s - m) log2(e) <= 0, and E5M2's value
- * (src/cpu/formats.c). */
+ * (src/formats.c). */
 uint8_t qvi_expcast_e5m2(float u, float beta);
 float qvi_e5m2_decode(uint8_t code);
 /* log2 of the decoded row max of a P code: ExpCast's 2^8 (E4M3 code

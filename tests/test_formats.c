@@ -1,5 +1,5 @@
 /*
- * Bit-exact tests of the number formats in src/cpu/formats.c: E4M3, E2M1,
+ * Bit-exact tests of the number formats in src/formats.c: E4M3, E2M1,
  * BF16/FP16 rounding, INT8, NVFP4 (DA2 Eq. 23-24), the Hadamard transform
  * and the internal block quantizers.  References are written differently
  * from the implementation (brute-force nearest search over the code table,

@@ -344,7 +344,7 @@ qva_status qvc_attn_draft_ws_128x128(const qvc_draft_ws_args *w, cudaStream_t st
 /* ---- 4-bit methods sage4 / vc4 (src/cuda/prep/fp4.cu, dense/attn_fp4_simt_64x128.cu) */
 /*
  * NVFP4 operands (DA2 Eq. 23), codes and scales bit-exact with the CPU
- * quantizers qvi_quant_nvfp4_rows / _cols (src/cpu/formats.c):
+ * quantizers qvi_quant_nvfp4_rows / _cols (src/formats.c):
  *   q, k   [BH][n_pad][D/2]  E2M1 codes, two per byte: channel 2i in the
  *          low nibble, 2i+1 in the high nibble (bit 3 of a nibble = sign)
  *   q_sc, k_sc [BH][n_pad][D/16] E4M3 scale codes, groups of 16 channels

@@ -274,7 +274,7 @@ static __device__ __forceinline__ int64_t qvc_head_base(const qvc_view &v, int b
     return (int64_t)b * v.sb + (int64_t)(h / (int)v.hg) * v.sh;
 }
 
-/* ---- NVFP4 pieces (E4M3 scales, E2M1 codes), as src/cpu/formats.c ---- */
+/* ---- NVFP4 pieces (E4M3 scales, E2M1 codes), as src/formats.c ---- */
 
 /* qva_e4m3_encode: RNE, saturating to +-448, NaN -> 0x7F (the hardware
  * cvt.rn.satfinite.e4m3x2.f32, sm_89+). */

@@ -2,7 +2,7 @@
  * 8-bit codes of quotients without a division per value, bit for bit the
  * codes of the reference's IEEE quotients.
  *
- * INT8 codes of x / delta with qva_int8_round's rule (src/cpu/formats.c:
+ * INT8 codes of x / delta with qva_int8_round's rule (src/formats.c:
  * NaN -> 0, clamp to +-127 first, then round half away from zero), four
  * values packed little-endian: the Q and K quantizers of the dense
  * preparation (prep/qk.cu) and of the draft (draft/prep.cu).
@@ -43,7 +43,7 @@ static __device__ __forceinline__ int8_t qvc_int8_round(float y) {
 }
 
 /* DA2 C.3's INT8 delta of a row or block with this amax: fl(fl(amax /
- * 127) + 1e-7), as qva_int8_quantize (src/cpu/formats.c) computes it. */
+ * 127) + 1e-7), as qva_int8_quantize (src/formats.c) computes it. */
 static __device__ __forceinline__ float qvc_int8_delta(float amax) {
     return __fadd_rn(__fdiv_rn(amax, 127.0f), 1e-7f);
 }

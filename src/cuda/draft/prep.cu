@@ -16,7 +16,7 @@
  * on the side stream, under the router.
  *
  * Every quantizer is the CPU's expression (src/cpu/draft.c,
- * src/cpu/formats.c) with explicit _rn intrinsics (no FMA contraction), so
+ * src/formats.c) with explicit _rn intrinsics (no FMA contraction), so
  * codes and scales are bit-exact with the CPU reference.
  */
 #include "prep_common.cuh"
@@ -30,7 +30,7 @@ static __device__ __forceinline__ float dg_tensor_scale(float amax) {
     return g > 0.0f ? g : 1.0f;
 }
 
-/* nvfp4_group + nvfp4_group_unscaled of src/cpu/formats.c on 16 values:
+/* nvfp4_group + nvfp4_group_unscaled of src/formats.c on 16 values:
  * out = sigma * e2m1(x / (g * sigma)). */
 static __device__ __forceinline__ void dg_nvfp4_group(float *x, float g) {
     float amax = 0.0f;

@@ -17,7 +17,7 @@
  *
  * The values are those of the CPU reference (src/cpu/head_ops.c and v_operand.c,
  * qvi_cpu_prepare_head / qvi_v8_prepare / quantize_ops, and the quantizers of
- * src/cpu/formats.c), bit for bit:
+ * src/formats.c), bit for bit:
  *   - every float operation is written with an explicit _rn intrinsic, so
  *     nvcc can never contract a multiply and an add into an FMA the CPU
  *     does not form (the CPU is built -std=c11, which does not contract);
