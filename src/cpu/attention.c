@@ -57,7 +57,7 @@ static float fp32_probs(const qvi_head_ops *o, const float *s, float m, float *p
         uint8_t pc[QVI_BLOCK];
         float w; /* as qvi_pv_e4m3 */
         const float rowsum = qvi_probs_e4m3_at(s, m, QVI_BLOCK, o->expcast, o->sum_codes,
-                                           o->p_block, pc, o->floor_mass ? under : NULL, &w);
+                                               o->p_block, pc, o->floor_mass ? under : NULL, &w);
         const float *plut = qvi_p_lut(o->expcast);
         for (int j = 0; j < QVI_BLOCK; ++j) p[j] = plut[pc[j]] * w;
         return rowsum;

@@ -304,9 +304,9 @@ static qvi_path_kind method_path(qva_method m) {
 /* Heads are prepared in their own copies: loaded, permuted, smoothed,
  * rotated, then coded (cpu_internal.h). */
 qva_status qvi_cpu_prepare_head(const qva_config *cfg, const qva_tensor *qt,
-                               const qva_tensor *kt, const qva_tensor *vt, int64_t b,
-                               int64_t h, int64_t hk, const int32_t *perm, int demean,
-                               int mask, const qvi_carried *km, qvi_head_ops *o) {
+                                const qva_tensor *kt, const qva_tensor *vt, int64_t b,
+                                int64_t h, int64_t hk, const int32_t *perm, int demean,
+                                int mask, const qvi_carried *km, qvi_head_ops *o) {
     memset(o, 0, sizeof *o);
     o->kind = method_path(cfg->method);
     o->mask = mask;

@@ -57,8 +57,8 @@ static qva_status vsmooth_perm(qva_context_t *ctx, const qva_config *cfg,
 }
 
 qva_status qvi_cpu_kv_head_order(qva_context_t *ctx, const qva_config *cfg,
-                                const qva_tensor *vt, int64_t b, int64_t hk,
-                                const int32_t **perm, int *demean) {
+                                 const qva_tensor *vt, int64_t b, int64_t hk,
+                                 const int32_t **perm, int *demean) {
     *perm = NULL;
     *demean = 0;
     if (!is_vsmooth(cfg->method)) return QVA_OK;
@@ -78,7 +78,7 @@ qva_status qvi_cpu_kv_head_order(qva_context_t *ctx, const qva_config *cfg,
  * layer's (qvi_context_carry_shape).  Nothing for other configs and
  * stateless calls (QVA_LAYER_NONE). */
 qva_status qvi_cpu_carried_of(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
-                             int d, float (*buf)[128], qvi_carried *cs) {
+                              int d, float (*buf)[128], qvi_carried *cs) {
     memset(cs, 0, sizeof *cs);
     const int kp = cfg->k_mean == QVA_K_MEAN_PREVIOUS, vp = cfg->v_scale == QVA_V_SCALE_PREVIOUS;
     if (!(kp || vp) || cfg->layer == QVA_LAYER_NONE) return QVA_OK;
@@ -109,7 +109,7 @@ static void keep_finite(float *dst, int *dst_d, const float *x, int d) {
  * the chunks side by side) and V's channel scales (qvi_v_sample_scales),
  * into kuse / vuse as if carried.  Nothing is kept for a next call. */
 qva_status qvi_cpu_sampled_of(const qva_config *cfg, const qva_tensor *k, const qva_tensor *v,
-                             int64_t b, int64_t hk, float (*buf)[128], qvi_carried *cs) {
+                              int64_t b, int64_t hk, float (*buf)[128], qvi_carried *cs) {
     const int ks = cfg->k_mean == QVA_K_MEAN_SAMPLE, vs = cfg->v_scale == QVA_V_SCALE_SAMPLE;
     if (!ks && !vs) return QVA_OK;
     const int n = (int)k->shape[2], d = (int)k->shape[3], m = (int)QVA_STAT_COUNT(n);
@@ -140,7 +140,7 @@ qva_status qvi_cpu_sampled_of(const qva_config *cfg, const qva_tensor *k, const 
 }
 
 qva_status qvi_cpu_carried_store(qva_context_t *ctx, const qva_config *cfg, int64_t b, int64_t hk,
-                                int d, const int64_t shape[3], const qvi_carried *cs) {
+                                 int d, const int64_t shape[3], const qvi_carried *cs) {
     qvi_vs_state *st = qvi_context_vs_state(ctx, cfg->layer, b, hk);
     if (!st) return qvi_fail(QVA_ERR_OUT_OF_MEMORY, "layer state");
     memcpy(st->carry_shape, shape, sizeof st->carry_shape); /* a new entry's */

@@ -163,7 +163,7 @@ float qvi_block_max(const float *s, int nk) {
 
 /* +pblock's form of qvi_probs_e4m3 (cpu_internal.h). */
 float qvi_probs_e4m3_at(const float *s, float m, int nk, int expcast, int sum_codes,
-                           int p_block, uint8_t *pc, float *floor, float *w) {
+                        int p_block, uint8_t *pc, float *floor, float *w) {
     const float mb = p_block ? qvi_block_max(s, nk) : m;
     if (mb == -INFINITY) {
         memset(pc, 0, (size_t)nk);
@@ -185,7 +185,7 @@ void qvi_pv_e4m3(qvi_row *r, const float *s, const uint8_t *V, const uint8_t *Vl
     float part[128] = {0};
     float under = 0.0f, w;
     float rowsum = qvi_probs_e4m3_at(s, r->m, nk, expcast, sum_codes, p_block, pc,
-                                 floor_mass ? &under : NULL, &w);
+                                     floor_mass ? &under : NULL, &w);
     if (w == 0.0f) return; /* +pblock, a block without keys: nothing to add */
     const float *lut = qvi_e4m3_lut(), *plut = qvi_p_lut(expcast);
     for (int j = 0; j < nk; ++j) {

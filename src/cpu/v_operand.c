@@ -18,7 +18,7 @@ void qvi_v8_free(qvi_v8 *x) {
 }
 
 void qvi_gather_rows(const float *v, int n, int d, const int32_t *perm,
-                        float *dst) {
+                     float *dst) {
     for (int i = 0; i < n; ++i)
         memcpy(dst + (size_t)i * d, v + (size_t)(perm ? perm[i] : i) * d,
                (size_t)d * sizeof *dst);
