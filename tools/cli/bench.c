@@ -52,12 +52,13 @@ static const char CPU_NOTE[] =
 static void print_bench_table(const workload *w, const views *vw,
                               const method_list *ml, int iters) {
     print_input(w, vw);
-    printf("%-22s %-6s %11s %11s %9s   (%d iters after 1 warm-up)\n", "method",
+    const int mw = method_col(ml);
+    printf("%-*s %-6s %11s %11s %9s   (%d iters after 1 warm-up)\n", mw, "method",
            "device", "median ms", "min ms", "TOPS", iters);
     for (int i = 0; i < ml->n; ++i) {
         const method_run *m = &ml->v[i];
-        if (m->skip[0]) printf("%-22s %-6s skipped: %s\n", m->name, "-", m->skip);
-        else printf("%-22s %-6s %11.2f %11.2f %9.3g\n", m->name, dev_name(m->dev),
+        if (m->skip[0]) printf("%-*s %-6s skipped: %s\n", mw, m->name, "-", m->skip);
+        else printf("%-*s %-6s %11.2f %11.2f %9.3g\n", mw, m->name, dev_name(m->dev),
                     m->ms, m->ms_min, tops_of(vw, m->ms));
     }
     for (int i = 0; i < ml->n; ++i)

@@ -181,6 +181,10 @@ qva_device pick_device(dev_mode m, const qva_config *cfg, qva_dtype dt, int64_t 
  * so no method inherits another's per-layer state. */
 int run_method(runner *r, method_run *mr, int warmup, int iters, float *out);
 const char *dev_name(qva_device d);
+/* The width of a table's method column: the longest name of ml, at least
+ * METHOD_COL, so that every row's columns line up. */
+#define METHOD_COL 22
+int method_col(const method_list *ml);
 /* "[i/n] name: ..." on stderr once the run is slow enough to want it. */
 void progress(const method_run *m, int i, int n, double t_start);
 

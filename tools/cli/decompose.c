@@ -81,19 +81,20 @@ static void print_cell(double x) {
 }
 
 void print_decompose_table(const method_list *ml, const decomp_row *rows) {
+    const int w = method_col(ml);
     printf("\nWhere the error comes from (CPU reference; rel-L2 against exact with one\n"
            "operand quantized, the others FP32; none = nothing quantized):\n");
-    printf("%-22s %10s %10s %10s %10s %10s %10s %10s\n", "method", "full", "Q", "K", "P",
+    printf("%-*s %10s %10s %10s %10s %10s %10s %10s\n", w, "method", "full", "Q", "K", "P",
            "V", "mu", "none");
     for (int i = 0; i < ml->n; ++i) {
         const decomp_row *r = &rows[i];
         if (!r->ran) {
-            printf("%-22s skipped: %s\n", ml->v[i].name, r->skip);
+            printf("%-*s skipped: %s\n", w, ml->v[i].name, r->skip);
             continue;
         }
         double v[NSINGLE];
         single_terms(&r->t, v);
-        printf("%-22s", ml->v[i].name);
+        printf("%-*s", w, ml->v[i].name);
         print_cell(r->t.full);
         for (int k = 0; k < NSINGLE; ++k) print_cell(v[k]);
         print_cell(r->t.none);
@@ -109,13 +110,13 @@ void print_decompose_table(const method_list *ml, const decomp_row *rows) {
     }
     printf("\nThe sign of each term's error: the share of it along ref - mean(V)\n"
            "(err-cos; > 0 sharper rows, < 0 flatter, about 0 for noise):\n");
-    printf("%-22s %10s %10s %10s %10s %10s %10s %10s\n", "method", "full", "Q", "K", "P",
+    printf("%-*s %10s %10s %10s %10s %10s %10s %10s\n", w, "method", "full", "Q", "K", "P",
            "V", "mu", "none");
     for (int i = 0; i < ml->n; ++i) {
         if (!rows[i].ran) continue;
         double c[NSINGLE + 2];
         term_cos(&rows[i].d, c);
-        printf("%-22s", ml->v[i].name);
+        printf("%-*s", w, ml->v[i].name);
         for (int k = 0; k < NSINGLE + 2; ++k) {
             if (isfinite(c[k])) printf(" %+10.3f", c[k]);
             else printf(" %10s", "-");

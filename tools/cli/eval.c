@@ -131,29 +131,31 @@ static void warn_aux(const vq_report *r) {
 /* The share of region pairs each head kept, for the draft methods that
  * report it (the MASS budget varies it per head). */
 static void print_kept_shares(const method_list *ml) {
+    const int w = method_col(ml);
     int header = 0;
     for (int i = 0; i < ml->n; ++i) {
         const qva_draft_stats *d = &ml->v[i].draft;
         if (ml->v[i].skip[0] || d->heads == 0) continue;
         if (!header++)
             printf("\ndraft kept share (video-region pairs kept per head):\n"
-                   "  %-22s %8s %8s %8s %7s %6s\n", "method", "mean", "min", "max",
+                   "  %-*s %8s %8s %8s %7s %6s\n", w, "method", "mean", "min", "max",
                    "pairs", "heads");
-        printf("  %-22s %8.4f %8.4f %8.4f %7lld %6lld\n", ml->v[i].name, d->kept_mean,
+        printf("  %-*s %8.4f %8.4f %8.4f %7lld %6lld\n", w, ml->v[i].name, d->kept_mean,
                d->kept_min, d->kept_max, (long long)d->pairs, (long long)d->heads);
     }
 }
 
 static void print_eval_table(const method_list *ml) {
-    printf("%-22s %-6s %11s %11s %11s %9s %10s %10s %7s\n", "method", "device", "rel-L2",
+    const int w = method_col(ml);
+    printf("%-*s %-6s %11s %11s %11s %9s %10s %10s %7s\n", w, "method", "device", "rel-L2",
            "cos", "max-abs", "PSNR dB", "ms", "sharpen", "err-cos");
     for (int i = 0; i < ml->n; ++i) {
         const method_run *m = &ml->v[i];
         if (m->skip[0]) {
-            printf("%-22s %-6s skipped: %s\n", m->name, "-", m->skip);
+            printf("%-*s %-6s skipped: %s\n", w, m->name, "-", m->skip);
             continue;
         }
-        printf("%-22s %-6s %11.4e %11.8f %11.4e %9.2f %10.1f %+10.2e %+7.3f\n", m->name,
+        printf("%-*s %-6s %11.4e %11.8f %11.4e %9.2f %10.1f %+10.2e %+7.3f\n", w, m->name,
                dev_name(m->dev), m->m.rel_l2, m->m.cos_sim, m->m.max_abs,
                m->m.psnr_db, m->ms, m->dir.sharpen, m->dir.cos);
     }

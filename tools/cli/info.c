@@ -2,6 +2,7 @@
  * qvattn info: version, build, backends and what each backend can run.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -50,12 +51,15 @@ static void info_text(void) {
     printf("backends: cpu (reference, always); cuda: %s\n",
            qva_cuda_available() ? "available" : "not available");
     printf("\ncapabilities (bf16 inputs):\n");
-    printf("  %-22s %-8s %-8s %-8s %-8s\n", "method", "cpu d64", "cpu d128",
+    int w = METHOD_COL;
+    for (int i = 0; i < N_INFO_METHODS; ++i)
+        if ((int)strlen(INFO_METHODS[i]) > w) w = (int)strlen(INFO_METHODS[i]);
+    printf("  %-*s %-8s %-8s %-8s %-8s\n", w, "method", "cpu d64", "cpu d128",
            "cuda d64", "cuda d128");
     for (int i = 0; i < N_INFO_METHODS; ++i) {
         cap c[2][2];
         capabilities(INFO_METHODS[i], c);
-        printf("  %-22s %-8s %-8s %-8s %-8s", INFO_METHODS[i],
+        printf("  %-*s %-8s %-8s %-8s %-8s", w, INFO_METHODS[i],
                c[0][0].ok ? "yes" : "no", c[0][1].ok ? "yes" : "no",
                c[1][0].ok ? "yes" : "no", c[1][1].ok ? "yes" : "no");
         if (!c[1][1].ok && c[1][1].why[0]) printf("  cuda: %s", c[1][1].why);

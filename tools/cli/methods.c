@@ -234,6 +234,13 @@ const char *dev_name(qva_device d) {
     return d == QVA_DEVICE_CUDA ? "cuda" : "cpu";
 }
 
+int method_col(const method_list *ml) {
+    size_t w = METHOD_COL;
+    for (int i = 0; i < ml->n; ++i)
+        if (strlen(ml->v[i].name) > w) w = strlen(ml->v[i].name);
+    return (int)w;
+}
+
 void progress(const method_run *m, int i, int n, double t_start) {
     if (now_ms() - t_start < PROGRESS_AFTER_MS) return;
     if (m->skip[0]) fprintf(stderr, "[%d/%d] %s: skipped\n", i, n, m->name);
