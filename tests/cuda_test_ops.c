@@ -746,7 +746,7 @@ static void check_head4(const variant4 *va, const shape *sh, const char *tag, co
         for (int i = 0; i < nq; ++i) qva_hadamard(q + (size_t)i * d, d, signs);
         for (int i = 0; i < nk; ++i) qva_hadamard(k + (size_t)i * d, d, signs);
     }
-    if (va->demean) { /* block_demean of the CPU; means stored fp16(mu), unscaled */
+    if (va->demean) { /* qvi_block_demean of the CPU; means stored fp16(mu), unscaled */
         long bm = 0;
         for (int j = 0; j < nblk; ++j) {
             const int r0 = j * QVI_BLOCK, r1 = r0 + QVI_BLOCK < nk ? r0 + QVI_BLOCK : nk;

@@ -47,7 +47,7 @@ static void test_v_codes(void) {
             for (int i = 0; i < N; ++i) {
                 const size_t at = (size_t)i * D + c;
                 double m = 0.0;
-                if (demean) /* the block mean, as block_demean */
+                if (demean) /* the block mean, as qvi_block_demean */
                     m = qvi_block_mean(v, N, D, i / QVI_BLOCK * QVI_BLOCK, c);
                 const float xs = (float)((double)(float)(v[at] - (float)m)) / x.chan_scale[c];
                 const int code = (int8_t)x.codes[at];
