@@ -197,6 +197,13 @@ grep -q "draft kept share" "$T/out" && grep -q "^  draft@p95 " "$T/out" \
 expect_ok "eval table" eval --synthetic tiny --methods exact,bf16,sage8
 grep -q "PSNR" "$T/out" && grep -q "^bf16 " "$T/out" && grep -q "V quantization" "$T/out" \
     && grep -q "ExpCast TV" "$T/out" && ok "eval table content" || bad "eval table content"
+# a name longer than the column's minimum still leaves every row's device
+# column where the header's is
+expect_ok "eval table, long name" eval --synthetic tiny --methods exact,vc8+expcast-centred+pblock
+hdr=$(grep "^method " "$T/out" | head -1 | awk '{print index($0, " device ")}')
+rows=$(grep -E "^(exact|vc8\+expcast-centred\+pblock) " "$T/out" | awk '{print index($0, " cpu ")}' | sort -u)
+[ -n "$hdr" ] && [ "$hdr" -gt 1 ] && [ "$rows" = "$hdr" ] && ok "eval table columns line up" \
+    || bad "eval table columns line up (header $hdr, rows $rows)"
 
 run eval --synthetic tiny --heads 1 --query-sample 32 --methods exact,bf16,vc8 --json
 check_json "eval --heads --query-sample" "
