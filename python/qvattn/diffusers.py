@@ -721,6 +721,44 @@ class QvattnHandle:
         self.state.close()
 
 
+def _apply_options(method, options, draft_warmup):
+    """apply's config overrides: options, with draft_warmup turned into
+    draft.dense_warmup_steps (an int) or draft.dense_warmup_frac (a float
+    < 1) for a draft method that does not set the steps itself.  Raises
+    ValueError on a bad method string or a negative warm-up."""
+    opts = dict(options or {})
+    if method == "sdpa":
+        return opts
+    _config._base_config(method, "")  # ValueError on a bad method string now
+    if method.startswith("draft") and "draft.dense_warmup_steps" not in opts:
+        if isinstance(draft_warmup, float) and 0 <= draft_warmup < 1:
+            opts["draft.dense_warmup_frac"] = draft_warmup
+        elif draft_warmup is not None:
+            if int(draft_warmup) < 0:
+                raise ValueError("qvattn.diffusers.apply: draft_warmup must be >= 0")
+            opts["draft.dense_warmup_steps"] = int(draft_warmup)
+    return opts
+
+
+def _attention_modules(models):
+    """The supported attention modules of the models, as (name, module,
+    processor, kind, is_self) in the order layer ids are given: every
+    self-attention module first, over all transformers (transformer_2's
+    after transformer's), then the cross-attention ones."""
+    selfs, crosses = [], []
+    for mi, m in enumerate(models):
+        prefix = "" if len(models) == 1 else ("transformer." if mi == 0 else "transformer_2.")
+        for name, module in m.named_modules():
+            proc = getattr(module, "processor", None)
+            kind = _SUPPORTED.get(type(proc).__name__)
+            if kind is None:
+                continue
+            is_self = bool(kind.self_attention(name, module))
+            (selfs if is_self else crosses).append((prefix + name, module, proc, kind,
+                                                    is_self))
+    return selfs, crosses
+
+
 def apply(pipe, method=_ffi.DEFAULT_METHOD, *, num_steps=None, layers=None,
           cross_attention="sdpa", min_cross_tokens=4096, fallback=False,
           options=None, draft_warmup=_DRAFT_WARMUP_DEFAULT):
@@ -758,33 +796,12 @@ def apply(pipe, method=_ffi.DEFAULT_METHOD, *, num_steps=None, layers=None,
     if num_steps is not None and int(num_steps) <= 0:
         raise ValueError("qvattn.diffusers.apply: num_steps must be positive")
     models = transformers_of(pipe)
-    opts = dict(options or {})
-    if method != "sdpa":
-        _config._base_config(method, "")  # ValueError on a bad method string now
-        if method.startswith("draft") and "draft.dense_warmup_steps" not in opts:
-            if isinstance(draft_warmup, float) and 0 <= draft_warmup < 1:
-                opts["draft.dense_warmup_frac"] = draft_warmup
-            elif draft_warmup is not None:
-                if int(draft_warmup) < 0:
-                    raise ValueError("qvattn.diffusers.apply: draft_warmup must be >= 0")
-                opts["draft.dense_warmup_steps"] = int(draft_warmup)
-    opts_s = ops.options_string(opts)
+    opts_s = ops.options_string(_apply_options(method, options, draft_warmup))
     for m in models:
         old = getattr(m, _HANDLE_ATTR, None)
         if old is not None:
             old.remove()
-    # number the modules: self-attention first, over all transformers
-    selfs, crosses = [], []
-    for mi, m in enumerate(models):
-        prefix = "" if len(models) == 1 else ("transformer." if mi == 0 else "transformer_2.")
-        for name, module in m.named_modules():
-            proc = getattr(module, "processor", None)
-            kind = _SUPPORTED.get(type(proc).__name__)
-            if kind is None:
-                continue
-            is_self = bool(kind.self_attention(name, module))
-            (selfs if is_self else crosses).append((prefix + name, module, proc, kind,
-                                                    is_self))
+    selfs, crosses = _attention_modules(models)
     if not selfs and not crosses:
         raise ValueError("qvattn.diffusers.apply: no supported attention module found "
                          "(supported processors: " + ", ".join(supported_processors()) + ")")

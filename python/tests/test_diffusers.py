@@ -256,6 +256,8 @@ def test_bad_arguments():
         qd.apply(m, "sage8", num_steps=0)
     with pytest.raises(ValueError, match="no supported attention"):
         qd.apply(torch.nn.Linear(4, 4), "sage8")
+    with pytest.raises(ValueError, match="draft_warmup must be >= 0"):
+        qd.apply(m, "draft@85/0/0/15", draft_warmup=-1)
     with pytest.raises(ValueError, match="apply"):
         qd.set_step(m, 1)
     with pytest.raises(TypeError):
