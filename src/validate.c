@@ -8,8 +8,6 @@
 #include "internal.h"
 #include "checked.h"
 
-#include <string.h>
-
 /* The totals of a descriptor with shapes >= 1 and strides >= 0: the bytes
  * of its elements and the bytes from data to the end of its last element.
  * 1 if both are at most QVA_MAX_TENSOR_BYTES, so that every offset is a

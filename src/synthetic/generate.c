@@ -22,7 +22,6 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
