@@ -291,6 +291,74 @@ static void test_pool_and_map(void) {
     free(x);
 }
 
+/* The map's softmax sums in the documented warp order (docs/DRAFT.md §3):
+ * qvi_draft_warp_sum against the butterfly written as a tree, top level
+ * last (partials l and l + 16 first, then l and l + 8, ...), on rows whose
+ * sums that order changes, and the map built on it. */
+static double sum_tree_top_down(const double *e, int R) {
+    double part[QVI_DRAFT_SUM_LANES] = {0};
+    for (int b = 0; b < R; ++b) part[b % QVI_DRAFT_SUM_LANES] += e[b];
+    for (int w = QVI_DRAFT_SUM_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; ++l) part[l] = part[l] + part[l + w];
+    return part[0];
+}
+
+static void test_map_sum_order(void) {
+    enum { NR = 200, RMAX = 700 };
+    double e[RMAX];
+    int chain_differs = 0, pairs_differ = 0;
+    for (int t = 0; t < NR; ++t) {
+        const int R = 1 + (int)(urand() * (RMAX - 1)); /* 1 .. RMAX-1: empty lanes too */
+        for (int b = 0; b < R; ++b) e[b] = exp(-8.0 * urand());
+        const double got = qvi_draft_warp_sum(e, R), want = sum_tree_top_down(e, R);
+        CHECK(got == want, "warp-order sum, R = %d: %.17g against %.17g", R, got, want);
+        double chain = 0.0, part[QVI_DRAFT_SUM_LANES] = {0};
+        for (int b = 0; b < R; ++b) chain += e[b];
+        for (int b = 0; b < R; ++b) part[b % QVI_DRAFT_SUM_LANES] += e[b];
+        for (int w = 1; w < QVI_DRAFT_SUM_LANES; w *= 2) /* the other tree: neighbours first */
+            for (int l = 0; l < QVI_DRAFT_SUM_LANES; l += 2 * w) part[l] = part[l] + part[l + w];
+        chain_differs += chain != got;
+        pairs_differ += part[0] != got;
+    }
+    /* The rows tell the orders apart, so the check above can fail. */
+    CHECK(chain_differs > NR / 4, "key-order chain equals the warp order on %d of %d rows",
+          NR - chain_differs, NR);
+    CHECK(pairs_differ > NR / 10, "neighbour tree equals the warp order on %d of %d rows",
+          NR - pairs_differ, NR);
+
+    /* The map divides by that sum: A = (1 - lam) e_a / s_a + lam e_m / s_m. */
+    enum { R = 77, d = 8 };
+    float qa[R * d], qm[R * d], ka[R * d], km[R * d], A[R * R];
+    for (int i = 0; i < R * d; ++i) {
+        qa[i] = 2.0f * nrand();
+        qm[i] = 2.0f * nrand();
+        ka[i] = 2.0f * nrand();
+        km[i] = 2.0f * nrand();
+    }
+    const float sm = 0.5f, lam = 0.3f;
+    CHECK(qvi_draft_map(qa, qm, ka, km, R, d, sm, lam, A) == QVA_OK, "map");
+    int bad = 0;
+    for (int a = 0; a < R; ++a) {
+        double p[2][R];
+        for (int br = 0; br < 2; ++br) {
+            const float *q = br ? qm : qa, *k = br ? km : ka;
+            double x[R], mx = -INFINITY;
+            for (int b = 0; b < R; ++b) {
+                double dot = 0.0;
+                for (int c = 0; c < d; ++c) dot += (double)q[a * d + c] * (double)k[b * d + c];
+                x[b] = dot * (double)sm;
+                mx = x[b] > mx ? x[b] : mx;
+            }
+            for (int b = 0; b < R; ++b) x[b] = exp(x[b] - mx);
+            const double s = sum_tree_top_down(x, R);
+            for (int b = 0; b < R; ++b) p[br][b] = x[b] / s;
+        }
+        for (int b = 0; b < R; ++b)
+            bad += A[a * R + b] != (float)((1.0 - (double)lam) * p[0][b] + (double)lam * p[1][b]);
+    }
+    CHECK(bad == 0, "map entries off the formula with the warp-order sum: %d", bad);
+}
+
 static qva_draft_params fracs(float s, float f4, float f8, float f16) {
     qva_draft_params p;
     memset(&p, 0, sizeof p);
@@ -1074,6 +1142,7 @@ int main(void) {
     test_partition();
     test_layout();
     test_pool_and_map();
+    test_map_sum_order();
     test_quotas();
     test_assign();
     test_phase_scaling();

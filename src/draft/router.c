@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ------------------------------------------------------------ pooling */
 
@@ -34,11 +35,30 @@ void qvi_draft_pool(const float *x, const int32_t *count, int64_t R, int c,
 
 /* ------------------------------------------------------------ draft map */
 
+/* Lane l adds the entries b = l, l + 32, ... in key order from +0; five
+ * butterfly steps, o = 16, 8, 4, 2, 1, each replace every partial s_l by
+ * s_l + s_(l xor o).  IEEE addition is commutative, so all 32 partials
+ * end equal. */
+double qvi_draft_warp_sum(const double *e, int64_t R) {
+    double s[QVI_DRAFT_SUM_LANES], t[QVI_DRAFT_SUM_LANES];
+    for (int l = 0; l < QVI_DRAFT_SUM_LANES; ++l) {
+        s[l] = 0.0;
+        for (int64_t b = l; b < R; b += QVI_DRAFT_SUM_LANES)
+            s[l] += e[b];
+    }
+    for (int o = QVI_DRAFT_SUM_LANES / 2; o > 0; o >>= 1) {
+        for (int l = 0; l < QVI_DRAFT_SUM_LANES; ++l)
+            t[l] = s[l] + s[l ^ o];
+        memcpy(s, t, sizeof s);
+    }
+    return s[0];
+}
+
 /* out[b] = softmax_b(dot(qa, k_b) * sm) for one query region, in FP64:
- * dot products in channel order, max subtracted, sum in key order. */
+ * dot products in channel order, max subtracted, the sum in warp order. */
 static void softmax_row_f64(const float *qa, const float *k, int64_t R, int d,
                             double sm, double *out) {
-    double mx = -INFINITY, sum = 0.0;
+    double mx = -INFINITY;
     for (int64_t b = 0; b < R; ++b) {
         const float *kb = k + b * d;
         double dot = 0.0;
@@ -47,10 +67,9 @@ static void softmax_row_f64(const float *qa, const float *k, int64_t R, int d,
         out[b] = dot * sm;
         mx = out[b] > mx ? out[b] : mx;
     }
-    for (int64_t b = 0; b < R; ++b) {
+    for (int64_t b = 0; b < R; ++b)
         out[b] = exp(out[b] - mx);
-        sum += out[b];
-    }
+    const double sum = qvi_draft_warp_sum(out, R);
     for (int64_t b = 0; b < R; ++b)
         out[b] /= sum;
 }

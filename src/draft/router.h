@@ -24,6 +24,13 @@ extern "C" {
  */
 void qvi_draft_pool(const float *x, const int32_t *count, int64_t R, int c,
                     int d, float *avg, float *mx);
+/* Partials of each softmax sum of the map: the row's entries b = l mod 32
+ * go to partial l, combined by a butterfly (qvi_draft_warp_sum), the
+ * order in which one warp sums a row side by side. */
+#define QVI_DRAFT_SUM_LANES 32
+/* The sum of e[0 .. R-1] in that warp order, in FP64 (docs/DRAFT.md §3,
+ * "The order of the map's sums"). */
+double qvi_draft_warp_sum(const double *e, int64_t R);
 /*
  * Draft map of one head (DA2 Eq. 2): A[a*R+b] =
  *   (1-lambda) softmax_b(avgQ_a . avgK_b * sm) + lambda softmax_b(maxQ . maxK * sm)

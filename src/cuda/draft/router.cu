@@ -15,8 +15,9 @@
  *     explicit _rn adds, divides once and rounds to f32; the max is the
  *     same sequential `v > m ? v : m` scan, started at the first token;
  *   - draft map: the logits are FP64 dot products in channel order, times
- *     sm; max; exp(x - max); the sum in key-region order by one lane; one
- *     IEEE division per entry; the FP64 mixture (1 - lambda) p + lambda p'
+ *     sm; max; exp(x - max); the sum in warp order (32 lane partials of
+ *     keys b = l mod 32, then a butterfly; qvi_draft_map); one IEEE
+ *     division per entry; the FP64 mixture (1 - lambda) p + lambda p'
  *     rounded to f32.  The CPU chain is s = s + (double)q * (double)k,
  *     rounded after the product and after the sum (no contraction).  The
  *     product of two f32 values is exact in FP64 (24 + 24 <= 53

@@ -5,6 +5,7 @@
  */
 #include <cooperative_groups.h>
 
+#include "draft/router.h"
 #include "router_fp64.cuh"
 #include "router_internal.cuh"
 
@@ -221,10 +222,9 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *      whole mma tiles);
  *   2. work items (16 key regions) dealt round-robin to the warps: FP64
  *      mma (dr_map_item), logits x = dot * sm to shared memory, [row][key];
- *   3. a warp per row: the max over keys, then exp(x - max) in place;
- *   4. one lane per row, ROWS <= 32 chains side by side: the sum in
- *      key-region order, and its reciprocal;
- *   5. (after a cluster barrier) a warp per row of the CTA's half of the
+ *   3. a warp per row: the max over keys, exp(x - max) in place, the sum
+ *      in the CPU's warp order and its reciprocal;
+ *   4. (after a cluster barrier) a warp per row of the CTA's half of the
  *      rows: the two divisions (dr_div_rcp) with both CTAs' exps and sums
  *      read over distributed shared memory, the mixture, f32 stores.
  */
@@ -293,7 +293,12 @@ dr_map_kernel(dr_map_params p) {
     }
     __syncthreads();
 
-    /* 3. Maxima: order-free for numbers (a +-0 tie changes no difference). */
+    /* 3. A warp per row: the max over keys (order-free for numbers: a +-0
+     * tie changes no difference), exp(x - max) in place, and the sum in
+     * the CPU's warp order (qvi_draft_map): each lane adds its keys b =
+     * lane mod 32 as it makes them, then the butterfly, so no lane runs a
+     * chain over the whole row. */
+    static_assert(QVI_DRAFT_SUM_LANES == 32, "the map's sums take a warp");
     for (int r = warp; r < ROWS; r += DR_MAP_WARPS) {
         if (a0 + r >= R) continue; /* warp-uniform */
         double *xr = x + r * RS;
@@ -305,6 +310,7 @@ dr_map_kernel(dr_map_params p) {
         }
         /* DR_MAP_EXP_ILP independent exps per lane in flight: each is a
          * chain of FP64 latencies, and a warp per row is all there is. */
+        double s = 0.0;
         for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
             double v[DR_MAP_EXP_ILP];
 #pragma unroll
@@ -316,53 +322,42 @@ dr_map_kernel(dr_map_params p) {
             for (int u = 0; u < DR_MAP_EXP_ILP; ++u) v[u] = exp(v[u]);
 #pragma unroll
             for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
-                if (b0 + 32 * u < R) xr[b0 + 32 * u] = v[u];
+                if (b0 + 32 * u < R) {
+                    xr[b0 + 32 * u] = v[u];
+                    s = __dadd_rn(s, v[u]);
+                }
         }
-    }
-    __syncthreads();
-
-    /* 4. Sums in key-region order, and their correctly rounded reciprocals.
-     * Each batch of 8 loads is issued before the previous batch's adds,
-     * so the chain waits on the adds alone. */
-    if (threadIdx.x < ROWS && a0 + (int)threadIdx.x < R) {
-        const double *xr = x + threadIdx.x * RS;
-        double s = 0.0, t[8];
-        int b = 0;
-        if (R >= 8) {
-#pragma unroll
-            for (int u = 0; u < 8; ++u) t[u] = xr[u];
-            for (; b + 16 <= R; b += 8) {
-                double n[8];
-#pragma unroll
-                for (int u = 0; u < 8; ++u) n[u] = xr[b + 8 + u];
-#pragma unroll
-                for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
-#pragma unroll
-                for (int u = 0; u < 8; ++u) t[u] = n[u];
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) s = __dadd_rn(s, t[u]);
-            b += 8;
+        for (int o = 16; o > 0; o >>= 1) s = __dadd_rn(s, __shfl_xor_sync(DR_FULL, s, o));
+        if (lane == 0) {
+            sum[r] = s;
+            rcp[r] = __drcp_rn(s);
         }
-        for (; b < R; ++b) s = __dadd_rn(s, xr[b]);
-        sum[threadIdx.x] = s;
-        rcp[threadIdx.x] = __drcp_rn(s);
     }
     cl.sync(); /* both branches' exps and sums, visible to the cluster */
 
-    /* 5. Mixture of the CTA's half of the rows. */
+    /* 4. Mixture of the CTA's half of the rows, dealt to the warps as
+     * (row, piece of keys): where the half has fewer rows than the CTA has
+     * warps (8 query regions a CTA, as at HunyuanVideo, or fewer), each
+     * row is cut into PIECES runs of whole ILP batches, so every warp
+     * works.  Each entry is its own result, so the cut changes no bit. */
     {
+        constexpr int PIECES = DR_MAP_WARPS > HALF ? DR_MAP_WARPS / HALF : 1;
+        constexpr int BATCH = 32 * DR_MAP_EXP_ILP;
         const double *xa = cl.map_shared_rank(x, 0), *xm = cl.map_shared_rank(x, 1);
         const double *suma = cl.map_shared_rank(sum, 0), *summ = cl.map_shared_rank(sum, 1);
         const double *rcpa = cl.map_shared_rank(rcp, 0), *rcpm = cl.map_shared_rank(rcp, 1);
         const double oml = __dsub_rn(1.0, p.lam);
         const int rend = min(ROWS, (br + 1) * HALF);
-        for (int r = br * HALF + warp; r < rend && a0 + r < R; r += DR_MAP_WARPS) {
+        const int chunk = (R + PIECES * BATCH - 1) / (PIECES * BATCH) * BATCH;
+        for (int unit = warp; unit < HALF * PIECES; unit += DR_MAP_WARPS) {
+            const int r = br * HALF + unit / PIECES, bstart = (unit % PIECES) * chunk;
+            if (r >= rend || a0 + r >= R) break; /* units ascend by row: warp-uniform */
+            const int bend = min(R, bstart + chunk);
             const double *xar = xa + r * RS, *xmr = xm + r * RS;
             const double sa = suma[r], smx = summ[r], ya = rcpa[r], ym = rcpm[r];
             float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
             const bool oka = dr_div_sum_ok(sa), okm = dr_div_sum_ok(smx);
-            for (int b0 = lane; b0 < R; b0 += 32 * DR_MAP_EXP_ILP) {
+            for (int b0 = bstart + lane; b0 < bend; b0 += BATCH) {
                 double pa[DR_MAP_EXP_ILP], pm[DR_MAP_EXP_ILP], ea[DR_MAP_EXP_ILP],
                     em[DR_MAP_EXP_ILP];
 #pragma unroll
@@ -384,7 +379,7 @@ dr_map_kernel(dr_map_params p) {
                 }
 #pragma unroll
                 for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
-                    if (b0 + 32 * u < R)
+                    if (b0 + 32 * u < bend)
                         Arow[b0 + 32 * u] = __double2float_rn(
                             __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
             }
