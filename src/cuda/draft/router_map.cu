@@ -171,31 +171,29 @@ static __device__ __forceinline__ void dr_map_step(const double *qg, int QDS, in
     for (int n = 0; n < NT; ++n) dr_dmma(acc[n], a, b[n]);
 }
 
-/* Every key value of item k0 for a compile-time D (64 or 128), requested
- * at once: L2's latency, not the mma, was what the k16 steps waited on. */
-template <int DC>
-static __device__ __forceinline__ void dr_map_ld_item(const float *kx, int k0, int R, int D,
-                                                      float (&f)[DC / 16][8]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int64_t krow[2] = {(int64_t)min(k0 + g, R - 1) * D, (int64_t)min(k0 + g + 8, R - 1) * D};
-#pragma unroll
-    for (int s = 0; s < DC / 16; ++s) dr_map_ld_keys<DC>(kx, krow, 16 * s, t, D, f[s]);
-}
-
 /*
  * Logits of one work item: all query rows of the CTA (NT n8 tiles) against
  * a tile of 16 keys, on the tensor cores, each a chain over the channels in
- * order (dr_dmma), for any D: the keys are the mma's A operand, read
- * from L2 into registers one k16 step ahead and converted once; the
- * queries are its B operand, from the FP64 tile in shared memory.
+ * order (dr_dmma).  The keys are the mma's A operand, read from L2 into
+ * registers (all at once for D = 64 or 128, else one k16 step ahead) and
+ * converted once; the queries are its B operand, from the FP64 tile in
+ * shared memory.
  */
-template <int NT>
+template <int NT, int DC>
 static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, const float *kx,
                                                    int k0, int R, int D, double (&acc)[NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t krow[2] = {(int64_t)min(k0 + g, R - 1) * D, (int64_t)min(k0 + g + 8, R - 1) * D};
     const double *qg = qt + g * QDS + t;
-    {
+    if constexpr (DC != 0) {
+        /* Every key value of the item requested at once: L2's latency,
+         * not the mma, was what the k16 steps waited on. */
+        float f[DC / 16][8];
+#pragma unroll
+        for (int s = 0; s < DC / 16; ++s) dr_map_ld_keys<DC>(kx, krow, 16 * s, t, D, f[s]);
+#pragma unroll
+        for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
+    } else {
         const int DP = dr_map_dp(D);
         float f[8];
         dr_map_ld_keys<0>(kx, krow, 0, t, D, f);
@@ -209,80 +207,6 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
     }
 }
 
-/* One item's logits from its accumulators: x = dot * sm, [row][key]; keys
- * past R are not stored. */
-template <int ROWS, int NT>
-static __device__ __forceinline__ void dr_map_store(const double (&acc)[NT][4], int k0, int R,
-                                                    double sm, double *x) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, RS = dr_map_rs(R);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = n * 8 + 2 * t + (e & 1), b = k0 + g + 8 * (e >> 1);
-            if (r < ROWS && b < R) x[r * RS + b] = __dmul_rn(acc[n][e], sm);
-        }
-}
-
-/*
- * Phases 1 and 2 of dr_map_kernel for head dim DC (64 or 128; 0: any).
- *   1. The branch's query descriptors, converted once to FP64 into shared
- *      memory as [row][channel]; rows past R, the pad rows and the pad
- *      channels are zeros.  Every load of the thread is issued before the
- *      first store, and with DC the warp's first item's keys too, so that
- *      their L2 latency runs under the query tile's and the barrier.
- *   2. Work items (16 key regions) dealt round-robin to the warps; with DC
- *      the next item's keys are requested as soon as this item's mma has
- *      converted its own, under the mma's tail and the logits' stores.
- *      Keys past R load row R - 1 and are not stored.
- */
-template <int ROWS, int DC>
-static __device__ __forceinline__ void dr_map_logits(const dr_map_params &p, int br, int a0,
-                                                     double *qd, double *x) {
-    constexpr int QN = dr_map_qn(ROWS), NT = QN / 8, NTH = 32 * DR_MAP_WARPS;
-    constexpr int PER = (QN * DR_MAX_D + NTH - 1) / NTH;
-    const int R = p.R, D = DC ? DC : p.D, DP = dr_map_dp(D), QDS = dr_map_qds(D), bh = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ntile = (R + 15) / 16;
-    const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
-    const double *qg = qd + (lane >> 2) * QDS + (lane & 3);
-
-    const int total = QN * DP;
-    const float *src = br ? p.qmax : p.qavg;
-    float v[PER];
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
-        v[j] = i < total && c < D && r < ROWS && a0 + r < R
-                   ? __ldg(src + ((int64_t)bh * R + a0 + r) * D + c) : 0.0f;
-    }
-    float f[DC ? DC / 16 : 1][8];
-    if constexpr (DC != 0)
-        if (warp < ntile) dr_map_ld_item<DC>(kx, warp * 16, R, D, f);
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
-        if (i < total) qd[r * QDS + c] = (double)v[j];
-    }
-    __syncthreads();
-
-    for (int item = warp; item < ntile; item += DR_MAP_WARPS) {
-        const int k0 = item * 16;
-        double acc[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[n][e] = 0.0;
-        if constexpr (DC != 0) {
-#pragma unroll
-            for (int s = 0; s < DC / 16; ++s) dr_map_step<NT>(qg, QDS, 16 * s, f[s], acc);
-            if (item + DR_MAP_WARPS < ntile) dr_map_ld_item<DC>(kx, k0 + 16 * DR_MAP_WARPS, R, D, f);
-        } else {
-            dr_map_item<NT>(qd, QDS, kx, k0, R, D, acc);
-        }
-        dr_map_store<ROWS, NT>(acc, k0, R, p.sm, x);
-    }
-}
-
 /*
  * qvi_draft_map for ROWS query regions a0 .. a0+ROWS-1 of one head, by a
  * cluster of two CTAs: rank 0 the average branch, rank 1 the max branch.
@@ -293,9 +217,11 @@ static __device__ __forceinline__ void dr_map_logits(const dr_map_params &p, int
  * the FP64/tensor pipe that both CTAs' mma and scalar FP64 use stayed the
  * busiest (ncu; NOTES).
  * Phases, separated by barriers:
- *   1., 2. (dr_map_logits) the branch's query descriptors in FP64 in
- *      shared memory, then the logits of 16 key regions at a time on the
- *      FP64 mma, to shared memory as [row][key];
+ *   1. the branch's query descriptors, converted once to FP64 into shared
+ *      memory as [row][channel] (rows and channels padded with zeros to
+ *      whole mma tiles);
+ *   2. work items (16 key regions) dealt round-robin to the warps: FP64
+ *      mma (dr_map_item), logits x = dot * sm to shared memory, [row][key];
  *   3. a warp per row: the max over keys, exp(x - max) in place, the sum
  *      in the CPU's warp order and its reciprocal;
  *   4. (after a cluster barrier) a warp per row of the CTA's half of the
@@ -305,24 +231,66 @@ static __device__ __forceinline__ void dr_map_logits(const dr_map_params &p, int
 template <int ROWS>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(32 * DR_MAP_WARPS, DR_MAP_CTAS)
 dr_map_kernel(dr_map_params p) {
-    constexpr int QN = dr_map_qn(ROWS), HALF = (ROWS + 1) / 2;
+    constexpr int QN = dr_map_qn(ROWS), NT = QN / 8, HALF = (ROWS + 1) / 2;
     extern __shared__ __align__(16) double dr_smem[];
     cg::cluster_group cl = cg::this_cluster();
     const int br = (int)cl.block_rank();
     const int R = p.R, D = p.D, RS = dr_map_rs(R), bh = blockIdx.y, a0 = (blockIdx.x >> 1) * ROWS;
+    const int DP = dr_map_dp(D), QDS = dr_map_qds(D);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    double *qd = dr_smem;                   /* [QN][dr_map_qds(D)] */
-    double *x = qd + QN * dr_map_qds(D);    /* [ROWS][RS] */
-    double *sum = x + ROWS * RS;            /* [ROWS]     */
-    double *rcp = sum + ROWS;               /* [ROWS]     */
+    double *qd = dr_smem;        /* [QN][QDS]  */
+    double *x = qd + QN * QDS;   /* [ROWS][RS] */
+    double *sum = x + ROWS * RS; /* [ROWS]     */
+    double *rcp = sum + ROWS;    /* [ROWS]     */
 
-    /* 1., 2. */
-    if (D == 128) /* the video models' head dim: unrolled, no channel tests */
-        dr_map_logits<ROWS, 128>(p, br, a0, qd, x);
-    else if (D == 64)
-        dr_map_logits<ROWS, 64>(p, br, a0, qd, x);
-    else
-        dr_map_logits<ROWS, 0>(p, br, a0, qd, x);
+    /* 1. Rows past R (and the pad rows) and the pad channels are zeros.
+     * Every load of the thread is issued before the first store. */
+    {
+        constexpr int NTH = 32 * DR_MAP_WARPS;
+        constexpr int PER = (QN * DR_MAX_D + NTH - 1) / NTH;
+        const int total = QN * DP;
+        const float *src = br ? p.qmax : p.qavg;
+        float v[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
+            v[j] = i < total && c < D && r < ROWS && a0 + r < R
+                       ? __ldg(src + ((int64_t)bh * R + a0 + r) * D + c) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int i = threadIdx.x + j * NTH, c = i % DP, r = i / DP;
+            if (i < total) qd[r * QDS + c] = (double)v[j];
+        }
+    }
+    __syncthreads();
+
+    /* 2. Keys past R load row R - 1 and are not stored. */
+    {
+        const int ntile = (R + 15) / 16, g = lane >> 2, t = lane & 3;
+        const float *kx = (br ? p.kmax : p.kavg) + (int64_t)bh * R * D;
+        for (int item = warp; item < ntile; item += DR_MAP_WARPS) {
+            const int k0 = item * 16;
+            double acc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[n][e] = 0.0;
+            if (D == 128) /* the video models' head dim: unrolled, no channel tests */
+                dr_map_item<NT, 128>(qd, QDS, kx, k0, R, D, acc);
+            else if (D == 64)
+                dr_map_item<NT, 64>(qd, QDS, kx, k0, R, D, acc);
+            else
+                dr_map_item<NT, 0>(qd, QDS, kx, k0, R, D, acc);
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = n * 8 + 2 * t + (e & 1), b = k0 + g + 8 * (e >> 1);
+                    if (r < ROWS && b < R) x[r * RS + b] = __dmul_rn(acc[n][e], p.sm);
+                }
+        }
+    }
     __syncthreads();
 
     /* 3. A warp per row: the max over keys (order-free for numbers: a +-0
