@@ -710,12 +710,12 @@ static const dcase CASES[] = {
     {"random", SRC_RANDOM, 1, 1, 40, 2, 12, 20, 0, 1, QVA_BF16, 0, 0.2f, 0.0f, "50/0/20/30", NULL},
     /* 870 regions: 8 query regions per map CTA (one n8 tile), as HunyuanVideo-720p */
     {"random", SRC_RANDOM, 1, 1, 64, 30, 45, 80, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/0/15", NULL},
-    /* past about 1,674 regions (D 128) or 1,738 (D 64) two map CTAs of 8
+    /* from 1,674 regions (D 128) or 1,738 (D 64) on, two map CTAs of 8
      * query regions no longer fit an SM: 4 a CTA, whose mixture deals each
      * row of a half in 4 pieces (dr_launch_map, dr_map_kernel) */
     {"random", SRC_RANDOM, 1, 1, 128, 58, 45, 80, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/0/15", NULL},
     {"random", SRC_RANDOM, 1, 1, 64, 60, 45, 80, 3, 0, QVA_F32, 0, 0.2f, 0.0f, "85/0/7.5/7.5", NULL},
-    /* past about 3,350 regions (D 128) 4 no longer fit: 2 a CTA, each half
+    /* from 3,350 regions (D 128) on, 4 no longer fit: 2 a CTA, each half
      * one row in 8 pieces (a 1080p grid, 68 x 120, reaches it at 53 frames) */
     {"random", SRC_RANDOM, 1, 1, 128, 116, 45, 80, 0, 0, QVA_BF16, 0, 0.2f, 0.0f, "85/0/0/15", NULL},
     /* the adaptive MASS budget: each head's K on the device */
