@@ -414,8 +414,9 @@ static qva_status dg_finish(qva_context_t *ctx, dg_state *s, int prof, cudaStrea
     return prof ? qvc_timer_finish(ctx, &s->timer) : QVA_OK;
 }
 
-/* Phase timings: grouping_ms is the router, prep_ms the operand
- * preparation, kernel_ms the phased kernel and the dense rows. */
+/* Phase timings (dg_route_prep): grouping_ms is the Q and K packs and the
+ * router, prep_ms the rest of the preparation not hidden under them,
+ * kernel_ms the phased kernel and the dense rows. */
 extern "C" qva_status qvc_draft_attention(qva_context_t *ctx, const qva_config *cfg,
                                           const qva_tensor *q, const qva_tensor *k,
                                           const qva_tensor *v, const qva_tensor *out,
