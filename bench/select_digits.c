@@ -18,11 +18,14 @@
  *     sort.  Every 97th key takes its predecessor's value; COARSE=n clears
  *     the n low value bits, so that ties reach the index digits.  This
  *     checks the logic, not the kernel: cuda_test_draft on a GPU decides.
+ *   warps: the first pass's shared adds per 32 keys as a warp issues
+ *     them (the adds, the distinct bins, the deepest run of adds to one
+ *     bin), three recipes, two heads each.
  *
  *   cc -O2 -std=c11 -Iinclude -Isrc bench/select_digits.c build/libqvattn.a \
  *      -o /tmp/select_digits -lm -fopenmp -lpthread -lstdc++ [-ldl -lrt and
  *      -L<cuda>/lib64 -lcudart_static for a CUDA build]
- *   /tmp/select_digits 0.15;  /tmp/select_digits model;  WIDE=14 COARSE=20 /tmp/select_digits model
+ *   /tmp/select_digits 0.15;  /tmp/select_digits model;  /tmp/select_digits warps;  WIDE=14 COARSE=20 /tmp/select_digits model
  */
 #include <math.h>
 #include <stdio.h>
@@ -220,7 +223,50 @@ static int model_mode(void) {
     return fails != 0;
 }
 
+/* ------------------------------------------------------------ warps */
+
+/*
+ * The first pass's shared adds, as the kernel issues them: a warp's 32
+ * lanes hold keys base + 4 l + c of one 128-key load (dr_sel_scan), the
+ * lanes that share lane 0's 12-bit digit add as one and the others one
+ * each (dr_sel_key<.., FIRST>).  Per 32 keys: the adds issued, the
+ * distinct bins among them and the largest number of adds to one bin (the
+ * adds to one address serialise).
+ */
+static int warps_mode(void) {
+    const char *recipes[] = {"video", "global", "local-clustered"};
+    for (int rc = 0; rc < 3; ++rc) {
+        int64_t M = 0;
+        uint64_t *keys = map_keys(rc, 7, 2, &M);
+        if (!keys) return fprintf(stderr, "map failed\n"), 1;
+        for (int h = 0; h < 2; ++h) {
+            const uint64_t *kh = keys + h * M;
+            double adds = 0, distinct = 0, worst = 0, groups = 0;
+            for (int64_t base = 0; base + 128 <= M; base += 128)
+                for (int c = 0; c < 4; ++c) {
+                    unsigned dig[32], seen[32], nseen = 0, cnt[32] = {0};
+                    for (int l = 0; l < 32; ++l) dig[l] = (unsigned)(kh[base + 4 * l + c] >> 52);
+                    int a = 1, mx = 1;
+                    for (int l = 0; l < 32; ++l) {
+                        if (dig[l] == dig[0]) continue;
+                        ++a;
+                        unsigned s = 0;
+                        while (s < nseen && seen[s] != dig[l]) ++s;
+                        if (s == nseen) seen[nseen++] = dig[l];
+                        if (++cnt[s] > (unsigned)mx) mx = (int)cnt[s];
+                    }
+                    adds += a, distinct += nseen + 1, worst += mx, groups += 1;
+                }
+            printf("%-16s head %d: per 32 keys %.1f adds, %.1f bins, %.2f adds to the busiest\n",
+                   recipes[rc], h, adds / groups, distinct / groups, worst / groups);
+        }
+        free(keys);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "model")) return model_mode();
+    if (argc > 1 && !strcmp(argv[1], "warps")) return warps_mode();
     return count_mode(argc > 1 ? atof(argv[1]) : 0.15);
 }
