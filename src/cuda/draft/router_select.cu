@@ -86,7 +86,8 @@ typedef struct dr_sel_out {
  * of v) into each row whose prefix the key matches, in 32-bit
  * arithmetic.  FIRST (the first digit, which nearly every key shares: the
  * map's values lie in [0, 1], so their top bits vary little, and every key
- * matches): the lanes that share a digit add as one; a warp-wide call.  LIST: a key that matches a row is listed.
+ * matches): the lanes that share lane 0's digit add as one, the others one
+ * each; a warp-wide call.  LIST: a key that matches a row is listed.
  */
 template <int ROWS, bool FIRST, bool INDEX, bool LIST>
 static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool in,
@@ -94,12 +95,10 @@ static __device__ __forceinline__ void dr_sel_key(uint32_t v, uint32_t x, bool i
     const uint32_t w = INDEX ? x : v; /* the word of the digit */
     const uint32_t dig = (w >> ps.vs) & ps.mask;
     if (FIRST) {
-        /* one add per distinct bin of the warp: the lanes' adds to one bin
-         * serialise, and 32 keys of a row fall in 8-18 bins, up to 10 on
-         * one (bench/select_digits.c warps) */
-        const unsigned same = __match_any_sync(DR_FULL, in ? dig : ~0u);
-        const bool first = (unsigned)__ffs(same) - 1u == (threadIdx.x & 31u);
-        dr_red_shared(o.hs + 4u * dig, (unsigned)__popc(same), in && first);
+        const uint32_t lead = __shfl_sync(DR_FULL, dig, 0);
+        const unsigned with = __ballot_sync(DR_FULL, in && dig == lead);
+        dr_red_shared(o.hs + 4u * lead, (unsigned)__popc(with), (threadIdx.x & 31) == 0 && with);
+        dr_red_shared(o.hs + 4u * dig, 1u, in && dig != lead);
         return;
     }
     const uint32_t above = dr_shr32(w, ps.hs);
