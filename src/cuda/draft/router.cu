@@ -175,12 +175,9 @@ static size_t dr_align(size_t x) { return (x + 255) & ~(size_t)255; }
 static size_t dr_scratch_sel(int BH) { return dr_align((size_t)BH * sizeof(dr_sel)); }
 static size_t dr_scratch_cnt(int BH, int R) { return dr_align((size_t)BH * R * 3 * sizeof(int32_t)); }
 static size_t dr_scratch_base(int BH) { return dr_align((size_t)BH * sizeof(int64_t)); }
-static size_t dr_scratch_hist(int BH) {
-    return dr_align((size_t)BH * DR_SEL_WIDE_BINS * sizeof(uint32_t));
-}
 
 static size_t dr_scratch_bytes(int BH, int R) {
-    return dr_scratch_sel(BH) + dr_scratch_cnt(BH, R) + dr_scratch_base(BH) + dr_scratch_hist(BH);
+    return dr_scratch_sel(BH) + dr_scratch_cnt(BH, R) + dr_scratch_base(BH);
 }
 
 static dr_scratch dr_scratch_of(void *scratch, int BH, int R) {
@@ -191,8 +188,6 @@ static dr_scratch dr_scratch_of(void *scratch, int BH, int R) {
     x.cnt = (int32_t *)p;
     p += dr_scratch_cnt(BH, R);
     x.base = (int64_t *)p;
-    p += dr_scratch_base(BH);
-    x.hist = (uint32_t *)p;
     return x;
 }
 
@@ -303,15 +298,12 @@ static qva_status dr_route(const qvc_view *q, const qvc_view *k, const qva_confi
     }
     memcpy(b->quota, quota, sizeof quota);
     b->mass = mass;
-    dr_scratch sc = dr_scratch_of(b->scratch, BH, R);
+    const dr_scratch sc = dr_scratch_of(b->scratch, BH, R);
 
-    /* a.-b. pooling and the draft map (router_map.cu), with the count
-     * select's first-digit counts where the map's CTAs have room */
-    int counted = 0;
+    /* a.-b. pooling and the draft map (router_map.cu) */
     if ((s = qvc_dr_pool_map(q, k, lay, b, pooled, (double)qvi_sm_scale(cfg, D), (double)lambda,
-                             sc.hist, &counted, st)) != QVA_OK)
+                             st)) != QVA_OK)
         return s;
-    if (!counted) sc.hist = NULL;
 
     /* c. the thresholds (router_select.cu), d. the lists (router_lists.cu) */
     dr_bounds bd;

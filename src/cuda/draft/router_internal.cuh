@@ -30,13 +30,6 @@
 #define DR_MAP_CTAS 2           /* map CTAs an SM, each a branch of a cluster pair:
                                    the register cap is 64K / (32 * warps * CTAs) */
 #endif
-/* The count select's first digit (-D for trials, 9 to 14): the sign, the
- * exponent and the top mantissa bits of the map's value (router_select.cuh
- * says why 12). */
-#ifndef DR_SEL_WIDE_BITS
-#define DR_SEL_WIDE_BITS 12
-#endif
-#define DR_SEL_WIDE_BINS (1 << DR_SEL_WIDE_BITS)
 #ifndef DR_MAP_MAX_ROWS
 #define DR_MAP_MAX_ROWS 16      /* query regions per map CTA, when shared memory allows (-D for trials) */
 #endif
@@ -99,23 +92,18 @@ typedef qvi_budget_sel dr_mass;
 
 /* The scratch regions of one call (router.cu carves them): selection
  * state [BH], row counts [BH][R][3] i32; for the MASS budget the heads'
- * list starts [BH] i64; the count select's first-digit counts of each
- * head's map [BH][DR_SEL_WIDE_BINS] u32, which the map kernel makes as it
- * stores the map (NULL where it could not: the select counts them). */
+ * list starts [BH] i64. */
 typedef struct dr_scratch {
     dr_sel *sel;
     int32_t *cnt;
     int64_t *base;
-    uint32_t *hist;
 } dr_scratch;
 
 /* router_map.cu: pooling (Eq. 1; skipped when pooled: b holds it) and the
- * draft map (Eq. 2) into b->A; with it each head's first-digit counts
- * into hist (zeroed here), or *counted = 0 where the map's CTAs have no
- * room for them. */
+ * draft map (Eq. 2) into b->A. */
 qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
                            const qvc_draft_route_buf *b, int pooled, double sm, double lam,
-                           uint32_t *hist, int *counted, cudaStream_t st);
+                           cudaStream_t st);
 
 /* router_select.cu: the thresholds of every head's cumulative boundaries
  * in sc->sel.  QUOTA: the same e[3] for every head, *bd their modes;

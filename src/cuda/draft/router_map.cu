@@ -100,7 +100,6 @@ typedef struct dr_map_params {
     int R, D;
     double sm, lam;
     float *A;                               /* [BH][R][R] */
-    uint32_t *hist;                         /* [BH][DR_SEL_WIDE_BINS] or NULL */
 } dr_map_params;
 
 /* Query rows of the FP64 query tile: whole n8 tiles of the mma. */
@@ -125,30 +124,6 @@ static size_t dr_map_smem(int rows, int R, int D) {
     return (size_t)dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) /* query tile */
            + (size_t)rows * dr_map_rs(R) * sizeof(double)         /* logits, then exps */
            + (size_t)2 * rows * sizeof(double);                   /* row sums, reciprocals */
-}
-
-/* A CTA's first-digit counts as 16-bit halves of DR_SEL_WIDE_BINS / 2
- * words, in the query tile's space once the logits are made: it must
- * hold them, and no bin may pass 65,535 (a CTA stores at most half its
- * rows, R entries each). */
-static bool dr_map_counts_fit(int rows, int R, int D) {
-    return (size_t)dr_map_qn(rows) * dr_map_qds(D) * sizeof(double) >=
-               (size_t)DR_SEL_WIDE_BINS * sizeof(uint16_t) &&
-           (long long)((rows + 1) / 2) * R <= 65535;
-}
-
-/* One stored entry a lane (ok: the lane has one) into the CTA's counts hw
- * (a shared-window address): its first digit, one add per distinct digit
- * of the warp.  The count select reads the sums instead of counting the
- * map (dr_count_select_kernel). */
-static __device__ __forceinline__ void dr_map_count(uint32_t hw, float a, bool ok) {
-    const uint32_t dig = dr_order_key(__float_as_uint(a)) >> (32 - DR_SEL_WIDE_BITS);
-    const unsigned same = __match_any_sync(DR_FULL, ok ? dig : ~0u);
-    const bool first = (unsigned)__ffs(same) - 1u == (threadIdx.x & 31u);
-    if (ok && first)
-        asm volatile("red.shared::cta.add.u32 [%0], %1;" ::"r"(hw + 4u * (dig >> 1)),
-                     "r"((unsigned)__popc(same) << (16u * (dig & 1u)))
-                     : "memory");
 }
 
 /* Entries per lane in flight in the exp and mixture passes (-D for trials). */
@@ -251,10 +226,7 @@ static __device__ __forceinline__ void dr_map_item(const double *qt, int QDS, co
  *      in the CPU's warp order and its reciprocal;
  *   4. (after a cluster barrier) a warp per row of the CTA's half of the
  *      rows: the two divisions (dr_div_rcp) with both CTAs' exps and sums
- *      read over distributed shared memory, the mixture, f32 stores; with
- *      p.hist, each stored value's first digit counted in the query tile's
- *      space (dr_map_count), then added to the head's counts, so that the
- *      count select need not read the map for its first digit.
+ *      read over distributed shared memory, the mixture, f32 stores.
  */
 template <int ROWS>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(32 * DR_MAP_WARPS, DR_MAP_CTAS)
@@ -361,10 +333,6 @@ dr_map_kernel(dr_map_params p) {
             rcp[r] = __drcp_rn(s);
         }
     }
-    /* The query tile is read no more: it holds the CTA's counts from here. */
-    uint32_t *cnt16 = (uint32_t *)qd;
-    if (p.hist)
-        for (int i = threadIdx.x; i < DR_SEL_WIDE_BINS / 2; i += 32 * DR_MAP_WARPS) cnt16[i] = 0u;
     cl.sync(); /* both branches' exps and sums, visible to the cluster */
 
     /* 4. Mixture of the CTA's half of the rows, dealt to the warps as
@@ -389,9 +357,7 @@ dr_map_kernel(dr_map_params p) {
             const double sa = suma[r], smx = summ[r], ya = rcpa[r], ym = rcpm[r];
             float *Arow = p.A + ((int64_t)bh * R + a0 + r) * R;
             const bool oka = dr_div_sum_ok(sa), okm = dr_div_sum_ok(smx);
-            const uint32_t hw = (uint32_t)__cvta_generic_to_shared(cnt16);
-            for (int base = bstart; base < bend; base += BATCH) { /* warp-uniform: the counts' vote */
-                const int b0 = base + lane;
+            for (int b0 = bstart + lane; b0 < bend; b0 += BATCH) {
                 double pa[DR_MAP_EXP_ILP], pm[DR_MAP_EXP_ILP], ea[DR_MAP_EXP_ILP],
                     em[DR_MAP_EXP_ILP];
 #pragma unroll
@@ -412,23 +378,11 @@ dr_map_kernel(dr_map_params p) {
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < DR_MAP_EXP_ILP; ++u) {
-                    const bool ok = b0 + 32 * u < bend;
-                    const float a = __double2float_rn(
-                        __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
-                    if (ok) Arow[b0 + 32 * u] = a;
-                    if (p.hist) dr_map_count(hw, a, ok);
-                }
+                for (int u = 0; u < DR_MAP_EXP_ILP; ++u)
+                    if (b0 + 32 * u < bend)
+                        Arow[b0 + 32 * u] = __double2float_rn(
+                            __dadd_rn(__dmul_rn(oml, pa[u]), __dmul_rn(p.lam, pm[u])));
             }
-        }
-    }
-    if (p.hist) { /* the CTA's counts into the head's */
-        __syncthreads();
-        uint32_t *hh = p.hist + (int64_t)bh * DR_SEL_WIDE_BINS;
-        for (int i = threadIdx.x; i < DR_SEL_WIDE_BINS / 2; i += 32 * DR_MAP_WARPS) {
-            const uint32_t c = cnt16[i];
-            if (c & 0xffffu) atomicAdd(hh + 2 * i, c & 0xffffu);
-            if (c >> 16) atomicAdd(hh + 2 * i + 1, c >> 16);
         }
     }
     cl.sync(); /* the partner's reads of this CTA's shared memory are done */
@@ -449,7 +403,7 @@ static qva_status dr_launch_map_rows(const dr_map_params &mp, int BH, size_t sme
  * leave room in an SM's shared memory for DR_MAP_CTAS CTAs (fewer rows
  * if even one would not fit).  More rows reuse each key descriptor read
  * from L2 more often; 16 rows at R = 609 take 93 KB, two CTAs an SM. */
-static qva_status dr_launch_map(dr_map_params mp, int BH, int *counted, cudaStream_t st) {
+static qva_status dr_launch_map(const dr_map_params &mp, int BH, cudaStream_t st) {
     int dev = 0, optin = 0, per_sm = 0;
     cudaError_t e;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
@@ -465,8 +419,6 @@ static qva_status dr_launch_map(dr_map_params mp, int BH, int *counted, cudaStre
         rows >>= 1;
     while (rows > 1 && dr_map_smem(rows, mp.R, mp.D) > (size_t)optin) rows >>= 1;
     const size_t smem = dr_map_smem(rows, mp.R, mp.D);
-    if (!dr_map_counts_fit(rows, mp.R, mp.D)) mp.hist = NULL;
-    *counted = mp.hist != NULL;
     if (smem > (size_t)optin)
         return qvi_fail(QVA_ERR_UNSUPPORTED,
                         "qvc_draft_route: %d video regions need %zu bytes of shared memory "
@@ -506,12 +458,10 @@ static qva_status dr_pool(const qvc_view *q, const qvc_view *k, const qvc_draft_
 
 qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft_layout *lay,
                            const qvc_draft_route_buf *b, int pooled, double sm, double lam,
-                           uint32_t *hist, int *counted, cudaStream_t st) {
+                           cudaStream_t st) {
     const int D = (int)q->D, R = lay->regions, BH = b->BH;
     qva_status s;
     if (!pooled && (s = dr_pool(q, k, lay, b, st)) != QVA_OK) return s;
-    cudaError_t e = cudaMemsetAsync(hist, 0, (size_t)BH * DR_SEL_WIDE_BINS * sizeof(uint32_t), st);
-    if (e != cudaSuccess) return qvc_cuda_fail(e, "qvc_draft_route: first-digit counts");
 
     /* b. draft map (Eq. 2) */
     dr_map_params mp;
@@ -524,6 +474,5 @@ qva_status qvc_dr_pool_map(const qvc_view *q, const qvc_view *k, const qvc_draft
     mp.sm = sm;
     mp.lam = lam;
     mp.A = b->A;
-    mp.hist = hist;
-    return dr_launch_map(mp, BH, counted, st);
+    return dr_launch_map(mp, BH, st);
 }

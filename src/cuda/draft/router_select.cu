@@ -250,14 +250,11 @@ static __device__ __forceinline__ void dr_sel_pick(const unsigned int *hj, int s
  * during the next pass and reads only the list after that: the later
  * digits, index digits included, then cost no pass over the map.  One
  * launch replaces a histogram and a digit launch per pass (NOTES, "The
- * select in one launch").  hist (NULL: counted here): the head's counts of
- * the first digit, made by the map kernel as it stored the map, which
- * saves the first pass over it; each CTA then guesses its share of the
- * chosen bin as the cluster's mean.
+ * select in one launch").
  */
 __global__ void __launch_bounds__(DR_SEL_THREADS, 1)
 dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, int cap,
-                       const uint32_t *hist, dr_sel *sel) {
+                       dr_sel *sel) {
     /* Dynamic shared memory: the list (cap keys), then the bins h (the
      * first pass's DR_SEL_WIDE_BINS, then [3][256]).  The first pass's
      * cluster totals use the list's space, which no key fills before the
@@ -309,37 +306,28 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
             ++ps.rows;
         }
         const int from = src, listed = ncand;
-        /* every prefix is 0: the first digit of every key, counted by the
-         * map kernel if hist */
-        const bool first = p == 0 && ps.rows == 1, counted = first && hist;
-        if (!counted)
-            for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) h[i] = 0u;
+        for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) h[i] = 0u;
         __syncthreads();
-        if (first) {
-            if (!counted) dr_sel_scan<1, true, false, false>(Ab, lo, hi, m, ps, o);
-        } else if (shift >= 32)
+        if (p == 0 && ps.rows == 1) /* every prefix is 0 */
+            dr_sel_scan<1, true, false, false>(Ab, lo, hi, m, ps, o);
+        else if (shift >= 32)
             dr_sel_pass_any<false>(from, Ab, lo, hi, m, ps, o, listed);
         else
             dr_sel_pass_any<true>(from, Ab, lo, hi, m, ps, o, listed);
         cl.sync();
         unsigned int *tot = nb > 256 ? (unsigned int *)dr_cand : tot_rows;
-        if (counted) {
-            for (int i = threadIdx.x; i < nb; i += DR_SEL_THREADS)
-                tot[i] = hist[(int64_t)bh * DR_SEL_WIDE_BINS + i];
-        } else {
-            /* every CTA's count of bin i, the cluster's loads issued together
-             * (measured about 1 us less than one at a time, at 14 bits: NOTES) */
+        /* every CTA's count of bin i, the cluster's loads issued together
+         * (measured about 1 us less than one at a time, at 14 bits: NOTES) */
 #pragma unroll 2
-            for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) {
-                unsigned x[DR_SEL_MAX_CLUSTER];
+        for (int i = threadIdx.x; i < ps.rows * nb; i += DR_SEL_THREADS) {
+            unsigned x[DR_SEL_MAX_CLUSTER];
 #pragma unroll
-                for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r)
-                    x[r] = r < (int)nc ? cl.map_shared_rank(h, r)[i] : 0u;
-                unsigned v = 0u;
+            for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r)
+                x[r] = r < (int)nc ? cl.map_shared_rank(h, r)[i] : 0u;
+            unsigned v = 0u;
 #pragma unroll
-                for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r) v += x[r];
-                tot[i] = v;
-            }
+            for (int r = 0; r < DR_SEL_MAX_CLUSTER; ++r) v += x[r];
+            tot[i] = v;
         }
         __syncthreads();
         if (warp < 3 && row[warp] >= 0) {
@@ -361,14 +349,10 @@ dr_count_select_kernel(const float *A, long long M, dr_shifts sh, int findmask, 
             if (from == DR_SRC_LISTING)
                 src = ncand <= cap ? DR_SRC_LIST : DR_SRC_ALL;
             else if (from == DR_SRC_ALL) {
-                /* from the head's counts, this CTA's share is a guess: a
-                 * list that overflows sends the pass after it to the map */
                 long long want = 0;
                 for (int j = 0; j < 3; ++j)
-                    if (row[j] >= 0 && !st.done[j]) {
-                        const int i = nb * row[j] + (int)((st.prefix[j] >> shift) & ps.mask);
-                        want += counted ? (tot[i] + nc - 1) / nc : h[i];
-                    }
+                    if (row[j] >= 0 && !st.done[j])
+                        want += h[nb * row[j] + ((st.prefix[j] >> shift) & ps.mask)];
                 if (want <= cap) {
                     src = DR_SRC_LISTING;
                     ncand = 0;
@@ -448,8 +432,8 @@ static cudaLaunchConfig_t dr_cluster_cfg(int nc, int BH, size_t smem, cudaStream
  * 32 value bits in digits of DR_SEL_WIDE_BITS, 8, 8 and the rest, then the index bits that
  * M - 1 uses in digits of 8, in one cluster launch
  * (dr_count_select_kernel). */
-static qva_status dr_count_select(const float *A, long long M, int BH, int findmask,
-                                  const uint32_t *hist, dr_sel *sel, cudaStream_t st) {
+static qva_status dr_count_select(const float *A, long long M, int BH, int findmask, dr_sel *sel,
+                                  cudaStream_t st) {
     dr_shifts sh;
     sh.n = 0;
     const int vw[4] = {DR_SEL_WIDE_BITS, 8, 8, 32 - DR_SEL_WIDE_BITS - 16}; /* the last 1 to 7 */
@@ -471,7 +455,7 @@ static qva_status dr_count_select(const float *A, long long M, int BH, int findm
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = dr_cluster_cfg(nc, BH, smem, st, &attr);
     if ((e = cudaLaunchKernelEx(&cfg, dr_count_select_kernel, A, M, sh, findmask,
-                                (int)DR_SEL_CAP, hist, sel)) != cudaSuccess)
+                                (int)DR_SEL_CAP, sel)) != cudaSuccess)
         return qvc_cuda_fail(e, "qvc_draft_route: select launch");
     return qvc_launch_check("qvc_draft_route: select");
 }
@@ -490,7 +474,7 @@ qva_status qvc_dr_select_quota(const qvc_draft_route_buf *b, const long long e[3
         sc->sel, BH, (unsigned long long)e[0], (unsigned long long)e[1], (unsigned long long)e[2]);
     if ((s = qvc_launch_check("qvc_draft_route: selection init")) != QVA_OK) return s;
     if (!findmask) return QVA_OK;
-    return dr_count_select(b->A, M, BH, findmask, sc->hist, sc->sel, st);
+    return dr_count_select(b->A, M, BH, findmask, sc->sel, st);
 }
 
 /* c1: the weighted select, four value digits in one cluster launch
@@ -515,5 +499,5 @@ qva_status qvc_dr_select_mass(const qvc_draft_route_buf *b, const dr_mass_params
     qva_status s = qvc_launch_check("qvc_draft_route: mass select");
     if (s != QVA_OK) return s;
     bd->mode[0] = bd->mode[1] = bd->mode[2] = DR_SEL_FIND;
-    return dr_count_select(b->A, M, BH, 7, sc->hist, sc->sel, st);
+    return dr_count_select(b->A, M, BH, 7, sc->sel, st);
 }

@@ -9,8 +9,8 @@
 
 #include "router_internal.cuh"
 
-/* The first digit's width (DR_SEL_WIDE_BITS, router_internal.cuh): the
- * sign, the exponent and the top mantissa bits of the map's value.  The map's values
+/* The first digit's width (-D for trials, 9 to 14): the sign, the
+ * exponent and the top mantissa bits of the map's value.  The map's values
  * are probabilities whose top 8 bits fall in a handful of bins, so an
  * 8-bit first digit hardly narrows and the map is read three times.  12
  * bits narrow the boundary's bin to an eighth of an octave: on CPU maps at
@@ -19,6 +19,10 @@
  * but cost more in the first pass than they save (the warp's adds to one
  * bin combine less often, and four times the bins); measured on the H100
  * (NOTES): 154 -> 132 us at 12 bits, 139 at 14, at Wan. */
+#ifndef DR_SEL_WIDE_BITS
+#define DR_SEL_WIDE_BITS 12
+#endif
+#define DR_SEL_WIDE_BINS (1 << DR_SEL_WIDE_BITS)
 
 /* x >> n for n in [0, 32]. */
 static __device__ __forceinline__ uint32_t dr_shr32(uint32_t x, int n) {
