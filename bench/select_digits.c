@@ -21,6 +21,10 @@
  *   warps: the first pass's shared adds per 32 keys as a warp issues
  *     them (the adds, the distinct bins, the deepest run of adds to one
  *     bin), three recipes, two heads each.
+ *   shares: whether each CTA of a cluster of NC (default 3) lists the
+ *     boundary bin's keys in the second pass, decided from the head's
+ *     counts (their mean a CTA) against each CTA's own count.
+ * FRAMES=31 takes HunyuanVideo-1.5-720p's grid (899 regions) for Wan's 21.
  *
  *   cc -O2 -std=c11 -Iinclude -Isrc bench/select_digits.c build/libqvattn.a \
  *      -o /tmp/select_digits -lm -fopenmp -lpthread -lstdc++ [-ldl -lrt and
@@ -36,7 +40,8 @@
 #include "draft/router.h"
 #include "draft/budget.h"
 
-enum { GT = 21, GH = 45, GW = 80, HD = 128, CAP = 128 };
+enum { GH = 45, GW = 80, HD = 128, CAP = 128 };
+static int GT = 21; /* latent frames: 21 (Wan2.2-720p, 609 regions); FRAMES=31 for HunyuanVideo's 899 */
 
 static int cmp_desc(const void *a, const void *b) {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -265,7 +270,65 @@ static int warps_mode(void) {
     return 0;
 }
 
+/* ------------------------------------------------------------ shares */
+
+/*
+ * Whether a CTA of the count select lists its keys in the pass after the
+ * first, decided from the head's counts alone (trial 66e63c8: the map
+ * kernel counts the first digit, so no CTA has its own counts): every CTA
+ * takes its share of the chosen bin as the cluster's mean and lists if
+ * that fits 12,288 keys.  Against each CTA's own count (the library): a
+ * wrong "yes" costs a pass (a list that overflows sends the next pass
+ * back to the map), a wrong "no" the pass the list would have saved.
+ * NC CTAs (environment; 3 at Wan's 40 heads on 132 SMs, 8 at
+ * HunyuanVideo's 16), each a contiguous share of the head's keys.
+ */
+static int shares_mode(void) {
+    const char *recipes[] = {"video", "global", "local-clustered"};
+    const char *ncs = getenv("NC");
+    const int nc = ncs ? atoi(ncs) : 3;
+    const double fr[] = {0.05, 0.15, 0.3, 0.5};
+    if (nc < 1 || nc > 8) return fprintf(stderr, "NC must be 1 to 8\n"), 1;
+    int wrong_yes = 0, wrong_no = 0, cases = 0;
+    for (int rc = 0; rc < 3; ++rc) {
+        int64_t M = 0;
+        uint64_t *keys = map_keys(rc, 7, 2, &M);
+        if (!keys) return fprintf(stderr, "map failed\n"), 1;
+        const int64_t share = (M + nc - 1) / nc;
+        for (int h = 0; h < 2; ++h)
+            for (int f = 0; f < 4; ++f) {
+                const uint64_t *kh = keys + h * M;
+                const uint64_t tau = sorted_at(kh, M, (int64_t)(fr[f] * (double)M));
+                const uint64_t bin = tau >> 52;
+                int64_t own[8] = {0}, total = 0, most = 0;
+                for (int64_t i = 0; i < M; ++i)
+                    if ((kh[i] >> 52) == bin) own[i / share]++, total++;
+                int fits = 0;
+                for (int c = 0; c < nc; ++c) {
+                    fits += own[c] <= 12288;
+                    most = own[c] > most ? own[c] : most;
+                }
+                const int guess = (total + nc - 1) / nc <= 12288;
+                wrong_yes += guess && fits < nc;
+                wrong_no += !guess && fits > 0;
+                cases++;
+                printf("%-16s head %d keep %.2f: bin %lld keys, mean %lld, largest %lld; "
+                       "CTAs that fit %d of %d, guess %s\n",
+                       recipes[rc], h, fr[f], (long long)total,
+                       (long long)((total + nc - 1) / nc), (long long)most, fits, nc,
+                       guess ? "list" : "no list");
+            }
+        free(keys);
+    }
+    printf("NC %d, %d frames: %d cases, %d wrong lists, %d lists missed\n", nc, GT, cases,
+           wrong_yes, wrong_no);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (getenv("FRAMES")) GT = atoi(getenv("FRAMES"));
+    if (GT < 1 || GT > 64) return fprintf(stderr, "FRAMES must be 1 to 64\n"), 1;
+    if (argc > 1 && !strcmp(argv[1], "shares")) return shares_mode();
     if (argc > 1 && !strcmp(argv[1], "model")) return model_mode();
     if (argc > 1 && !strcmp(argv[1], "warps")) return warps_mode();
     return count_mode(argc > 1 ? atof(argv[1]) : 0.15);
