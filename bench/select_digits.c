@@ -101,31 +101,49 @@ static uint64_t sorted_at(const uint64_t *keys, int64_t M, int64_t e) {
     return t;
 }
 
-static int count_mode(double keep) {
-    const char *recipes[] = {"video", "global", "local-clustered"};
-    const int bits[5] = {8, 12, 13, 14, 16};
+/* One head's keys, as every mode visits them. */
+typedef struct head_ref {
+    const char *recipe;
+    int head;
+    const uint64_t *keys;
+    int64_t M;
+} head_ref;
+
+/* fn on each head: three recipes, two heads each (seed 7). */
+static int for_each_head(void (*fn)(const head_ref *, void *), void *ctx) {
+    static const char *recipes[] = {"video", "global", "local-clustered"};
     for (int rc = 0; rc < 3; ++rc) {
         int64_t M = 0;
         uint64_t *keys = map_keys(rc, 7, 2, &M);
         if (!keys) return fprintf(stderr, "map failed\n"), 1;
         for (int h = 0; h < 2; ++h) {
-            const uint64_t *kh = keys + h * M;
-            const uint64_t tau = sorted_at(kh, M, (int64_t)(keep * (double)M));
-            printf("%-16s head %d keep %.2f:", recipes[rc], h, keep);
-            for (int b = 0; b < 5; ++b) {
-                const uint64_t pre = tau >> (64 - bits[b]);
-                const int64_t share = (M + 1) / 2;
-                int64_t half[2] = {0, 0};
-                for (int64_t i = 0; i < M; ++i)
-                    if ((kh[i] >> (64 - bits[b])) == pre) half[i / share]++;
-                printf("  %2d bits: %lld / %lld", bits[b], (long long)half[0], (long long)half[1]);
-            }
-            printf("   (list: 12288 a CTA)\n");
+            const head_ref hr = {recipes[rc], h, keys + h * M, M};
+            fn(&hr, ctx);
         }
         free(keys);
     }
     return 0;
 }
+
+static void count_head(const head_ref *hr, void *ctx) {
+    const double keep = *(const double *)ctx;
+    const int bits[5] = {8, 12, 13, 14, 16};
+    const uint64_t *kh = hr->keys;
+    const int64_t M = hr->M;
+    const uint64_t tau = sorted_at(kh, M, (int64_t)(keep * (double)M));
+    printf("%-16s head %d keep %.2f:", hr->recipe, hr->head, keep);
+    for (int b = 0; b < 5; ++b) {
+        const uint64_t pre = tau >> (64 - bits[b]);
+        const int64_t share = (M + 1) / 2;
+        int64_t half[2] = {0, 0};
+        for (int64_t i = 0; i < M; ++i)
+            if ((kh[i] >> (64 - bits[b])) == pre) half[i / share]++;
+        printf("  %2d bits: %lld / %lld", bits[b], (long long)half[0], (long long)half[1]);
+    }
+    printf("   (list: 12288 a CTA)\n");
+}
+
+static int count_mode(double keep) { return for_each_head(count_head, &keep); }
 
 /* ------------------------------------------------------------ model */
 
@@ -238,37 +256,30 @@ static int model_mode(void) {
  * distinct bins among them and the largest number of adds to one bin (the
  * adds to one address serialise).
  */
-static int warps_mode(void) {
-    const char *recipes[] = {"video", "global", "local-clustered"};
-    for (int rc = 0; rc < 3; ++rc) {
-        int64_t M = 0;
-        uint64_t *keys = map_keys(rc, 7, 2, &M);
-        if (!keys) return fprintf(stderr, "map failed\n"), 1;
-        for (int h = 0; h < 2; ++h) {
-            const uint64_t *kh = keys + h * M;
-            double adds = 0, distinct = 0, worst = 0, groups = 0;
-            for (int64_t base = 0; base + 128 <= M; base += 128)
-                for (int c = 0; c < 4; ++c) {
-                    unsigned dig[32], seen[32], nseen = 0, cnt[32] = {0};
-                    for (int l = 0; l < 32; ++l) dig[l] = (unsigned)(kh[base + 4 * l + c] >> 52);
-                    int a = 1, mx = 1;
-                    for (int l = 0; l < 32; ++l) {
-                        if (dig[l] == dig[0]) continue;
-                        ++a;
-                        unsigned s = 0;
-                        while (s < nseen && seen[s] != dig[l]) ++s;
-                        if (s == nseen) seen[nseen++] = dig[l];
-                        if (++cnt[s] > (unsigned)mx) mx = (int)cnt[s];
-                    }
-                    adds += a, distinct += nseen + 1, worst += mx, groups += 1;
-                }
-            printf("%-16s head %d: per 32 keys %.1f adds, %.1f bins, %.2f adds to the busiest\n",
-                   recipes[rc], h, adds / groups, distinct / groups, worst / groups);
+static void warps_head(const head_ref *hr, void *ctx) {
+    (void)ctx;
+    const uint64_t *kh = hr->keys;
+    double adds = 0, distinct = 0, worst = 0, groups = 0;
+    for (int64_t base = 0; base + 128 <= hr->M; base += 128)
+        for (int c = 0; c < 4; ++c) {
+            unsigned dig[32], seen[32], nseen = 0, cnt[32] = {0};
+            for (int l = 0; l < 32; ++l) dig[l] = (unsigned)(kh[base + 4 * l + c] >> 52);
+            int a = 1, mx = 1;
+            for (int l = 0; l < 32; ++l) {
+                if (dig[l] == dig[0]) continue;
+                ++a;
+                unsigned s = 0;
+                while (s < nseen && seen[s] != dig[l]) ++s;
+                if (s == nseen) seen[nseen++] = dig[l];
+                if (++cnt[s] > (unsigned)mx) mx = (int)cnt[s];
+            }
+            adds += a, distinct += nseen + 1, worst += mx, groups += 1;
         }
-        free(keys);
-    }
-    return 0;
+    printf("%-16s head %d: per 32 keys %.1f adds, %.1f bins, %.2f adds to the busiest\n",
+           hr->recipe, hr->head, adds / groups, distinct / groups, worst / groups);
 }
+
+static int warps_mode(void) { return for_each_head(warps_head, NULL); }
 
 /* ------------------------------------------------------------ shares */
 
@@ -283,45 +294,45 @@ static int warps_mode(void) {
  * NC CTAs (environment; 3 at Wan's 40 heads on 132 SMs, 8 at
  * HunyuanVideo's 16), each a contiguous share of the head's keys.
  */
-static int shares_mode(void) {
-    const char *recipes[] = {"video", "global", "local-clustered"};
-    const char *ncs = getenv("NC");
-    const int nc = ncs ? atoi(ncs) : 3;
+typedef struct shares_tally {
+    int nc, wrong_yes, wrong_no, cases;
+} shares_tally;
+
+static void shares_head(const head_ref *hr, void *ctx) {
+    shares_tally *t = ctx;
     const double fr[] = {0.05, 0.15, 0.3, 0.5};
-    if (nc < 1 || nc > 8) return fprintf(stderr, "NC must be 1 to 8\n"), 1;
-    int wrong_yes = 0, wrong_no = 0, cases = 0;
-    for (int rc = 0; rc < 3; ++rc) {
-        int64_t M = 0;
-        uint64_t *keys = map_keys(rc, 7, 2, &M);
-        if (!keys) return fprintf(stderr, "map failed\n"), 1;
-        const int64_t share = (M + nc - 1) / nc;
-        for (int h = 0; h < 2; ++h)
-            for (int f = 0; f < 4; ++f) {
-                const uint64_t *kh = keys + h * M;
-                const uint64_t tau = sorted_at(kh, M, (int64_t)(fr[f] * (double)M));
-                const uint64_t bin = tau >> 52;
-                int64_t own[8] = {0}, total = 0, most = 0;
-                for (int64_t i = 0; i < M; ++i)
-                    if ((kh[i] >> 52) == bin) own[i / share]++, total++;
-                int fits = 0;
-                for (int c = 0; c < nc; ++c) {
-                    fits += own[c] <= 12288;
-                    most = own[c] > most ? own[c] : most;
-                }
-                const int guess = (total + nc - 1) / nc <= 12288;
-                wrong_yes += guess && fits < nc;
-                wrong_no += !guess && fits > 0;
-                cases++;
-                printf("%-16s head %d keep %.2f: bin %lld keys, mean %lld, largest %lld; "
-                       "CTAs that fit %d of %d, guess %s\n",
-                       recipes[rc], h, fr[f], (long long)total,
-                       (long long)((total + nc - 1) / nc), (long long)most, fits, nc,
-                       guess ? "list" : "no list");
-            }
-        free(keys);
+    const int nc = t->nc;
+    const int64_t M = hr->M, share = (M + nc - 1) / nc;
+    for (int f = 0; f < 4; ++f) {
+        const uint64_t tau = sorted_at(hr->keys, M, (int64_t)(fr[f] * (double)M));
+        const uint64_t bin = tau >> 52;
+        int64_t own[8] = {0}, total = 0, most = 0;
+        for (int64_t i = 0; i < M; ++i)
+            if ((hr->keys[i] >> 52) == bin) own[i / share]++, total++;
+        int fits = 0;
+        for (int c = 0; c < nc; ++c) {
+            fits += own[c] <= 12288;
+            most = own[c] > most ? own[c] : most;
+        }
+        const int guess = (total + nc - 1) / nc <= 12288;
+        t->wrong_yes += guess && fits < nc;
+        t->wrong_no += !guess && fits > 0;
+        t->cases++;
+        printf("%-16s head %d keep %.2f: bin %lld keys, mean %lld, largest %lld; "
+               "CTAs that fit %d of %d, guess %s\n",
+               hr->recipe, hr->head, fr[f], (long long)total,
+               (long long)((total + nc - 1) / nc), (long long)most, fits, nc,
+               guess ? "list" : "no list");
     }
-    printf("NC %d, %d frames: %d cases, %d wrong lists, %d lists missed\n", nc, GT, cases,
-           wrong_yes, wrong_no);
+}
+
+static int shares_mode(void) {
+    const char *ncs = getenv("NC");
+    shares_tally t = {ncs ? atoi(ncs) : 3, 0, 0, 0};
+    if (t.nc < 1 || t.nc > 8) return fprintf(stderr, "NC must be 1 to 8\n"), 1;
+    if (for_each_head(shares_head, &t)) return 1;
+    printf("NC %d, %d frames: %d cases, %d wrong lists, %d lists missed\n", t.nc, GT, t.cases,
+           t.wrong_yes, t.wrong_no);
     return 0;
 }
 
