@@ -291,8 +291,10 @@ static int warps_mode(void) { return for_each_head(warps_head, NULL); }
  * that fits 12,288 keys.  Against each CTA's own count (the library): a
  * wrong "yes" costs a pass (a list that overflows sends the next pass
  * back to the map), a wrong "no" the pass the list would have saved.
- * NC CTAs (environment; 3 at Wan's 40 heads on 132 SMs, 8 at
- * HunyuanVideo's 16), each a contiguous share of the head's keys.
+ * NC CTAs (environment; 3 and 8 are what one CTA an SM on 132 SMs
+ * leaves for Wan's 40 heads and HunyuanVideo's 16, an estimate:
+ * dr_sel_cluster asks the occupancy calculator at run time), each a
+ * contiguous share of the head's keys.
  */
 typedef struct shares_tally {
     int nc, wrong_yes, wrong_no, cases;
